@@ -1,0 +1,72 @@
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *log_ident = "ferry";
+static enum log_level log_level = LOG_LVL_INFO;
+
+void log_init(const char *ident, enum log_level level)
+{
+	log_ident = ident;
+	log_level = level;
+}
+
+void log_set_level(enum log_level level) { log_level = level; }
+enum log_level log_get_level(void) { return log_level; }
+
+static void log_emit(enum log_level lvl, int err, const char *fmt, va_list ap)
+{
+	static const char *names[] = { "error", "warning", "info", "debug" };
+	char msg[1024];
+	struct timespec ts;
+	struct tm tm;
+
+	if (lvl > log_level)
+		return;
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	/* One fprintf per line so concurrent threads do not interleave. */
+	if (err)
+		fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s[%d] %s: %s: %s\n",
+			tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+			tm.tm_sec, ts.tv_nsec / 1000000, log_ident, (int)getpid(), names[lvl],
+			msg, strerror(err));
+	else
+		fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s[%d] %s: %s\n",
+			tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+			tm.tm_sec, ts.tv_nsec / 1000000, log_ident, (int)getpid(), names[lvl],
+			msg);
+}
+
+#define LOG_BODY(lvl, err)              \
+	do {                            \
+		va_list ap;             \
+		va_start(ap, fmt);      \
+		log_emit(lvl, err, fmt, ap); \
+		va_end(ap);             \
+	} while (0)
+
+void log_warn(const char *fmt, ...) { int e = errno; LOG_BODY(LOG_LVL_WARN, e); }
+void log_warnx(const char *fmt, ...) { LOG_BODY(LOG_LVL_WARN, 0); }
+void log_info(const char *fmt, ...) { LOG_BODY(LOG_LVL_INFO, 0); }
+void log_debug(const char *fmt, ...) { LOG_BODY(LOG_LVL_DEBUG, 0); }
+void log_errno(int err, const char *fmt, ...) { LOG_BODY(LOG_LVL_WARN, err < 0 ? -err : err); }
+
+void fatal(const char *fmt, ...)
+{
+	int e = errno;
+	LOG_BODY(LOG_LVL_ERROR, e);
+	exit(1);
+}
+
+void fatalx(const char *fmt, ...)
+{
+	LOG_BODY(LOG_LVL_ERROR, 0);
+	exit(1);
+}

@@ -1,0 +1,172 @@
+/*
+ * meta: the metadata engine interface. A volume's metadata (the volume record,
+ * inodes, directory entries, symlinks, xattrs, and each file's chunks of
+ * slices) lives behind these calls; SQLite in WAL mode is the embedded engine
+ * (meta_sqlite.c), and a shared engine can later sit behind the same calls.
+ *
+ * Every call returns 0 or a negative errno and is safe from many threads at
+ * once on one struct meta (the SQLite engine keeps one connection per
+ * thread). Each mutating call is one transaction: it happens whole or not at
+ * all. Names are single path components (no '/', not "." or ".."), at most
+ * META_NAME_MAX bytes. Out-parameters that are pointers are malloc'ed and
+ * owned by the caller.
+ *
+ * Timestamps are nanosecond-precise, taken by the engine (CLOCK_REALTIME)
+ * unless given. Errors: -ENOENT no such inode/entry, -EEXIST, -ENOTDIR,
+ * -EISDIR, -ENOTEMPTY, -EINVAL, -EPERM, -ENODATA (xattr), -ERANGE,
+ * -ENAMETOOLONG, -EIO (the database failed or a row is damaged).
+ */
+#ifndef FERRY_META_H
+#define FERRY_META_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#define META_ROOT_INO 1
+#define META_NAME_MAX 255
+#define META_CHUNK_SIZE (64u << 20)
+#define META_DEFAULT_BLOCK_SIZE (4u << 20)
+#define META_XATTR_NAME_MAX 255
+#define META_XATTR_SIZE_MAX 65536
+
+struct meta;
+
+struct meta_volume {
+	char uuid[37];
+	uint32_t block_size;  /* bytes per object, at most META_CHUNK_SIZE */
+	char *storage_url;    /* owned; freed by meta_volume_free() */
+	int64_t created_at;   /* seconds since the epoch */
+	int s3_http;          /* the storage URL is plain HTTP */
+};
+void meta_volume_free(struct meta_volume *v);
+
+struct meta_attr {
+	uint64_t ino;
+	uint32_t mode;   /* type and permission bits */
+	uint32_t uid, gid;
+	uint64_t rdev;
+	uint32_t nlink;
+	uint64_t size;
+	struct timespec atime, mtime, ctime;
+};
+
+/* One slice piece of a chunk: bytes [off, off+len) of slice id appear at
+ * [pos, pos+len) of the chunk. size is the slice's whole length (it names the
+ * slice's objects). id 0 is a run of zeros (truncate, punch hole). */
+struct meta_slice {
+	uint64_t id;
+	uint32_t size;
+	uint32_t off;
+	uint32_t pos;
+	uint32_t len;
+};
+
+struct meta_chunk_slice {
+	uint32_t chunk;        /* chunk index: file offset / META_CHUNK_SIZE */
+	struct meta_slice s;
+};
+
+/* Creates a volume's database. -EEXIST if one is there and !force (force
+ * replaces it). Creates the root directory owned by root_uid/root_gid. */
+int meta_format(const char *db_path, const struct meta_volume *v, uint32_t root_uid,
+		uint32_t root_gid, int force);
+/* Opens an existing volume: -ENOENT if there is none, -EIO if the file is
+ * not a ferryfs volume (or of an unknown schema version). */
+int meta_open(const char *db_path, struct meta **out);
+void meta_close(struct meta *m); /* accepts NULL */
+int meta_volume_get(struct meta *m, struct meta_volume *out);
+
+int meta_getattr(struct meta *m, uint64_t ino, struct meta_attr *out);
+int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_attr *out);
+
+/* Which fields meta_setattr() changes. */
+#define META_SET_MODE      (1u << 0)
+#define META_SET_UID       (1u << 1)
+#define META_SET_GID       (1u << 2)
+#define META_SET_SIZE      (1u << 3)
+#define META_SET_ATIME     (1u << 4)
+#define META_SET_MTIME     (1u << 5)
+#define META_SET_ATIME_NOW (1u << 6)
+#define META_SET_MTIME_NOW (1u << 7)
+#define META_SET_CTIME     (1u << 8)
+/* Changes the fields in valid (taking values from in) and sets ctime to now
+ * unless META_SET_CTIME gives one. A size change on a regular file truncates
+ * or extends it: bytes past the old end read as zeros afterwards. Returns the
+ * new attributes in out. -EISDIR for a size change on a directory. */
+int meta_setattr(struct meta *m, uint64_t ino, unsigned valid, const struct meta_attr *in,
+		 struct meta_attr *out);
+
+/* Creates parent/name: any type of mode (S_IFREG, S_IFDIR, S_IFLNK with
+ * target, S_IFIFO, S_IFSOCK, S_IFCHR/S_IFBLK with rdev). The owner is
+ * uid/gid, except that under a setgid directory the gid is the parent's and a
+ * new directory inherits S_ISGID. Updates the parent's mtime/ctime (and nlink
+ * for a directory). -EEXIST if the name is taken. */
+int meta_create(struct meta *m, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+		uint32_t gid, uint64_t rdev, const char *target, struct meta_attr *out);
+/* Adds newparent/newname for ino (not a directory: -EPERM). */
+int meta_link(struct meta *m, uint64_t ino, uint64_t newparent, const char *newname,
+	      struct meta_attr *out);
+/* Removes a non-directory entry; *victim gets its attributes afterwards
+ * (nlink 0 means the inode is now unlinked: it lives on, listed as an
+ * orphan, until meta_inode_release()). -EISDIR for a directory. */
+int meta_unlink(struct meta *m, uint64_t parent, const char *name, struct meta_attr *victim);
+/* Removes an empty directory. -ENOTDIR, -ENOTEMPTY. */
+int meta_rmdir(struct meta *m, uint64_t parent, const char *name, struct meta_attr *victim);
+
+#define META_RENAME_NOREPLACE (1u << 0)
+#define META_RENAME_EXCHANGE  (1u << 1)
+/* rename(2) semantics with RENAME_NOREPLACE / RENAME_EXCHANGE. If an entry
+ * was replaced, *replaced gets its attributes afterwards (ino 0 if none). */
+int meta_rename(struct meta *m, uint64_t parent, const char *name, uint64_t newparent,
+		const char *newname, unsigned flags, struct meta_attr *replaced);
+int meta_readlink(struct meta *m, uint64_t ino, char **target);
+
+/* Lists a directory in a stable order: every entry has a cookie > 0 that
+ * never changes while the entry lives, and entries come in cookie order, so a
+ * listing resumed "after cookie c" is correct across concurrent creates and
+ * deletes. Calls cb for each entry with cookie > after; attr is filled only
+ * when plus is set (readdirplus), otherwise just ino and mode. cb returning
+ * non-zero stops the listing (not an error). */
+typedef int (*meta_readdir_cb)(void *arg, const char *name, const struct meta_attr *attr,
+			       uint64_t cookie);
+int meta_readdir(struct meta *m, uint64_t ino, uint64_t after, int plus, meta_readdir_cb cb,
+		 void *arg);
+
+#define META_XATTR_CREATE  1  /* same values as XATTR_CREATE / XATTR_REPLACE */
+#define META_XATTR_REPLACE 2
+int meta_setxattr(struct meta *m, uint64_t ino, const char *name, const void *value,
+		  size_t size, int flags);
+int meta_getxattr(struct meta *m, uint64_t ino, const char *name, void **value, size_t *size);
+/* *list: the names, each NUL-terminated, back to back; *size its length. */
+int meta_listxattr(struct meta *m, uint64_t ino, char **list, size_t *size);
+int meta_removexattr(struct meta *m, uint64_t ino, const char *name);
+
+int meta_statfs(struct meta *m, uint64_t *used_bytes, uint64_t *used_inodes);
+
+/* The slices of one chunk, oldest first (later ones cover earlier ones).
+ * *out is NULL and *n 0 for a chunk never written. */
+int meta_chunk_slices(struct meta *m, uint64_t ino, uint32_t chunk, struct meta_slice **out,
+		      size_t *n);
+/* Reserves count consecutive slice ids, the first in *first (ids start at 1). */
+int meta_slice_id_alloc(struct meta *m, uint32_t count, uint64_t *first);
+/* Commits a write in one transaction: appends the slices (in the given
+ * order, after every existing one) and sets the file's size to new_size and
+ * its mtime/ctime to mtime (now if NULL). */
+int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slice *slices,
+		      size_t n, uint64_t new_size, const struct timespec *mtime,
+		      struct meta_attr *out);
+/* Zeroes [off, off+len) of a regular file without changing its size
+ * (fallocate punch hole). */
+int meta_punch_hole(struct meta *m, uint64_t ino, uint64_t off, uint64_t len,
+		    struct meta_attr *out);
+
+/* Frees an unlinked inode (nlink 0) once nothing holds it open: removes it,
+ * its slices and xattrs; the slices' objects are recorded for gc. A linked
+ * inode is left alone (returns 0). */
+int meta_inode_release(struct meta *m, uint64_t ino);
+/* At mount: frees every orphan left by a crash (nothing can hold them open). */
+int meta_orphans_purge(struct meta *m, uint64_t *count);
+
+#endif

@@ -1,0 +1,2553 @@
+/*
+ * meta_sqlite: the embedded metadata engine (meta.h) on SQLite in WAL mode.
+ *
+ * Each thread gets its own connection (a pthread key on struct meta; the key's
+ * destructor closes it when the thread exits, meta_close() closes the rest),
+ * with its prepared statements cached for its lifetime. Every mutation is one
+ * BEGIN IMMEDIATE transaction run by txn(), retried when SQLite reports the
+ * database busy. Rows are checked as they are read: a damaged row gives -EIO.
+ *
+ * Schema version 1 (PRAGMA user_version, with PRAGMA application_id marking
+ * the file as a ferryfs volume):
+ *   volume(id=1, uuid, block_size, storage_url, created_at, s3_http)
+ *   counters(id=1, next_ino, next_slice, next_cookie)
+ *   inode(ino, mode, uid, gid, rdev, nlink, size, [amc]time_sec/_nsec)
+ *   dentry(parent, name, ino, cookie)   cookies come from a counter, never reused
+ *   symlink(ino, target), xattr(ino, name, value)
+ *   slice(seq, ino, chunk, id, size, off, pos, len)   seq orders a chunk's slices
+ *   orphan(ino)           inodes with nlink 0 not yet released
+ *   delslice(id, size)    slices no row references any more, for gc
+ *
+ * Invariant kept by every size change: no slice shows data past the file's
+ * size, so bytes past the end read as zeros after any extension.
+ */
+#include "meta.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SCHEMA_VERSION 1
+#define APPLICATION_ID 0x46455252 /* "FERR" */
+#define BUSY_TIMEOUT_MS 5000
+#define TXN_TRIES 8
+#define READDIR_PAGE 128
+#define PURGE_BATCH 64
+#define MAX_DEPTH (1 << 20) /* a longer parent walk means a loop */
+#define SYMLINK_MAX 4095
+/* Chunk indexes are uint32_t, which bounds a file's size. */
+#define MAX_FILE_SIZE ((uint64_t)META_CHUNK_SIZE << 32)
+
+#define INODE_COLS                                                                          \
+	"ino, mode, uid, gid, rdev, nlink, size, atime_sec, atime_nsec, mtime_sec, mtime_nsec," \
+	" ctime_sec, ctime_nsec"
+#define INODE_COLS_I                                                                        \
+	"i.ino, i.mode, i.uid, i.gid, i.rdev, i.nlink, i.size, i.atime_sec, i.atime_nsec,"      \
+	" i.mtime_sec, i.mtime_nsec, i.ctime_sec, i.ctime_nsec"
+
+static const char schema_sql[] =
+	"CREATE TABLE volume(id INTEGER PRIMARY KEY CHECK (id = 1), uuid TEXT NOT NULL,"
+	" block_size INTEGER NOT NULL, storage_url TEXT NOT NULL, created_at INTEGER NOT NULL,"
+	" s3_http INTEGER NOT NULL);"
+	"CREATE TABLE counters(id INTEGER PRIMARY KEY CHECK (id = 1), next_ino INTEGER NOT NULL,"
+	" next_slice INTEGER NOT NULL, next_cookie INTEGER NOT NULL);"
+	"CREATE TABLE inode(ino INTEGER PRIMARY KEY, mode INTEGER NOT NULL, uid INTEGER NOT NULL,"
+	" gid INTEGER NOT NULL, rdev INTEGER NOT NULL, nlink INTEGER NOT NULL,"
+	" size INTEGER NOT NULL, atime_sec INTEGER NOT NULL, atime_nsec INTEGER NOT NULL,"
+	" mtime_sec INTEGER NOT NULL, mtime_nsec INTEGER NOT NULL, ctime_sec INTEGER NOT NULL,"
+	" ctime_nsec INTEGER NOT NULL);"
+	"CREATE TABLE dentry(parent INTEGER NOT NULL, name BLOB NOT NULL, ino INTEGER NOT NULL,"
+	" cookie INTEGER NOT NULL UNIQUE, PRIMARY KEY (parent, name)) WITHOUT ROWID;"
+	"CREATE INDEX dentry_cookie ON dentry(parent, cookie);"
+	"CREATE INDEX dentry_ino ON dentry(ino);"
+	"CREATE TABLE symlink(ino INTEGER PRIMARY KEY, target BLOB NOT NULL);"
+	"CREATE TABLE xattr(ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,"
+	" PRIMARY KEY (ino, name)) WITHOUT ROWID;"
+	"CREATE TABLE slice(seq INTEGER PRIMARY KEY AUTOINCREMENT, ino INTEGER NOT NULL,"
+	" chunk INTEGER NOT NULL, id INTEGER NOT NULL, size INTEGER NOT NULL,"
+	" off INTEGER NOT NULL, pos INTEGER NOT NULL, len INTEGER NOT NULL);"
+	"CREATE INDEX slice_chunk ON slice(ino, chunk, seq);"
+	"CREATE INDEX slice_id ON slice(id);"
+	"CREATE TABLE orphan(ino INTEGER PRIMARY KEY);"
+	"CREATE TABLE delslice(id INTEGER PRIMARY KEY, size INTEGER NOT NULL);";
+
+enum st {
+	ST_BEGIN,
+	ST_COMMIT,
+	ST_ROLLBACK,
+	ST_GETATTR,
+	ST_LOOKUP,
+	ST_INODE_INSERT,
+	ST_INODE_UPDATE,
+	ST_INODE_DELETE,
+	ST_DENTRY_GET,
+	ST_DENTRY_INSERT,
+	ST_DENTRY_DELETE,
+	ST_DENTRY_MOVE,
+	ST_DENTRY_SETINO,
+	ST_DENTRY_PARENT,
+	ST_DIR_HAS_CHILD,
+	ST_READDIR,
+	ST_NEXT_INO,
+	ST_NEXT_COOKIE,
+	ST_NEXT_SLICE,
+	ST_SYMLINK_INSERT,
+	ST_SYMLINK_GET,
+	ST_SYMLINK_DELETE,
+	ST_ORPHAN_ADD,
+	ST_ORPHAN_DELETE,
+	ST_ORPHAN_LIST,
+	ST_XATTR_GET,
+	ST_XATTR_PUT,
+	ST_XATTR_DELETE,
+	ST_XATTR_LIST,
+	ST_XATTR_DELETE_ALL,
+	ST_SLICE_LIST,
+	ST_SLICE_INSERT,
+	ST_SLICE_GC,
+	ST_SLICE_DROP,
+	ST_SLICE_MAXEND,
+	ST_SLICE_OVERLAP,
+	ST_STATFS,
+	ST_VOLUME_GET,
+	ST_COUNT
+};
+
+static const char *const st_sql[ST_COUNT] = {
+	[ST_BEGIN] = "BEGIN IMMEDIATE",
+	[ST_COMMIT] = "COMMIT",
+	[ST_ROLLBACK] = "ROLLBACK",
+	[ST_GETATTR] = "SELECT " INODE_COLS " FROM inode WHERE ino = ?1",
+	[ST_LOOKUP] = "SELECT d.ino, " INODE_COLS_I " FROM dentry d LEFT JOIN inode i"
+		      " ON i.ino = d.ino WHERE d.parent = ?1 AND d.name = ?2",
+	[ST_INODE_INSERT] = "INSERT INTO inode(" INODE_COLS ") VALUES"
+			    " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+	[ST_INODE_UPDATE] = "UPDATE inode SET mode = ?2, uid = ?3, gid = ?4, rdev = ?5,"
+			    " nlink = ?6, size = ?7, atime_sec = ?8, atime_nsec = ?9,"
+			    " mtime_sec = ?10, mtime_nsec = ?11, ctime_sec = ?12,"
+			    " ctime_nsec = ?13 WHERE ino = ?1",
+	[ST_INODE_DELETE] = "DELETE FROM inode WHERE ino = ?1",
+	[ST_DENTRY_GET] = "SELECT ino FROM dentry WHERE parent = ?1 AND name = ?2",
+	[ST_DENTRY_INSERT] = "INSERT INTO dentry(parent, name, ino, cookie)"
+			     " VALUES (?1, ?2, ?3, ?4)",
+	[ST_DENTRY_DELETE] = "DELETE FROM dentry WHERE parent = ?1 AND name = ?2",
+	[ST_DENTRY_MOVE] = "UPDATE dentry SET parent = ?3, name = ?4"
+			   " WHERE parent = ?1 AND name = ?2",
+	[ST_DENTRY_SETINO] = "UPDATE dentry SET ino = ?3 WHERE parent = ?1 AND name = ?2",
+	[ST_DENTRY_PARENT] = "SELECT parent FROM dentry WHERE ino = ?1 LIMIT 1",
+	[ST_DIR_HAS_CHILD] = "SELECT 1 FROM dentry WHERE parent = ?1 LIMIT 1",
+	[ST_READDIR] = "SELECT d.name, d.cookie, d.ino, " INODE_COLS_I " FROM dentry d"
+		       " LEFT JOIN inode i ON i.ino = d.ino WHERE d.parent = ?1"
+		       " AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3",
+	[ST_NEXT_INO] = "UPDATE counters SET next_ino = next_ino + 1,"
+			" next_cookie = next_cookie + 1 WHERE id = 1"
+			" RETURNING next_ino - 1, next_cookie - 1",
+	[ST_NEXT_COOKIE] = "UPDATE counters SET next_cookie = next_cookie + 1 WHERE id = 1"
+			   " RETURNING next_cookie - 1",
+	[ST_NEXT_SLICE] = "UPDATE counters SET next_slice = next_slice + ?1 WHERE id = 1"
+			  " AND next_slice >= 1 AND next_slice <= 9223372036854775807 - ?1"
+			  " RETURNING next_slice - ?1",
+	[ST_SYMLINK_INSERT] = "INSERT INTO symlink(ino, target) VALUES (?1, ?2)",
+	[ST_SYMLINK_GET] = "SELECT target FROM symlink WHERE ino = ?1",
+	[ST_SYMLINK_DELETE] = "DELETE FROM symlink WHERE ino = ?1",
+	[ST_ORPHAN_ADD] = "INSERT OR IGNORE INTO orphan(ino) VALUES (?1)",
+	[ST_ORPHAN_DELETE] = "DELETE FROM orphan WHERE ino = ?1",
+	[ST_ORPHAN_LIST] = "SELECT ino FROM orphan WHERE ino > ?1 ORDER BY ino LIMIT ?2",
+	[ST_XATTR_GET] = "SELECT value FROM xattr WHERE ino = ?1 AND name = ?2",
+	[ST_XATTR_PUT] = "INSERT OR REPLACE INTO xattr(ino, name, value) VALUES (?1, ?2, ?3)",
+	[ST_XATTR_DELETE] = "DELETE FROM xattr WHERE ino = ?1 AND name = ?2",
+	[ST_XATTR_LIST] = "SELECT name FROM xattr WHERE ino = ?1 ORDER BY name",
+	[ST_XATTR_DELETE_ALL] = "DELETE FROM xattr WHERE ino = ?1",
+	[ST_SLICE_LIST] = "SELECT id, size, off, pos, len FROM slice"
+			  " WHERE ino = ?1 AND chunk = ?2 ORDER BY seq",
+	[ST_SLICE_INSERT] = "INSERT INTO slice(ino, chunk, id, size, off, pos, len)"
+			    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+	/* Slices of chunks [?2, ?3] of ?1 that no other row references. */
+	[ST_SLICE_GC] = "INSERT OR IGNORE INTO delslice(id, size) SELECT s.id, MAX(s.size)"
+			" FROM slice s WHERE s.ino = ?1 AND s.chunk BETWEEN ?2 AND ?3"
+			" AND s.id <> 0 AND NOT EXISTS (SELECT 1 FROM slice t WHERE t.id = s.id"
+			" AND NOT (t.ino = ?1 AND t.chunk BETWEEN ?2 AND ?3)) GROUP BY s.id",
+	[ST_SLICE_DROP] = "DELETE FROM slice WHERE ino = ?1 AND chunk BETWEEN ?2 AND ?3",
+	[ST_SLICE_MAXEND] = "SELECT MAX(pos + len) FROM slice WHERE ino = ?1 AND chunk = ?2"
+			    " AND pos + len > ?3",
+	[ST_SLICE_OVERLAP] = "SELECT 1 FROM slice WHERE ino = ?1 AND chunk = ?2"
+			     " AND pos < ?4 AND pos + len > ?3 LIMIT 1",
+	[ST_STATFS] = "SELECT (SELECT COALESCE(SUM(size), 0) FROM inode"
+		      " WHERE (mode & 61440) = 32768), (SELECT COUNT(*) FROM inode)",
+	[ST_VOLUME_GET] = "SELECT uuid, block_size, storage_url, created_at, s3_http"
+			  " FROM volume WHERE id = 1",
+};
+
+struct conn {
+	sqlite3 *db;
+	sqlite3_stmt *st[ST_COUNT];
+	struct meta *m;
+	struct conn *prev, *next;
+};
+
+struct meta {
+	char *path;
+	pthread_key_t key;
+	pthread_mutex_t lock; /* guards conns */
+	struct conn *conns;
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+/* SQLite result code -> negative errno. -EAGAIN (busy) makes txn() retry. */
+static int db_err(int rc)
+{
+	switch (rc & 0xff) {
+	case SQLITE_BUSY:
+	case SQLITE_LOCKED:
+		return -EAGAIN;
+	case SQLITE_NOMEM:
+		return -ENOMEM;
+	default:
+		return -EIO;
+	}
+}
+
+static struct timespec now_ts(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts;
+}
+
+static int ts_valid(const struct timespec *ts)
+{
+	return ts->tv_nsec >= 0 && ts->tv_nsec < 1000000000L;
+}
+
+static int mode_type_valid(uint32_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG:
+	case S_IFDIR:
+	case S_IFLNK:
+	case S_IFIFO:
+	case S_IFSOCK:
+	case S_IFCHR:
+	case S_IFBLK:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+static int name_check(const char *name, size_t *len)
+{
+	size_t n;
+
+	if (name == NULL)
+		return -EINVAL;
+	n = strnlen(name, META_NAME_MAX + 1);
+	if (n > META_NAME_MAX)
+		return -ENAMETOOLONG;
+	if (n == 0 || memchr(name, '/', n) != NULL || strcmp(name, ".") == 0 ||
+	    strcmp(name, "..") == 0)
+		return -EINVAL;
+	*len = n;
+	return 0;
+}
+
+/* An inode number that can be in the table (SQLite integers are signed). */
+static int ino_ok(uint64_t ino)
+{
+	return ino != 0 && ino <= INT64_MAX;
+}
+
+/* ---- connections and statements --------------------------------------- */
+
+static void conn_free(struct conn *c)
+{
+	size_t i;
+
+	if (c == NULL)
+		return;
+	for (i = 0; i < ST_COUNT; i++)
+		sqlite3_finalize(c->st[i]);
+	sqlite3_close(c->db);
+	free(c);
+}
+
+static void conn_unlink(struct meta *m, struct conn *c)
+{
+	pthread_mutex_lock(&m->lock);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		m->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	pthread_mutex_unlock(&m->lock);
+}
+
+/* The key's destructor: the thread is exiting. */
+static void conn_thread_exit(void *p)
+{
+	struct conn *c = p;
+
+	conn_unlink(c->m, c);
+	conn_free(c);
+}
+
+static int conn_open(const char *path, struct conn **out)
+{
+	struct conn *c;
+	int rc;
+
+	c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return -ENOMEM;
+	rc = sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+	if (rc != SQLITE_OK) {
+		rc = (rc == SQLITE_CANTOPEN && access(path, F_OK) != 0 && errno == ENOENT) ?
+			     -ENOENT :
+			     db_err(rc);
+		goto fail;
+	}
+	sqlite3_busy_timeout(c->db, BUSY_TIMEOUT_MS);
+	rc = sqlite3_exec(c->db, "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;", NULL,
+			  NULL, NULL);
+	if (rc != SQLITE_OK) {
+		rc = db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
+		goto fail;
+	}
+	*out = c;
+	return 0;
+fail:
+	conn_free(c);
+	return rc;
+}
+
+static int conn_get(struct meta *m, struct conn **out)
+{
+	struct conn *c = pthread_getspecific(m->key);
+	int rc;
+
+	if (c != NULL) {
+		*out = c;
+		return 0;
+	}
+	rc = conn_open(m->path, &c);
+	if (rc)
+		return rc;
+	c->m = m;
+	pthread_mutex_lock(&m->lock);
+	c->next = m->conns;
+	if (m->conns)
+		m->conns->prev = c;
+	m->conns = c;
+	pthread_mutex_unlock(&m->lock);
+	if (pthread_setspecific(m->key, c) != 0) {
+		conn_unlink(m, c);
+		conn_free(c);
+		return -ENOMEM;
+	}
+	*out = c;
+	return 0;
+}
+
+static int stmt(struct conn *c, enum st id, sqlite3_stmt **out)
+{
+	if (c->st[id] == NULL) {
+		int rc = sqlite3_prepare_v3(c->db, st_sql[id], -1, SQLITE_PREPARE_PERSISTENT,
+					    &c->st[id], NULL);
+		if (rc != SQLITE_OK) {
+			c->st[id] = NULL;
+			return db_err(rc);
+		}
+	}
+	*out = c->st[id];
+	return 0;
+}
+
+static void stmt_done(sqlite3_stmt *st)
+{
+	if (st != NULL) {
+		sqlite3_reset(st);
+		sqlite3_clear_bindings(st);
+	}
+}
+
+/* 1: a row, 0: done, <0: error. */
+static int step(sqlite3_stmt *st)
+{
+	int rc = sqlite3_step(st);
+
+	if (rc == SQLITE_ROW)
+		return 1;
+	if (rc == SQLITE_DONE)
+		return 0;
+	return db_err(rc);
+}
+
+static int bind_i64(sqlite3_stmt *st, int i, int64_t v)
+{
+	return sqlite3_bind_int64(st, i, v) == SQLITE_OK ? 0 : -EIO;
+}
+
+static int bind_ints(sqlite3_stmt *st, int n, const int64_t *v)
+{
+	int i;
+
+	for (i = 0; i < n; i++)
+		if (bind_i64(st, i + 1, v[i]))
+			return -EIO;
+	return 0;
+}
+
+static int bind_blob(sqlite3_stmt *st, int i, const void *p, size_t n)
+{
+	/* A NULL pointer would bind SQL NULL; an empty value is an empty blob. */
+	if (n > INT32_MAX)
+		return -EIO;
+	return sqlite3_bind_blob(st, i, p ? p : "", (int)n, SQLITE_STATIC) == SQLITE_OK ? 0 : -EIO;
+}
+
+/* Runs a statement with integer parameters that returns no rows. */
+static int run_ints(struct conn *c, enum st id, int n, const int64_t *v)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = stmt(c, id, &st);
+	if (rc)
+		return rc;
+	rc = bind_ints(st, n, v);
+	if (rc == 0)
+		rc = step(st);
+	if (rc > 0)
+		rc = 0;
+	stmt_done(st);
+	return rc;
+}
+
+/* Runs a statement with integer parameters whose first row's first column
+ * is an integer in [lo, hi]. -ENOENT if there is no row (or it is NULL and
+ * null_ok is set), -EIO for anything else. */
+static int query_int(struct conn *c, enum st id, int n, const int64_t *v, int64_t lo, int64_t hi,
+		     int null_ok, int64_t *out)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = stmt(c, id, &st);
+	if (rc)
+		return rc;
+	rc = bind_ints(st, n, v);
+	if (rc)
+		goto out;
+	rc = step(st);
+	if (rc < 0)
+		goto out;
+	if (rc == 0) {
+		rc = -ENOENT;
+		goto out;
+	}
+	if (sqlite3_column_type(st, 0) == SQLITE_NULL && null_ok) {
+		rc = -ENOENT;
+		goto out;
+	}
+	if (sqlite3_column_type(st, 0) != SQLITE_INTEGER) {
+		rc = -EIO;
+		goto out;
+	}
+	*out = sqlite3_column_int64(st, 0);
+	rc = (*out < lo || *out > hi) ? -EIO : 0;
+out:
+	stmt_done(st);
+	return rc;
+}
+
+static int col_int(sqlite3_stmt *st, int i, int64_t lo, int64_t hi, int64_t *out)
+{
+	if (sqlite3_column_type(st, i) != SQLITE_INTEGER)
+		return -EIO;
+	*out = sqlite3_column_int64(st, i);
+	return (*out < lo || *out > hi) ? -EIO : 0;
+}
+
+/* Reads the 13 inode columns starting at column i0, checking each. */
+static int row_attr(sqlite3_stmt *st, int i0, struct meta_attr *a)
+{
+	int64_t v[13];
+	static const int64_t lo[13] = { 1, 0, 0, 0, 0, 0, 0, INT64_MIN, 0, INT64_MIN, 0,
+					INT64_MIN, 0 };
+	static const int64_t hi[13] = { INT64_MAX, S_IFMT | 07777, UINT32_MAX, UINT32_MAX,
+					INT64_MAX, UINT32_MAX, (int64_t)MAX_FILE_SIZE,
+					INT64_MAX, 999999999, INT64_MAX, 999999999,
+					INT64_MAX, 999999999 };
+	int i;
+
+	for (i = 0; i < 13; i++)
+		if (col_int(st, i0 + i, lo[i], hi[i], &v[i]))
+			return -EIO;
+	if (!mode_type_valid((uint32_t)v[1]))
+		return -EIO;
+	memset(a, 0, sizeof(*a));
+	a->ino = (uint64_t)v[0];
+	a->mode = (uint32_t)v[1];
+	a->uid = (uint32_t)v[2];
+	a->gid = (uint32_t)v[3];
+	a->rdev = (uint64_t)v[4];
+	a->nlink = (uint32_t)v[5];
+	a->size = (uint64_t)v[6];
+	a->atime.tv_sec = v[7];
+	a->atime.tv_nsec = v[8];
+	a->mtime.tv_sec = v[9];
+	a->mtime.tv_nsec = v[10];
+	a->ctime.tv_sec = v[11];
+	a->ctime.tv_nsec = v[12];
+	if (S_ISDIR(a->mode) && a->size != 0)
+		return -EIO;
+	return 0;
+}
+
+static int bind_attr(sqlite3_stmt *st, const struct meta_attr *a)
+{
+	const int64_t v[13] = { (int64_t)a->ino,	  a->mode,	     a->uid,
+				a->gid,			  (int64_t)a->rdev,  a->nlink,
+				(int64_t)a->size,	  a->atime.tv_sec,   a->atime.tv_nsec,
+				a->mtime.tv_sec,	  a->mtime.tv_nsec,  a->ctime.tv_sec,
+				a->ctime.tv_nsec };
+
+	return bind_ints(st, 13, v);
+}
+
+/* Reads a name-like blob column (1..META_NAME_MAX bytes, no NUL or '/'). */
+static int col_name(sqlite3_stmt *st, int i, char *buf, size_t max)
+{
+	const void *p;
+	int n;
+
+	if (sqlite3_column_type(st, i) != SQLITE_BLOB && sqlite3_column_type(st, i) != SQLITE_TEXT)
+		return -EIO;
+	p = sqlite3_column_blob(st, i);
+	n = sqlite3_column_bytes(st, i);
+	if (p == NULL || n <= 0 || (size_t)n > max || memchr(p, '\0', (size_t)n) != NULL)
+		return -EIO;
+	memcpy(buf, p, (size_t)n);
+	buf[n] = '\0';
+	return 0;
+}
+
+/* ---- transactions ------------------------------------------------------ */
+
+typedef int (*txn_fn)(struct conn *c, void *arg);
+
+static int exec_st(struct conn *c, enum st id)
+{
+	return run_ints(c, id, 0, NULL);
+}
+
+/* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
+ * 0 to commit or a negative errno to roll back; it must be safe to run again
+ * (it may be, after -EAGAIN). */
+static int txn(struct meta *m, txn_fn fn, void *arg)
+{
+	struct conn *c;
+	int rc, tries;
+
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	for (tries = 1;; tries++) {
+		rc = exec_st(c, ST_BEGIN);
+		if (rc == 0) {
+			rc = fn(c, arg);
+			if (rc == 0)
+				rc = exec_st(c, ST_COMMIT);
+			if (rc != 0 && !sqlite3_get_autocommit(c->db))
+				exec_st(c, ST_ROLLBACK);
+			if (rc == 0)
+				return 0;
+		}
+		if (rc != -EAGAIN || tries >= TXN_TRIES)
+			break;
+		/* busy_timeout already waited; back off a little more. */
+		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
+	}
+	return rc == -EAGAIN ? -EIO : rc;
+}
+
+/* ---- rows --------------------------------------------------------------- */
+
+static int inode_get(struct conn *c, uint64_t ino, struct meta_attr *a)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	if (!ino_ok(ino))
+		return -ENOENT;
+	rc = stmt(c, ST_GETATTR, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, (int64_t)ino);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -ENOENT;
+	else if (rc > 0)
+		rc = row_attr(st, 0, a);
+	if (rc == 0 && a->ino != ino)
+		rc = -EIO;
+	stmt_done(st);
+	return rc;
+}
+
+static int inode_write(struct conn *c, enum st id, const struct meta_attr *a)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = stmt(c, id, &st);
+	if (rc)
+		return rc;
+	rc = bind_attr(st, a);
+	if (rc == 0)
+		rc = step(st);
+	if (rc > 0)
+		rc = 0;
+	if (rc == 0 && sqlite3_changes(c->db) != 1)
+		rc = -EIO;
+	stmt_done(st);
+	return rc;
+}
+
+static int inode_put(struct conn *c, const struct meta_attr *a)
+{
+	return inode_write(c, ST_INODE_UPDATE, a);
+}
+
+static int dir_get(struct conn *c, uint64_t ino, struct meta_attr *a)
+{
+	int rc = inode_get(c, ino, a);
+
+	if (rc == 0 && !S_ISDIR(a->mode))
+		rc = -ENOTDIR;
+	return rc;
+}
+
+/* A directory that can take new entries (not removed). */
+static int dir_get_live(struct conn *c, uint64_t ino, struct meta_attr *a)
+{
+	int rc = dir_get(c, ino, a);
+
+	if (rc == 0 && a->nlink == 0)
+		rc = -ENOENT;
+	return rc;
+}
+
+static int dentry_get(struct conn *c, uint64_t parent, const char *name, size_t nlen,
+		      uint64_t *ino)
+{
+	sqlite3_stmt *st = NULL;
+	int64_t v;
+	int rc;
+
+	rc = stmt(c, ST_DENTRY_GET, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, (int64_t)parent);
+	if (rc == 0)
+		rc = bind_blob(st, 2, name, nlen);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -ENOENT;
+	else if (rc > 0) {
+		rc = col_int(st, 0, 1, INT64_MAX, &v);
+		if (rc == 0)
+			*ino = (uint64_t)v;
+	}
+	stmt_done(st);
+	return rc;
+}
+
+/* Entry parent/name -> its inode; a dangling entry is damage. */
+static int entry_get(struct conn *c, uint64_t parent, const char *name, size_t nlen,
+		     struct meta_attr *a)
+{
+	uint64_t ino;
+	int rc = dentry_get(c, parent, name, nlen, &ino);
+
+	if (rc)
+		return rc;
+	rc = inode_get(c, ino, a);
+	return rc == -ENOENT ? -EIO : rc;
+}
+
+/* Statements keyed by (parent, name) with more parameters after them. */
+static int dentry_run(struct conn *c, enum st id, uint64_t parent, const char *name, size_t nlen,
+		      int64_t p3, const char *name4, size_t nlen4, int nparams)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = stmt(c, id, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, (int64_t)parent);
+	if (rc == 0)
+		rc = bind_blob(st, 2, name, nlen);
+	if (rc == 0 && nparams >= 3)
+		rc = bind_i64(st, 3, p3);
+	if (rc == 0 && nparams >= 4)
+		rc = bind_blob(st, 4, name4, nlen4);
+	if (rc == 0)
+		rc = step(st);
+	if (rc > 0)
+		rc = 0;
+	if (rc == 0 && sqlite3_changes(c->db) != 1)
+		rc = -EIO;
+	stmt_done(st);
+	return rc;
+}
+
+static int dentry_insert(struct conn *c, uint64_t parent, const char *name, size_t nlen,
+			 uint64_t ino, uint64_t cookie)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = stmt(c, ST_DENTRY_INSERT, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, (int64_t)parent);
+	if (rc == 0)
+		rc = bind_blob(st, 2, name, nlen);
+	if (rc == 0)
+		rc = bind_i64(st, 3, (int64_t)ino);
+	if (rc == 0)
+		rc = bind_i64(st, 4, (int64_t)cookie);
+	if (rc == 0)
+		rc = step(st);
+	if (rc > 0)
+		rc = 0;
+	stmt_done(st);
+	return rc;
+}
+
+static int next_cookie(struct conn *c, uint64_t *cookie)
+{
+	int64_t v;
+	int rc = query_int(c, ST_NEXT_COOKIE, 0, NULL, 1, INT64_MAX - 1, 0, &v);
+
+	if (rc == 0)
+		*cookie = (uint64_t)v;
+	return rc == -ENOENT ? -EIO : rc;
+}
+
+static int next_ino(struct conn *c, uint64_t *ino, uint64_t *cookie)
+{
+	sqlite3_stmt *st = NULL;
+	int64_t a, b;
+	int rc;
+
+	rc = stmt(c, ST_NEXT_INO, &st);
+	if (rc)
+		return rc;
+	rc = step(st);
+	if (rc == 0)
+		rc = -EIO;
+	if (rc > 0) {
+		rc = col_int(st, 0, 2, INT64_MAX - 1, &a);
+		if (rc == 0)
+			rc = col_int(st, 1, 1, INT64_MAX - 1, &b);
+	}
+	/* A RETURNING statement finishes its work only when run to the end. */
+	if (rc == 0 && (rc = step(st)) > 0)
+		rc = -EIO;
+	stmt_done(st);
+	if (rc == 0) {
+		*ino = (uint64_t)a;
+		*cookie = (uint64_t)b;
+	}
+	return rc;
+}
+
+static int dir_has_child(struct conn *c, uint64_t ino)
+{
+	int64_t v;
+	int rc = query_int(c, ST_DIR_HAS_CHILD, 1, (int64_t[]){ (int64_t)ino }, 1, 1, 0, &v);
+
+	if (rc == -ENOENT)
+		return 0;
+	return rc == 0 ? 1 : rc;
+}
+
+static int orphan_add(struct conn *c, uint64_t ino)
+{
+	return run_ints(c, ST_ORPHAN_ADD, 1, (int64_t[]){ (int64_t)ino });
+}
+
+/* Is dir anc itself or one of its ancestors? 1/0 or <0. */
+static int dir_within(struct conn *c, uint64_t dir, uint64_t anc)
+{
+	uint64_t cur = dir;
+	int64_t parent;
+	long depth;
+	int rc;
+
+	for (depth = 0; depth < MAX_DEPTH; depth++) {
+		if (cur == anc)
+			return 1;
+		if (cur == META_ROOT_INO)
+			return 0;
+		rc = query_int(c, ST_DENTRY_PARENT, 1, (int64_t[]){ (int64_t)cur }, 1, INT64_MAX,
+			       0, &parent);
+		if (rc == -ENOENT)
+			return 0; /* a removed directory hangs nowhere */
+		if (rc)
+			return rc;
+		cur = (uint64_t)parent;
+	}
+	return -EIO;
+}
+
+/* ---- slices ------------------------------------------------------------- */
+
+/* Removes the slices of chunks [lo, hi] of ino, recording for gc those no
+ * other row references. */
+static int slices_drop(struct conn *c, uint64_t ino, int64_t lo, int64_t hi)
+{
+	const int64_t v[3] = { (int64_t)ino, lo, hi };
+	int rc;
+
+	if (lo > hi)
+		return 0;
+	rc = run_ints(c, ST_SLICE_GC, 3, v);
+	if (rc == 0)
+		rc = run_ints(c, ST_SLICE_DROP, 3, v);
+	return rc;
+}
+
+static int slice_insert(struct conn *c, uint64_t ino, uint32_t chunk, const struct meta_slice *s)
+{
+	const int64_t v[7] = { (int64_t)ino, chunk, (int64_t)s->id, s->size, s->off, s->pos,
+			       s->len };
+
+	return run_ints(c, ST_SLICE_INSERT, 7, v);
+}
+
+static int zero_insert(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t from, uint32_t to)
+{
+	struct meta_slice z = { .id = 0, .size = to - from, .off = 0, .pos = from,
+				.len = to - from };
+
+	return from < to ? slice_insert(c, ino, chunk, &z) : 0;
+}
+
+/* Makes chunk bytes [from, chunk end) of chunk read as zeros when some
+ * slice shows data there. */
+static int zero_tail(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t from)
+{
+	const int64_t v[3] = { (int64_t)ino, chunk, from };
+	int64_t end;
+	int rc = query_int(c, ST_SLICE_MAXEND, 3, v, 0, META_CHUNK_SIZE, 1, &end);
+
+	if (rc == -ENOENT)
+		return 0;
+	if (rc)
+		return rc;
+	return zero_insert(c, ino, chunk, from, (uint32_t)end);
+}
+
+/* The size changes from old to new: whatever lies past the smaller of the
+ * two is cleared, so the file's new bytes read as zeros. */
+static int resize_slices(struct conn *c, uint64_t ino, uint64_t old, uint64_t new)
+{
+	uint64_t keep = old < new ? old : new;
+	int64_t first_gone = (int64_t)(keep / META_CHUNK_SIZE + (keep % META_CHUNK_SIZE != 0));
+	int rc;
+
+	if (old == new)
+		return 0;
+	rc = slices_drop(c, ino, first_gone, INT64_MAX);
+	if (rc == 0 && keep % META_CHUNK_SIZE != 0)
+		rc = zero_tail(c, ino, (uint32_t)(keep / META_CHUNK_SIZE),
+			       (uint32_t)(keep % META_CHUNK_SIZE));
+	return rc;
+}
+
+static int row_slice(sqlite3_stmt *st, struct meta_slice *s)
+{
+	int64_t v[5];
+
+	if (col_int(st, 0, 0, INT64_MAX, &v[0]) || col_int(st, 1, 0, UINT32_MAX, &v[1]) ||
+	    col_int(st, 2, 0, UINT32_MAX, &v[2]) || col_int(st, 3, 0, META_CHUNK_SIZE - 1, &v[3]) ||
+	    col_int(st, 4, 1, META_CHUNK_SIZE, &v[4]))
+		return -EIO;
+	if (v[3] + v[4] > META_CHUNK_SIZE || (v[0] != 0 && v[2] + v[4] > v[1]))
+		return -EIO;
+	s->id = (uint64_t)v[0];
+	s->size = (uint32_t)v[1];
+	s->off = (uint32_t)v[2];
+	s->pos = (uint32_t)v[3];
+	s->len = (uint32_t)v[4];
+	return 0;
+}
+
+/* ---- volume ------------------------------------------------------------- */
+
+void meta_volume_free(struct meta_volume *v)
+{
+	if (v == NULL)
+		return;
+	free(v->storage_url);
+	v->storage_url = NULL;
+}
+
+static int uuid_valid(const char *u)
+{
+	size_t i;
+
+	if (strnlen(u, 37) != 36)
+		return 0;
+	for (i = 0; i < 36; i++) {
+		if (i == 8 || i == 13 || i == 18 || i == 23) {
+			if (u[i] != '-')
+				return 0;
+		} else if (!((u[i] >= '0' && u[i] <= '9') || (u[i] >= 'a' && u[i] <= 'f') ||
+			     (u[i] >= 'A' && u[i] <= 'F'))) {
+			return 0;
+		}
+	}
+	return 1;
+}
+
+static int uuid_generate(char out[37])
+{
+	unsigned char b[16];
+	size_t got = 0;
+
+	while (got < sizeof(b)) {
+		ssize_t r = getrandom(b + got, sizeof(b) - got, 0);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		got += (size_t)r;
+	}
+	b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+	b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+	snprintf(out, 37,
+		 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+		 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+		 b[14], b[15]);
+	return 0;
+}
+
+static int unlink_db_files(const char *path)
+{
+	static const char *const sfx[] = { "", "-wal", "-shm", "-journal" };
+	char buf[4096];
+	size_t i;
+
+	for (i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++) {
+		if ((size_t)snprintf(buf, sizeof(buf), "%s%s", path, sfx[i]) >= sizeof(buf))
+			return -ENAMETOOLONG;
+		if (unlink(buf) != 0 && errno != ENOENT)
+			return -errno;
+	}
+	return 0;
+}
+
+static int format_db(sqlite3 *db, const struct meta_volume *v, const char *uuid, uint32_t uid,
+		     uint32_t gid)
+{
+	sqlite3_stmt *st = NULL;
+	struct timespec now = now_ts();
+	char pragmas[128];
+	int rc;
+
+	rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;", NULL,
+			  NULL, NULL);
+	if (rc == SQLITE_OK)
+		rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+	if (rc == SQLITE_OK)
+		rc = sqlite3_exec(db, schema_sql, NULL, NULL, NULL);
+	snprintf(pragmas, sizeof(pragmas), "PRAGMA application_id = %d; PRAGMA user_version = %d;",
+		 APPLICATION_ID, SCHEMA_VERSION);
+	if (rc == SQLITE_OK)
+		rc = sqlite3_exec(db, pragmas, NULL, NULL, NULL);
+	if (rc == SQLITE_OK)
+		rc = sqlite3_exec(db,
+				  "INSERT INTO counters(id, next_ino, next_slice, next_cookie)"
+				  " VALUES (1, 2, 1, 1)",
+				  NULL, NULL, NULL);
+	if (rc != SQLITE_OK)
+		goto out;
+
+	rc = sqlite3_prepare_v2(db,
+				"INSERT INTO volume(id, uuid, block_size, storage_url, created_at,"
+				" s3_http) VALUES (1, ?1, ?2, ?3, ?4, ?5)",
+				-1, &st, NULL);
+	if (rc != SQLITE_OK)
+		goto out;
+	if (sqlite3_bind_text(st, 1, uuid, -1, SQLITE_STATIC) != SQLITE_OK ||
+	    sqlite3_bind_int64(st, 2, v->block_size ? v->block_size : META_DEFAULT_BLOCK_SIZE) ||
+	    sqlite3_bind_text(st, 3, v->storage_url, -1, SQLITE_STATIC) != SQLITE_OK ||
+	    sqlite3_bind_int64(st, 4, v->created_at ? v->created_at : (int64_t)now.tv_sec) ||
+	    sqlite3_bind_int64(st, 5, v->s3_http ? 1 : 0)) {
+		rc = SQLITE_ERROR;
+		goto out;
+	}
+	rc = sqlite3_step(st);
+	if (rc != SQLITE_DONE)
+		goto out;
+	sqlite3_finalize(st);
+	st = NULL;
+
+	rc = sqlite3_prepare_v2(db, st_sql[ST_INODE_INSERT], -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		goto out;
+	{
+		struct meta_attr root = { .ino = META_ROOT_INO, .mode = S_IFDIR | 0755,
+					  .uid = uid, .gid = gid, .nlink = 2, .atime = now,
+					  .mtime = now, .ctime = now };
+		if (bind_attr(st, &root)) {
+			rc = SQLITE_ERROR;
+			goto out;
+		}
+	}
+	rc = sqlite3_step(st);
+	if (rc != SQLITE_DONE)
+		goto out;
+	rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+out:
+	sqlite3_finalize(st);
+	if (rc == SQLITE_DONE)
+		rc = SQLITE_OK;
+	return rc == SQLITE_OK ? 0 : db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
+}
+
+int meta_format(const char *db_path, const struct meta_volume *v, uint32_t root_uid,
+		uint32_t root_gid, int force)
+{
+	sqlite3 *db = NULL;
+	char uuid[37];
+	int fd, rc;
+
+	if (db_path == NULL || v == NULL || v->storage_url == NULL ||
+	    v->block_size > META_CHUNK_SIZE)
+		return -EINVAL;
+	if (v->uuid[0] == '\0') {
+		rc = uuid_generate(uuid);
+		if (rc)
+			return rc;
+	} else {
+		if (!uuid_valid(v->uuid))
+			return -EINVAL;
+		memcpy(uuid, v->uuid, sizeof(uuid));
+	}
+	if (force) {
+		rc = unlink_db_files(db_path);
+		if (rc)
+			return rc;
+	}
+	/* O_EXCL decides, race-free, whether a volume is there. */
+	fd = open(db_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	close(fd);
+
+	rc = sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+	if (rc != SQLITE_OK) {
+		rc = -EIO;
+		goto out;
+	}
+	sqlite3_busy_timeout(db, BUSY_TIMEOUT_MS);
+	rc = format_db(db, v, uuid, root_uid, root_gid);
+out:
+	sqlite3_close(db);
+	if (rc)
+		unlink_db_files(db_path); /* ours: we created it */
+	return rc;
+}
+
+static int check_volume(struct conn *c)
+{
+	static const char *const q[] = { "PRAGMA application_id", "PRAGMA user_version" };
+	static const int64_t want[] = { APPLICATION_ID, SCHEMA_VERSION };
+	sqlite3_stmt *st = NULL;
+	size_t i;
+	int rc = 0;
+
+	for (i = 0; i < 2 && rc == 0; i++) {
+		rc = sqlite3_prepare_v2(c->db, q[i], -1, &st, NULL);
+		if (rc != SQLITE_OK) {
+			rc = -EIO;
+			break;
+		}
+		rc = sqlite3_step(st) == SQLITE_ROW &&
+				     sqlite3_column_type(st, 0) == SQLITE_INTEGER &&
+				     sqlite3_column_int64(st, 0) == want[i] ?
+			     0 :
+			     -EIO;
+		sqlite3_finalize(st);
+		st = NULL;
+	}
+	if (rc == 0 &&
+	    sqlite3_exec(c->db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) != SQLITE_OK)
+		rc = -EIO;
+	return rc;
+}
+
+static int volume_read(struct conn *c, struct meta_volume *out)
+{
+	sqlite3_stmt *st = NULL;
+	const unsigned char *u, *url;
+	int64_t bs, created, http;
+	int rc;
+
+	rc = stmt(c, ST_VOLUME_GET, &st);
+	if (rc)
+		return rc;
+	rc = step(st);
+	if (rc == 0)
+		rc = -EIO;
+	if (rc < 0)
+		goto out;
+	u = sqlite3_column_text(st, 0);
+	if (sqlite3_column_type(st, 0) != SQLITE_TEXT || u == NULL || !uuid_valid((const char *)u) ||
+	    sqlite3_column_type(st, 2) != SQLITE_TEXT ||
+	    col_int(st, 1, 1, META_CHUNK_SIZE, &bs) || col_int(st, 3, INT64_MIN, INT64_MAX, &created) ||
+	    col_int(st, 4, 0, 1, &http)) {
+		rc = -EIO;
+		goto out;
+	}
+	url = sqlite3_column_text(st, 2);
+	if (url == NULL || (int)strlen((const char *)url) != sqlite3_column_bytes(st, 2)) {
+		rc = -EIO;
+		goto out;
+	}
+	rc = 0;
+	if (out != NULL) {
+		memset(out, 0, sizeof(*out));
+		memcpy(out->uuid, u, 36);
+		out->uuid[36] = '\0';
+		out->block_size = (uint32_t)bs;
+		out->created_at = created;
+		out->s3_http = (int)http;
+		out->storage_url = strdup((const char *)url);
+		if (out->storage_url == NULL)
+			rc = -ENOMEM;
+	}
+out:
+	stmt_done(st);
+	return rc;
+}
+
+int meta_open(const char *db_path, struct meta **out)
+{
+	struct meta *m;
+	struct conn *c;
+	int rc;
+
+	if (db_path == NULL || out == NULL)
+		return -EINVAL;
+	*out = NULL;
+	if (access(db_path, F_OK) != 0)
+		return errno == ENOENT ? -ENOENT : -EIO;
+	m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return -ENOMEM;
+	m->path = strdup(db_path);
+	if (m->path == NULL) {
+		free(m);
+		return -ENOMEM;
+	}
+	if (pthread_key_create(&m->key, conn_thread_exit) != 0) {
+		free(m->path);
+		free(m);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&m->lock, NULL);
+	rc = conn_get(m, &c);
+	if (rc == 0)
+		rc = check_volume(c);
+	if (rc == 0)
+		rc = volume_read(c, NULL);
+	if (rc) {
+		meta_close(m);
+		return rc == -ENOMEM || rc == -ENOENT ? rc : -EIO;
+	}
+	*out = m;
+	return 0;
+}
+
+void meta_close(struct meta *m)
+{
+	struct conn *c, *next;
+
+	if (m == NULL)
+		return;
+	/* Workers are gone; no destructor runs for this key after this. */
+	pthread_key_delete(m->key);
+	for (c = m->conns; c != NULL; c = next) {
+		next = c->next;
+		conn_free(c);
+	}
+	pthread_mutex_destroy(&m->lock);
+	free(m->path);
+	free(m);
+}
+
+int meta_volume_get(struct meta *m, struct meta_volume *out)
+{
+	struct conn *c;
+	int rc;
+
+	if (m == NULL || out == NULL)
+		return -EINVAL;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = volume_read(c, out);
+	return rc == -EAGAIN ? -EIO : rc;
+}
+
+/* ---- attributes and lookup ---------------------------------------------- */
+
+/* Read-only calls outside txn(): a busy database is an I/O error for them. */
+static int ro(int rc)
+{
+	return rc == -EAGAIN ? -EIO : rc;
+}
+
+int meta_getattr(struct meta *m, uint64_t ino, struct meta_attr *out)
+{
+	struct meta_attr a;
+	struct conn *c;
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = conn_get(m, &c);
+	if (rc == 0)
+		rc = inode_get(c, ino, &a);
+	if (rc == 0 && out != NULL)
+		*out = a;
+	return ro(rc);
+}
+
+int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_attr *out)
+{
+	sqlite3_stmt *st = NULL;
+	struct meta_attr a, p;
+	struct conn *c;
+	size_t nlen;
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = name_check(name, &nlen);
+	if (rc)
+		return rc;
+	if (!ino_ok(parent))
+		return -ENOENT;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = stmt(c, ST_LOOKUP, &st);
+	if (rc)
+		return ro(rc);
+	rc = bind_i64(st, 1, (int64_t)parent);
+	if (rc == 0)
+		rc = bind_blob(st, 2, name, nlen);
+	if (rc == 0)
+		rc = step(st);
+	if (rc > 0)
+		rc = sqlite3_column_type(st, 1) == SQLITE_NULL ? -EIO : row_attr(st, 1, &a);
+	else if (rc == 0)
+		rc = -ENOENT;
+	stmt_done(st);
+	if (rc == -ENOENT) {
+		/* Say why: no parent, or not a directory. */
+		int prc = dir_get(c, parent, &p);
+		if (prc)
+			rc = prc;
+	}
+	if (rc == 0 && out != NULL)
+		*out = a;
+	return ro(rc);
+}
+
+/* ---- setattr -------------------------------------------------------------- */
+
+#define META_SET_ALL                                                                         \
+	(META_SET_MODE | META_SET_UID | META_SET_GID | META_SET_SIZE | META_SET_ATIME |        \
+	 META_SET_MTIME | META_SET_ATIME_NOW | META_SET_MTIME_NOW | META_SET_CTIME)
+
+struct setattr_args {
+	uint64_t ino;
+	unsigned valid;
+	const struct meta_attr *in;
+	struct meta_attr out;
+};
+
+static int do_setattr(struct conn *c, void *p)
+{
+	struct setattr_args *a = p;
+	const struct meta_attr *in = a->in;
+	struct timespec now = now_ts();
+	struct meta_attr at;
+	int rc;
+
+	rc = inode_get(c, a->ino, &at);
+	if (rc)
+		return rc;
+	if (a->valid & META_SET_SIZE) {
+		if (S_ISDIR(at.mode))
+			return -EISDIR;
+		if (!S_ISREG(at.mode))
+			return -EINVAL;
+		if (in->size > MAX_FILE_SIZE)
+			return -EFBIG;
+		rc = resize_slices(c, at.ino, at.size, in->size);
+		if (rc)
+			return rc;
+		at.size = in->size;
+	}
+	if (a->valid & META_SET_MODE)
+		at.mode = (at.mode & S_IFMT) | (in->mode & 07777);
+	if (a->valid & META_SET_UID)
+		at.uid = in->uid;
+	if (a->valid & META_SET_GID)
+		at.gid = in->gid;
+	if (a->valid & META_SET_ATIME_NOW)
+		at.atime = now;
+	else if (a->valid & META_SET_ATIME)
+		at.atime = in->atime;
+	if (a->valid & META_SET_MTIME_NOW)
+		at.mtime = now;
+	else if (a->valid & META_SET_MTIME)
+		at.mtime = in->mtime;
+	at.ctime = (a->valid & META_SET_CTIME) ? in->ctime : now;
+	rc = inode_put(c, &at);
+	if (rc == 0)
+		a->out = at;
+	return rc;
+}
+
+int meta_setattr(struct meta *m, uint64_t ino, unsigned valid, const struct meta_attr *in,
+		 struct meta_attr *out)
+{
+	struct setattr_args a = { .ino = ino, .valid = valid, .in = in };
+	int rc;
+
+	if (m == NULL || (valid & ~META_SET_ALL) || (valid && in == NULL))
+		return -EINVAL;
+	if (in != NULL && (((valid & META_SET_ATIME) && !ts_valid(&in->atime)) ||
+			   ((valid & META_SET_MTIME) && !ts_valid(&in->mtime)) ||
+			   ((valid & META_SET_CTIME) && !ts_valid(&in->ctime))))
+		return -EINVAL;
+	rc = txn(m, do_setattr, &a);
+	if (rc == 0 && out != NULL)
+		*out = a.out;
+	return rc;
+}
+
+/* ---- namespace ------------------------------------------------------------ */
+
+struct create_args {
+	uint64_t parent;
+	const char *name;
+	size_t nlen;
+	uint32_t mode, uid, gid;
+	uint64_t rdev;
+	const char *target;
+	size_t tlen;
+	struct meta_attr out;
+};
+
+static int do_create(struct conn *c, void *p)
+{
+	struct create_args *a = p;
+	struct timespec now = now_ts();
+	struct meta_attr par, at;
+	uint64_t ino, cookie;
+	int rc, isdir = S_ISDIR(a->mode);
+
+	rc = dir_get_live(c, a->parent, &par);
+	if (rc)
+		return rc;
+	rc = dentry_get(c, a->parent, a->name, a->nlen, &ino);
+	if (rc == 0)
+		return -EEXIST;
+	if (rc != -ENOENT)
+		return rc;
+	if (isdir && par.nlink == UINT32_MAX)
+		return -EMLINK;
+	rc = next_ino(c, &ino, &cookie);
+	if (rc)
+		return rc;
+
+	memset(&at, 0, sizeof(at));
+	at.ino = ino;
+	at.mode = a->mode;
+	at.uid = a->uid;
+	at.gid = a->gid;
+	at.rdev = (S_ISCHR(a->mode) || S_ISBLK(a->mode)) ? a->rdev : 0;
+	at.nlink = isdir ? 2 : 1;
+	at.size = S_ISLNK(a->mode) ? a->tlen : 0;
+	at.atime = at.mtime = at.ctime = now;
+	if (par.mode & S_ISGID) {
+		at.gid = par.gid;
+		if (isdir)
+			at.mode |= S_ISGID;
+	}
+	rc = inode_write(c, ST_INODE_INSERT, &at);
+	if (rc == 0 && S_ISLNK(a->mode)) {
+		sqlite3_stmt *st = NULL;
+
+		rc = stmt(c, ST_SYMLINK_INSERT, &st);
+		if (rc == 0) {
+			rc = bind_i64(st, 1, (int64_t)ino);
+			if (rc == 0)
+				rc = bind_blob(st, 2, a->target, a->tlen);
+			if (rc == 0)
+				rc = step(st);
+			if (rc > 0)
+				rc = 0;
+			stmt_done(st);
+		}
+	}
+	if (rc == 0)
+		rc = dentry_insert(c, a->parent, a->name, a->nlen, ino, cookie);
+	if (rc)
+		return rc;
+	par.mtime = par.ctime = now;
+	if (isdir)
+		par.nlink++;
+	rc = inode_put(c, &par);
+	if (rc == 0)
+		a->out = at;
+	return rc;
+}
+
+int meta_create(struct meta *m, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+		uint32_t gid, uint64_t rdev, const char *target, struct meta_attr *out)
+{
+	struct create_args a = { .parent = parent, .name = name, .mode = mode, .uid = uid,
+				 .gid = gid, .rdev = rdev, .target = target };
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = name_check(name, &a.nlen);
+	if (rc)
+		return rc;
+	if ((mode & ~(uint32_t)(S_IFMT | 07777)) || !mode_type_valid(mode) || rdev > INT64_MAX)
+		return -EINVAL;
+	if (S_ISLNK(mode)) {
+		if (target == NULL)
+			return -EINVAL;
+		a.tlen = strnlen(target, SYMLINK_MAX + 1);
+		if (a.tlen > SYMLINK_MAX)
+			return -ENAMETOOLONG;
+		if (a.tlen == 0)
+			return -ENOENT; /* as symlink(2) */
+	}
+	if (!ino_ok(parent))
+		return -ENOENT;
+	rc = txn(m, do_create, &a);
+	if (rc == 0 && out != NULL)
+		*out = a.out;
+	return rc;
+}
+
+struct link_args {
+	uint64_t ino, parent;
+	const char *name;
+	size_t nlen;
+	struct meta_attr out;
+};
+
+static int do_link(struct conn *c, void *p)
+{
+	struct link_args *a = p;
+	struct timespec now = now_ts();
+	struct meta_attr at, par;
+	uint64_t x, cookie;
+	int rc;
+
+	rc = inode_get(c, a->ino, &at);
+	if (rc)
+		return rc;
+	if (S_ISDIR(at.mode))
+		return -EPERM;
+	if (at.nlink == 0)
+		return -ENOENT; /* as linkat(2) on an unlinked file */
+	if (at.nlink == UINT32_MAX)
+		return -EMLINK;
+	rc = dir_get_live(c, a->parent, &par);
+	if (rc)
+		return rc;
+	rc = dentry_get(c, a->parent, a->name, a->nlen, &x);
+	if (rc == 0)
+		return -EEXIST;
+	if (rc != -ENOENT)
+		return rc;
+	rc = next_cookie(c, &cookie);
+	if (rc == 0)
+		rc = dentry_insert(c, a->parent, a->name, a->nlen, at.ino, cookie);
+	if (rc)
+		return rc;
+	at.nlink++;
+	at.ctime = now;
+	par.mtime = par.ctime = now;
+	rc = inode_put(c, &at);
+	if (rc == 0)
+		rc = inode_put(c, &par);
+	if (rc == 0)
+		a->out = at;
+	return rc;
+}
+
+int meta_link(struct meta *m, uint64_t ino, uint64_t newparent, const char *newname,
+	      struct meta_attr *out)
+{
+	struct link_args a = { .ino = ino, .parent = newparent, .name = newname };
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = name_check(newname, &a.nlen);
+	if (rc)
+		return rc;
+	if (!ino_ok(ino) || !ino_ok(newparent))
+		return -ENOENT;
+	rc = txn(m, do_link, &a);
+	if (rc == 0 && out != NULL)
+		*out = a.out;
+	return rc;
+}
+
+struct remove_args {
+	uint64_t parent;
+	const char *name;
+	size_t nlen;
+	int dir;
+	struct meta_attr out;
+};
+
+static int do_remove(struct conn *c, void *p)
+{
+	struct remove_args *a = p;
+	struct timespec now = now_ts();
+	struct meta_attr par, vic;
+	int rc;
+
+	rc = dir_get(c, a->parent, &par);
+	if (rc)
+		return rc;
+	rc = entry_get(c, a->parent, a->name, a->nlen, &vic);
+	if (rc)
+		return rc;
+	if (vic.ino == par.ino)
+		return -EIO;
+	if (a->dir) {
+		if (!S_ISDIR(vic.mode))
+			return -ENOTDIR;
+		rc = dir_has_child(c, vic.ino);
+		if (rc)
+			return rc > 0 ? -ENOTEMPTY : rc;
+		vic.nlink = 0;
+		if (par.nlink > 2)
+			par.nlink--;
+	} else {
+		if (S_ISDIR(vic.mode))
+			return -EISDIR;
+		if (vic.nlink > 0)
+			vic.nlink--;
+	}
+	rc = dentry_run(c, ST_DENTRY_DELETE, a->parent, a->name, a->nlen, 0, NULL, 0, 2);
+	if (rc)
+		return rc;
+	vic.ctime = now;
+	par.mtime = par.ctime = now;
+	if (vic.nlink == 0)
+		rc = orphan_add(c, vic.ino);
+	if (rc == 0)
+		rc = inode_put(c, &vic);
+	if (rc == 0)
+		rc = inode_put(c, &par);
+	if (rc == 0)
+		a->out = vic;
+	return rc;
+}
+
+static int remove_entry(struct meta *m, uint64_t parent, const char *name, int dir,
+			struct meta_attr *victim)
+{
+	struct remove_args a = { .parent = parent, .name = name, .dir = dir };
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = name_check(name, &a.nlen);
+	if (rc)
+		return rc;
+	if (!ino_ok(parent))
+		return -ENOENT;
+	rc = txn(m, do_remove, &a);
+	if (rc == 0 && victim != NULL)
+		*victim = a.out;
+	return rc;
+}
+
+int meta_unlink(struct meta *m, uint64_t parent, const char *name, struct meta_attr *victim)
+{
+	return remove_entry(m, parent, name, 0, victim);
+}
+
+int meta_rmdir(struct meta *m, uint64_t parent, const char *name, struct meta_attr *victim)
+{
+	return remove_entry(m, parent, name, 1, victim);
+}
+
+struct rename_args {
+	uint64_t parent, newparent;
+	const char *name, *newname;
+	size_t nlen, newnlen;
+	unsigned flags;
+	struct meta_attr replaced;
+};
+
+static int do_rename(struct conn *c, void *p)
+{
+	struct rename_args *a = p;
+	struct timespec now = now_ts();
+	struct meta_attr pa, pb, src, tgt;
+	struct meta_attr *P = &pa, *Q;
+	int rc, have_tgt, sdir, tdir;
+
+	memset(&a->replaced, 0, sizeof(a->replaced));
+	rc = dir_get(c, a->parent, &pa);
+	if (rc)
+		return rc;
+	if (a->newparent != a->parent) {
+		rc = dir_get_live(c, a->newparent, &pb);
+		if (rc)
+			return rc;
+		Q = &pb;
+	} else {
+		Q = &pa;
+	}
+	rc = entry_get(c, a->parent, a->name, a->nlen, &src);
+	if (rc)
+		return rc;
+	rc = entry_get(c, a->newparent, a->newname, a->newnlen, &tgt);
+	if (rc && rc != -ENOENT)
+		return rc;
+	have_tgt = rc == 0;
+	sdir = S_ISDIR(src.mode);
+	tdir = have_tgt && S_ISDIR(tgt.mode);
+
+	if (have_tgt && (a->flags & META_RENAME_NOREPLACE))
+		return -EEXIST;
+	if (!have_tgt && (a->flags & META_RENAME_EXCHANGE))
+		return -ENOENT;
+	if (have_tgt && tgt.ino == src.ino)
+		return 0; /* the same inode (same entry or hard links): nothing to do */
+	if (Q->nlink == 0)
+		return -ENOENT;
+
+	/* A directory cannot move into its own subtree. */
+	if (sdir && a->newparent != a->parent) {
+		rc = dir_within(c, a->newparent, src.ino);
+		if (rc)
+			return rc > 0 ? -EINVAL : rc;
+	}
+	if (tdir && (a->flags & META_RENAME_EXCHANGE) && a->newparent != a->parent) {
+		rc = dir_within(c, a->parent, tgt.ino);
+		if (rc)
+			return rc > 0 ? -EINVAL : rc;
+	}
+	if (have_tgt && !(a->flags & META_RENAME_EXCHANGE)) {
+		if (sdir && !tdir)
+			return -ENOTDIR;
+		if (!sdir && tdir)
+			return -EISDIR;
+		if (tdir) {
+			rc = dir_has_child(c, tgt.ino);
+			if (rc)
+				return rc > 0 ? -ENOTEMPTY : rc;
+		}
+	}
+	/* Whatever aliases survived the checks above is damage. */
+	if (src.ino == pa.ino || src.ino == Q->ino ||
+	    (have_tgt && (tgt.ino == pa.ino || tgt.ino == Q->ino)))
+		return -EIO;
+
+	if (a->flags & META_RENAME_EXCHANGE) {
+		rc = dentry_run(c, ST_DENTRY_SETINO, a->parent, a->name, a->nlen,
+				(int64_t)tgt.ino, NULL, 0, 3);
+		if (rc == 0)
+			rc = dentry_run(c, ST_DENTRY_SETINO, a->newparent, a->newname,
+					a->newnlen, (int64_t)src.ino, NULL, 0, 3);
+		if (rc)
+			return rc;
+		if (P != Q && sdir != tdir) {
+			if (sdir) {
+				P->nlink--;
+				Q->nlink++;
+			} else {
+				Q->nlink--;
+				P->nlink++;
+			}
+		}
+		tgt.ctime = now;
+	} else {
+		if (have_tgt) {
+			rc = dentry_run(c, ST_DENTRY_DELETE, a->newparent, a->newname,
+					a->newnlen, 0, NULL, 0, 2);
+			if (rc)
+				return rc;
+			if (tdir) {
+				tgt.nlink = 0;
+				Q->nlink--;
+			} else if (tgt.nlink > 0) {
+				tgt.nlink--;
+			}
+			tgt.ctime = now;
+			if (tgt.nlink == 0)
+				rc = orphan_add(c, tgt.ino);
+			if (rc)
+				return rc;
+		}
+		rc = dentry_run(c, ST_DENTRY_MOVE, a->parent, a->name, a->nlen,
+				(int64_t)a->newparent, a->newname, a->newnlen, 4);
+		if (rc)
+			return rc;
+		if (sdir && P != Q) {
+			P->nlink--;
+			Q->nlink++;
+		}
+	}
+	src.ctime = now;
+	P->mtime = P->ctime = now;
+	Q->mtime = Q->ctime = now;
+	rc = inode_put(c, &src);
+	if (rc == 0 && have_tgt)
+		rc = inode_put(c, &tgt);
+	if (rc == 0)
+		rc = inode_put(c, P);
+	if (rc == 0 && Q != P)
+		rc = inode_put(c, Q);
+	if (rc == 0 && have_tgt && !(a->flags & META_RENAME_EXCHANGE))
+		a->replaced = tgt;
+	return rc;
+}
+
+int meta_rename(struct meta *m, uint64_t parent, const char *name, uint64_t newparent,
+		const char *newname, unsigned flags, struct meta_attr *replaced)
+{
+	struct rename_args a = { .parent = parent, .newparent = newparent, .name = name,
+				 .newname = newname, .flags = flags };
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = name_check(name, &a.nlen);
+	if (rc == 0)
+		rc = name_check(newname, &a.newnlen);
+	if (rc)
+		return rc;
+	if ((flags & ~(META_RENAME_NOREPLACE | META_RENAME_EXCHANGE)) ||
+	    (flags == (META_RENAME_NOREPLACE | META_RENAME_EXCHANGE)))
+		return -EINVAL;
+	if (!ino_ok(parent) || !ino_ok(newparent))
+		return -ENOENT;
+	rc = txn(m, do_rename, &a);
+	if (rc == 0 && replaced != NULL)
+		*replaced = a.replaced;
+	return rc;
+}
+
+int meta_readlink(struct meta *m, uint64_t ino, char **target)
+{
+	sqlite3_stmt *st = NULL;
+	struct meta_attr at;
+	struct conn *c;
+	const void *p;
+	char *t;
+	int rc, n;
+
+	if (m == NULL || target == NULL)
+		return -EINVAL;
+	*target = NULL;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = inode_get(c, ino, &at);
+	if (rc)
+		return ro(rc);
+	if (!S_ISLNK(at.mode))
+		return -EINVAL;
+	rc = stmt(c, ST_SYMLINK_GET, &st);
+	if (rc)
+		return ro(rc);
+	rc = bind_i64(st, 1, (int64_t)ino);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -EIO; /* a symlink inode with no target */
+	if (rc < 0)
+		goto out;
+	p = sqlite3_column_blob(st, 0);
+	n = sqlite3_column_bytes(st, 0);
+	if ((sqlite3_column_type(st, 0) != SQLITE_BLOB &&
+	     sqlite3_column_type(st, 0) != SQLITE_TEXT) ||
+	    p == NULL || n <= 0 || n > SYMLINK_MAX || memchr(p, '\0', (size_t)n) != NULL) {
+		rc = -EIO;
+		goto out;
+	}
+	t = malloc((size_t)n + 1);
+	if (t == NULL) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	memcpy(t, p, (size_t)n);
+	t[n] = '\0';
+	*target = t;
+	rc = 0;
+out:
+	stmt_done(st);
+	return ro(rc);
+}
+
+/* ---- readdir ---------------------------------------------------------------- */
+
+struct rd_ent {
+	char name[META_NAME_MAX + 1];
+	struct meta_attr attr;
+	uint64_t cookie;
+};
+
+/* Reads up to READDIR_PAGE entries after cookie after into page. */
+static int readdir_page(struct conn *c, uint64_t ino, uint64_t after, int plus,
+			struct rd_ent *page, size_t *n)
+{
+	sqlite3_stmt *st = NULL;
+	int64_t cookie, dino;
+	int rc;
+
+	*n = 0;
+	rc = stmt(c, ST_READDIR, &st);
+	if (rc)
+		return rc;
+	if (bind_i64(st, 1, (int64_t)ino) || bind_i64(st, 2, (int64_t)after) ||
+	    bind_i64(st, 3, READDIR_PAGE)) {
+		rc = -EIO;
+		goto out;
+	}
+	while ((rc = step(st)) > 0) {
+		struct rd_ent *e = &page[*n];
+
+		if (*n >= READDIR_PAGE || col_name(st, 0, e->name, META_NAME_MAX) ||
+		    col_int(st, 1, 1, INT64_MAX, &cookie) || col_int(st, 2, 1, INT64_MAX, &dino) ||
+		    row_attr(st, 3, &e->attr) || e->attr.ino != (uint64_t)dino) {
+			rc = -EIO;
+			goto out;
+		}
+		if (!plus) {
+			uint32_t mode = e->attr.mode;
+
+			memset(&e->attr, 0, sizeof(e->attr));
+			e->attr.ino = (uint64_t)dino;
+			e->attr.mode = mode;
+		}
+		e->cookie = (uint64_t)cookie;
+		(*n)++;
+	}
+out:
+	stmt_done(st);
+	return rc;
+}
+
+int meta_readdir(struct meta *m, uint64_t ino, uint64_t after, int plus, meta_readdir_cb cb,
+		 void *arg)
+{
+	struct rd_ent *page = NULL;
+	struct meta_attr d;
+	struct conn *c;
+	size_t n, i;
+	int rc;
+
+	if (m == NULL || cb == NULL)
+		return -EINVAL;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = dir_get(c, ino, &d);
+	if (rc)
+		return ro(rc);
+	if (after >= INT64_MAX)
+		return 0;
+	page = malloc(READDIR_PAGE * sizeof(*page));
+	if (page == NULL)
+		return -ENOMEM;
+	/* Callbacks run with no statement open, so they may call back in. */
+	for (;;) {
+		rc = readdir_page(c, ino, after, plus, page, &n);
+		if (rc)
+			goto out;
+		for (i = 0; i < n; i++) {
+			if (page[i].cookie <= after) {
+				rc = -EIO;
+				goto out;
+			}
+			after = page[i].cookie;
+			if (cb(arg, page[i].name, &page[i].attr, page[i].cookie) != 0)
+				goto out;
+		}
+		if (n < READDIR_PAGE)
+			break;
+	}
+out:
+	free(page);
+	return ro(rc);
+}
+
+/* ---- xattrs ------------------------------------------------------------------ */
+
+static int xattr_name_check(const char *name, size_t *len)
+{
+	size_t n;
+
+	if (name == NULL)
+		return -EINVAL;
+	n = strnlen(name, META_XATTR_NAME_MAX + 1);
+	if (n == 0 || n > META_XATTR_NAME_MAX)
+		return -ERANGE;
+	*len = n;
+	return 0;
+}
+
+/* 1 if ino has xattr name, 0 if not. */
+static int xattr_exists(struct conn *c, uint64_t ino, const char *name, size_t nlen)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	rc = stmt(c, ST_XATTR_GET, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, (int64_t)ino);
+	if (rc == 0)
+		rc = bind_blob(st, 2, name, nlen);
+	if (rc == 0)
+		rc = step(st);
+	stmt_done(st);
+	return rc;
+}
+
+struct xattr_args {
+	uint64_t ino;
+	const char *name;
+	size_t nlen;
+	const void *value;
+	size_t size;
+	int flags;
+	int remove;
+};
+
+static int do_xattr(struct conn *c, void *p)
+{
+	struct xattr_args *a = p;
+	struct meta_attr at;
+	sqlite3_stmt *st = NULL;
+	int rc, exists;
+
+	rc = inode_get(c, a->ino, &at);
+	if (rc)
+		return rc;
+	exists = xattr_exists(c, a->ino, a->name, a->nlen);
+	if (exists < 0)
+		return exists;
+	if (a->remove || (a->flags & META_XATTR_REPLACE)) {
+		if (!exists)
+			return -ENODATA;
+	} else if ((a->flags & META_XATTR_CREATE) && exists) {
+		return -EEXIST;
+	}
+	rc = stmt(c, a->remove ? ST_XATTR_DELETE : ST_XATTR_PUT, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, (int64_t)a->ino);
+	if (rc == 0)
+		rc = bind_blob(st, 2, a->name, a->nlen);
+	if (rc == 0 && !a->remove)
+		rc = bind_blob(st, 3, a->value, a->size);
+	if (rc == 0)
+		rc = step(st);
+	if (rc > 0)
+		rc = 0;
+	stmt_done(st);
+	if (rc)
+		return rc;
+	at.ctime = now_ts();
+	return inode_put(c, &at);
+}
+
+int meta_setxattr(struct meta *m, uint64_t ino, const char *name, const void *value,
+		  size_t size, int flags)
+{
+	struct xattr_args a = { .ino = ino, .name = name, .value = value, .size = size,
+				.flags = flags };
+	int rc;
+
+	if (m == NULL || (value == NULL && size > 0) ||
+	    (flags & ~(META_XATTR_CREATE | META_XATTR_REPLACE)) ||
+	    flags == (META_XATTR_CREATE | META_XATTR_REPLACE))
+		return -EINVAL;
+	rc = xattr_name_check(name, &a.nlen);
+	if (rc)
+		return rc;
+	if (size > META_XATTR_SIZE_MAX)
+		return -E2BIG;
+	if (!ino_ok(ino))
+		return -ENOENT;
+	return txn(m, do_xattr, &a);
+}
+
+int meta_removexattr(struct meta *m, uint64_t ino, const char *name)
+{
+	struct xattr_args a = { .ino = ino, .name = name, .remove = 1 };
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = xattr_name_check(name, &a.nlen);
+	if (rc)
+		return rc;
+	if (!ino_ok(ino))
+		return -ENOENT;
+	return txn(m, do_xattr, &a);
+}
+
+int meta_getxattr(struct meta *m, uint64_t ino, const char *name, void **value, size_t *size)
+{
+	sqlite3_stmt *st = NULL;
+	struct meta_attr at;
+	struct conn *c;
+	const void *p;
+	size_t nlen;
+	void *v;
+	int rc, n;
+
+	if (m == NULL || value == NULL || size == NULL)
+		return -EINVAL;
+	*value = NULL;
+	*size = 0;
+	rc = xattr_name_check(name, &nlen);
+	if (rc)
+		return rc;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = inode_get(c, ino, &at);
+	if (rc)
+		return ro(rc);
+	rc = stmt(c, ST_XATTR_GET, &st);
+	if (rc)
+		return ro(rc);
+	rc = bind_i64(st, 1, (int64_t)ino);
+	if (rc == 0)
+		rc = bind_blob(st, 2, name, nlen);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -ENODATA;
+	if (rc < 0)
+		goto out;
+	p = sqlite3_column_blob(st, 0);
+	n = sqlite3_column_bytes(st, 0);
+	if ((sqlite3_column_type(st, 0) != SQLITE_BLOB &&
+	     sqlite3_column_type(st, 0) != SQLITE_TEXT) ||
+	    n < 0 || n > META_XATTR_SIZE_MAX || (n > 0 && p == NULL)) {
+		rc = -EIO;
+		goto out;
+	}
+	v = malloc(n > 0 ? (size_t)n : 1);
+	if (v == NULL) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (n > 0)
+		memcpy(v, p, (size_t)n);
+	*value = v;
+	*size = (size_t)n;
+	rc = 0;
+out:
+	stmt_done(st);
+	return ro(rc);
+}
+
+int meta_listxattr(struct meta *m, uint64_t ino, char **list, size_t *size)
+{
+	sqlite3_stmt *st = NULL;
+	struct meta_attr at;
+	struct conn *c;
+	char *buf = NULL, *nb;
+	size_t len = 0, cap = 0;
+	char name[META_XATTR_NAME_MAX + 1];
+	int rc;
+
+	if (m == NULL || list == NULL || size == NULL)
+		return -EINVAL;
+	*list = NULL;
+	*size = 0;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = inode_get(c, ino, &at);
+	if (rc)
+		return ro(rc);
+	rc = stmt(c, ST_XATTR_LIST, &st);
+	if (rc)
+		return ro(rc);
+	rc = bind_i64(st, 1, (int64_t)ino);
+	if (rc)
+		goto out;
+	while ((rc = step(st)) > 0) {
+		size_t n;
+
+		if (col_name(st, 0, name, META_XATTR_NAME_MAX)) {
+			rc = -EIO;
+			goto out;
+		}
+		n = strlen(name) + 1;
+		if (len + n > cap) {
+			size_t ncap = cap ? cap * 2 : 256;
+			while (ncap < len + n)
+				ncap *= 2;
+			nb = realloc(buf, ncap);
+			if (nb == NULL) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			buf = nb;
+			cap = ncap;
+		}
+		memcpy(buf + len, name, n);
+		len += n;
+	}
+	if (rc == 0) {
+		*list = buf;
+		*size = len;
+		buf = NULL;
+	}
+out:
+	stmt_done(st);
+	free(buf);
+	return ro(rc);
+}
+
+/* ---- statfs and slices ------------------------------------------------------ */
+
+int meta_statfs(struct meta *m, uint64_t *used_bytes, uint64_t *used_inodes)
+{
+	sqlite3_stmt *st = NULL;
+	struct conn *c;
+	int64_t b, n;
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = stmt(c, ST_STATFS, &st);
+	if (rc)
+		return ro(rc);
+	rc = step(st);
+	if (rc == 0)
+		rc = -EIO;
+	if (rc > 0)
+		rc = (col_int(st, 0, 0, INT64_MAX, &b) || col_int(st, 1, 0, INT64_MAX, &n)) ? -EIO :
+											      0;
+	stmt_done(st);
+	if (rc == 0) {
+		if (used_bytes)
+			*used_bytes = (uint64_t)b;
+		if (used_inodes)
+			*used_inodes = (uint64_t)n;
+	}
+	return ro(rc);
+}
+
+int meta_chunk_slices(struct meta *m, uint64_t ino, uint32_t chunk, struct meta_slice **out,
+		      size_t *n)
+{
+	sqlite3_stmt *st = NULL;
+	struct meta_slice *v = NULL, *nv;
+	struct meta_attr at;
+	size_t len = 0, cap = 0;
+	struct conn *c;
+	int rc;
+
+	if (m == NULL || out == NULL || n == NULL)
+		return -EINVAL;
+	*out = NULL;
+	*n = 0;
+	if (!ino_ok(ino))
+		return -ENOENT;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = stmt(c, ST_SLICE_LIST, &st);
+	if (rc)
+		return ro(rc);
+	if (bind_i64(st, 1, (int64_t)ino) || bind_i64(st, 2, chunk)) {
+		rc = -EIO;
+		goto out;
+	}
+	while ((rc = step(st)) > 0) {
+		if (len == cap) {
+			size_t ncap = cap ? cap * 2 : 16;
+			nv = realloc(v, ncap * sizeof(*v));
+			if (nv == NULL) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			v = nv;
+			cap = ncap;
+		}
+		rc = row_slice(st, &v[len]);
+		if (rc)
+			goto out;
+		len++;
+	}
+out:
+	stmt_done(st);
+	if (rc == 0 && len == 0)
+		rc = inode_get(c, ino, &at); /* nothing written, or no such file? */
+	if (rc == 0 && len > 0) {
+		*out = v;
+		*n = len;
+		v = NULL;
+	}
+	free(v);
+	return ro(rc);
+}
+
+struct slice_alloc_args {
+	uint32_t count;
+	uint64_t first;
+};
+
+static int do_slice_alloc(struct conn *c, void *p)
+{
+	struct slice_alloc_args *a = p;
+	sqlite3_stmt *st = NULL;
+	int64_t v;
+	int rc;
+
+	rc = stmt(c, ST_NEXT_SLICE, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, a->count);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -EIO; /* no counters row, or the ids ran out */
+	if (rc > 0)
+		rc = col_int(st, 0, 1, INT64_MAX, &v);
+	if (rc == 0 && (rc = step(st)) > 0)
+		rc = -EIO;
+	stmt_done(st);
+	if (rc == 0)
+		a->first = (uint64_t)v;
+	return rc;
+}
+
+int meta_slice_id_alloc(struct meta *m, uint32_t count, uint64_t *first)
+{
+	struct slice_alloc_args a = { .count = count };
+	int rc;
+
+	if (m == NULL || first == NULL || count == 0)
+		return -EINVAL;
+	rc = txn(m, do_slice_alloc, &a);
+	if (rc == 0)
+		*first = a.first;
+	return rc;
+}
+
+struct commit_args {
+	uint64_t ino;
+	const struct meta_chunk_slice *slices;
+	size_t n;
+	uint64_t new_size;
+	const struct timespec *mtime;
+	struct meta_attr out;
+};
+
+static int do_write_commit(struct conn *c, void *p)
+{
+	struct commit_args *a = p;
+	struct meta_attr at;
+	size_t i;
+	int rc;
+
+	rc = inode_get(c, a->ino, &at);
+	if (rc)
+		return rc;
+	if (S_ISDIR(at.mode))
+		return -EISDIR;
+	if (!S_ISREG(at.mode))
+		return -EINVAL;
+	rc = resize_slices(c, at.ino, at.size, a->new_size);
+	for (i = 0; i < a->n && rc == 0; i++)
+		rc = slice_insert(c, at.ino, a->slices[i].chunk, &a->slices[i].s);
+	if (rc)
+		return rc;
+	at.size = a->new_size;
+	at.mtime = at.ctime = a->mtime ? *a->mtime : now_ts();
+	rc = inode_put(c, &at);
+	if (rc == 0)
+		a->out = at;
+	return rc;
+}
+
+static int slice_valid(const struct meta_slice *s)
+{
+	if (s->len == 0 || s->pos >= META_CHUNK_SIZE || s->len > META_CHUNK_SIZE - s->pos ||
+	    s->id > INT64_MAX)
+		return 0;
+	return s->id == 0 || (s->off <= s->size && s->len <= s->size - s->off);
+}
+
+int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slice *slices,
+		      size_t n, uint64_t new_size, const struct timespec *mtime,
+		      struct meta_attr *out)
+{
+	struct commit_args a = { .ino = ino, .slices = slices, .n = n, .new_size = new_size,
+				 .mtime = mtime };
+	size_t i;
+	int rc;
+
+	if (m == NULL || (slices == NULL && n > 0) || (mtime != NULL && !ts_valid(mtime)))
+		return -EINVAL;
+	if (new_size > MAX_FILE_SIZE)
+		return -EFBIG;
+	for (i = 0; i < n; i++)
+		if (!slice_valid(&slices[i].s))
+			return -EINVAL;
+	if (!ino_ok(ino))
+		return -ENOENT;
+	rc = txn(m, do_write_commit, &a);
+	if (rc == 0 && out != NULL)
+		*out = a.out;
+	return rc;
+}
+
+struct punch_args {
+	uint64_t ino, off, len;
+	struct meta_attr out;
+};
+
+/* Zeroes chunk bytes [s, e) of chunk; whole = nothing of the chunk stays. */
+static int punch_chunk(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t s, uint32_t e,
+		       int whole)
+{
+	const int64_t v[4] = { (int64_t)ino, chunk, s, e };
+	int64_t one;
+	int rc;
+
+	if (whole)
+		return slices_drop(c, ino, chunk, chunk);
+	rc = query_int(c, ST_SLICE_OVERLAP, 4, v, 1, 1, 0, &one);
+	if (rc == -ENOENT)
+		return 0; /* a hole already */
+	return rc ? rc : zero_insert(c, ino, chunk, s, e);
+}
+
+static int do_punch(struct conn *c, void *p)
+{
+	struct punch_args *a = p;
+	struct meta_attr at;
+	uint64_t end, c0, c1, k;
+	int rc = 0;
+
+	rc = inode_get(c, a->ino, &at);
+	if (rc)
+		return rc;
+	if (S_ISDIR(at.mode))
+		return -EISDIR;
+	if (!S_ISREG(at.mode))
+		return -EINVAL;
+	end = a->off + a->len < at.size ? a->off + a->len : at.size;
+	if (a->off < end) {
+		c0 = a->off / META_CHUNK_SIZE;
+		c1 = (end - 1) / META_CHUNK_SIZE;
+		/* A chunk is dropped whole when the punch covers it from its start
+		 * to its end or to the end of the file. */
+		for (k = c0; k <= c1 && rc == 0; k = (k == c0 && c1 > c0 + 1) ? c1 : k + 1) {
+			uint64_t base = k * META_CHUNK_SIZE;
+			uint32_t s = (uint32_t)((a->off > base ? a->off : base) - base);
+			uint64_t ce = end < base + META_CHUNK_SIZE ? end : base + META_CHUNK_SIZE;
+			uint32_t e = (uint32_t)(ce - base);
+			int whole = s == 0 && (e == META_CHUNK_SIZE || ce >= at.size);
+
+			rc = punch_chunk(c, at.ino, (uint32_t)k, s, e, whole);
+		}
+		if (rc == 0 && c1 > c0 + 1)
+			rc = slices_drop(c, at.ino, (int64_t)c0 + 1, (int64_t)c1 - 1);
+		if (rc)
+			return rc;
+	}
+	at.mtime = at.ctime = now_ts();
+	rc = inode_put(c, &at);
+	if (rc == 0)
+		a->out = at;
+	return rc;
+}
+
+int meta_punch_hole(struct meta *m, uint64_t ino, uint64_t off, uint64_t len,
+		    struct meta_attr *out)
+{
+	struct punch_args a = { .ino = ino, .off = off, .len = len };
+	int rc;
+
+	if (m == NULL || len == 0 || off > UINT64_MAX - len)
+		return -EINVAL;
+	if (!ino_ok(ino))
+		return -ENOENT;
+	rc = txn(m, do_punch, &a);
+	if (rc == 0 && out != NULL)
+		*out = a.out;
+	return rc;
+}
+
+/* ---- unlinked inodes ---------------------------------------------------------- */
+
+/* Frees ino if its link count is 0. 1: freed, 0: still linked. */
+static int inode_free(struct conn *c, uint64_t ino)
+{
+	const int64_t v[1] = { (int64_t)ino };
+	struct meta_attr at;
+	int rc;
+
+	rc = inode_get(c, ino, &at);
+	if (rc)
+		return rc;
+	if (at.nlink > 0)
+		return 0;
+	rc = slices_drop(c, ino, 0, INT64_MAX);
+	if (rc == 0)
+		rc = run_ints(c, ST_XATTR_DELETE_ALL, 1, v);
+	if (rc == 0)
+		rc = run_ints(c, ST_SYMLINK_DELETE, 1, v);
+	if (rc == 0)
+		rc = run_ints(c, ST_INODE_DELETE, 1, v);
+	if (rc == 0)
+		rc = run_ints(c, ST_ORPHAN_DELETE, 1, v);
+	return rc ? rc : 1;
+}
+
+static int do_release(struct conn *c, void *p)
+{
+	int rc = inode_free(c, *(uint64_t *)p);
+
+	return rc > 0 ? 0 : rc;
+}
+
+int meta_inode_release(struct meta *m, uint64_t ino)
+{
+	if (m == NULL)
+		return -EINVAL;
+	if (!ino_ok(ino))
+		return -ENOENT;
+	return txn(m, do_release, &ino);
+}
+
+struct purge_args {
+	uint64_t ino[PURGE_BATCH];
+	size_t n;
+	uint64_t freed;
+};
+
+static int do_purge(struct conn *c, void *p)
+{
+	struct purge_args *a = p;
+	size_t i;
+	int rc;
+
+	a->freed = 0;
+	for (i = 0; i < a->n; i++) {
+		rc = inode_free(c, a->ino[i]);
+		if (rc == 1) {
+			a->freed++;
+			continue;
+		}
+		/* Linked again or gone: the orphan row is stale. */
+		if (rc == 0 || rc == -ENOENT)
+			rc = run_ints(c, ST_ORPHAN_DELETE, 1, (int64_t[]){ (int64_t)a->ino[i] });
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int meta_orphans_purge(struct meta *m, uint64_t *count)
+{
+	struct purge_args a;
+	sqlite3_stmt *st = NULL;
+	uint64_t total = 0, after = 0;
+	struct conn *c;
+	int64_t v;
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	for (;;) {
+		a.n = 0;
+		rc = stmt(c, ST_ORPHAN_LIST, &st);
+		if (rc)
+			break;
+		if (bind_i64(st, 1, (int64_t)after) || bind_i64(st, 2, PURGE_BATCH)) {
+			rc = -EIO;
+			stmt_done(st);
+			break;
+		}
+		while ((rc = step(st)) > 0) {
+			if (col_int(st, 0, 1, INT64_MAX, &v) || a.n >= PURGE_BATCH) {
+				rc = -EIO;
+				break;
+			}
+			a.ino[a.n++] = (uint64_t)v;
+		}
+		stmt_done(st);
+		if (rc || a.n == 0)
+			break;
+		after = a.ino[a.n - 1];
+		rc = txn(m, do_purge, &a);
+		if (rc)
+			break;
+		total += a.freed;
+	}
+	if (count != NULL)
+		*count = total;
+	return ro(rc);
+}

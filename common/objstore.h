@@ -1,0 +1,61 @@
+/*
+ * objstore: the object-store interface (put / ranged get / delete / head /
+ * list) and its backends, file:// (a directory) and s3:// (libcurl, SigV4).
+ *
+ * Objects are immutable blobs named by keys such as "chunks/0/1/1234_0_4096".
+ * Every call is safe to make from many threads at once on one objstore.
+ * Calls return 0 (or a byte count) on success and a negative errno:
+ *   -ENOENT     the object does not exist
+ *   -EACCES     the store refused the credentials or signature
+ *   -EIO        the store failed (after retries for transient errors), or the
+ *               object is damaged (short, wrong size)
+ *   -EHOSTUNREACH / -ECONNREFUSED / -ETIMEDOUT  the store cannot be reached
+ * Nothing here logs; objstore_last_error() gives a one-line description of
+ * the calling thread's last failure for the caller's log line.
+ */
+#ifndef FERRY_OBJSTORE_H
+#define FERRY_OBJSTORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "url.h"
+
+struct objstore;
+
+struct objstore_opts {
+	/* S3 only. NULL fields are read from AWS_ACCESS_KEY_ID,
+	 * AWS_SECRET_ACCESS_KEY, AWS_REGION (default us-east-1). */
+	const char *access_key;
+	const char *secret_key;
+	const char *region;
+	int max_retries;        /* transient failures (5xx, timeouts); 0 = default (5) */
+	long timeout_ms;        /* per request; 0 = default (30 s) */
+};
+
+/* Opens a store. Returns 0 or a negative errno with the reason in err. For
+ * s3:// it does not contact the server; objstore_check() does. */
+int objstore_open(const struct store_url *url, const struct objstore_opts *opts,
+		  struct objstore **out, char *err, size_t errlen);
+/* Verifies the store is reachable and usable (file: directory exists and is
+ * writable; s3: bucket answers). Creates the file:// directory if create. */
+int objstore_check(struct objstore *s, int create);
+void objstore_close(struct objstore *s); /* accepts NULL */
+
+/* Stores len bytes under key, atomically: a reader sees all or nothing. */
+int objstore_put(struct objstore *s, const char *key, const void *buf, size_t len);
+/* Reads up to len bytes from offset off. Returns the byte count (short only
+ * at the end of the object) or a negative errno. */
+ssize_t objstore_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len);
+/* Deletes key; deleting a missing key is success. */
+int objstore_delete(struct objstore *s, const char *key);
+int objstore_head(struct objstore *s, const char *key, uint64_t *size);
+/* Calls cb for every key starting with prefix (in key order for s3, any order
+ * for file). cb returning non-zero stops the listing and is returned. */
+int objstore_list(struct objstore *s, const char *prefix,
+		  int (*cb)(const char *key, uint64_t size, void *arg), void *arg);
+
+const char *objstore_last_error(void);
+
+#endif

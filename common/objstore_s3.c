@@ -1,0 +1,1063 @@
+/*
+ * objstore_s3: the s3:// backend, libcurl with its AWS SigV4 signer.
+ *
+ * Requests are path-style (http(s)://HOST:PORT/BUCKET/PREFIX/KEY) and signed
+ * by curl (CURLOPT_AWS_SIGV4 "aws:amz:REGION:s3"). curl 7.88's signer signs
+ * the path and the query string exactly as sent and every header given in
+ * CURLOPT_HTTPHEADER (even one given empty to suppress it, which is then not
+ * sent: never do that here), and it does not add x-amz-content-sha256. So we
+ * send the path URI-encoded the way S3 canonicalises it, the query already
+ * in canonical order and encoding, the Range as a header (CURLOPT_RANGE is
+ * not signed), and x-amz-content-sha256 ourselves; curl takes that header's
+ * value as the payload hash. tests/unit/test_sigv4.c checks the result
+ * against AWS's published example signatures.
+ *
+ * One easy handle per call; connections, DNS and TLS sessions are shared
+ * between calls through a CURLSH guarded by mutexes.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <openssl/evp.h>
+
+#include "objstore.h"
+#include "objstore_internal.h"
+#include "objstore_s3_internal.h"
+
+#define S3_DEFAULT_RETRIES 5
+#define S3_DEFAULT_TIMEOUT_MS 30000L
+#define S3_BACKOFF_FIRST_MS 100L
+#define S3_BACKOFF_MAX_MS 5000L
+#define S3_ERRBODY_MAX 1024
+#define S3_RESP_MAX (64u << 20)   /* listing pages are ~300 KiB */
+#define EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+struct s3_store {
+	char *endpoint;         /* "http(s)://HOST:PORT" */
+	char *bucket;
+	char *prefix;           /* "" or "a/b" */
+	char *access_key;
+	char *secret_key;
+	char *session_token;    /* NULL unless AWS_SESSION_TOKEN */
+	char *sigv4;            /* "aws:amz:REGION:s3" */
+	int max_retries;
+	long timeout_ms;
+	CURLSH *share;
+	pthread_mutex_t locks[CURL_LOCK_DATA_LAST];
+	/* Test hooks. */
+	struct curl_slist *test_headers;
+	int virtual_hosted;
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void
+curl_init_once(void)
+{
+	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static struct s3_store *
+s3_of(struct objstore *s)
+{
+	return s->priv;
+}
+
+static void
+share_lock(CURL *h, curl_lock_data data, curl_lock_access access, void *ud)
+{
+	struct s3_store *st = ud;
+
+	if ((unsigned)data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_lock(&st->locks[data]);
+}
+
+static void
+share_unlock(CURL *h, curl_lock_data data, void *ud)
+{
+	struct s3_store *st = ud;
+
+	if ((unsigned)data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_unlock(&st->locks[data]);
+}
+
+char *
+s3_uri_encode(const char *s, int keep_slash)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t n = strlen(s);
+	char *out = malloc(3 * n + 1), *o = out;
+
+	if (out == NULL)
+		return NULL;
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (isalnum(*p) || *p == '-' || *p == '_' || *p == '.' || *p == '~' ||
+		    (keep_slash && *p == '/')) {
+			*o++ = (char)*p;
+		} else {
+			*o++ = '%';
+			*o++ = hex[*p >> 4];
+			*o++ = hex[*p & 15];
+		}
+	}
+	*o = '\0';
+	return out;
+}
+
+static int
+sha256_hex(const void *buf, size_t len, char out[65])
+{
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned int mdlen = 0;
+
+	if (EVP_Digest(buf, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
+		return -EIO;
+	for (unsigned i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", md[i]);
+	return 0;
+}
+
+/* Per-attempt transfer state. */
+struct xfer {
+	struct s3_req *r;
+	size_t sent;            /* PUT: bytes of body handed to curl */
+	size_t skip;            /* GET answered 200 to a Range: bytes to drop first */
+	size_t seen;            /* body bytes received */
+	size_t resp_cap;
+	int overflow;
+	int ranged_full;        /* the 200 answer to a ranged GET */
+	char errbody[S3_ERRBODY_MAX + 1];
+	size_t errlen;
+};
+
+static size_t
+on_read(char *buf, size_t size, size_t nmemb, void *ud)
+{
+	struct xfer *x = ud;
+	size_t left = x->r->body_len - x->sent, n = size * nmemb;
+
+	if (n > left)
+		n = left;
+	if (n)
+		memcpy(buf, (const char *)x->r->body + x->sent, n);
+	x->sent += n;
+	return n;
+}
+
+static int
+on_seek(void *ud, curl_off_t off, int origin)
+{
+	struct xfer *x = ud;
+
+	if (origin != SEEK_SET || off < 0 || (uint64_t)off > x->r->body_len)
+		return CURL_SEEKFUNC_CANTSEEK;
+	x->sent = (size_t)off;
+	return CURL_SEEKFUNC_OK;
+}
+
+static size_t
+on_header(char *buf, size_t size, size_t nmemb, void *ud)
+{
+	struct xfer *x = ud;
+	struct s3_req *r = x->r;
+	size_t n = size * nmemb;
+	char line[256];
+	size_t l = n < sizeof(line) - 1 ? n : sizeof(line) - 1;
+
+	memcpy(line, buf, l);
+	line[l] = '\0';
+	if (strncmp(line, "HTTP/", 5) == 0) {
+		/* A new response (after 100 Continue, or a retry). */
+		const char *sp = strchr(line, ' ');
+		r->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+		r->cr_start = r->cr_end = r->cr_total = -1;
+		r->content_length = -1;
+		x->seen = 0;
+		x->errlen = 0;
+		x->ranged_full = 0;
+	} else if (strncasecmp(line, "content-range:", 14) == 0) {
+		unsigned long long a, b, t;
+		char slash[2];
+		if (sscanf(line + 14, " bytes %llu-%llu/%llu", &a, &b, &t) == 3) {
+			r->cr_start = (int64_t)a;
+			r->cr_end = (int64_t)b;
+			r->cr_total = (int64_t)t;
+		} else if (sscanf(line + 14, " bytes %llu-%llu/%1[*]", &a, &b, slash) == 3) {
+			r->cr_start = (int64_t)a;
+			r->cr_end = (int64_t)b;
+		}
+	} else if (strncasecmp(line, "content-length:", 15) == 0) {
+		char *end;
+		unsigned long long v = strtoull(line + 15, &end, 10);
+		if (end != line + 15)
+			r->content_length = (int64_t)v;
+	}
+	return n;
+}
+
+static size_t
+on_body(char *buf, size_t size, size_t nmemb, void *ud)
+{
+	struct xfer *x = ud;
+	struct s3_req *r = x->r;
+	size_t n = size * nmemb;
+
+	if (r->status < 200 || r->status >= 300) {
+		size_t room = S3_ERRBODY_MAX - x->errlen;
+		size_t c = n < room ? n : room;
+		memcpy(x->errbody + x->errlen, buf, c);
+		x->errlen += c;
+		x->errbody[x->errlen] = '\0';
+		return n;
+	}
+	if (r->out) {
+		const char *p = buf;
+		size_t len = n;
+
+		if (r->ranged && r->status == 200) {
+			/* The server ignored the Range: take our part of the whole. */
+			x->ranged_full = 1;
+			if (x->seen < r->off) {
+				size_t drop = r->off - x->seen < len ? (size_t)(r->off - x->seen) : len;
+				p += drop;
+				len -= drop;
+			}
+			x->seen += n;
+			if (len > r->out_cap - r->out_len)
+				len = r->out_cap - r->out_len;
+		} else {
+			x->seen += n;
+			if (len > r->out_cap - r->out_len) {
+				x->overflow = 1;
+				return 0;
+			}
+		}
+		memcpy((char *)r->out + r->out_len, p, len);
+		r->out_len += len;
+		return n;
+	}
+	if (r->resp_len + n > S3_RESP_MAX) {
+		x->overflow = 1;
+		return 0;
+	}
+	if (r->resp_len + n + 1 > x->resp_cap) {
+		size_t cap = x->resp_cap ? x->resp_cap : 16384;
+		char *nr;
+		while (cap < r->resp_len + n + 1)
+			cap *= 2;
+		nr = realloc(r->resp, cap);
+		if (nr == NULL) {
+			x->overflow = 1;
+			return 0;
+		}
+		r->resp = nr;
+		x->resp_cap = cap;
+	}
+	memcpy(r->resp + r->resp_len, buf, n);
+	r->resp_len += n;
+	r->resp[r->resp_len] = '\0';
+	return n;
+}
+
+/* The text between <tag> and </tag> in the S3 error body, into out. */
+static void
+xml_code(const char *body, char *out, size_t outlen)
+{
+	const char *a = strstr(body, "<Code>"), *b;
+
+	out[0] = '\0';
+	if (a == NULL)
+		return;
+	a += 6;
+	b = strstr(a, "</Code>");
+	if (b == NULL || (size_t)(b - a) >= outlen)
+		return;
+	memcpy(out, a, (size_t)(b - a));
+	out[b - a] = '\0';
+}
+
+static const char *
+req_what(const struct s3_req *r)
+{
+	return r->key ? r->key : "(bucket)";
+}
+
+static int
+build_url(struct s3_store *st, const struct s3_req *r, char **url)
+{
+	char *full = NULL, *enc = NULL;
+	int ret = -ENOMEM;
+	const char *q = r->query && r->query[0] ? r->query : NULL;
+
+	*url = NULL;
+	if (r->key) {
+		if (asprintf(&full, "%s%s%s", st->prefix, st->prefix[0] ? "/" : "", r->key) < 0) {
+			full = NULL;
+			goto out;
+		}
+		enc = s3_uri_encode(full, 1);
+		if (enc == NULL)
+			goto out;
+	}
+	if (st->virtual_hosted) {
+		if (asprintf(url, "%s/%s%s%s", st->endpoint, enc ? enc : "", q ? "?" : "", q ? q : "") < 0)
+			goto nomem;
+	} else {
+		if (asprintf(url, "%s/%s%s%s%s%s", st->endpoint, st->bucket, enc ? "/" : "", enc ? enc : "",
+			     q ? "?" : "", q ? q : "") < 0)
+			goto nomem;
+	}
+	ret = 0;
+	goto out;
+nomem:
+	*url = NULL;
+out:
+	free(full);
+	free(enc);
+	return ret;
+}
+
+static int
+append_header(struct curl_slist **l, const char *h)
+{
+	struct curl_slist *n = curl_slist_append(*l, h);
+
+	if (n == NULL)
+		return -ENOMEM;
+	*l = n;
+	return 0;
+}
+
+/* The negative errno for a curl failure, and whether to retry it. */
+static int
+map_curl_error(CURL *h, CURLcode rc, int *transient)
+{
+	long oserr = 0;
+
+	*transient = 0;
+	switch (rc) {
+	case CURLE_COULDNT_RESOLVE_HOST:
+	case CURLE_COULDNT_RESOLVE_PROXY:
+		return -EHOSTUNREACH;
+	case CURLE_COULDNT_CONNECT:
+		curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &oserr);
+		if (oserr == ETIMEDOUT) {
+			*transient = 1;
+			return -ETIMEDOUT;
+		}
+		if (oserr == EHOSTUNREACH || oserr == ENETUNREACH || oserr == EADDRNOTAVAIL)
+			return -EHOSTUNREACH;
+		return -ECONNREFUSED;
+	case CURLE_OPERATION_TIMEDOUT:
+		*transient = 1;
+		return -ETIMEDOUT;
+	case CURLE_SEND_ERROR:
+	case CURLE_RECV_ERROR:
+	case CURLE_GOT_NOTHING:
+	case CURLE_PARTIAL_FILE:
+	case CURLE_HTTP2:
+	case CURLE_HTTP2_STREAM:
+	case CURLE_SSL_CONNECT_ERROR:
+		*transient = 1;
+		return -EIO;
+	default:
+		return -EIO;
+	}
+}
+
+static void
+backoff(int attempt)
+{
+	long ms = S3_BACKOFF_FIRST_MS;
+	struct timespec ts;
+
+	for (int i = 1; i < attempt && ms < S3_BACKOFF_MAX_MS; i++)
+		ms *= 2;
+	if (ms > S3_BACKOFF_MAX_MS)
+		ms = S3_BACKOFF_MAX_MS;
+	ts.tv_sec = ms / 1000;
+	ts.tv_nsec = (ms % 1000) * 1000000L;
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+int
+s3_request(struct objstore *s, struct s3_req *r)
+{
+	struct s3_store *st = s3_of(s);
+	struct curl_slist *hdrs = NULL;
+	struct xfer *x = NULL;
+	CURL *h = NULL;
+	char *url = NULL, line[256], hash[65];
+	int ret, tries, transient;
+
+	r->status = 0;
+	r->out_len = 0;
+	r->resp = NULL;
+	r->resp_len = 0;
+	r->content_length = r->cr_start = r->cr_end = r->cr_total = -1;
+	r->err_code[0] = '\0';
+
+	x = calloc(1, sizeof(*x));
+	if (x == NULL) {
+		ret = objstore_seterr(-ENOMEM, "%s %s: out of memory", r->method, req_what(r));
+		goto out;
+	}
+	x->r = r;
+	ret = build_url(st, r, &url);
+	if (ret < 0) {
+		objstore_seterr(ret, "%s %s: out of memory", r->method, req_what(r));
+		goto out;
+	}
+	if (r->body && r->body_len) {
+		ret = sha256_hex(r->body, r->body_len, hash);
+		if (ret < 0) {
+			objstore_seterr(ret, "%s %s: SHA-256 failed", r->method, req_what(r));
+			goto out;
+		}
+	} else {
+		memcpy(hash, EMPTY_SHA256, sizeof(hash));
+	}
+	snprintf(line, sizeof(line), "x-amz-content-sha256: %s", hash);
+	ret = append_header(&hdrs, line);
+	if (ret == 0 && r->ranged) {
+		snprintf(line, sizeof(line), "Range: bytes=%" PRIu64 "-%" PRIu64, r->off,
+			 r->off + (uint64_t)r->len - 1);
+		ret = append_header(&hdrs, line);
+	}
+	if (ret == 0 && st->session_token) {
+		char *t = NULL;
+		if (asprintf(&t, "x-amz-security-token: %s", st->session_token) < 0)
+			ret = -ENOMEM;
+		else
+			ret = append_header(&hdrs, t);
+		free(t);
+	}
+	for (struct curl_slist *e = st->test_headers; ret == 0 && e; e = e->next)
+		ret = append_header(&hdrs, e->data);
+	if (ret < 0) {
+		objstore_seterr(ret, "%s %s: out of memory", r->method, req_what(r));
+		goto out;
+	}
+
+	h = curl_easy_init();
+	if (h == NULL) {
+		ret = objstore_seterr(-ENOMEM, "%s %s: cannot create a curl handle", r->method, req_what(r));
+		goto out;
+	}
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
+	curl_easy_setopt(h, CURLOPT_SHARE, st->share);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
+	curl_easy_setopt(h, CURLOPT_USERNAME, st->access_key);
+	curl_easy_setopt(h, CURLOPT_PASSWORD, st->secret_key);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, st->timeout_ms);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, st->timeout_ms < 10000 ? st->timeout_ms : 10000L);
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
+	if (strcmp(r->method, "PUT") == 0) {
+		curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+		curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+		curl_easy_setopt(h, CURLOPT_READDATA, x);
+		curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
+		curl_easy_setopt(h, CURLOPT_SEEKDATA, x);
+		curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_len);
+	} else if (strcmp(r->method, "HEAD") == 0) {
+		curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+	} else if (strcmp(r->method, "GET") != 0) {
+		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
+	}
+
+	for (tries = 1;; tries++) {
+		CURLcode rc;
+
+		x->sent = x->seen = x->errlen = 0;
+		x->overflow = x->ranged_full = 0;
+		x->errbody[0] = '\0';
+		r->status = 0;
+		r->out_len = r->resp_len = 0;
+		r->content_length = r->cr_start = r->cr_end = r->cr_total = -1;
+		rc = curl_easy_perform(h);
+		if (rc == CURLE_OK) {
+			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+			xml_code(x->errbody, r->err_code, sizeof(r->err_code));
+			if (r->status < 500 && r->status != 429) {
+				ret = 0;
+				break;
+			}
+			ret = -EIO;
+			transient = 1;
+		} else if (x->overflow) {
+			ret = objstore_seterr(-EIO, "%s %s: the server sent more data than asked for",
+					      r->method, req_what(r));
+			goto out;
+		} else {
+			ret = map_curl_error(h, rc, &transient);
+		}
+		if (!transient || tries > st->max_retries) {
+			if (rc == CURLE_OK)
+				objstore_seterr(ret, "%s %s: HTTP %ld%s%s%s after %d tries", r->method, req_what(r),
+						r->status, r->err_code[0] ? " (" : "", r->err_code,
+						r->err_code[0] ? ")" : "", tries);
+			else
+				objstore_seterr(ret, "%s %s: %s (%s)%s%.0d%s", r->method, req_what(r),
+						curl_easy_strerror(rc), st->endpoint, transient ? " after " : "",
+						transient ? tries : 0, transient ? " tries" : "");
+			goto out;
+		}
+		backoff(tries);
+	}
+out:
+	if (ret < 0 || r->out) {
+		free(r->resp);
+		r->resp = NULL;
+		r->resp_len = 0;
+	}
+	curl_easy_cleanup(h);
+	curl_slist_free_all(hdrs);
+	free(url);
+	free(x);
+	return ret;
+}
+
+/* The errno for a final HTTP status that is not a success. */
+static int
+status_err(const struct s3_req *r)
+{
+	int e;
+
+	switch (r->status) {
+	case 404:
+		e = -ENOENT;
+		break;
+	case 401:
+	case 403:
+		e = -EACCES;
+		break;
+	default:
+		e = -EIO;
+		break;
+	}
+	return objstore_seterr(e, "%s %s: HTTP %ld%s%s%s", r->method, req_what(r), r->status,
+			       r->err_code[0] ? " (" : "", r->err_code, r->err_code[0] ? ")" : "");
+}
+
+static int
+s3_put(struct objstore *s, const char *key, const void *buf, size_t len)
+{
+	struct s3_req r = { .method = "PUT", .key = key, .body = buf, .body_len = len };
+	int ret = s3_request(s, &r);
+
+	if (ret < 0)
+		return ret;
+	if (r.status != 200 && r.status != 201 && r.status != 204)
+		return status_err(&r);
+	return 0;
+}
+
+static int
+s3_head(struct objstore *s, const char *key, uint64_t *size)
+{
+	struct s3_req r = { .method = "HEAD", .key = key };
+	int ret = s3_request(s, &r);
+
+	if (ret < 0)
+		return ret;
+	if (r.status != 200)
+		return status_err(&r);
+	if (r.content_length < 0)
+		return objstore_seterr(-EIO, "HEAD %s: no Content-Length in the answer", key);
+	if (size)
+		*size = (uint64_t)r.content_length;
+	return 0;
+}
+
+static ssize_t
+s3_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len)
+{
+	struct s3_req r = { .method = "GET", .key = key, .ranged = 1, .off = off, .len = len,
+			    .out = buf, .out_cap = len };
+	uint64_t got, want_end = off + len - 1;
+	int ret;
+
+	if (len == 0) {
+		/* Nothing to read, but a missing object is still an error. */
+		ret = s3_head(s, key, NULL);
+		return ret < 0 ? ret : 0;
+	}
+	ret = s3_request(s, &r);
+	if (ret < 0)
+		return ret;
+	if (r.status == 416)
+		return 0;       /* off is at or past the end */
+	if (r.status == 206) {
+		if (r.cr_start < 0 || (uint64_t)r.cr_start != off || r.cr_end < r.cr_start ||
+		    (uint64_t)r.cr_end > want_end)
+			return objstore_seterr(-EIO, "GET %s: asked for bytes %" PRIu64 "-%" PRIu64
+					       ", got Content-Range %" PRId64 "-%" PRId64,
+					       key, off, want_end, r.cr_start, r.cr_end);
+		got = (uint64_t)(r.cr_end - r.cr_start + 1);
+		if (r.out_len != got)
+			return objstore_seterr(-EIO, "GET %s: Content-Range promised %" PRIu64
+					       " bytes, got %zu", key, got, r.out_len);
+		/* Short only at the end of the object. */
+		if ((uint64_t)r.cr_end < want_end && (r.cr_total < 0 || r.cr_end + 1 != r.cr_total))
+			return objstore_seterr(-EIO, "GET %s: short range %" PRId64 "-%" PRId64 " of %" PRId64,
+					       key, r.cr_start, r.cr_end, r.cr_total);
+		return (ssize_t)r.out_len;
+	}
+	if (r.status == 200) {
+		/* Whole object (Range ignored, or an empty object). */
+		uint64_t total = r.content_length >= 0 ? (uint64_t)r.content_length : 0;
+		uint64_t expect = total > off ? total - off : 0;
+		if (r.content_length < 0)
+			return objstore_seterr(-EIO, "GET %s: no Content-Length in the answer", key);
+		if (expect > len)
+			expect = len;
+		if (r.out_len != expect)
+			return objstore_seterr(-EIO, "GET %s: expected %" PRIu64 " bytes, got %zu",
+					       key, expect, r.out_len);
+		return (ssize_t)r.out_len;
+	}
+	return status_err(&r);
+}
+
+static int
+s3_del(struct objstore *s, const char *key)
+{
+	struct s3_req r = { .method = "DELETE", .key = key };
+	int ret = s3_request(s, &r);
+
+	if (ret < 0)
+		return ret;
+	if (r.status == 200 || r.status == 204 || r.status == 404)
+		return 0;
+	return status_err(&r);
+}
+
+/* Decodes XML character data [a, b) into a new string; NULL if malformed. */
+static char *
+xml_text(const char *a, const char *b)
+{
+	char *out = malloc((size_t)(b - a) + 1), *o = out;
+
+	if (out == NULL)
+		return NULL;
+	while (a < b) {
+		if (*a != '&') {
+			if (*a == '<')
+				goto bad;
+			*o++ = *a++;
+			continue;
+		}
+		const char *semi = memchr(a, ';', (size_t)(b - a));
+		size_t n;
+		if (semi == NULL)
+			goto bad;
+		n = (size_t)(semi - a - 1);
+		if (n == 3 && memcmp(a + 1, "amp", 3) == 0)
+			*o++ = '&';
+		else if (n == 2 && memcmp(a + 1, "lt", 2) == 0)
+			*o++ = '<';
+		else if (n == 2 && memcmp(a + 1, "gt", 2) == 0)
+			*o++ = '>';
+		else if (n == 4 && memcmp(a + 1, "quot", 4) == 0)
+			*o++ = '"';
+		else if (n == 4 && memcmp(a + 1, "apos", 4) == 0)
+			*o++ = '\'';
+		else if (n >= 2 && a[1] == '#') {
+			char num[16], *end;
+			unsigned long cp;
+			int hex = a[2] == 'x' || a[2] == 'X';
+			size_t dl = n - 1 - (size_t)hex;
+			if (dl == 0 || dl >= sizeof(num))
+				goto bad;
+			memcpy(num, a + 2 + hex, dl);
+			num[dl] = '\0';
+			cp = strtoul(num, &end, hex ? 16 : 10);
+			if (*end || cp == 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+				goto bad;
+			/* UTF-8 encode. */
+			if (cp < 0x80) {
+				*o++ = (char)cp;
+			} else if (cp < 0x800) {
+				*o++ = (char)(0xc0 | (cp >> 6));
+				*o++ = (char)(0x80 | (cp & 0x3f));
+			} else if (cp < 0x10000) {
+				*o++ = (char)(0xe0 | (cp >> 12));
+				*o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+				*o++ = (char)(0x80 | (cp & 0x3f));
+			} else {
+				*o++ = (char)(0xf0 | (cp >> 18));
+				*o++ = (char)(0x80 | ((cp >> 12) & 0x3f));
+				*o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+				*o++ = (char)(0x80 | (cp & 0x3f));
+			}
+		} else {
+			goto bad;
+		}
+		a = semi + 1;
+	}
+	*o = '\0';
+	return out;
+bad:
+	free(out);
+	return NULL;
+}
+
+/* Finds <tag>...</tag> within [p, end); sets [*a, *b) to its content. */
+static int
+xml_find(const char *p, const char *end, const char *tag, const char **a, const char **b)
+{
+	char open[64], close[64];
+	const char *s, *e;
+
+	snprintf(open, sizeof(open), "<%s>", tag);
+	snprintf(close, sizeof(close), "</%s>", tag);
+	s = memmem(p, (size_t)(end - p), open, strlen(open));
+	if (s == NULL)
+		return 0;
+	s += strlen(open);
+	e = memmem(s, (size_t)(end - s), close, strlen(close));
+	if (e == NULL)
+		return -1;
+	*a = s;
+	*b = e;
+	return 1;
+}
+
+struct list_page {
+	int truncated;
+	char *next_token;
+};
+
+/* Parses one ListObjectsV2 page and calls cb for each key. */
+static int
+parse_list_page(struct s3_store *st, const char *what, const char *body, size_t len,
+		int (*cb)(const char *key, uint64_t size, void *arg), void *arg,
+		struct list_page *pg)
+{
+	const char *p = body, *end = body + len, *a, *b;
+	size_t plen = strlen(st->prefix);
+	char *key = NULL;
+	int r = 0, f;
+
+	pg->truncated = 0;
+	pg->next_token = NULL;
+	if (memmem(body, len, "<ListBucketResult", 17) == NULL)
+		return objstore_seterr(-EIO, "LIST %s: the answer is not a ListBucketResult", what);
+	while ((f = xml_find(p, end, "Contents", &a, &b)) == 1) {
+		const char *ka, *kb, *sa, *sb, *k;
+		char *send;
+		unsigned long long size;
+
+		p = b + strlen("</Contents>");
+		if (xml_find(a, b, "Key", &ka, &kb) != 1 || xml_find(a, b, "Size", &sa, &sb) != 1) {
+			r = objstore_seterr(-EIO, "LIST %s: an entry without Key or Size", what);
+			goto out;
+		}
+		if (sa == sb || !isdigit((unsigned char)*sa)) {
+			r = objstore_seterr(-EIO, "LIST %s: bad Size", what);
+			goto out;
+		}
+		errno = 0;
+		size = strtoull(sa, &send, 10);
+		if (send != sb || errno) {
+			r = objstore_seterr(-EIO, "LIST %s: bad Size", what);
+			goto out;
+		}
+		key = xml_text(ka, kb);
+		if (key == NULL) {
+			r = objstore_seterr(-EIO, "LIST %s: malformed Key", what);
+			goto out;
+		}
+		k = key;
+		if (plen) {
+			if (strncmp(k, st->prefix, plen) != 0 || k[plen] != '/') {
+				r = objstore_seterr(-EIO, "LIST %s: key \"%s\" outside the store prefix", what, key);
+				goto out;
+			}
+			k += plen + 1;
+		}
+		r = cb(k, (uint64_t)size, arg);
+		free(key);
+		key = NULL;
+		if (r != 0)
+			goto out;
+	}
+	if (f < 0) {
+		r = objstore_seterr(-EIO, "LIST %s: unterminated Contents", what);
+		goto out;
+	}
+	if (xml_find(body, end, "IsTruncated", &a, &b) == 1 && b - a == 4 && memcmp(a, "true", 4) == 0) {
+		pg->truncated = 1;
+		if (xml_find(body, end, "NextContinuationToken", &a, &b) != 1 || a == b ||
+		    (pg->next_token = xml_text(a, b)) == NULL) {
+			r = objstore_seterr(-EIO, "LIST %s: truncated listing without a continuation token", what);
+			goto out;
+		}
+	}
+out:
+	free(key);
+	return r;
+}
+
+static int
+s3_list(struct objstore *s, const char *prefix,
+	int (*cb)(const char *key, uint64_t size, void *arg), void *arg)
+{
+	struct s3_store *st = s3_of(s);
+	struct list_page pg = { 0 };
+	char *full = NULL, *enc_prefix = NULL, *enc_token = NULL, *query = NULL, *token = NULL;
+	int ret;
+
+	if (asprintf(&full, "%s%s%s", st->prefix, st->prefix[0] ? "/" : "", prefix) < 0) {
+		full = NULL;
+		ret = objstore_seterr(-ENOMEM, "LIST %s: out of memory", prefix);
+		goto out;
+	}
+	enc_prefix = s3_uri_encode(full, 0);
+	if (enc_prefix == NULL) {
+		ret = objstore_seterr(-ENOMEM, "LIST %s: out of memory", prefix);
+		goto out;
+	}
+	for (;;) {
+		struct s3_req r = { .method = "GET" };
+
+		free(query);
+		query = NULL;
+		/* Canonical order: parameters sorted by name. */
+		if (token) {
+			free(enc_token);
+			enc_token = s3_uri_encode(token, 0);
+			if (enc_token == NULL ||
+			    asprintf(&query, "continuation-token=%s&list-type=2&prefix=%s", enc_token, enc_prefix) < 0)
+				query = NULL;
+		} else if (asprintf(&query, "list-type=2&prefix=%s", enc_prefix) < 0) {
+			query = NULL;
+		}
+		if (query == NULL) {
+			ret = objstore_seterr(-ENOMEM, "LIST %s: out of memory", prefix);
+			goto out;
+		}
+		r.query = query;
+		ret = s3_request(s, &r);
+		if (ret < 0)
+			goto out;
+		if (r.status != 200) {
+			r.key = NULL;
+			ret = status_err(&r);
+			free(r.resp);
+			goto out;
+		}
+		ret = parse_list_page(st, prefix, r.resp ? r.resp : "", r.resp_len, cb, arg, &pg);
+		free(r.resp);
+		if (ret != 0 || !pg.truncated)
+			goto out;
+		if (token && strcmp(token, pg.next_token) == 0) {
+			ret = objstore_seterr(-EIO, "LIST %s: the server repeats a continuation token", prefix);
+			goto out;
+		}
+		free(token);
+		token = pg.next_token;
+		pg.next_token = NULL;
+	}
+out:
+	free(pg.next_token);
+	free(token);
+	free(query);
+	free(enc_token);
+	free(enc_prefix);
+	free(full);
+	return ret;
+}
+
+static int
+s3_check(struct objstore *s, int create)
+{
+	struct s3_req r = { .method = "GET", .query = "list-type=2&max-keys=1" };
+	int ret = s3_request(s, &r);
+
+	free(r.resp);
+	if (ret < 0)
+		return ret;
+	if (r.status != 200)
+		return status_err(&r);
+	return 0;
+}
+
+static void
+s3_close(struct objstore *s)
+{
+	struct s3_store *st = s3_of(s);
+
+	if (st == NULL)
+		return;
+	if (st->share)
+		curl_share_cleanup(st->share);
+	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_destroy(&st->locks[i]);
+	curl_slist_free_all(st->test_headers);
+	free(st->endpoint);
+	free(st->bucket);
+	free(st->prefix);
+	free(st->access_key);
+	if (st->secret_key) {
+		explicit_bzero(st->secret_key, strlen(st->secret_key));
+		free(st->secret_key);
+	}
+	free(st->session_token);
+	free(st->sigv4);
+	free(st);
+	s->priv = NULL;
+}
+
+static const struct objstore_ops s3_ops = {
+	.check = s3_check,
+	.close = s3_close,
+	.put = s3_put,
+	.get = s3_get,
+	.del = s3_del,
+	.head = s3_head,
+	.list = s3_list,
+};
+
+int
+s3_test_set_hooks(struct objstore *s, const struct s3_test_hooks *h)
+{
+	struct s3_store *st = s3_of(s);
+	struct curl_slist *l = NULL;
+	char line[512];
+	int r = 0;
+
+	if (s->kind != STORE_S3)
+		return -EINVAL;
+	if (h->host_header) {
+		snprintf(line, sizeof(line), "Host: %s", h->host_header);
+		r = append_header(&l, line);
+	}
+	if (r == 0 && h->amz_date) {
+		snprintf(line, sizeof(line), "X-Amz-Date: %s", h->amz_date);
+		r = append_header(&l, line);
+	}
+	for (const char *const *e = h->extra_headers; r == 0 && e && *e; e++)
+		r = append_header(&l, *e);
+	if (r < 0) {
+		curl_slist_free_all(l);
+		return r;
+	}
+	curl_slist_free_all(st->test_headers);
+	st->test_headers = l;
+	st->virtual_hosted = h->virtual_hosted;
+	return 0;
+}
+
+static const char *
+pick(const char *opt, const char *env, const char *def)
+{
+	const char *v = opt ? opt : getenv(env);
+
+	return v && v[0] ? v : def;
+}
+
+int
+objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
+		 struct objstore *s, char *err, size_t errlen)
+{
+	struct s3_store *st = NULL;
+	const char *ak = pick(opts->access_key, "AWS_ACCESS_KEY_ID", NULL);
+	const char *sk = pick(opts->secret_key, "AWS_SECRET_ACCESS_KEY", NULL);
+	const char *region = pick(opts->region, "AWS_REGION", "us-east-1");
+	const char *token = getenv("AWS_SESSION_TOKEN");
+	int ret = -ENOMEM, nlocks = 0;
+
+	if (!url->host || !url->bucket || !url->prefix || url->port <= 0) {
+		ret = -EINVAL;
+		if (err && errlen)
+			snprintf(err, errlen, "s3 store: incomplete URL");
+		goto out;
+	}
+	if (ak == NULL || sk == NULL) {
+		ret = -EINVAL;
+		if (err && errlen)
+			snprintf(err, errlen, "s3 store: no credentials (set AWS_ACCESS_KEY_ID and "
+				 "AWS_SECRET_ACCESS_KEY)");
+		goto out;
+	}
+	for (const char *c = region; *c; c++) {
+		if (!isalnum((unsigned char)*c) && *c != '-') {
+			ret = -EINVAL;
+			if (err && errlen)
+				snprintf(err, errlen, "s3 store: invalid region \"%s\"", region);
+			goto out;
+		}
+	}
+	pthread_once(&curl_once, curl_init_once);
+	if (curl_init_rc != CURLE_OK) {
+		ret = -EIO;
+		if (err && errlen)
+			snprintf(err, errlen, "s3 store: curl_global_init: %s", curl_easy_strerror(curl_init_rc));
+		goto out;
+	}
+	st = calloc(1, sizeof(*st));
+	if (st == NULL)
+		goto nomem;
+	for (; nlocks < CURL_LOCK_DATA_LAST; nlocks++)
+		pthread_mutex_init(&st->locks[nlocks], NULL);
+	st->max_retries = opts->max_retries > 0 ? opts->max_retries : S3_DEFAULT_RETRIES;
+	st->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : S3_DEFAULT_TIMEOUT_MS;
+	if (asprintf(&st->endpoint, "%s://%s:%d", url->https ? "https" : "http", url->host, url->port) < 0) {
+		st->endpoint = NULL;
+		goto nomem;
+	}
+	if (asprintf(&st->sigv4, "aws:amz:%s:s3", region) < 0) {
+		st->sigv4 = NULL;
+		goto nomem;
+	}
+	st->bucket = strdup(url->bucket);
+	st->prefix = strdup(url->prefix);
+	st->access_key = strdup(ak);
+	st->secret_key = strdup(sk);
+	if (!st->bucket || !st->prefix || !st->access_key || !st->secret_key)
+		goto nomem;
+	if (token && token[0] && (st->session_token = strdup(token)) == NULL)
+		goto nomem;
+	st->share = curl_share_init();
+	if (st->share == NULL)
+		goto nomem;
+	curl_share_setopt(st->share, CURLSHOPT_LOCKFUNC, share_lock);
+	curl_share_setopt(st->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
+	curl_share_setopt(st->share, CURLSHOPT_USERDATA, st);
+	curl_share_setopt(st->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+	curl_share_setopt(st->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+	curl_share_setopt(st->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+	s->priv = st;
+	s->ops = &s3_ops;
+	st = NULL;
+	ret = 0;
+	goto out;
+nomem:
+	ret = -ENOMEM;
+	if (err && errlen)
+		snprintf(err, errlen, "out of memory");
+out:
+	if (st) {
+		struct objstore tmp = { .priv = st };
+		s3_close(&tmp);
+	}
+	return ret;
+}

@@ -1,0 +1,450 @@
+/*
+ * url: parsing of storage URLs (file://, s3://) and metadata locations
+ * (a volume directory or sqlite:///abs/path).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "url.h"
+
+static int __attribute__((format(printf, 3, 4)))
+seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+static int
+has_ctl(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return 1;
+	return 0;
+}
+
+/*
+ * Lexically normalises the absolute path abs: collapses "//", drops "."
+ * components and trailing slashes. ".." is resolved lexically when
+ * allow_dotdot, rejected otherwise. Returns a malloc'ed string or NULL with
+ * *why set.
+ */
+static char *
+normalize_abs(const char *abs, int allow_dotdot, const char **why)
+{
+	size_t n = strlen(abs);
+	char *out = NULL, *ret = NULL;
+	size_t o = 0;
+	const char *p = abs;
+
+	*why = "out of memory";
+	if (abs[0] != '/') {
+		*why = "not an absolute path";
+		return NULL;
+	}
+	out = malloc(n + 2);
+	if (out == NULL)
+		goto out;
+	while (*p) {
+		const char *c, *e;
+		size_t clen;
+
+		while (*p == '/')
+			p++;
+		if (*p == '\0')
+			break;
+		c = p;
+		e = strchr(c, '/');
+		if (e == NULL)
+			e = c + strlen(c);
+		clen = (size_t)(e - c);
+		p = e;
+		if (clen == 1 && c[0] == '.')
+			continue;
+		if (clen == 2 && c[0] == '.' && c[1] == '.') {
+			if (!allow_dotdot) {
+				*why = "\"..\" is not allowed in the path";
+				goto out;
+			}
+			while (o > 0 && out[o - 1] != '/')
+				o--;
+			if (o > 0)
+				o--;
+			continue;
+		}
+		out[o++] = '/';
+		memcpy(out + o, c, clen);
+		o += clen;
+	}
+	if (o == 0)
+		out[o++] = '/';
+	out[o] = '\0';
+	ret = out;
+	out = NULL;
+out:
+	free(out);
+	return ret;
+}
+
+static char *
+xstrndup(const char *s, size_t n)
+{
+	char *r = malloc(n + 1);
+
+	if (r) {
+		memcpy(r, s, n);
+		r[n] = '\0';
+	}
+	return r;
+}
+
+void
+store_url_free(struct store_url *u)
+{
+	if (u == NULL)
+		return;
+	free(u->path);
+	free(u->host);
+	free(u->bucket);
+	free(u->prefix);
+	memset(u, 0, sizeof(*u));
+}
+
+static int
+parse_file(const char *s, struct store_url *out, char *err, size_t errlen)
+{
+	const char *rest = s + strlen("file://");
+	const char *why;
+
+	if (rest[0] != '/')
+		return seterr(err, errlen, "storage URL \"%s\": want file:///absolute/dir "
+			      "(a host part or relative path is not supported)", s);
+	out->path = normalize_abs(rest, 0, &why);
+	if (out->path == NULL)
+		return why[0] == 'o' ? -ENOMEM : seterr(err, errlen, "storage URL \"%s\": %s", s, why);
+	if (strcmp(out->path, "/") == 0)
+		return seterr(err, errlen, "storage URL \"%s\": the root directory cannot be a store", s);
+	out->kind = STORE_FILE;
+	return 0;
+}
+
+static int
+valid_hostname(const char *h, size_t n)
+{
+	if (n == 0 || n > 253)
+		return 0;
+	if (h[0] == '[') {      /* IPv6 literal */
+		if (n < 3 || h[n - 1] != ']')
+			return 0;
+		for (size_t i = 1; i + 1 < n; i++)
+			if (!(strchr("0123456789abcdefABCDEF:.", h[i]) && h[i] != '\0'))
+				return 0;
+		return 1;
+	}
+	if (h[0] == '-' || h[0] == '.' || h[n - 1] == '-')
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = h[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '-' || c == '.'))
+			return 0;
+		if (c == '.' && i + 1 < n && h[i + 1] == '.')
+			return 0;
+	}
+	return 1;
+}
+
+/* S3's bucket naming rules: 3-63 of [a-z0-9.-], starting and ending with a
+ * letter or digit. */
+static int
+valid_bucket(const char *b, size_t n)
+{
+	if (n < 3 || n > 63)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = b[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-'))
+			return 0;
+	}
+	return b[0] != '.' && b[0] != '-' && b[n - 1] != '.' && b[n - 1] != '-';
+}
+
+static int
+parse_s3(const char *s, int s3_http, struct store_url *out, char *err, size_t errlen)
+{
+	const char *auth = s + strlen("s3://");
+	const char *slash = strchr(auth, '/');
+	const char *hostend, *colon = NULL, *bkt, *bend, *pfx;
+	size_t plen;
+	long port;
+
+	if (strpbrk(auth, "?#"))
+		return seterr(err, errlen, "storage URL \"%s\": query strings and fragments are not supported", s);
+	if (strchr(auth, ' ') || has_ctl(auth))
+		return seterr(err, errlen, "storage URL \"%s\": spaces and control characters are not allowed", s);
+	if (slash == NULL)
+		slash = auth + strlen(auth);
+	if (memchr(auth, '@', (size_t)(slash - auth)))
+		return seterr(err, errlen, "storage URL \"%s\": credentials in the URL are not supported "
+			      "(use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)", s);
+	hostend = slash;
+	if (auth[0] == '[') {
+		const char *rb = memchr(auth, ']', (size_t)(slash - auth));
+		if (rb == NULL)
+			return seterr(err, errlen, "storage URL \"%s\": unterminated IPv6 address", s);
+		if (rb + 1 < slash) {
+			if (rb[1] != ':')
+				return seterr(err, errlen, "storage URL \"%s\": garbage after the IPv6 address", s);
+			colon = rb + 1;
+		}
+	} else {
+		colon = memchr(auth, ':', (size_t)(slash - auth));
+	}
+	if (colon)
+		hostend = colon;
+	if (hostend == auth)
+		return seterr(err, errlen, "storage URL \"%s\": want s3://HOST[:PORT]/BUCKET[/PREFIX] (no host)", s);
+	if (!valid_hostname(auth, (size_t)(hostend - auth)))
+		return seterr(err, errlen, "storage URL \"%s\": invalid host \"%.*s\"", s,
+			      (int)(hostend - auth), auth);
+	if (colon) {
+		const char *p = colon + 1;
+		port = 0;
+		if (p == slash)
+			return seterr(err, errlen, "storage URL \"%s\": empty port", s);
+		for (; p < slash; p++) {
+			if (*p < '0' || *p > '9' || port > 65535)
+				return seterr(err, errlen, "storage URL \"%s\": invalid port \"%.*s\"", s,
+					      (int)(slash - colon - 1), colon + 1);
+			port = port * 10 + (*p - '0');
+		}
+		if (port < 1 || port > 65535)
+			return seterr(err, errlen, "storage URL \"%s\": port %ld out of range 1-65535", s, port);
+	} else {
+		port = s3_http ? 80 : 443;
+	}
+	if (*slash == '\0' || slash[1] == '\0' || slash[1] == '/')
+		return seterr(err, errlen, "storage URL \"%s\": no bucket (want s3://HOST[:PORT]/BUCKET[/PREFIX])", s);
+	bkt = slash + 1;
+	bend = strchr(bkt, '/');
+	if (bend == NULL)
+		bend = bkt + strlen(bkt);
+	if (!valid_bucket(bkt, (size_t)(bend - bkt)))
+		return seterr(err, errlen, "storage URL \"%s\": invalid bucket name \"%.*s\" "
+			      "(3-63 characters of a-z, 0-9, '.', '-')", s, (int)(bend - bkt), bkt);
+	pfx = *bend ? bend + 1 : bend;
+	plen = strlen(pfx);
+	while (plen > 0 && pfx[plen - 1] == '/')
+		plen--;
+	for (const char *c = pfx, *e = pfx + plen; c < e;) {
+		const char *ce = memchr(c, '/', (size_t)(e - c));
+		size_t cl;
+		if (ce == NULL)
+			ce = e;
+		cl = (size_t)(ce - c);
+		if (cl == 0 || (cl == 1 && c[0] == '.') || (cl == 2 && c[0] == '.' && c[1] == '.'))
+			return seterr(err, errlen, "storage URL \"%s\": empty, \".\" or \"..\" component in the prefix", s);
+		c = ce + 1;
+	}
+	if (plen > 512)
+		return seterr(err, errlen, "storage URL \"%s\": prefix longer than 512 bytes", s);
+	out->host = xstrndup(auth, (size_t)(hostend - auth));
+	out->bucket = xstrndup(bkt, (size_t)(bend - bkt));
+	out->prefix = xstrndup(pfx, plen);
+	if (!out->host || !out->bucket || !out->prefix)
+		return -ENOMEM;
+	out->port = (int)port;
+	out->https = !s3_http;
+	out->kind = STORE_S3;
+	return 0;
+}
+
+int
+store_url_parse(const char *s, int s3_http, struct store_url *out, char *err, size_t errlen)
+{
+	struct store_url u = { 0 };
+	int r;
+
+	if (err && errlen)
+		err[0] = '\0';
+	memset(out, 0, sizeof(*out));
+	if (s == NULL || s[0] == '\0') {
+		r = seterr(err, errlen, "empty storage URL (want file:///dir or s3://HOST[:PORT]/BUCKET[/PREFIX])");
+		goto out;
+	}
+	if (has_ctl(s)) {
+		r = seterr(err, errlen, "storage URL has control characters");
+		goto out;
+	}
+	if (strncmp(s, "file://", 7) == 0)
+		r = parse_file(s, &u, err, errlen);
+	else if (strncmp(s, "s3://", 5) == 0)
+		r = parse_s3(s, s3_http, &u, err, errlen);
+	else
+		r = seterr(err, errlen, "storage URL \"%s\": unsupported (want file:///dir or "
+			   "s3://HOST[:PORT]/BUCKET[/PREFIX])", s);
+	if (r == -ENOMEM)
+		seterr(err, errlen, "out of memory");
+	if (r < 0)
+		goto out;
+	*out = u;
+	memset(&u, 0, sizeof(u));
+out:
+	store_url_free(&u);
+	return r;
+}
+
+/*
+ * Resolves the longest existing ancestor of the normalised absolute path p
+ * with realpath() and appends the rest, so that a directory that does not
+ * exist yet still gets a canonical absolute name.
+ */
+static char *
+resolve_existing_prefix(const char *p)
+{
+	char *cur = strdup(p), *ret = NULL, *real = NULL;
+	size_t n;
+
+	if (cur == NULL)
+		return NULL;
+	n = strlen(cur);
+	for (;;) {
+		char save = cur[n];
+		cur[n] = '\0';
+		real = realpath(n ? cur : "/", NULL);
+		cur[n] = save;
+		if (real != NULL || n == 0)
+			break;
+		if (errno != ENOENT && errno != ENOTDIR)
+			break;
+		while (n > 0 && cur[n - 1] != '/')
+			n--;
+		if (n > 0)
+			n--;
+	}
+	if (real == NULL) {
+		/* Unreadable ancestors: keep the lexical form. */
+		ret = cur;
+		cur = NULL;
+		goto out;
+	}
+	/* p + n is "" or starts with '/'. */
+	if (asprintf(&ret, "%s%s", strcmp(real, "/") == 0 ? "" : real, p + n) < 0) {
+		ret = NULL;
+		goto out;
+	}
+	if (ret[0] == '\0') {
+		free(ret);
+		ret = strdup("/");
+	}
+out:
+	free(real);
+	free(cur);
+	return ret;
+}
+
+int
+meta_url_parse(const char *s, char **db_path, char **vol_dir, char *err, size_t errlen)
+{
+	char *abs = NULL, *norm = NULL, *dir = NULL, *db = NULL, *cwd = NULL;
+	const char *why;
+	int r = -ENOMEM;
+
+	*db_path = NULL;
+	*vol_dir = NULL;
+	if (err && errlen)
+		err[0] = '\0';
+	if (s == NULL || s[0] == '\0') {
+		r = seterr(err, errlen, "empty volume (want a directory or sqlite:///abs/path/meta.db)");
+		goto out;
+	}
+	if (has_ctl(s)) {
+		r = seterr(err, errlen, "volume name has control characters");
+		goto out;
+	}
+	if (strncmp(s, "sqlite://", 9) == 0) {
+		const char *p = s + 9;
+		char *slash;
+
+		if (p[0] != '/') {
+			r = seterr(err, errlen, "metadata URL \"%s\": want sqlite:///absolute/path/meta.db", s);
+			goto out;
+		}
+		if (p[strlen(p) - 1] == '/') {
+			r = seterr(err, errlen, "metadata URL \"%s\": names a directory, not a database file", s);
+			goto out;
+		}
+		db = normalize_abs(p, 0, &why);
+		if (db == NULL) {
+			if (why[0] != 'o')
+				r = seterr(err, errlen, "metadata URL \"%s\": %s", s, why);
+			goto out;
+		}
+		if (strcmp(db, "/") == 0) {
+			r = seterr(err, errlen, "metadata URL \"%s\": no database file name", s);
+			goto out;
+		}
+		slash = strrchr(db, '/');
+		dir = slash == db ? strdup("/") : strndup(db, (size_t)(slash - db));
+		if (dir == NULL)
+			goto out;
+	} else {
+		if (strstr(s, "://")) {
+			r = seterr(err, errlen, "metadata location \"%s\": unsupported scheme (want a directory "
+				   "or sqlite:///abs/path/meta.db)", s);
+			goto out;
+		}
+		if (s[0] == '/') {
+			abs = strdup(s);
+		} else {
+			cwd = getcwd(NULL, 0);
+			if (cwd == NULL) {
+				r = seterr(err, errlen, "volume \"%s\": cannot get the current directory: %s",
+					   s, strerror(errno));
+				goto out;
+			}
+			if (asprintf(&abs, "%s/%s", cwd, s) < 0)
+				abs = NULL;
+		}
+		if (abs == NULL)
+			goto out;
+		norm = normalize_abs(abs, 1, &why);
+		if (norm == NULL) {
+			if (why[0] != 'o')
+				r = seterr(err, errlen, "volume \"%s\": %s", s, why);
+			goto out;
+		}
+		dir = resolve_existing_prefix(norm);
+		if (dir == NULL)
+			goto out;
+		if (asprintf(&db, "%s%smeta.db", dir, strcmp(dir, "/") == 0 ? "" : "/") < 0) {
+			db = NULL;
+			goto out;
+		}
+	}
+	*db_path = db;
+	*vol_dir = dir;
+	db = dir = NULL;
+	r = 0;
+out:
+	if (r == -ENOMEM)
+		seterr(err, errlen, "out of memory");
+	free(abs);
+	free(norm);
+	free(dir);
+	free(db);
+	free(cwd);
+	return r;
+}

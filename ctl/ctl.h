@@ -1,0 +1,25 @@
+/*
+ * ferry: the user's command-line tool. One file per command group; each
+ * command is `int cmd_X(int argc, char **argv)` returning the exit code and
+ * printing one clear line on stderr when it fails.
+ */
+#ifndef FERRY_CTL_H
+#define FERRY_CTL_H
+
+#include <stddef.h>
+
+int cmd_format(int argc, char **argv);   /* format.c */
+int cmd_mount(int argc, char **argv);    /* mount.c */
+int cmd_umount(int argc, char **argv);   /* mount.c */
+int cmd_status(int argc, char **argv);   /* status.c */
+
+/* main.c */
+void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The directory holding this program (and its sibling daemons); static. */
+const char *ctl_bindir(void);
+/* Reads MOUNTPOINT/.stats into a malloc'ed NUL-terminated buffer. */
+int ctl_read_stats(const char *mountpoint, char **out);
+/* Value of "name value" line in a .stats text, copied into buf. */
+int ctl_stats_value(const char *stats, const char *name, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,141 @@
+/* ferry format: writes a new volume record and checks its object store. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "meta.h"
+#include "objstore.h"
+#include "url.h"
+
+static int mkdir_p(const char *path)
+{
+	char buf[4096];
+	size_t n = strlen(path);
+
+	if (n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1; ; p++) {
+		if (*p == '/' || *p == '\0') {
+			char c = *p;
+			*p = '\0';
+			if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+				return -errno;
+			*p = c;
+			if (!c)
+				break;
+		}
+	}
+	return 0;
+}
+
+int cmd_format(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "storage", required_argument, NULL, 's' },
+		{ "block-size", required_argument, NULL, 'b' },
+		{ "s3-http", no_argument, NULL, 'H' },
+		{ "force", no_argument, NULL, 'F' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct meta_volume vol = { 0 };
+	struct store_url surl = { 0 };
+	struct objstore *store = NULL;
+	char *db = NULL, *dir = NULL, *storage = NULL, err[512];
+	unsigned long long bs = META_DEFAULT_BLOCK_SIZE;
+	int opt, rc, force = 0, s3_http = 0, code = 1;
+	struct stat st;
+
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		char *end;
+		switch (opt) {
+		case 's':
+			free(storage);
+			storage = strdup(optarg);
+			break;
+		case 'b':
+			errno = 0;
+			bs = strtoull(optarg, &end, 10);
+			if (errno || *end || bs < 4096 || bs > (16u << 20) || bs % 4096) {
+				ctl_err("--block-size %s: give a multiple of 4096 from 4096 to 16777216",
+					optarg);
+				goto out;
+			}
+			break;
+		case 'H': s3_http = 1; break;
+		case 'F': force = 1; break;
+		case 'h':
+			printf("usage: ferry format [--storage URL] [--block-size BYTES] [--s3-http] "
+			       "[--force] VOLUME\n");
+			code = 0;
+			goto out;
+		default:
+			code = 2;
+			goto out;
+		}
+	}
+	if (argc - optind != 1) {
+		ctl_err("format takes one VOLUME (a directory or sqlite:///abs/path/meta.db)");
+		code = 2;
+		goto out;
+	}
+	if (meta_url_parse(argv[optind], &db, &dir, err, sizeof(err)) < 0) {
+		ctl_err("volume %s: %s", argv[optind], err);
+		goto out;
+	}
+	if (!force && stat(db, &st) == 0) {
+		ctl_err("%s already holds a volume; give --force to replace it", db);
+		goto out;
+	}
+	if ((rc = mkdir_p(dir)) < 0) {
+		ctl_err("cannot create %s: %s", dir, strerror(-rc));
+		goto out;
+	}
+	if (!storage && asprintf(&storage, "file://%s/objects", dir) < 0) {
+		ctl_err("out of memory");
+		goto out;
+	}
+	if (store_url_parse(storage, s3_http, &surl, err, sizeof(err)) < 0) {
+		ctl_err("storage %s: %s", storage, err);
+		goto out;
+	}
+	if (objstore_open(&surl, NULL, &store, err, sizeof(err)) < 0) {
+		ctl_err("storage %s: %s", storage, err);
+		goto out;
+	}
+	if ((rc = objstore_check(store, surl.kind == STORE_FILE)) < 0) {
+		ctl_err("storage %s is not usable: %s%s%s", storage, strerror(-rc),
+			*objstore_last_error() ? ": " : "", objstore_last_error());
+		goto out;
+	}
+	vol.block_size = (uint32_t)bs;
+	vol.storage_url = storage;
+	vol.created_at = time(NULL);
+	vol.s3_http = s3_http;
+	rc = meta_format(db, &vol, getuid(), getgid(), force);
+	if (rc == -EEXIST) {
+		ctl_err("%s already holds a volume; give --force to replace it", db);
+		goto out;
+	}
+	if (rc < 0) {
+		ctl_err("cannot format %s: %s", db, strerror(-rc));
+		goto out;
+	}
+	printf("formatted volume at %s (storage %s, block size %llu)\n", db, storage, bs);
+	code = 0;
+out:
+	objstore_close(store);
+	store_url_free(&surl);
+	free(storage);
+	free(db);
+	free(dir);
+	return code;
+}

@@ -1,0 +1,135 @@
+/* ferry: command dispatch and the helpers the commands share. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctl.h"
+
+static const struct command {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *help;
+} commands[] = {
+	{ "format", cmd_format, "format [--storage URL] [--block-size BYTES] [--s3-http] [--force] VOLUME" },
+	{ "mount", cmd_mount, "mount [-f] [--cache-dir DIR] [--cache-size MiB] [--staging-dir DIR] [--log FILE] [-o OPTS] VOLUME MOUNTPOINT" },
+	{ "umount", cmd_umount, "umount [--lazy] [--timeout SEC] MOUNTPOINT" },
+	{ "status", cmd_status, "status [--json] MOUNTPOINT" },
+};
+
+void ctl_err(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("ferry: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+const char *ctl_bindir(void)
+{
+	static char dir[PATH_MAX];
+	ssize_t n;
+
+	if (*dir)
+		return dir;
+	n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
+	if (n <= 0)
+		return ".";
+	dir[n] = '\0';
+	*strrchr(dir, '/') = '\0';
+	return dir;
+}
+
+int ctl_read_stats(const char *mountpoint, char **out)
+{
+	char path[PATH_MAX], *buf = NULL;
+	size_t len = 0, cap = 0;
+	int fd, rc = 0;
+
+	snprintf(path, sizeof(path), "%s/.stats", mountpoint);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	for (;;) {
+		ssize_t n;
+		if (cap - len < 4096) {
+			char *nb = realloc(buf, cap + 65536);
+			if (!nb) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			buf = nb;
+			cap += 65536;
+		}
+		n = read(fd, buf + len, cap - len - 1);
+		if (n < 0) {
+			rc = -errno;
+			goto out;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	buf[len] = '\0';
+	*out = buf;
+	buf = NULL;
+out:
+	free(buf);
+	close(fd);
+	return rc;
+}
+
+int ctl_stats_value(const char *stats, const char *name, char *buf, size_t len)
+{
+	size_t nl = strlen(name);
+
+	for (const char *p = stats; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+		if (strncmp(p, name, nl) == 0 && p[nl] == ' ') {
+			size_t vl = strcspn(p + nl + 1, "\n");
+			if (vl >= len)
+				vl = len - 1;
+			memcpy(buf, p + nl + 1, vl);
+			buf[vl] = '\0';
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: ferry COMMAND [options]\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		fprintf(f, "  ferry %s\n", commands[i].help);
+	fprintf(f, "\nVOLUME is a directory (its meta.db) or sqlite:///abs/path/meta.db.\n"
+		   "Storage URLs: file:///abs/dir, s3://HOST:PORT/BUCKET[/PREFIX].\n");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version")) {
+		printf("ferry 0.1.0\n");
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(argv[1], commands[i].name))
+			return commands[i].fn(argc - 1, argv + 1);
+	ctl_err("unknown command '%s' (try ferry --help)", argv[1]);
+	return 2;
+}

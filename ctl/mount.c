@@ -1,0 +1,247 @@
+/*
+ * ferry mount / umount. mount starts ferry-mountd and returns once it says
+ * the mount is serving (through a pipe it writes "ok" or the error to).
+ * umount unmounts, then waits for ferry-mountd to finish committing and exit.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "url.h"
+
+#define MAX_ARGS 32
+
+int cmd_mount(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "cache-dir", required_argument, NULL, 'C' },
+		{ "cache-size", required_argument, NULL, 'S' },
+		{ "staging-dir", required_argument, NULL, 'T' },
+		{ "log", required_argument, NULL, 'L' },
+		{ "debug", no_argument, NULL, 'd' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	char *args[MAX_ARGS], daemon[PATH_MAX], fdarg[16], msg[1024] = "";
+	char *db = NULL, *dir = NULL, *log = NULL, err[512];
+	int nargs = 0, opt, foreground = 0, pipefd[2] = { -1, -1 }, code = 1;
+	pid_t pid;
+
+	snprintf(daemon, sizeof(daemon), "%s/ferry-mountd", ctl_bindir());
+	args[nargs++] = daemon;
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "fo:dh", longopts, NULL)) != -1) {
+		if (nargs > MAX_ARGS - 8) {
+			ctl_err("too many options");
+			return 2;
+		}
+		switch (opt) {
+		case 'f': foreground = 1; break;
+		case 'o': args[nargs++] = "-o"; args[nargs++] = optarg; break;
+		case 'C': args[nargs++] = "--cache-dir"; args[nargs++] = optarg; break;
+		case 'S': args[nargs++] = "--cache-size"; args[nargs++] = optarg; break;
+		case 'T': args[nargs++] = "--staging-dir"; args[nargs++] = optarg; break;
+		case 'd': args[nargs++] = "--debug"; break;
+		case 'L': log = strdup(optarg); break;
+		case 'h':
+			printf("usage: ferry mount [-f] [--cache-dir DIR] [--cache-size MiB] "
+			       "[--staging-dir DIR] [--log FILE] [-o OPTS] VOLUME MOUNTPOINT\n");
+			return 0;
+		default:
+			return 2;
+		}
+	}
+	if (argc - optind != 2) {
+		ctl_err("mount takes VOLUME and MOUNTPOINT");
+		free(log);
+		return 2;
+	}
+	if (meta_url_parse(argv[optind], &db, &dir, err, sizeof(err)) < 0) {
+		ctl_err("volume %s: %s", argv[optind], err);
+		goto out;
+	}
+	if (access(db, F_OK) < 0) {
+		ctl_err("no ferryfs volume at %s (run `ferry format` first)", argv[optind]);
+		goto out;
+	}
+	if (foreground) {
+		args[nargs++] = "-f";
+		args[nargs++] = argv[optind];
+		args[nargs++] = argv[optind + 1];
+		args[nargs] = NULL;
+		execv(daemon, args);
+		ctl_err("cannot run %s: %s", daemon, strerror(errno));
+		goto out;
+	}
+	if (!log && asprintf(&log, "%s/ferry-mountd.log", dir) < 0) {
+		ctl_err("out of memory");
+		goto out;
+	}
+	if (pipe2(pipefd, O_CLOEXEC) < 0) {
+		ctl_err("pipe: %s", strerror(errno));
+		goto out;
+	}
+	snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
+	args[nargs++] = "--ready-fd";
+	args[nargs++] = fdarg;
+	args[nargs++] = argv[optind];
+	args[nargs++] = argv[optind + 1];
+	args[nargs] = NULL;
+	pid = fork();
+	if (pid < 0) {
+		ctl_err("fork: %s", strerror(errno));
+		goto out;
+	}
+	if (pid == 0) {
+		int lfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (lfd >= 0) {
+			dup2(lfd, STDERR_FILENO);
+		}
+		fcntl(pipefd[1], F_SETFD, 0); /* the one fd the daemon inherits */
+		execv(daemon, args);
+		dprintf(pipefd[1], "cannot run %s: %s\n", daemon, strerror(errno));
+		_exit(127);
+	}
+	close(pipefd[1]);
+	pipefd[1] = -1;
+	{
+		size_t got = 0;
+		for (;;) {
+			ssize_t n = read(pipefd[0], msg + got, sizeof(msg) - 1 - got);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+			if (memchr(msg, '\n', got) || got == sizeof(msg) - 1)
+				break;
+		}
+		msg[got] = '\0';
+		msg[strcspn(msg, "\n")] = '\0';
+	}
+	if (strcmp(msg, "ok") == 0) {
+		printf("mounted %s at %s (ferry-mountd pid %d, log %s)\n", argv[optind],
+		       argv[optind + 1], (int)pid, log);
+		code = 0;
+		goto out;
+	}
+	if (*msg) {
+		ctl_err("%s", msg);
+		waitpid(pid, NULL, 0);
+	} else {
+		int st = 0;
+		waitpid(pid, &st, 0);
+		ctl_err("ferry-mountd exited (%s %d) before serving; see %s",
+			WIFEXITED(st) ? "status" : "signal",
+			WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), log);
+	}
+out:
+	if (pipefd[0] >= 0)
+		close(pipefd[0]);
+	if (pipefd[1] >= 0)
+		close(pipefd[1]);
+	free(log);
+	free(db);
+	free(dir);
+	return code;
+}
+
+static int run_fusermount(const char *mp, int lazy)
+{
+	pid_t pid = fork();
+	int st;
+
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", lazy ? "-uz" : "-u", "--", mp, (char *)NULL);
+		_exit(127);
+	}
+	if (waitpid(pid, &st, 0) < 0)
+		return -errno;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EBUSY;
+}
+
+int cmd_umount(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "lazy", no_argument, NULL, 'l' },
+		{ "timeout", required_argument, NULL, 't' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	char *stats = NULL, pidbuf[32];
+	int opt, lazy = 0, code = 1;
+	long timeout = 600;
+	pid_t pid = 0;
+	char mp[PATH_MAX];
+
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "lh", longopts, NULL)) != -1) {
+		switch (opt) {
+		case 'l': lazy = 1; break;
+		case 't': timeout = atol(optarg); break;
+		case 'h':
+			printf("usage: ferry umount [--lazy] [--timeout SEC] MOUNTPOINT\n");
+			return 0;
+		default:
+			return 2;
+		}
+	}
+	if (argc - optind != 1) {
+		ctl_err("umount takes one MOUNTPOINT");
+		return 2;
+	}
+	if (!realpath(argv[optind], mp)) {
+		ctl_err("%s: %s", argv[optind], strerror(errno));
+		return 1;
+	}
+	if (ctl_read_stats(mp, &stats) < 0) {
+		ctl_err("%s is not a ferryfs mount", mp);
+		return 1;
+	}
+	if (ctl_stats_value(stats, "pid", pidbuf, sizeof(pidbuf)) == 0)
+		pid = (pid_t)atoi(pidbuf);
+	free(stats);
+	if (umount2(mp, lazy ? MNT_DETACH : 0) < 0) {
+		int err = errno;
+		if (err == EPERM && run_fusermount(mp, lazy) == 0)
+			goto wait;
+		if (err == EBUSY)
+			ctl_err("%s is busy: files are open there (close them, or use --lazy)", mp);
+		else
+			ctl_err("cannot unmount %s: %s", mp, strerror(err));
+		return 1;
+	}
+wait:
+	/* ferry-mountd commits what is still staged before it exits. */
+	if (pid > 0) {
+		struct timespec start, now;
+		clock_gettime(CLOCK_MONOTONIC, &start);
+		while (kill(pid, 0) == 0) {
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (now.tv_sec - start.tv_sec > timeout) {
+				ctl_err("ferry-mountd pid %d is still committing after %ld s; it goes on "
+					"in the background", (int)pid, timeout);
+				return 1;
+			}
+			/* reap it if it is our child (ferry mount -f in the same shell is not) */
+			waitpid(pid, NULL, WNOHANG);
+			usleep(20000);
+		}
+	}
+	code = 0;
+	return code;
+}

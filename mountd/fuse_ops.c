@@ -1,0 +1,1275 @@
+/*
+ * The FUSE lowlevel handlers. Each handler counts its request, does its work
+ * in a helper that returns 0 or a negative errno, and replies exactly once.
+ * Handles live in the lock-free handle table; inodes in the inode table.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mountd.h"
+
+#ifndef FALLOC_FL_KEEP_SIZE
+#define FALLOC_FL_KEEP_SIZE 0x01
+#endif
+#ifndef FALLOC_FL_PUNCH_HOLE
+#define FALLOC_FL_PUNCH_HOLE 0x02
+#endif
+
+struct open_file {
+	struct inode *ino;       /* one reference (nopen) */
+	uint64_t fh;
+	bool writer;
+};
+
+struct special_file {
+	char *data;              /* owned: the rendered content */
+	size_t len;
+};
+
+static inline struct mountd *MD(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static inline void count(fuse_req_t req, enum op_id op)
+{
+	atomic_fetch_add_explicit(&MD(req)->stats.requests[op], 1, memory_order_relaxed);
+}
+
+static bool name_ok(const char *name)
+{
+	return strlen(name) <= META_NAME_MAX;
+}
+
+static void attr_to_stat(const struct meta_attr *a, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = a->ino;
+	st->st_mode = a->mode;
+	st->st_nlink = a->nlink;
+	st->st_uid = a->uid;
+	st->st_gid = a->gid;
+	st->st_rdev = a->rdev;
+	st->st_size = (off_t)a->size;
+	st->st_blksize = 4096;
+	st->st_blocks = (blkcnt_t)((a->size + 511) / 512);
+	st->st_atim = a->atime;
+	st->st_mtim = a->mtime;
+	st->st_ctim = a->ctime;
+}
+
+static void stats_stat(struct mountd *md, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = STATS_INO;
+	st->st_mode = S_IFREG | 0444;
+	st->st_nlink = 1;
+	st->st_size = 0;  /* opened with direct_io: the size is not used */
+	st->st_blksize = 4096;
+	st->st_atim.tv_sec = st->st_mtim.tv_sec = st->st_ctim.tv_sec = md->started;
+}
+
+/* Applies pending writes (size, mtime) of a live staging file over a. */
+static void overlay_wstate(struct mountd *md, struct meta_attr *a)
+{
+	struct inode *i;
+
+	if (!S_ISREG(a->mode))
+		return;
+	i = inode_find(md, a->ino);
+	if (!i)
+		return;
+	/* i cannot be freed under us: the caller's request holds a kernel
+	 * reference (lookup) on it, or it is the target of an open handle. */
+	pthread_mutex_lock(&i->lock);
+	if (i->w) {
+		a->size = i->w->size;
+		if (i->w->ndirty || i->w->size_changed) {
+			a->mtime = i->w->mtime;
+			a->ctime = i->w->mtime;
+		}
+	}
+	pthread_mutex_unlock(&i->lock);
+}
+
+static void fill_entry(struct mountd *md, const struct meta_attr *a, struct fuse_entry_param *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = a->ino;
+	e->generation = 1;
+	attr_to_stat(a, &e->attr);
+	e->attr_timeout = md->cfg.attr_timeout;
+	e->entry_timeout = md->cfg.entry_timeout;
+}
+
+/* Replies with an entry and takes the kernel's lookup reference. */
+static void reply_entry(fuse_req_t req, const struct meta_attr *a)
+{
+	struct mountd *md = MD(req);
+	struct fuse_entry_param e;
+
+	fill_entry(md, a, &e);
+	if (!inode_ref(md, a->ino, 1, 0)) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	if (fuse_reply_entry(req, &e) != 0) /* the kernel will never forget it */
+		inode_unref(md, inode_find(md, a->ino), 1, 0);
+}
+
+/* An unlink or rename removed the last link of ino. */
+static void last_link_gone(struct mountd *md, uint64_t ino)
+{
+	if (!inode_mark_unlinked(md, ino)) {
+		int rc = meta_inode_release(md->meta, ino);
+		if (rc < 0)
+			log_errno(rc, "inode %llu: cannot free unlinked inode (left as orphan)",
+				  (unsigned long long)ino);
+	}
+}
+
+/* ---- namespace ---- */
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct mountd *md = MD(req);
+	struct meta_attr a;
+	int rc;
+
+	count(req, OP_LOOKUP);
+	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
+		struct fuse_entry_param e = { .ino = STATS_INO, .generation = 1 };
+		stats_stat(md, &e.attr);
+		fuse_reply_entry(req, &e);
+		return;
+	}
+	if (!name_ok(name)) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	rc = meta_lookup(md->meta, parent, name, &a);
+	if (rc == -ENOENT) {
+		/* A negative entry: the kernel caches the absence; every change
+		 * of the namespace passes through this daemon, which the kernel
+		 * sees, so the cache cannot go stale. */
+		struct fuse_entry_param e = { .ino = 0, .entry_timeout = md->cfg.entry_timeout };
+		fuse_reply_entry(req, &e);
+		return;
+	}
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	overlay_wstate(md, &a);
+	reply_entry(req, &a);
+}
+
+static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	struct mountd *md = MD(req);
+	struct inode *i;
+
+	count(req, OP_FORGET);
+	if (ino != STATS_INO && (i = inode_find(md, ino)))
+		inode_unref(md, i, nlookup, 0);
+	fuse_reply_none(req);
+}
+
+static void op_forget_multi(fuse_req_t req, size_t n, struct fuse_forget_data *f)
+{
+	struct mountd *md = MD(req);
+
+	atomic_fetch_add(&md->stats.requests[OP_FORGET], 1);
+	for (size_t k = 0; k < n; k++) {
+		struct inode *i;
+		if (f[k].ino != STATS_INO && (i = inode_find(md, f[k].ino)))
+			inode_unref(md, i, f[k].nlookup, 0);
+	}
+	fuse_reply_none(req);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct meta_attr a;
+	struct stat st;
+	int rc;
+
+	count(req, OP_GETATTR);
+	if (ino == STATS_INO) {
+		stats_stat(md, &st);
+		fuse_reply_attr(req, &st, md->cfg.attr_timeout);
+		return;
+	}
+	rc = meta_getattr(md->meta, ino, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	overlay_wstate(md, &a);
+	attr_to_stat(&a, &st);
+	fuse_reply_attr(req, &st, md->cfg.attr_timeout);
+}
+
+/* Commits the inode's staged writes, if any. Caller holds i->lock. */
+static int commit_locked(struct mountd *md, struct inode *i)
+{
+	return i->w ? wstate_commit(md, i) : 0;
+}
+
+static int do_truncate(struct mountd *md, struct inode *i, uint64_t ino, uint64_t size,
+		       unsigned valid, const struct meta_attr *in, struct meta_attr *out)
+{
+	int rc;
+
+	if (i) {
+		pthread_mutex_lock(&i->lock);
+		rc = commit_locked(md, i);
+		if (rc == 0)
+			rc = meta_setattr(md->meta, ino, valid, in, out);
+		if (rc == 0 && i->w)
+			rc = wstate_truncate(i->w, size);
+		pthread_mutex_unlock(&i->lock);
+		return rc;
+	}
+	return meta_setattr(md->meta, ino, valid, in, out);
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		       struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct meta_attr in = { 0 }, out;
+	struct inode *i;
+	unsigned valid = 0;
+	struct stat st;
+	int rc;
+
+	count(req, OP_SETATTR);
+	if (ino == STATS_INO) {
+		fuse_reply_err(req, EACCES);
+		return;
+	}
+	if (to_set & FUSE_SET_ATTR_MODE) {
+		valid |= META_SET_MODE;
+		in.mode = attr->st_mode;
+	}
+	if (to_set & FUSE_SET_ATTR_UID) {
+		valid |= META_SET_UID;
+		in.uid = attr->st_uid;
+	}
+	if (to_set & FUSE_SET_ATTR_GID) {
+		valid |= META_SET_GID;
+		in.gid = attr->st_gid;
+	}
+	if (to_set & FUSE_SET_ATTR_SIZE) {
+		valid |= META_SET_SIZE;
+		in.size = (uint64_t)attr->st_size;
+	}
+	if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+		valid |= META_SET_ATIME_NOW;
+	else if (to_set & FUSE_SET_ATTR_ATIME) {
+		valid |= META_SET_ATIME;
+		in.atime = attr->st_atim;
+	}
+	if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+		valid |= META_SET_MTIME_NOW;
+	else if (to_set & FUSE_SET_ATTR_MTIME) {
+		valid |= META_SET_MTIME;
+		in.mtime = attr->st_mtim;
+	}
+	if (to_set & FUSE_SET_ATTR_CTIME) {
+		valid |= META_SET_CTIME;
+		in.ctime = attr->st_ctim;
+	}
+	if (fuse_req_interrupted(req)) {
+		count(req, OP_INTERRUPT_EINTR);
+		fuse_reply_err(req, EINTR);
+		return;
+	}
+	i = inode_find(md, ino);
+	if (valid & META_SET_SIZE) {
+		rc = do_truncate(md, i, ino, in.size, valid, &in, &out);
+	} else if (i) {
+		/* Staged writes carry their own mtime: commit them first so an
+		 * explicit utimens() is not overwritten by a later commit. */
+		pthread_mutex_lock(&i->lock);
+		rc = commit_locked(md, i);
+		if (rc == 0)
+			rc = meta_setattr(md->meta, ino, valid, &in, &out);
+		pthread_mutex_unlock(&i->lock);
+	} else {
+		rc = meta_setattr(md->meta, ino, valid, &in, &out);
+	}
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	overlay_wstate(md, &out);
+	attr_to_stat(&out, &st);
+	fuse_reply_attr(req, &st, md->cfg.attr_timeout);
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	char *target = NULL;
+	int rc;
+
+	count(req, OP_READLINK);
+	rc = meta_readlink(MD(req)->meta, ino, &target);
+	if (rc < 0)
+		fuse_reply_err(req, -rc);
+	else
+		fuse_reply_readlink(req, target);
+	free(target);
+}
+
+static void do_create_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+			   dev_t rdev, const char *target)
+{
+	struct mountd *md = MD(req);
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct meta_attr a;
+	int rc;
+
+	if (!name_ok(name)) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
+		fuse_reply_err(req, EEXIST);
+		return;
+	}
+	if (fuse_req_interrupted(req)) {
+		count(req, OP_INTERRUPT_EINTR);
+		fuse_reply_err(req, EINTR);
+		return;
+	}
+	rc = meta_create(md->meta, parent, name, mode, ctx->uid, ctx->gid, rdev, target, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	reply_entry(req, &a);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+	count(req, OP_MKNOD);
+	switch (mode & S_IFMT) {
+	case S_IFREG: case S_IFIFO: case S_IFSOCK: case S_IFCHR: case S_IFBLK:
+		break;
+	default:
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	do_create_node(req, parent, name, mode, rdev, NULL);
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	count(req, OP_MKDIR);
+	do_create_node(req, parent, name, S_IFDIR | (mode & 07777), 0, NULL);
+}
+
+static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+	count(req, OP_SYMLINK);
+	if (strlen(link) >= PATH_MAX) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	do_create_node(req, parent, name, S_IFLNK | 0777, 0, link);
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct mountd *md = MD(req);
+	struct meta_attr v;
+	int rc;
+
+	count(req, OP_UNLINK);
+	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
+		fuse_reply_err(req, EACCES);
+		return;
+	}
+	if (fuse_req_interrupted(req)) {
+		count(req, OP_INTERRUPT_EINTR);
+		fuse_reply_err(req, EINTR);
+		return;
+	}
+	rc = meta_unlink(md->meta, parent, name, &v);
+	if (rc == 0 && v.nlink == 0)
+		last_link_gone(md, v.ino);
+	fuse_reply_err(req, -rc);
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct mountd *md = MD(req);
+	struct meta_attr v;
+	int rc;
+
+	count(req, OP_RMDIR);
+	if (fuse_req_interrupted(req)) {
+		count(req, OP_INTERRUPT_EINTR);
+		fuse_reply_err(req, EINTR);
+		return;
+	}
+	rc = meta_rmdir(md->meta, parent, name, &v);
+	if (rc == 0)
+		last_link_gone(md, v.ino);
+	fuse_reply_err(req, -rc);
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		      const char *newname, unsigned int flags)
+{
+	struct mountd *md = MD(req);
+	struct meta_attr v = { 0 };
+	unsigned mflags = 0;
+	int rc;
+
+	count(req, OP_RENAME);
+	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	if (!name_ok(newname)) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	if ((parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) ||
+	    (newparent == META_ROOT_INO && strcmp(newname, STATS_NAME) == 0)) {
+		fuse_reply_err(req, EACCES);
+		return;
+	}
+	if (flags & RENAME_NOREPLACE)
+		mflags |= META_RENAME_NOREPLACE;
+	if (flags & RENAME_EXCHANGE)
+		mflags |= META_RENAME_EXCHANGE;
+	if (fuse_req_interrupted(req)) {
+		count(req, OP_INTERRUPT_EINTR);
+		fuse_reply_err(req, EINTR);
+		return;
+	}
+	rc = meta_rename(md->meta, parent, name, newparent, newname, mflags, &v);
+	if (rc == 0 && v.ino && v.nlink == 0)
+		last_link_gone(md, v.ino);
+	fuse_reply_err(req, -rc);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+	struct mountd *md = MD(req);
+	struct meta_attr a;
+	int rc;
+
+	count(req, OP_LINK);
+	if (ino == STATS_INO) {
+		fuse_reply_err(req, EPERM);
+		return;
+	}
+	if (!name_ok(newname)) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	if (newparent == META_ROOT_INO && strcmp(newname, STATS_NAME) == 0) {
+		fuse_reply_err(req, EEXIST);
+		return;
+	}
+	rc = meta_link(md->meta, ino, newparent, newname, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	overlay_wstate(md, &a);
+	reply_entry(req, &a);
+}
+
+/* ---- files ---- */
+
+static int open_special(struct mountd *md, struct fuse_file_info *fi)
+{
+	struct special_file *sf;
+	uint64_t fh;
+	int rc;
+
+	if ((fi->flags & O_ACCMODE) != O_RDONLY)
+		return -EACCES;
+	sf = calloc(1, sizeof(*sf));
+	if (!sf)
+		return -ENOMEM;
+	rc = stats_render(md, &sf->data, &sf->len);
+	if (rc == 0)
+		rc = handle_add(md->handles, HANDLE_SPECIAL, sf, &fh);
+	if (rc < 0) {
+		free(sf->data);
+		free(sf);
+		return rc;
+	}
+	fi->fh = fh;
+	fi->direct_io = 1;   /* the content is made at open; size 0 in getattr */
+	fi->noflush = 1;
+	return 0;
+}
+
+/* Opens a handle on ino; truncates first for O_TRUNC. */
+static int open_file(struct mountd *md, uint64_t ino, struct fuse_file_info *fi)
+{
+	bool writer = (fi->flags & O_ACCMODE) != O_RDONLY;
+	struct open_file *of;
+	struct inode *i;
+	int rc;
+
+	of = calloc(1, sizeof(*of));
+	if (!of)
+		return -ENOMEM;
+	i = inode_ref(md, ino, 0, 1);
+	if (!i) {
+		free(of);
+		return -ENOMEM;
+	}
+	of->ino = i;
+	of->writer = writer;
+	rc = handle_add(md->handles, HANDLE_FILE, of, &of->fh);
+	if (rc < 0)
+		goto fail;
+	if (writer) {
+		pthread_mutex_lock(&i->lock);
+		i->nwriters++;
+		if (fi->flags & O_TRUNC) {
+			struct meta_attr in = { .size = 0 };
+			rc = commit_locked(md, i);
+			if (rc == 0)
+				rc = meta_setattr(md->meta, ino, META_SET_SIZE | META_SET_MTIME_NOW, &in,
+						  NULL);
+			if (rc == 0 && i->w)
+				rc = wstate_truncate(i->w, 0);
+		}
+		if (rc < 0)
+			i->nwriters--;
+		pthread_mutex_unlock(&i->lock);
+		if (rc < 0) {
+			handle_remove(md->handles, of->fh, HANDLE_FILE);
+			goto fail;
+		}
+	}
+	fi->fh = of->fh;
+	/* Every change to the data passes through this daemon and the kernel's
+	 * page cache, so what the kernel has cached stays valid across opens. */
+	fi->keep_cache = 1;
+	/* A reader has nothing to flush and ferry takes no POSIX locks itself. */
+	fi->noflush = !writer;
+	return 0;
+fail:
+	inode_unref(md, i, 0, 1);
+	free(of);
+	return rc;
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	int rc;
+
+	count(req, OP_OPEN);
+	if (ino == STATS_INO)
+		rc = open_special(md, fi);
+	else
+		rc = open_file(md, ino, fi);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if (fuse_reply_open(req, fi) != 0) {
+		/* The open was interrupted away: the kernel will not release it. */
+		if (ino == STATS_INO) {
+			struct special_file *sf = handle_remove(md->handles, fi->fh, HANDLE_SPECIAL);
+			if (sf)
+				free(sf->data);
+			free(sf);
+		} else {
+			struct open_file *of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
+			if (of) {
+				if (of->writer) {
+					pthread_mutex_lock(&of->ino->lock);
+					of->ino->nwriters--;
+					pthread_mutex_unlock(&of->ino->lock);
+				}
+				inode_unref(md, of->ino, 0, 1);
+				free(of);
+			}
+		}
+	}
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		      struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct fuse_entry_param e;
+	struct meta_attr a;
+	int rc;
+
+	count(req, OP_CREATE);
+	if (!name_ok(name)) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
+		fuse_reply_err(req, EEXIST);
+		return;
+	}
+	if (fuse_req_interrupted(req)) {
+		count(req, OP_INTERRUPT_EINTR);
+		fuse_reply_err(req, EINTR);
+		return;
+	}
+	rc = meta_create(md->meta, parent, name, S_IFREG | (mode & 07777), ctx->uid, ctx->gid, 0,
+			 NULL, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fi->flags &= ~O_TRUNC; /* it is new: nothing to truncate */
+	rc = open_file(md, a.ino, fi);
+	if (rc < 0) {
+		/* The file exists now; report the open failure honestly. */
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fill_entry(md, &a, &e);
+	inode_ref(md, a.ino, 1, 0);
+	if (fuse_reply_create(req, &e, fi) != 0) {
+		struct open_file *of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
+		if (of) {
+			pthread_mutex_lock(&of->ino->lock);
+			if (of->writer)
+				of->ino->nwriters--;
+			pthread_mutex_unlock(&of->ino->lock);
+			inode_unref(md, of->ino, 1, 1);
+			free(of);
+		}
+	}
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct open_file *of;
+	struct special_file *sf;
+	struct meta_attr a;
+	char *buf = NULL;
+	ssize_t n;
+	int rc;
+
+	count(req, OP_READ);
+	if (ino == STATS_INO) {
+		sf = handle_get(md->handles, fi->fh, HANDLE_SPECIAL);
+		if (!sf) {
+			fuse_reply_err(req, EBADF);
+			return;
+		}
+		if (off < 0 || (size_t)off >= sf->len)
+			fuse_reply_buf(req, NULL, 0);
+		else
+			fuse_reply_buf(req, sf->data + off,
+				       size < sf->len - (size_t)off ? size : sf->len - (size_t)off);
+		return;
+	}
+	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
+	if (!of || of->ino->ino != ino) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	if (off < 0) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	buf = malloc(size ? size : 1);
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	/* While writes are staged, the inode lock keeps a commit from moving
+	 * bytes between the staging file and the store under this read. With
+	 * nothing staged the read needs no lock. */
+	pthread_mutex_lock(&of->ino->lock);
+	if (!of->ino->w) {
+		pthread_mutex_unlock(&of->ino->lock);
+		rc = meta_getattr(md->meta, ino, &a);
+		n = rc < 0 ? rc : file_read(md, req, ino, a.size, buf, size, off);
+	} else {
+		uint64_t fsize = of->ino->w->size;
+		size_t len = (uint64_t)off >= fsize ? 0 :
+			     (size < fsize - (uint64_t)off ? size : (size_t)(fsize - (uint64_t)off));
+		rc = meta_getattr(md->meta, ino, &a);
+		/* Bytes past the committed size and not dirty read as zeros. */
+		memset(buf, 0, len);
+		n = rc < 0 ? rc : file_read(md, req, ino, a.size < fsize ? a.size : fsize, buf, len, off);
+		if (n >= 0) {
+			rc = wstate_overlay(of->ino->w, buf, len, off);
+			n = rc < 0 ? rc : (ssize_t)len;
+		}
+		pthread_mutex_unlock(&of->ino->lock);
+	}
+	if (n < 0) {
+		if (n == -EINTR)
+			count(req, OP_INTERRUPT_EINTR);
+		fuse_reply_err(req, (int)-n);
+	} else {
+		fuse_reply_buf(req, buf, (size_t)n);
+	}
+	free(buf);
+}
+
+static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+		     struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct open_file *of;
+	ssize_t n;
+	int rc;
+
+	count(req, OP_WRITE);
+	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
+	if (!of || of->ino->ino != ino || !of->writer) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	if (off < 0 || (uint64_t)off + size < (uint64_t)off) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	pthread_mutex_lock(&of->ino->lock);
+	rc = wstate_ensure(md, of->ino, of->fh);
+	n = rc < 0 ? rc : wstate_write(md, of->ino, buf, size, off);
+	pthread_mutex_unlock(&of->ino->lock);
+	if (n < 0)
+		fuse_reply_err(req, (int)-n);
+	else
+		fuse_reply_write(req, (size_t)n);
+}
+
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct open_file *of;
+	int rc;
+
+	count(req, OP_FLUSH);
+	if (ino == STATS_INO) {
+		fuse_reply_err(req, 0);
+		return;
+	}
+	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
+	if (!of) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	/* close() reports whether the data reached the object store. */
+	pthread_mutex_lock(&of->ino->lock);
+	rc = commit_locked(md, of->ino);
+	pthread_mutex_unlock(&of->ino->lock);
+	fuse_reply_err(req, -rc);
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct open_file *of;
+	int rc;
+
+	count(req, OP_FSYNC);
+	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
+	if (!of) {
+		fuse_reply_err(req, ino == STATS_INO ? 0 : EBADF);
+		return;
+	}
+	/* Objects are durable once put; the commit runs with synchronous=FULL. */
+	pthread_mutex_lock(&of->ino->lock);
+	rc = commit_locked(md, of->ino);
+	pthread_mutex_unlock(&of->ino->lock);
+	fuse_reply_err(req, -rc);
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct open_file *of;
+	struct inode *i;
+
+	count(req, OP_RELEASE);
+	if (ino == STATS_INO) {
+		struct special_file *sf = handle_remove(md->handles, fi->fh, HANDLE_SPECIAL);
+		if (sf)
+			free(sf->data);
+		free(sf);
+		fuse_reply_err(req, 0);
+		return;
+	}
+	of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
+	if (!of) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	i = of->ino;
+	if (of->writer) {
+		pthread_mutex_lock(&i->lock);
+		i->nwriters--;
+		if (i->nwriters == 0 && i->w) {
+			if (wstate_commit(md, i) == 0)
+				wstate_drop(md, i);
+			else if (!i->pending)
+				write_back_defer(md, i); /* the data stays staged and is retried */
+		}
+		pthread_mutex_unlock(&i->lock);
+	}
+	inode_unref(md, i, 0, 1);
+	free(of);
+	fuse_reply_err(req, 0);
+}
+
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+			 struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct open_file *of;
+	struct meta_attr a;
+	struct inode *i;
+	int rc = 0;
+
+	count(req, OP_FALLOCATE);
+	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
+	if (!of || !of->writer) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	if (off < 0 || len <= 0 || (uint64_t)off + (uint64_t)len < (uint64_t)off) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	i = of->ino;
+	pthread_mutex_lock(&i->lock);
+	rc = commit_locked(md, i);
+	if (rc == 0)
+		rc = meta_getattr(md->meta, ino, &a);
+	if (rc == 0) {
+		if (mode == 0 || mode == FALLOC_FL_KEEP_SIZE) {
+			/* Space is not reserved in an object store; only the size
+			 * changes (reads of the new range give zeros). */
+			uint64_t end = (uint64_t)off + (uint64_t)len;
+			if (mode == 0 && end > a.size) {
+				struct meta_attr in = { .size = end };
+				rc = meta_setattr(md->meta, ino, META_SET_SIZE, &in, &a);
+				if (rc == 0 && i->w)
+					i->w->size = end;
+			}
+		} else if (mode == (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)) {
+			if ((uint64_t)off < a.size) {
+				uint64_t l = (uint64_t)len;
+				if ((uint64_t)off + l > a.size)
+					l = a.size - (uint64_t)off;
+				rc = meta_punch_hole(md->meta, ino, (uint64_t)off, l, &a);
+			}
+		} else {
+			rc = -EOPNOTSUPP;
+		}
+	}
+	pthread_mutex_unlock(&i->lock);
+	fuse_reply_err(req, -rc);
+}
+
+static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		     struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct open_file *of;
+	struct meta_attr a;
+	off_t res;
+	int rc;
+
+	count(req, OP_LSEEK);
+	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
+	if (!of) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	if (whence != SEEK_DATA && whence != SEEK_HOLE) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	pthread_mutex_lock(&of->ino->lock);
+	rc = commit_locked(md, of->ino);
+	if (rc == 0)
+		rc = meta_getattr(md->meta, ino, &a);
+	res = rc < 0 ? rc : file_seek_data(md, ino, a.size, off, whence);
+	pthread_mutex_unlock(&of->ino->lock);
+	if (res < 0)
+		fuse_reply_err(req, (int)-res);
+	else
+		fuse_reply_lseek(req, res);
+}
+
+/* ---- directories ---- */
+
+struct dir_handle {
+	uint64_t ino;
+};
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req);
+	struct dir_handle *d;
+	struct meta_attr a;
+	uint64_t fh;
+	int rc;
+
+	count(req, OP_OPENDIR);
+	rc = meta_getattr(md->meta, ino, &a);
+	if (rc == 0 && !S_ISDIR(a.mode))
+		rc = -ENOTDIR;
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	d->ino = ino;
+	rc = handle_add(md->handles, HANDLE_DIR, d, &fh);
+	if (rc < 0) {
+		free(d);
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fi->fh = fh;
+	fi->cache_readdir = 0;
+	if (fuse_reply_open(req, fi) != 0)
+		free(handle_remove(md->handles, fh, HANDLE_DIR));
+}
+
+struct dir_fill {
+	fuse_req_t req;
+	struct mountd *md;
+	char *buf;
+	size_t size, used;
+	bool plus;
+	bool full;
+};
+
+/* Readdir offsets: 1 after ".", 2 after "..", cookie+2 after an entry. */
+static int dir_fill_one(void *arg, const char *name, const struct meta_attr *a, uint64_t cookie)
+{
+	struct dir_fill *f = arg;
+	size_t n;
+
+	if (f->plus) {
+		struct fuse_entry_param e;
+		struct meta_attr aa = *a;
+		overlay_wstate(f->md, &aa);
+		fill_entry(f->md, &aa, &e);
+		n = fuse_add_direntry_plus(f->req, f->buf + f->used, f->size - f->used, name, &e,
+					   (off_t)(cookie + 2));
+		if (n > f->size - f->used) {
+			f->full = true;
+			return 1;
+		}
+		/* The kernel now holds a lookup on this entry. */
+		inode_ref(f->md, a->ino, 1, 0);
+	} else {
+		struct stat st = { .st_ino = a->ino, .st_mode = a->mode };
+		n = fuse_add_direntry(f->req, f->buf + f->used, f->size - f->used, name, &st,
+				      (off_t)(cookie + 2));
+		if (n > f->size - f->used) {
+			f->full = true;
+			return 1;
+		}
+	}
+	f->used += n;
+	return 0;
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi, bool plus)
+{
+	struct mountd *md = MD(req);
+	struct dir_fill f = { .req = req, .md = md, .size = size, .plus = plus };
+	struct dir_handle *d;
+	int rc = 0;
+
+	d = handle_get(md->handles, fi->fh, HANDLE_DIR);
+	if (!d || d->ino != ino) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	f.buf = malloc(size ? size : 1);
+	if (!f.buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	for (int k = (int)off; k < 2 && !f.full; k++) {
+		const char *dot = k == 0 ? "." : "..";
+		size_t n;
+		if (plus) {
+			/* ino 0: the kernel makes no dentry and takes no lookup. */
+			struct fuse_entry_param e = { .ino = 0 };
+			e.attr.st_ino = ino;
+			e.attr.st_mode = S_IFDIR;
+			n = fuse_add_direntry_plus(req, f.buf + f.used, size - f.used, dot, &e, k + 1);
+		} else {
+			struct stat st = { .st_ino = ino, .st_mode = S_IFDIR };
+			n = fuse_add_direntry(req, f.buf + f.used, size - f.used, dot, &st, k + 1);
+		}
+		if (n > size - f.used)
+			f.full = true;
+		else
+			f.used += n;
+	}
+	if (!f.full)
+		rc = meta_readdir(md->meta, ino, off > 2 ? (uint64_t)off - 2 : 0, plus, dir_fill_one, &f);
+	if (rc < 0 && f.used == 0)
+		fuse_reply_err(req, -rc);
+	else
+		fuse_reply_buf(req, f.buf, f.used);
+	free(f.buf);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	count(req, OP_READDIR);
+	do_readdir(req, ino, size, off, fi, false);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			   struct fuse_file_info *fi)
+{
+	count(req, OP_READDIRPLUS);
+	do_readdir(req, ino, size, off, fi, true);
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	count(req, OP_RELEASEDIR);
+	free(handle_remove(MD(req)->handles, fi->fh, HANDLE_DIR));
+	fuse_reply_err(req, 0);
+}
+
+static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	count(req, OP_FSYNCDIR);
+	/* Each namespace change was committed durably (synchronous=FULL)
+	 * before its reply. */
+	fuse_reply_err(req, handle_get(MD(req)->handles, fi->fh, HANDLE_DIR) ? 0 : EBADF);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct mountd *md = MD(req);
+	uint64_t used = 0, inodes = 0;
+	struct statvfs sv = { 0 };
+	const uint64_t total_blocks = 1ull << 40; /* 4 PiB of 4 KiB: an object store is unbounded */
+	const uint64_t total_files = 1ull << 40;
+	int rc;
+
+	count(req, OP_STATFS);
+	rc = meta_statfs(md->meta, &used, &inodes);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	sv.f_bsize = 4096;
+	sv.f_frsize = 4096;
+	sv.f_blocks = total_blocks;
+	sv.f_bfree = sv.f_bavail = total_blocks - (used + 4095) / 4096;
+	sv.f_files = total_files;
+	sv.f_ffree = sv.f_favail = total_files - inodes;
+	sv.f_namemax = META_NAME_MAX;
+	fuse_reply_statfs(req, &sv);
+}
+
+/* ---- xattrs ---- */
+
+static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+			size_t size, int flags)
+{
+	count(req, OP_SETXATTR);
+	if (ino == STATS_INO) {
+		fuse_reply_err(req, EPERM);
+		return;
+	}
+	if (flags & ~(XATTR_CREATE | XATTR_REPLACE)) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	fuse_reply_err(req, -meta_setxattr(MD(req)->meta, ino, name, value, size, flags));
+}
+
+static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	void *value = NULL;
+	size_t len = 0;
+	int rc;
+
+	count(req, OP_GETXATTR);
+	if (ino == STATS_INO) {
+		fuse_reply_err(req, ENODATA);
+		return;
+	}
+	rc = meta_getxattr(MD(req)->meta, ino, name, &value, &len);
+	if (rc < 0)
+		fuse_reply_err(req, -rc);
+	else if (size == 0)
+		fuse_reply_xattr(req, len);
+	else if (size < len)
+		fuse_reply_err(req, ERANGE);
+	else
+		fuse_reply_buf(req, value, len);
+	free(value);
+}
+
+static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	char *list = NULL;
+	size_t len = 0;
+	int rc;
+
+	count(req, OP_LISTXATTR);
+	rc = ino == STATS_INO ? 0 : meta_listxattr(MD(req)->meta, ino, &list, &len);
+	if (rc < 0)
+		fuse_reply_err(req, -rc);
+	else if (size == 0)
+		fuse_reply_xattr(req, len);
+	else if (size < len)
+		fuse_reply_err(req, ERANGE);
+	else
+		fuse_reply_buf(req, list, len);
+	free(list);
+}
+
+static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	count(req, OP_REMOVEXATTR);
+	if (ino == STATS_INO) {
+		fuse_reply_err(req, EPERM);
+		return;
+	}
+	fuse_reply_err(req, -meta_removexattr(MD(req)->meta, ino, name));
+}
+
+static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
+{
+	struct mountd *md = MD(req);
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct meta_attr a;
+	unsigned bits;
+	int rc;
+
+	count(req, OP_ACCESS);
+	if (ino == STATS_INO) {
+		fuse_reply_err(req, (mask & (W_OK | X_OK)) ? EACCES : 0);
+		return;
+	}
+	rc = meta_getattr(md->meta, ino, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if (mask == F_OK) {
+		fuse_reply_err(req, 0);
+		return;
+	}
+	if (ctx->uid == 0) {
+		/* root may do anything but execute a file nobody may execute */
+		bool x_denied = (mask & X_OK) && !S_ISDIR(a.mode) && !(a.mode & 0111);
+		fuse_reply_err(req, x_denied ? EACCES : 0);
+		return;
+	}
+	if (ctx->uid == a.uid)
+		bits = (a.mode >> 6) & 7;
+	else if (ctx->gid == a.gid)
+		bits = (a.mode >> 3) & 7;
+	else
+		bits = a.mode & 7;
+	fuse_reply_err(req, ((unsigned)mask & ~bits) ? EACCES : 0);
+}
+
+/* ---- session ---- */
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	/* 1 MiB requests: 64 MiB in 1 MiB writes is 64 WRITE upcalls. */
+	conn->max_write = 1u << 20;
+	conn->max_readahead = 1u << 20;
+	fuse_set_feature_flag(conn, FUSE_CAP_AUTO_INVAL_DATA);
+	fuse_set_feature_flag(conn, FUSE_CAP_ATOMIC_O_TRUNC);
+	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS);
+	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS_AUTO);
+	/* Writes go straight to the daemon; ferry stages them itself. */
+	fuse_unset_feature_flag(conn, FUSE_CAP_WRITEBACK_CACHE);
+	/* POSIX locks stay local to the kernel (one node per volume). */
+	fuse_unset_feature_flag(conn, FUSE_CAP_POSIX_LOCKS);
+	fuse_unset_feature_flag(conn, FUSE_CAP_FLOCK_LOCKS);
+}
+
+static void op_destroy(void *userdata)
+{
+	struct mountd *md = userdata;
+	size_t left = write_back_flush_all(md);
+
+	if (left)
+		log_warnx("%zu files had writes that could not be committed; see the lines above", left);
+}
+
+const struct fuse_lowlevel_ops mountd_ops = {
+	.init = op_init,
+	.destroy = op_destroy,
+	.lookup = op_lookup,
+	.forget = op_forget,
+	.forget_multi = op_forget_multi,
+	.getattr = op_getattr,
+	.setattr = op_setattr,
+	.readlink = op_readlink,
+	.mknod = op_mknod,
+	.mkdir = op_mkdir,
+	.symlink = op_symlink,
+	.unlink = op_unlink,
+	.rmdir = op_rmdir,
+	.rename = op_rename,
+	.link = op_link,
+	.open = op_open,
+	.create = op_create,
+	.read = op_read,
+	.write = op_write,
+	.flush = op_flush,
+	.release = op_release,
+	.fsync = op_fsync,
+	.fallocate = op_fallocate,
+	.lseek = op_lseek,
+	.opendir = op_opendir,
+	.readdir = op_readdir,
+	.readdirplus = op_readdirplus,
+	.releasedir = op_releasedir,
+	.fsyncdir = op_fsyncdir,
+	.statfs = op_statfs,
+	.setxattr = op_setxattr,
+	.getxattr = op_getxattr,
+	.listxattr = op_listxattr,
+	.removexattr = op_removexattr,
+	.access = op_access,
+};

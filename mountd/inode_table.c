@@ -1,0 +1,169 @@
+/*
+ * The daemon's inodes: those the kernel holds lookups on, or that a handle
+ * (or the write-back list) keeps. A fixed array of hash buckets behind
+ * striped locks: a lookup takes one stripe, never a global lock.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "log.h"
+#include "mountd.h"
+
+#define BUCKETS (1u << 16)
+#define STRIPES 256u
+
+struct inode_table {
+	struct inode *bucket[BUCKETS];
+	pthread_mutex_t stripe[STRIPES];
+	_Atomic size_t count;
+};
+
+static inline uint32_t bucket_of(uint64_t ino)
+{
+	ino *= 0x9e3779b97f4a7c15ull; /* Fibonacci hashing spreads sequential inos */
+	return (uint32_t)(ino >> 48) & (BUCKETS - 1);
+}
+
+static inline pthread_mutex_t *stripe_of(struct inode_table *t, uint32_t b)
+{
+	return &t->stripe[b & (STRIPES - 1)];
+}
+
+int inode_table_new(struct inode_table **out)
+{
+	struct inode_table *t = calloc(1, sizeof(*t));
+
+	if (!t)
+		return -ENOMEM;
+	for (unsigned i = 0; i < STRIPES; i++)
+		pthread_mutex_init(&t->stripe[i], NULL);
+	*out = t;
+	return 0;
+}
+
+static void inode_free(struct inode *i)
+{
+	pthread_mutex_destroy(&i->lock);
+	free(i);
+}
+
+void inode_table_free(struct inode_table *t)
+{
+	if (!t)
+		return;
+	for (unsigned b = 0; b < BUCKETS; b++) {
+		struct inode *i = t->bucket[b], *next;
+		for (; i; i = next) {
+			next = i->hnext;
+			if (i->w)
+				log_warnx("inode %llu: dropping uncommitted writes at exit (staged in %s)",
+					  (unsigned long long)i->ino, i->w->path);
+			free(i->w ? i->w->dirty : NULL);
+			if (i->w) {
+				free(i->w->path);
+				free(i->w);
+			}
+			inode_free(i);
+		}
+	}
+	for (unsigned i = 0; i < STRIPES; i++)
+		pthread_mutex_destroy(&t->stripe[i]);
+	free(t);
+}
+
+size_t inode_table_count(struct inode_table *t)
+{
+	return atomic_load(&t->count);
+}
+
+struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint32_t nopen)
+{
+	struct inode_table *t = md->inodes;
+	uint32_t b = bucket_of(ino);
+	struct inode *i;
+
+	pthread_mutex_lock(stripe_of(t, b));
+	for (i = t->bucket[b]; i; i = i->hnext)
+		if (i->ino == ino)
+			break;
+	if (!i) {
+		i = calloc(1, sizeof(*i));
+		if (!i)
+			goto out;
+		i->ino = ino;
+		pthread_mutex_init(&i->lock, NULL);
+		i->hnext = t->bucket[b];
+		t->bucket[b] = i;
+		atomic_fetch_add(&t->count, 1);
+	}
+	i->nlookup += nlookup;
+	i->nopen += nopen;
+out:
+	pthread_mutex_unlock(stripe_of(t, b));
+	return i;
+}
+
+struct inode *inode_find(struct mountd *md, uint64_t ino)
+{
+	struct inode_table *t = md->inodes;
+	uint32_t b = bucket_of(ino);
+	struct inode *i;
+
+	pthread_mutex_lock(stripe_of(t, b));
+	for (i = t->bucket[b]; i; i = i->hnext)
+		if (i->ino == ino)
+			break;
+	pthread_mutex_unlock(stripe_of(t, b));
+	return i;
+}
+
+void inode_unref(struct mountd *md, struct inode *i, uint64_t nlookup, uint32_t nopen)
+{
+	struct inode_table *t = md->inodes;
+	uint32_t b = bucket_of(i->ino);
+	bool gone = false;
+
+	pthread_mutex_lock(stripe_of(t, b));
+	i->nlookup = nlookup > i->nlookup ? 0 : i->nlookup - nlookup;
+	i->nopen = nopen > i->nopen ? 0 : i->nopen - nopen;
+	if (i->nlookup == 0 && i->nopen == 0) {
+		struct inode **pp = &t->bucket[b];
+		while (*pp && *pp != i)
+			pp = &(*pp)->hnext;
+		if (*pp) {
+			*pp = i->hnext;
+			gone = true;
+			atomic_fetch_sub(&t->count, 1);
+		}
+	}
+	pthread_mutex_unlock(stripe_of(t, b));
+	if (!gone)
+		return;
+
+	/* Nothing can reach i any more: no lock needed below. */
+	if (i->w)
+		wstate_drop(md, i);
+	if (i->unlinked) {
+		int rc = meta_inode_release(md->meta, i->ino);
+		if (rc < 0)
+			log_errno(rc, "inode %llu: cannot free unlinked inode (left as orphan)",
+				  (unsigned long long)i->ino);
+	}
+	inode_free(i);
+}
+
+bool inode_mark_unlinked(struct mountd *md, uint64_t ino)
+{
+	struct inode_table *t = md->inodes;
+	uint32_t b = bucket_of(ino);
+	struct inode *i;
+
+	pthread_mutex_lock(stripe_of(t, b));
+	for (i = t->bucket[b]; i; i = i->hnext)
+		if (i->ino == ino)
+			break;
+	if (i)
+		i->unlinked = true; /* read by inode_unref() under this same stripe lock */
+	pthread_mutex_unlock(stripe_of(t, b));
+	return i != NULL;
+}

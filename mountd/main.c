@@ -1,0 +1,353 @@
+/*
+ * ferry-mountd main: options → volume (lock, metadata, object store, cache,
+ * staging) → FUSE session → mount → serve → unmount, unwound in reverse
+ * through cleanup labels.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mountd.h"
+#include "url.h"
+
+#define DEFAULT_CACHE_MIB 1024
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: ferry-mountd [options] VOLUME MOUNTPOINT\n"
+		"\n"
+		"Serves a ferryfs volume at MOUNTPOINT (normally started by `ferry mount`).\n"
+		"VOLUME is a volume directory or sqlite:///abs/path/meta.db.\n"
+		"\n"
+		"  -f, --foreground        stay attached to the terminal\n"
+		"  -o OPTS                 FUSE mount options (e.g. allow_other)\n"
+		"      --cache-dir DIR     read cache (default: VOLUME-DIR/cache)\n"
+		"      --cache-size MIB    read cache limit (default: %d)\n"
+		"      --staging-dir DIR   staging files (default: VOLUME-DIR/staging)\n"
+		"      --ready-fd N        write \"ok\" (or the error) to fd N once serving\n"
+		"      --attr-timeout SEC  kernel attribute/entry cache time (default: 1)\n"
+		"  -d, --debug             debug logging\n"
+		"  -h, --help              this text\n"
+		"  -V, --version           print the version\n",
+		DEFAULT_CACHE_MIB);
+}
+
+/* Tells whoever started us how the start went, once. */
+static void ready_report(struct mountd *md, const char *msg)
+{
+	if (md->cfg.ready_fd < 0)
+		return;
+	dprintf(md->cfg.ready_fd, "%s\n", msg);
+	close(md->cfg.ready_fd);
+	md->cfg.ready_fd = -1;
+}
+
+static _Noreturn void start_failed(struct mountd *md, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void start_failed(struct mountd *md, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_warnx("%s", msg);
+	ready_report(md, msg);
+	exit(1);
+}
+
+/* One ferry-mountd per volume: an OFD lock on <db>.lock, holding our pid. */
+static int volume_lock(struct mountd *md)
+{
+	char path[PATH_MAX], pid[32] = "";
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.lock", md->cfg.db_path);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (fcntl(fd, F_OFD_SETLK, &fl) < 0) {
+		int err = errno;
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
+		close(fd);
+		if (err == EAGAIN || err == EACCES)
+			start_failed(md, "volume %s is already mounted by ferry-mountd pid %s",
+				     md->cfg.db_path, *pid ? pid : "?");
+		return -err;
+	}
+	if (ftruncate(fd, 0) == 0)
+		dprintf(fd, "%d\n", (int)getpid());
+	md->lock_fd = fd;
+	return 0;
+}
+
+/* Staging must be a real local filesystem: writes are staged there first. */
+static int staging_open(struct mountd *md)
+{
+	struct statfs sfs;
+	DIR *d;
+	struct dirent *de;
+	size_t kept = 0;
+	int fd;
+
+	if (mkdir(md->cfg.staging_dir, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	fd = open(md->cfg.staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstatfs(fd, &sfs) == 0 && (sfs.f_type == 0x65735546 /* FUSE */ ||
+				       sfs.f_type == 0x794c7630 /* overlayfs */)) {
+		close(fd);
+		start_failed(md, "staging directory %s is on a stacked filesystem (FUSE or overlayfs); "
+			     "give --staging-dir on a local filesystem", md->cfg.staging_dir);
+	}
+	/* Files left by an earlier run hold writes whose close() failed or
+	 * never returned: keep them, out of the way of new names. */
+	d = fdopendir(dup(fd));
+	while (d && (de = readdir(d))) {
+		char to[NAME_MAX + 1];
+		if (de->d_type != DT_REG || strstr(de->d_name, ".orphan"))
+			continue;
+		snprintf(to, sizeof(to), "%.200s.%lld.orphan", de->d_name, (long long)time(NULL));
+		if (renameat(fd, de->d_name, fd, to) == 0)
+			kept++;
+	}
+	if (d)
+		closedir(d);
+	if (kept)
+		log_warnx("kept %zu staging files of an earlier run as %s/*.orphan (uncommitted writes)",
+			  kept, md->cfg.staging_dir);
+	md->staging_dirfd = fd;
+	return 0;
+}
+
+static int mountpoint_check(struct mountd *md)
+{
+	struct stat st, parent;
+	char up[PATH_MAX];
+
+	if (access("/dev/fuse", R_OK | W_OK) < 0)
+		start_failed(md, "cannot use /dev/fuse: %s (load the fuse module or give the "
+			     "container the device)", strerror(errno));
+	if (stat(md->cfg.mountpoint, &st) < 0)
+		start_failed(md, "mountpoint %s: %s", md->cfg.mountpoint, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		start_failed(md, "mountpoint %s is not a directory", md->cfg.mountpoint);
+	snprintf(up, sizeof(up), "%s/..", md->cfg.mountpoint);
+	if (stat(up, &parent) == 0 && parent.st_dev != st.st_dev)
+		start_failed(md, "mountpoint %s is busy: something is already mounted there",
+			     md->cfg.mountpoint);
+	return 0;
+}
+
+static char *abs_path(const char *p)
+{
+	char *r = realpath(p, NULL);
+	return r ? r : strdup(p);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "cache-dir", required_argument, NULL, 'C' },
+		{ "cache-size", required_argument, NULL, 'S' },
+		{ "staging-dir", required_argument, NULL, 'T' },
+		{ "ready-fd", required_argument, NULL, 'R' },
+		{ "attr-timeout", required_argument, NULL, 'A' },
+		{ "debug", no_argument, NULL, 'd' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct mountd md_, *md = &md_;
+	struct fuse_args fargs = FUSE_ARGS_INIT(0, NULL);
+	struct fuse_loop_config *loop_cfg = NULL;
+	struct store_url surl = { 0 };
+	char err[512], *user_opts = NULL, *fopts = NULL;
+	uint64_t cache_mib = DEFAULT_CACHE_MIB, purged = 0;
+	bool mounted = false, handlers = false;
+	int opt, rc, exit_code = 1;
+
+	memset(md, 0, sizeof(*md));
+	md->cfg.ready_fd = -1;
+	md->lock_fd = -1;
+	md->staging_dirfd = -1;
+	md->cfg.attr_timeout = md->cfg.entry_timeout = 1.0;
+	pthread_mutex_init(&md->pending_lock, NULL);
+	pthread_cond_init(&md->pending_cond, NULL);
+	log_init("ferry-mountd", LOG_LVL_INFO);
+
+	while ((opt = getopt_long(argc, argv, "fo:dhV", longopts, NULL)) != -1) {
+		char *end;
+		switch (opt) {
+		case 'f': md->cfg.foreground = true; break;
+		case 'o':
+			if (user_opts) {
+				char *j;
+				if (asprintf(&j, "%s,%s", user_opts, optarg) < 0)
+					fatalx("out of memory");
+				free(user_opts);
+				user_opts = j;
+			} else {
+				user_opts = strdup(optarg);
+			}
+			break;
+		case 'C': md->cfg.cache_dir = abs_path(optarg); break;
+		case 'S':
+			errno = 0;
+			cache_mib = strtoull(optarg, &end, 10);
+			if (errno || *end || end == optarg)
+				fatalx("--cache-size: not a number of MiB: %s", optarg);
+			break;
+		case 'T': md->cfg.staging_dir = abs_path(optarg); break;
+		case 'R':
+			md->cfg.ready_fd = atoi(optarg);
+			if (fcntl(md->cfg.ready_fd, F_SETFD, FD_CLOEXEC) < 0)
+				fatal("--ready-fd %s", optarg);
+			break;
+		case 'A':
+			md->cfg.attr_timeout = md->cfg.entry_timeout = strtod(optarg, &end);
+			if (*end || md->cfg.attr_timeout < 0)
+				fatalx("--attr-timeout: not a number of seconds: %s", optarg);
+			break;
+		case 'd': log_set_level(LOG_LVL_DEBUG); break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("ferry-mountd 0.1.0 (libfuse %s)\n", fuse_pkgversion()); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (argc - optind != 2) {
+		usage(stderr);
+		return 2;
+	}
+	md->started = time(NULL);
+	md->cfg.cache_bytes = cache_mib << 20;
+	if (meta_url_parse(argv[optind], &md->cfg.db_path, &md->cfg.vol_dir, err, sizeof(err)) < 0)
+		start_failed(md, "volume %s: %s", argv[optind], err);
+	md->cfg.mountpoint = abs_path(argv[optind + 1]);
+	if (!md->cfg.cache_dir && asprintf(&md->cfg.cache_dir, "%s/cache", md->cfg.vol_dir) < 0)
+		fatalx("out of memory");
+	if (!md->cfg.staging_dir && asprintf(&md->cfg.staging_dir, "%s/staging", md->cfg.vol_dir) < 0)
+		fatalx("out of memory");
+
+	mountpoint_check(md);
+	rc = meta_open(md->cfg.db_path, &md->meta);
+	if (rc == -ENOENT)
+		start_failed(md, "no ferryfs volume at %s (run `ferry format` first)", argv[optind]);
+	if (rc < 0)
+		start_failed(md, "cannot open volume %s: %s", md->cfg.db_path, strerror(-rc));
+	if ((rc = volume_lock(md)) < 0)
+		start_failed(md, "cannot lock volume %s: %s", md->cfg.db_path, strerror(-rc));
+	if ((rc = meta_volume_get(md->meta, &md->vol)) < 0)
+		start_failed(md, "cannot read the volume record of %s: %s", md->cfg.db_path,
+			     strerror(-rc));
+	if (store_url_parse(md->vol.storage_url, md->vol.s3_http, &surl, err, sizeof(err)) < 0)
+		start_failed(md, "volume storage %s: %s", md->vol.storage_url, err);
+	if ((rc = objstore_open(&surl, NULL, &md->store, err, sizeof(err))) < 0)
+		start_failed(md, "storage %s: %s", md->vol.storage_url, err);
+	if ((rc = objstore_check(md->store, surl.kind == STORE_FILE)) < 0)
+		start_failed(md, "storage %s is not usable: %s%s%s", md->vol.storage_url,
+			     strerror(-rc), *objstore_last_error() ? ": " : "", objstore_last_error());
+	if ((rc = read_cache_open(md->cfg.cache_dir, md->cfg.cache_bytes, &md->cache)) < 0)
+		start_failed(md, "read cache %s: %s", md->cfg.cache_dir, strerror(-rc));
+	if ((rc = staging_open(md)) < 0)
+		start_failed(md, "staging directory %s: %s", md->cfg.staging_dir, strerror(-rc));
+	if ((rc = inode_table_new(&md->inodes)) < 0 ||
+	    (rc = handle_table_new(1u << 20, &md->handles)) < 0)
+		start_failed(md, "out of memory");
+	if ((rc = meta_orphans_purge(md->meta, &purged)) < 0)
+		log_errno(rc, "cannot free unlinked inodes left by an earlier run");
+	else if (purged)
+		log_info("freed %llu unlinked inodes left by an earlier run", (unsigned long long)purged);
+
+	/* default_permissions: the kernel checks modes (as a local fs would);
+	 * nodev: device nodes are metadata only. */
+	if (asprintf(&fopts, "-odefault_permissions,nodev,fsname=ferryfs:%s,subtype=ferryfs%s%s",
+		     md->vol.uuid, user_opts ? "," : "", user_opts ? user_opts : "") < 0)
+		fatalx("out of memory");
+	if (fuse_opt_add_arg(&fargs, argv[0]) < 0 || fuse_opt_add_arg(&fargs, fopts) < 0)
+		fatalx("out of memory");
+	md->se = fuse_session_new(&fargs, &mountd_ops, sizeof(mountd_ops), md);
+	if (!md->se)
+		start_failed(md, "cannot create the FUSE session (bad -o option?)");
+	if (fuse_set_signal_handlers(md->se) != 0)
+		start_failed(md, "cannot install signal handlers");
+	handlers = true;
+	if (fuse_session_mount(md->se, md->cfg.mountpoint) != 0)
+		start_failed(md, "cannot mount on %s (see the lines above)", md->cfg.mountpoint);
+	mounted = true;
+	if ((rc = write_back_start(md)) < 0) {
+		log_errno(rc, "cannot start the write-back thread");
+		goto out;
+	}
+	log_info("serving volume %s (%s) at %s", md->vol.uuid, md->vol.storage_url,
+		 md->cfg.mountpoint);
+	if (!md->cfg.foreground) {
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (null >= 0) {
+			dup2(null, STDIN_FILENO);
+			dup2(null, STDOUT_FILENO);
+			close(null);
+		}
+		setsid();
+	}
+	ready_report(md, "ok");
+
+	loop_cfg = fuse_loop_cfg_create();
+	if (!loop_cfg) {
+		log_warnx("out of memory");
+		goto out;
+	}
+	fuse_loop_cfg_set_clone_fd(loop_cfg, 0);
+	fuse_loop_cfg_set_max_threads(loop_cfg, 16);
+	rc = fuse_session_loop_mt(md->se, loop_cfg);
+	exit_code = rc == 0 ? 0 : 1;
+	if (rc != 0 && rc != -ENODEV)
+		log_warnx("the FUSE loop ended with %d", rc);
+out:
+	write_back_stop(md);
+	if (mounted)
+		fuse_session_unmount(md->se);
+	if (handlers)
+		fuse_remove_signal_handlers(md->se);
+	if (md->se)
+		fuse_session_destroy(md->se); /* runs destroy: commits what is still pending */
+	fuse_loop_cfg_destroy(loop_cfg);
+	fuse_opt_free_args(&fargs);
+	handle_table_free(md->handles);
+	inode_table_free(md->inodes);
+	read_cache_close(md->cache);
+	objstore_close(md->store);
+	store_url_free(&surl);
+	meta_volume_free(&md->vol);
+	meta_close(md->meta);
+	if (md->staging_dirfd >= 0)
+		close(md->staging_dirfd);
+	if (md->lock_fd >= 0)
+		close(md->lock_fd);
+	log_info("stopped");
+	free(fopts);
+	free(user_opts);
+	free(md->cfg.db_path);
+	free(md->cfg.vol_dir);
+	free(md->cfg.mountpoint);
+	free(md->cfg.cache_dir);
+	free(md->cfg.staging_dir);
+	return exit_code;
+}

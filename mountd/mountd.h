@@ -1,0 +1,194 @@
+/*
+ * ferry-mountd: the unprivileged FUSE daemon of one volume.
+ *
+ * Who owns what:
+ *  - struct mountd (one, in main.c) owns the session, the metadata engine,
+ *    the object store, the inode table, the handle table and the read cache.
+ *  - struct inode (inode_table.c) is owned by the table; it lives while the
+ *    kernel holds lookups on it or a handle has it open (references).
+ *  - struct open_file (fuse_ops.c) is owned by the handle table slot from
+ *    OPEN to RELEASE; it holds one reference on its inode.
+ *  - struct wstate (write_back.c) is owned by its inode: the staging file
+ *    and dirty ranges of writes not yet committed to the object store.
+ *
+ * Prototypes are grouped by the file that defines them.
+ */
+#ifndef FERRY_MOUNTD_H
+#define FERRY_MOUNTD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <fuse_lowlevel.h>
+
+#include "handle_table.h"
+#include "meta.h"
+#include "objstore.h"
+
+struct mountd;
+struct inode;
+
+/* The read-only statistics file in the root; never a database inode. */
+#define STATS_NAME ".stats"
+#define STATS_INO  0xfffffffffffff001ull
+
+/* ---- stats.c: per-opcode request counts and gauges ---- */
+enum op_id {
+	OP_LOOKUP, OP_FORGET, OP_GETATTR, OP_SETATTR, OP_READLINK, OP_MKNOD, OP_MKDIR,
+	OP_UNLINK, OP_RMDIR, OP_SYMLINK, OP_RENAME, OP_LINK, OP_OPEN, OP_READ, OP_WRITE,
+	OP_FLUSH, OP_RELEASE, OP_FSYNC, OP_OPENDIR, OP_READDIR, OP_RELEASEDIR, OP_FSYNCDIR,
+	OP_STATFS, OP_SETXATTR, OP_GETXATTR, OP_LISTXATTR, OP_REMOVEXATTR, OP_ACCESS,
+	OP_CREATE, OP_FALLOCATE, OP_READDIRPLUS, OP_LSEEK, OP_INTERRUPT_EINTR,
+	OP_COUNT
+};
+
+struct stats {
+	_Atomic uint64_t requests[OP_COUNT];
+	_Atomic uint64_t bytes_read, bytes_written;
+	_Atomic uint64_t objects_put, objects_get, bytes_uploaded, bytes_downloaded;
+	_Atomic uint64_t cache_hits, cache_misses;
+	_Atomic uint64_t commits, commit_failures;
+	_Atomic uint64_t io_errors;
+};
+
+const char *stats_op_name(enum op_id op);
+/* Renders the whole .stats text into a malloc'ed buffer the caller owns. */
+int stats_render(struct mountd *md, char **out, size_t *len);
+
+/* ---- read_cache.c: local copies of immutable objects ---- */
+struct read_cache;
+/* dir is created if missing; limit_bytes bounds its size (LRU eviction). */
+int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **out);
+void read_cache_close(struct read_cache *c);
+/* Reads [off, off+len) of the object key, whose full size is objsize, from
+ * the cache or else the store (caching the whole object). Returns len or a
+ * negative errno (-EIO for a missing or damaged object). */
+ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *st,
+			const char *key, uint32_t objsize, uint32_t off, void *buf, uint32_t len);
+/* Adds an object just uploaded, so reads after a write need not fetch it. */
+void read_cache_insert(struct read_cache *c, const char *key, const void *buf, uint32_t len);
+uint64_t read_cache_bytes(struct read_cache *c);
+
+/* ---- write_back.c: staging files, dirty ranges, upload and commit ---- */
+struct range { uint64_t start, end; }; /* [start, end) */
+
+struct wstate {
+	int fd;                  /* the staging file, O_RDWR */
+	char *path;              /* owned */
+	struct range *dirty;     /* sorted, disjoint, merged; owned */
+	size_t ndirty, cap;
+	uint64_t size;           /* the file's size with these writes */
+	struct timespec mtime;
+	bool size_changed;
+	int last_error;          /* negative errno of the last failed commit */
+};
+
+/* Creates the inode's write state if it has none. Caller holds ino->lock. */
+int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh);
+/* Writes buf at off into the staging file and marks it dirty. Holds ino->lock. */
+ssize_t wstate_write(struct mountd *md, struct inode *ino, const void *buf, size_t len,
+		     off_t off);
+/* Uploads the dirty ranges as slices and commits them with the size in one
+ * metadata transaction. On failure the data stays staged and the error is
+ * returned (and kept in last_error). Caller holds ino->lock. */
+int wstate_commit(struct mountd *md, struct inode *ino);
+/* Drops the write state (after a successful commit, or for an unlinked
+ * inode whose data nobody can see again). Caller holds ino->lock. */
+void wstate_drop(struct mountd *md, struct inode *ino);
+/* Copies the dirty bytes overlapping [off, off+len) over buf. */
+int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off);
+/* Truncates the staged view: dirty ranges past size go, the size is set. */
+int wstate_truncate(struct wstate *w, uint64_t size);
+/* Puts an inode whose commit failed at close on the retry list (holds a
+ * reference). Caller holds ino->lock and checked !ino->pending. */
+void write_back_defer(struct mountd *md, struct inode *ino);
+/* Starts / stops the thread that retries commits that failed at close. */
+int write_back_start(struct mountd *md);
+void write_back_stop(struct mountd *md);
+/* Commits every pending inode now (unmount). Returns the number left. */
+size_t write_back_flush_all(struct mountd *md);
+
+/* ---- file_read.c: assembling reads from slices ---- */
+/* Reads up to len bytes at off of a regular file whose committed size is
+ * size into buf; returns the byte count or a negative errno. */
+ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
+		  void *buf, size_t len, off_t off);
+/* SEEK_DATA / SEEK_HOLE over the committed slices. */
+off_t file_seek_data(struct mountd *md, uint64_t ino, uint64_t size, off_t off, int whence);
+
+/* ---- inode_table.c ---- */
+struct inode {
+	uint64_t ino;
+	/* Guarded by the table's bucket lock: */
+	uint64_t nlookup;         /* kernel lookups not yet forgotten */
+	uint32_t nopen;           /* open handles and internal references */
+	bool unlinked;            /* nlink reached 0: free the metadata at the end */
+	struct inode *hnext;      /* hash chain */
+	/* Guarded by lock: */
+	pthread_mutex_t lock;
+	uint32_t nwriters;        /* open handles with write access */
+	struct wstate *w;         /* pending writes, or NULL */
+	bool pending;             /* on the write-back retry list (holds a reference) */
+	/* Guarded by md->pending_lock: */
+	struct inode *pnext;
+};
+
+struct inode_table;
+int inode_table_new(struct inode_table **out);
+void inode_table_free(struct inode_table *t);
+/* Finds or creates the inode and adds nlookup lookups and nopen opens to it
+ * atomically with finding it (so a concurrent forget cannot free it). */
+struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint32_t nopen);
+/* Finds an inode without taking a reference, NULL if the kernel does not
+ * hold it. Only for short, lock-protected peeks (getattr size). */
+struct inode *inode_find(struct mountd *md, uint64_t ino);
+/* Drops nlookup lookups and nopen opens; frees the inode (and, if unlinked,
+ * its metadata) when nothing holds it any more. */
+void inode_unref(struct mountd *md, struct inode *ino, uint64_t nlookup, uint32_t nopen);
+size_t inode_table_count(struct inode_table *t);
+/* Records that ino's last link is gone. False if the daemon does not hold
+ * the inode, in which case the caller frees its metadata at once. */
+bool inode_mark_unlinked(struct mountd *md, uint64_t ino);
+
+/* ---- fuse_ops.c ---- */
+extern const struct fuse_lowlevel_ops mountd_ops;
+
+/* ---- main.c ---- */
+struct mountd_config {
+	char *db_path;         /* owned */
+	char *vol_dir;         /* owned */
+	char *mountpoint;      /* owned */
+	char *cache_dir;       /* owned */
+	char *staging_dir;     /* owned */
+	uint64_t cache_bytes;
+	bool foreground;
+	int ready_fd;          /* written "ok" or an error line once serving */
+	double attr_timeout, entry_timeout;
+};
+
+struct mountd {
+	struct mountd_config cfg;
+	struct fuse_session *se;
+	struct meta *meta;
+	struct objstore *store;
+	struct meta_volume vol;
+	struct read_cache *cache;
+	struct inode_table *inodes;
+	struct handle_table *handles;
+	struct stats stats;
+	int lock_fd;
+	int staging_dirfd;
+	time_t started;
+	/* write-back retry list */
+	pthread_mutex_t pending_lock;
+	pthread_cond_t pending_cond;
+	struct inode *pending;
+	bool pending_stop;
+	pthread_t pending_thread;
+	bool pending_thread_live;
+};
+
+#endif

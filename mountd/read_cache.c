@@ -1,0 +1,259 @@
+/*
+ * The read cache: whole objects copied from the store into files under the
+ * cache directory, keyed by object key. Objects are immutable, so a cache
+ * file is valid forever; it appears atomically (written aside, then renamed)
+ * and is either complete or absent.
+ *
+ * A hit is an open+pread with no lock. Insertions go through one mutex that
+ * keeps the index in insertion order; past the size limit the oldest files
+ * are evicted (FIFO: a hit does not move a file, which keeps hits lock-free).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mountd.h"
+
+struct cache_entry {
+	char *key;          /* owned */
+	uint32_t size;
+	struct cache_entry *next;
+};
+
+struct read_cache {
+	char *dir;          /* owned */
+	int dirfd;
+	uint64_t limit;
+	_Atomic uint64_t bytes;
+	pthread_mutex_t lock;   /* guards the FIFO below */
+	struct cache_entry *head, *tail;
+	_Atomic uint64_t tmp_seq;
+};
+
+static int mkdirs_at(int dirfd, const char *path)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(path);
+
+	if (n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdirat(dirfd, buf, 0700) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return 0;
+}
+
+static void fifo_push(struct read_cache *c, struct cache_entry *e)
+{
+	e->next = NULL;
+	if (c->tail)
+		c->tail->next = e;
+	else
+		c->head = e;
+	c->tail = e;
+	atomic_fetch_add(&c->bytes, e->size);
+}
+
+/* Evicts the oldest entries until the cache fits. Holds c->lock. */
+static void evict_locked(struct read_cache *c)
+{
+	while (c->head && atomic_load(&c->bytes) > c->limit) {
+		struct cache_entry *e = c->head;
+		c->head = e->next;
+		if (!c->head)
+			c->tail = NULL;
+		unlinkat(c->dirfd, e->key, 0);
+		atomic_fetch_sub(&c->bytes, e->size);
+		free(e->key);
+		free(e);
+	}
+}
+
+static struct read_cache *scan_target;
+static size_t scan_prefix;
+
+static int scan_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	struct read_cache *c = scan_target;
+	const char *rel = path + scan_prefix;
+	struct cache_entry *e;
+
+	if (type != FTW_F)
+		return 0;
+	if (strstr(rel, ".tmp.")) {  /* an insertion cut short by a crash */
+		unlink(path);
+		return 0;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e || !(e->key = strdup(rel))) {
+		free(e);
+		return -1;
+	}
+	e->size = (uint32_t)st->st_size;
+	fifo_push(c, e);
+	return 0;
+}
+
+int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **out)
+{
+	static pthread_mutex_t scan_lock = PTHREAD_MUTEX_INITIALIZER;
+	struct read_cache *c = calloc(1, sizeof(*c));
+	int rc;
+
+	if (!c)
+		return -ENOMEM;
+	c->dirfd = -1;
+	pthread_mutex_init(&c->lock, NULL);
+	c->limit = limit_bytes;
+	if (!(c->dir = strdup(dir))) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		rc = -errno;
+		goto fail;
+	}
+	c->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (c->dirfd < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	/* nftw has no user pointer: the scan runs once, at start, under a lock. */
+	pthread_mutex_lock(&scan_lock);
+	scan_target = c;
+	scan_prefix = strlen(dir) + 1;
+	rc = nftw(dir, scan_one, 16, FTW_PHYS);
+	pthread_mutex_unlock(&scan_lock);
+	if (rc != 0) {
+		rc = -EIO;
+		goto fail;
+	}
+	evict_locked(c);
+	*out = c;
+	return 0;
+fail:
+	read_cache_close(c);
+	return rc;
+}
+
+void read_cache_close(struct read_cache *c)
+{
+	if (!c)
+		return;
+	for (struct cache_entry *e = c->head, *n; e; e = n) {
+		n = e->next;
+		free(e->key);
+		free(e);
+	}
+	if (c->dirfd >= 0)
+		close(c->dirfd);
+	pthread_mutex_destroy(&c->lock);
+	free(c->dir);
+	free(c);
+}
+
+uint64_t read_cache_bytes(struct read_cache *c)
+{
+	return c ? atomic_load(&c->bytes) : 0;
+}
+
+void read_cache_insert(struct read_cache *c, const char *key, const void *buf, uint32_t len)
+{
+	char tmp[PATH_MAX];
+	struct cache_entry *e = NULL;
+	int fd = -1;
+
+	if (!c || c->limit < len)
+		return;
+	if (mkdirs_at(c->dirfd, key) < 0)
+		return;
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%llu", key, (int)getpid(),
+		 (unsigned long long)atomic_fetch_add(&c->tmp_seq, 1));
+	fd = openat(c->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	/* No fsync: after a crash a cache file is checked against its size. */
+	if (write(fd, buf, len) != (ssize_t)len)
+		goto fail;
+	close(fd);
+	fd = -1;
+	if (renameat(c->dirfd, tmp, c->dirfd, key) < 0)
+		goto fail;
+	e = calloc(1, sizeof(*e));
+	if (!e || !(e->key = strdup(key))) {
+		free(e);
+		unlinkat(c->dirfd, key, 0);
+		return;
+	}
+	e->size = len;
+	pthread_mutex_lock(&c->lock);
+	fifo_push(c, e);
+	evict_locked(c);
+	pthread_mutex_unlock(&c->lock);
+	return;
+fail:
+	if (fd >= 0)
+		close(fd);
+	unlinkat(c->dirfd, tmp, 0);
+}
+
+ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *st,
+			const char *key, uint32_t objsize, uint32_t off, void *buf, uint32_t len)
+{
+	char *obj = NULL;
+	ssize_t n;
+	int fd;
+
+	if ((uint64_t)off + len > objsize)
+		return -EINVAL;
+	if (c) {
+		fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			struct stat sb;
+			if (fstat(fd, &sb) == 0 && sb.st_size == objsize) {
+				n = pread(fd, buf, len, off);
+				close(fd);
+				if (n == (ssize_t)len) {
+					atomic_fetch_add(&st->cache_hits, 1);
+					return n;
+				}
+			} else {
+				close(fd);
+			}
+			/* A cache file of the wrong size is not trusted: fetch again. */
+			unlinkat(c->dirfd, key, 0);
+		}
+	}
+	atomic_fetch_add(&st->cache_misses, 1);
+	obj = malloc(objsize ? objsize : 1);
+	if (!obj)
+		return -ENOMEM;
+	n = objstore_get(s, key, 0, obj, objsize);
+	atomic_fetch_add(&st->objects_get, 1);
+	if (n < 0)
+		goto out;
+	atomic_fetch_add(&st->bytes_downloaded, (uint64_t)n);
+	if (n != (ssize_t)objsize) {
+		n = -EIO;  /* a damaged object: never return its bytes */
+		goto out;
+	}
+	memcpy(buf, obj + off, len);
+	read_cache_insert(c, key, obj, objsize);
+	n = len;
+out:
+	free(obj);
+	return n == -ENOENT ? -EIO : n;
+}

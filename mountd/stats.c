@@ -1,0 +1,79 @@
+/* The .stats file: one "name value" line per figure, rendered at open. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "mountd.h"
+
+static const char *const op_names[OP_COUNT] = {
+	[OP_LOOKUP] = "lookup", [OP_FORGET] = "forget", [OP_GETATTR] = "getattr",
+	[OP_SETATTR] = "setattr", [OP_READLINK] = "readlink", [OP_MKNOD] = "mknod",
+	[OP_MKDIR] = "mkdir", [OP_UNLINK] = "unlink", [OP_RMDIR] = "rmdir",
+	[OP_SYMLINK] = "symlink", [OP_RENAME] = "rename", [OP_LINK] = "link",
+	[OP_OPEN] = "open", [OP_READ] = "read", [OP_WRITE] = "write", [OP_FLUSH] = "flush",
+	[OP_RELEASE] = "release", [OP_FSYNC] = "fsync", [OP_OPENDIR] = "opendir",
+	[OP_READDIR] = "readdir", [OP_RELEASEDIR] = "releasedir", [OP_FSYNCDIR] = "fsyncdir",
+	[OP_STATFS] = "statfs", [OP_SETXATTR] = "setxattr", [OP_GETXATTR] = "getxattr",
+	[OP_LISTXATTR] = "listxattr", [OP_REMOVEXATTR] = "removexattr", [OP_ACCESS] = "access",
+	[OP_CREATE] = "create", [OP_FALLOCATE] = "fallocate", [OP_READDIRPLUS] = "readdirplus",
+	[OP_LSEEK] = "lseek", [OP_INTERRUPT_EINTR] = "interrupted",
+};
+
+const char *stats_op_name(enum op_id op)
+{
+	return op >= 0 && op < OP_COUNT ? op_names[op] : "unknown";
+}
+
+int stats_render(struct mountd *md, char **out, size_t *len)
+{
+	struct stats *st = &md->stats;
+	char *buf = NULL;
+	size_t size = 0;
+	FILE *f = open_memstream(&buf, &size);
+	uint64_t used_bytes = 0, used_inodes = 0;
+
+	if (!f)
+		return -errno;
+	meta_statfs(md->meta, &used_bytes, &used_inodes);
+	fprintf(f, "version %s\n", "0.1.0");
+	fprintf(f, "pid %d\n", (int)getpid());
+	fprintf(f, "uptime_seconds %lld\n", (long long)(time(NULL) - md->started));
+	fprintf(f, "volume_uuid %s\n", md->vol.uuid);
+	fprintf(f, "storage %s\n", md->vol.storage_url);
+	fprintf(f, "block_size %u\n", md->vol.block_size);
+	fprintf(f, "used_bytes %llu\n", (unsigned long long)used_bytes);
+	fprintf(f, "used_inodes %llu\n", (unsigned long long)used_inodes);
+	for (int i = 0; i < OP_COUNT; i++)
+		fprintf(f, "fuse_requests_%s %llu\n", op_names[i],
+			(unsigned long long)atomic_load(&st->requests[i]));
+#define FIG(name) fprintf(f, #name " %llu\n", (unsigned long long)atomic_load(&st->name))
+	FIG(bytes_read);
+	FIG(bytes_written);
+	FIG(objects_put);
+	FIG(objects_get);
+	FIG(bytes_uploaded);
+	FIG(bytes_downloaded);
+	FIG(cache_hits);
+	FIG(cache_misses);
+	FIG(commits);
+	FIG(commit_failures);
+	FIG(io_errors);
+#undef FIG
+	fprintf(f, "cache_bytes %llu\n", (unsigned long long)read_cache_bytes(md->cache));
+	fprintf(f, "open_handles %u\n", handle_count(md->handles));
+	fprintf(f, "inodes_cached %zu\n", inode_table_count(md->inodes));
+	pthread_mutex_lock(&md->pending_lock);
+	size_t npending = 0;
+	for (struct inode *i = md->pending; i; i = i->pnext)
+		npending++;
+	pthread_mutex_unlock(&md->pending_lock);
+	fprintf(f, "pending_commits %zu\n", npending);
+	if (fclose(f) != 0) {
+		free(buf);
+		return -ENOMEM;
+	}
+	*out = buf;
+	*len = size;
+	return 0;
+}

@@ -1,0 +1,409 @@
+/*
+ * Write-back: every write lands in a staging file (one per inode while it has
+ * writers, named <ino>-<fh> after the open that made it), with the dirty
+ * ranges tracked in memory. A commit cuts the dirty ranges into slices (one
+ * per range and chunk), uploads their objects and commits the slices and the
+ * size in one metadata transaction. A failed commit keeps everything staged;
+ * if it failed at close, the inode goes on a retry list served by a thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mountd.h"
+#include "slice.h"
+
+int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
+{
+	struct wstate *w;
+	struct meta_attr a;
+	char name[64];
+	int rc;
+
+	if (ino->w)
+		return 0;
+	rc = meta_getattr(md->meta, ino->ino, &a);
+	if (rc < 0)
+		return rc;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	snprintf(name, sizeof(name), "%llu-%llu", (unsigned long long)ino->ino,
+		 (unsigned long long)fh);
+	w->fd = openat(md->staging_dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (w->fd < 0) {
+		rc = -errno;
+		free(w);
+		return rc;
+	}
+	if (asprintf(&w->path, "%s/%s", md->cfg.staging_dir, name) < 0) {
+		unlinkat(md->staging_dirfd, name, 0);
+		close(w->fd);
+		free(w);
+		return -ENOMEM;
+	}
+	w->size = a.size;
+	w->mtime = a.mtime;
+	ino->w = w;
+	return 0;
+}
+
+/* Adds [start, end) to the sorted, merged dirty list. */
+static int dirty_add(struct wstate *w, uint64_t start, uint64_t end)
+{
+	size_t i = 0, j;
+
+	if (start >= end)
+		return 0;
+	/* Writes are mostly sequential: look from the end first. */
+	if (w->ndirty && w->dirty[w->ndirty - 1].end >= start && w->dirty[w->ndirty - 1].start <= start) {
+		struct range *r = &w->dirty[w->ndirty - 1];
+		if (end > r->end)
+			r->end = end;
+		return 0;
+	}
+	while (i < w->ndirty && w->dirty[i].end < start)
+		i++;
+	j = i;
+	while (j < w->ndirty && w->dirty[j].start <= end) {
+		if (w->dirty[j].start < start)
+			start = w->dirty[j].start;
+		if (w->dirty[j].end > end)
+			end = w->dirty[j].end;
+		j++;
+	}
+	if (i == j) { /* no overlap: insert at i */
+		if (w->ndirty == w->cap) {
+			size_t cap = w->cap ? w->cap * 2 : 8;
+			struct range *nr = realloc(w->dirty, cap * sizeof(*nr));
+			if (!nr)
+				return -ENOMEM;
+			w->dirty = nr;
+			w->cap = cap;
+		}
+		memmove(&w->dirty[i + 1], &w->dirty[i], (w->ndirty - i) * sizeof(*w->dirty));
+		w->ndirty++;
+	} else if (j - i > 1) {
+		memmove(&w->dirty[i + 1], &w->dirty[j], (w->ndirty - j) * sizeof(*w->dirty));
+		w->ndirty -= j - i - 1;
+	}
+	w->dirty[i].start = start;
+	w->dirty[i].end = end;
+	return 0;
+}
+
+ssize_t wstate_write(struct mountd *md, struct inode *ino, const void *buf, size_t len, off_t off)
+{
+	struct wstate *w = ino->w;
+	size_t done = 0;
+	int rc;
+
+	while (done < len) {
+		ssize_t n = pwrite(w->fd, (const char *)buf + done, len - done, off + (off_t)done);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (done)
+				break;
+			return -errno;
+		}
+		done += (size_t)n;
+	}
+	rc = dirty_add(w, (uint64_t)off, (uint64_t)off + done);
+	if (rc < 0)
+		return rc;
+	if ((uint64_t)off + done > w->size)
+		w->size = (uint64_t)off + done;
+	w->size_changed = true;
+	clock_gettime(CLOCK_REALTIME, &w->mtime);
+	atomic_fetch_add(&md->stats.bytes_written, done);
+	return (ssize_t)done;
+}
+
+int wstate_truncate(struct wstate *w, uint64_t size)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < w->ndirty; i++) {
+		if (w->dirty[i].start >= size)
+			continue;
+		w->dirty[k] = w->dirty[i];
+		if (w->dirty[k].end > size)
+			w->dirty[k].end = size;
+		k++;
+	}
+	w->ndirty = k;
+	w->size = size;
+	if (ftruncate(w->fd, (off_t)size) < 0)
+		return -errno;
+	return 0;
+}
+
+int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off)
+{
+	uint64_t lo = (uint64_t)off, hi = (uint64_t)off + len;
+
+	for (size_t i = 0; i < w->ndirty; i++) {
+		uint64_t s = w->dirty[i].start, e = w->dirty[i].end;
+		if (e <= lo)
+			continue;
+		if (s >= hi)
+			break;
+		if (s < lo)
+			s = lo;
+		if (e > hi)
+			e = hi;
+		ssize_t n = pread(w->fd, (char *)buf + (s - lo), e - s, (off_t)s);
+		if (n < 0)
+			return -errno;
+		if ((uint64_t)n != e - s) /* the staging file lost bytes: never hand out garbage */
+			return -EIO;
+	}
+	return 0;
+}
+
+/* Uploads bytes [start, end) of the staging file as one slice. */
+static int upload_slice(struct mountd *md, struct wstate *w, uint64_t id, uint64_t start,
+			uint32_t len, char *buf)
+{
+	uint32_t bs = md->vol.block_size;
+	char key[SLICE_KEY_MAX];
+
+	for (uint32_t idx = 0; (uint64_t)idx * bs < len; idx++) {
+		uint32_t osize = slice_object_size(idx, len, bs);
+		uint64_t at = start + (uint64_t)idx * bs;
+		ssize_t n = pread(w->fd, buf, osize, (off_t)at);
+		int rc;
+
+		if (n < 0)
+			return -errno;
+		if ((uint32_t)n != osize)
+			return -EIO;
+		slice_object_key(id, idx, len, bs, key, sizeof(key));
+		rc = objstore_put(md->store, key, buf, osize);
+		if (rc < 0) {
+			log_errno(rc, "upload of %s failed: %s", key, objstore_last_error());
+			return rc;
+		}
+		atomic_fetch_add(&md->stats.objects_put, 1);
+		atomic_fetch_add(&md->stats.bytes_uploaded, osize);
+		read_cache_insert(md->cache, key, buf, osize);
+	}
+	return 0;
+}
+
+int wstate_commit(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+	struct meta_chunk_slice *sl = NULL;
+	size_t nsl = 0, cap = 0;
+	uint64_t first = 0;
+	char *buf = NULL;
+	int rc = 0;
+
+	if (!w || (!w->ndirty && !w->size_changed))
+		return 0;
+	/* One slice per dirty range and chunk. */
+	for (size_t i = 0; i < w->ndirty; i++) {
+		uint64_t s = w->dirty[i].start, e = w->dirty[i].end;
+		if (e > w->size)
+			e = w->size;
+		while (s < e) {
+			uint64_t cend = (s / META_CHUNK_SIZE + 1) * (uint64_t)META_CHUNK_SIZE;
+			uint64_t pe = e < cend ? e : cend;
+			if (nsl == cap) {
+				size_t nc = cap ? cap * 2 : 16;
+				struct meta_chunk_slice *n = realloc(sl, nc * sizeof(*n));
+				if (!n) {
+					rc = -ENOMEM;
+					goto out;
+				}
+				sl = n;
+				cap = nc;
+			}
+			sl[nsl].chunk = (uint32_t)(s / META_CHUNK_SIZE);
+			sl[nsl].s.pos = (uint32_t)(s % META_CHUNK_SIZE);
+			sl[nsl].s.len = (uint32_t)(pe - s);
+			sl[nsl].s.size = (uint32_t)(pe - s);
+			sl[nsl].s.off = 0;
+			nsl++;
+			s = pe;
+		}
+	}
+	if (nsl) {
+		rc = meta_slice_id_alloc(md->meta, (uint32_t)nsl, &first);
+		if (rc < 0)
+			goto out;
+		buf = malloc(md->vol.block_size);
+		if (!buf) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	for (size_t k = 0; k < nsl; k++) {
+		sl[k].s.id = first + k;
+		rc = upload_slice(md, w, sl[k].s.id,
+				  (uint64_t)sl[k].chunk * META_CHUNK_SIZE + sl[k].s.pos, sl[k].s.len, buf);
+		if (rc < 0)
+			goto out;
+	}
+	rc = meta_write_commit(md->meta, ino->ino, sl, nsl, w->size, &w->mtime, NULL);
+	if (rc < 0) {
+		log_errno(rc, "inode %llu: metadata commit failed", (unsigned long long)ino->ino);
+		goto out;
+	}
+	w->ndirty = 0;
+	w->size_changed = false;
+	atomic_fetch_add(&md->stats.commits, 1);
+out:
+	if (rc < 0) {
+		w->last_error = rc;
+		atomic_fetch_add(&md->stats.commit_failures, 1);
+	} else {
+		w->last_error = 0;
+	}
+	free(buf);
+	free(sl);
+	return rc;
+}
+
+void wstate_drop(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+
+	if (!w)
+		return;
+	if ((w->ndirty || w->size_changed) && !ino->unlinked)
+		log_warnx("inode %llu: discarding uncommitted writes staged in %s",
+			  (unsigned long long)ino->ino, w->path);
+	close(w->fd);
+	if (unlink(w->path) < 0)
+		log_warn("cannot remove staging file %s", w->path);
+	free(w->path);
+	free(w->dirty);
+	free(w);
+	ino->w = NULL;
+}
+
+/* ---- the retry list ---- */
+
+static void *write_back_main(void *arg)
+{
+	struct mountd *md = arg;
+
+	pthread_mutex_lock(&md->pending_lock);
+	while (!md->pending_stop) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 2;
+		pthread_cond_timedwait(&md->pending_cond, &md->pending_lock, &until);
+		if (md->pending_stop)
+			break;
+		/* Take the whole list; put back what still fails. */
+		struct inode *list = md->pending, *next, *keep = NULL;
+		md->pending = NULL;
+		pthread_mutex_unlock(&md->pending_lock);
+		for (struct inode *i = list; i; i = next) {
+			bool done;
+			next = i->pnext;
+			pthread_mutex_lock(&i->lock);
+			done = wstate_commit(md, i) == 0;
+			if (done) {
+				if (i->nwriters == 0)
+					wstate_drop(md, i);
+				i->pending = false;
+				log_info("inode %llu: staged writes committed on retry",
+					 (unsigned long long)i->ino);
+			}
+			pthread_mutex_unlock(&i->lock);
+			if (done) {
+				inode_unref(md, i, 0, 1);
+			} else {
+				i->pnext = keep;
+				keep = i;
+			}
+		}
+		pthread_mutex_lock(&md->pending_lock);
+		while (keep) {
+			next = keep->pnext;
+			keep->pnext = md->pending;
+			md->pending = keep;
+			keep = next;
+		}
+	}
+	pthread_mutex_unlock(&md->pending_lock);
+	return NULL;
+}
+
+void write_back_defer(struct mountd *md, struct inode *ino)
+{
+	/* Caller holds ino->lock and has checked !ino->pending. */
+	ino->pending = true;
+	inode_ref(md, ino->ino, 0, 1);
+	pthread_mutex_lock(&md->pending_lock);
+	ino->pnext = md->pending;
+	md->pending = ino;
+	pthread_mutex_unlock(&md->pending_lock);
+}
+
+int write_back_start(struct mountd *md)
+{
+	int rc = pthread_create(&md->pending_thread, NULL, write_back_main, md);
+	if (rc)
+		return -rc;
+	md->pending_thread_live = true;
+	return 0;
+}
+
+void write_back_stop(struct mountd *md)
+{
+	if (!md->pending_thread_live)
+		return;
+	pthread_mutex_lock(&md->pending_lock);
+	md->pending_stop = true;
+	pthread_cond_signal(&md->pending_cond);
+	pthread_mutex_unlock(&md->pending_lock);
+	pthread_join(md->pending_thread, NULL);
+	md->pending_thread_live = false;
+}
+
+size_t write_back_flush_all(struct mountd *md)
+{
+	size_t left = 0;
+	struct inode *list, *next;
+
+	pthread_mutex_lock(&md->pending_lock);
+	list = md->pending;
+	md->pending = NULL;
+	pthread_mutex_unlock(&md->pending_lock);
+	for (struct inode *i = list; i; i = next) {
+		next = i->pnext;
+		pthread_mutex_lock(&i->lock);
+		if (wstate_commit(md, i) == 0) {
+			wstate_drop(md, i);
+			i->pending = false;
+			pthread_mutex_unlock(&i->lock);
+			inode_unref(md, i, 0, 1);
+			continue;
+		}
+		/* Keep the staging file: its data must not be lost. */
+		log_warnx("inode %llu: writes still staged in %s could not be committed (%s); "
+			  "the file is kept",
+			  (unsigned long long)i->ino, i->w->path, strerror(-i->w->last_error));
+		close(i->w->fd);
+		free(i->w->path);
+		free(i->w->dirty);
+		free(i->w);
+		i->w = NULL;
+		i->pending = false;
+		pthread_mutex_unlock(&i->lock);
+		inode_unref(md, i, 0, 1);
+		left++;
+	}
+	return left;
+}

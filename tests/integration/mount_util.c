@@ -1,0 +1,848 @@
+/*
+ * Fixture helpers for the integration tests: see mount_util.h.
+ */
+#include "mount_util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FUSE_SUPER_MAGIC 0x65735546
+
+struct fm fm = { .reaper_fd = -1 };
+
+const char *fm_errname(int e)
+{
+	static char buf[4][24];
+	static int slot;
+	const char *n = e ? strerrorname_np(e) : "0";
+
+	if (n)
+		return n;
+	slot = (slot + 1) % 4;
+	snprintf(buf[slot], sizeof(buf[slot]), "errno %d", e);
+	return buf[slot];
+}
+
+static char ring[16][PATH_MAX];
+static int ring_slot;
+
+static const char *vpath(const char *base, const char *fmt, va_list ap)
+{
+	char rel[PATH_MAX];
+	char *out = ring[ring_slot];
+
+	ring_slot = (ring_slot + 1) % 16;
+	vsnprintf(rel, sizeof(rel), fmt, ap);
+	if (rel[0] == '\0')
+		snprintf(out, PATH_MAX, "%s", base);
+	else
+		snprintf(out, PATH_MAX, "%s/%s", base, rel);
+	return out;
+}
+
+const char *mp(const char *fmt, ...)
+{
+	va_list ap;
+	const char *r;
+
+	va_start(ap, fmt);
+	r = vpath(fm.mnt, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+const char *sp(const char *fmt, ...)
+{
+	va_list ap;
+	const char *r;
+
+	va_start(ap, fmt);
+	r = vpath(fm.dir, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+const char *fm_bin(const char *name)
+{
+	static char buf[4][PATH_MAX];
+	static int slot;
+	const char *dir = getenv("FERRY_BIN_DIR");
+
+	if (!dir || !*dir)
+		dir = FERRY_BIN_DIR;
+	slot = (slot + 1) % 4;
+	snprintf(buf[slot], sizeof(buf[slot]), "%s/%s", dir, name);
+	return buf[slot];
+}
+
+char *fm_slurp(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	size_t cap = 4096, len = 0;
+	char *buf;
+
+	if (fd < 0)
+		return NULL;
+	buf = malloc(cap + 1);
+	for (;;) {
+		ssize_t n;
+
+		if (len == cap) {
+			cap *= 2;
+			buf = realloc(buf, cap + 1);
+		}
+		n = read(fd, buf + len, cap - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	buf[len] = '\0';
+	return buf;
+}
+
+int fm_count_lines(const char *text)
+{
+	int n = 0;
+	const char *p;
+
+	if (!text)
+		return 0;
+	for (p = text; *p; p++)
+		if (*p == '\n')
+			n++;
+	if (p > text && p[-1] != '\n')
+		n++;
+	return n;
+}
+
+/* The last few KiB of the fixture's log, for failure messages. */
+static const char *log_tail(void)
+{
+	static char buf[4096];
+	char *all = fm_slurp(fm.log);
+	size_t len;
+
+	if (!all) {
+		snprintf(buf, sizeof(buf), "(no log at %s)", fm.log);
+		return buf;
+	}
+	len = strlen(all);
+	snprintf(buf, sizeof(buf), "%s", len >= sizeof(buf) ? all + len - (sizeof(buf) - 1) : all);
+	free(all);
+	return buf;
+}
+
+int fm_run(const char *const argv[], const char *out_path, const char *err_path,
+	   int timeout_s)
+{
+	pid_t pid;
+	int status;
+	struct timespec start, now;
+
+	pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int in = open("/dev/null", O_RDONLY);
+		int out = out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644)
+				   : open(fm.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		int err = err_path ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644)
+				   : open(fm.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+
+		if (in < 0 || out < 0 || err < 0)
+			_exit(126);
+		dup2(in, 0);
+		dup2(out, 1);
+		dup2(err, 2);
+		if (!out_path && !err_path) {
+			/* a header in the log names the command */
+			dprintf(2, "+");
+			for (int i = 0; argv[i]; i++)
+				dprintf(2, " %s", argv[i]);
+			dprintf(2, "\n");
+		}
+		execv(argv[0], (char *const *)argv);
+		dprintf(2, "exec %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		pid_t r = waitpid(pid, &status, WNOHANG);
+
+		if (r == pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - start.tv_sec >= timeout_s) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &status, 0);
+			cr_log_error("%s: killed after %d s", argv[0], timeout_s);
+			break;
+		}
+		usleep(5000);
+	}
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	if (WIFSIGNALED(status))
+		return 128 + WTERMSIG(status);
+	return -1;
+}
+
+static int unescape_mountinfo(const char *in, char *out, size_t outlen)
+{
+	size_t o = 0;
+
+	for (const char *p = in; *p && o + 1 < outlen; p++) {
+		if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] && p[3]) {
+			out[o++] = (char)(((p[1] - '0') << 6) | ((p[2] - '0') << 3) | (p[3] - '0'));
+			p += 3;
+		} else {
+			out[o++] = *p;
+		}
+	}
+	out[o] = '\0';
+	return 0;
+}
+
+bool fm_is_mounted(const char *path)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char line[8192];
+	bool found = false;
+
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f)) {
+		char mpt[PATH_MAX], un[PATH_MAX];
+
+		/* id parent major:minor root mountpoint ... */
+		if (sscanf(line, "%*s %*s %*s %*s %4095s", mpt) != 1)
+			continue;
+		unescape_mountinfo(mpt, un, sizeof(un));
+		if (strcmp(un, path) == 0) {
+			found = true;
+			break;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+/*
+ * ferry-mountd processes that belong to this fixture: their command line
+ * names something under fm.dir (volume, mountpoint or cache directory),
+ * which mkdtemp made unique.
+ */
+static int find_mountd(const char *dir, pid_t *out, int max)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return 0;
+	while ((de = readdir(d)) && n < max) {
+		char path[64], cmd[8192];
+		pid_t pid = (pid_t)atoi(de->d_name);
+		ssize_t len;
+		int fd;
+		bool is_mountd = false, ours = false;
+
+		if (pid <= 0 || pid == getpid())
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		len = read(fd, cmd, sizeof(cmd) - 1);
+		close(fd);
+		if (len <= 0)
+			continue;
+		cmd[len] = '\0';
+		for (ssize_t i = 0; i < len; i += (ssize_t)strlen(cmd + i) + 1) {
+			const char *arg = cmd + i;
+			const char *base = strrchr(arg, '/');
+
+			base = base ? base + 1 : arg;
+			if (i == 0 && strncmp(base, "ferry-mountd", 12) == 0)
+				is_mountd = true;
+			if (strstr(arg, dir))
+				ours = true;
+		}
+		if (is_mountd && ours)
+			out[n++] = pid;
+	}
+	closedir(d);
+	return n;
+}
+
+static void remember_mountd(void)
+{
+	pid_t pids[8];
+	int n = find_mountd(fm.dir, pids, 8);
+
+	for (int i = 0; i < n; i++) {
+		bool seen = false;
+
+		for (int j = 0; j < fm.n_mountd; j++)
+			seen |= fm.mountd[j] == pids[i];
+		if (!seen && fm.n_mountd < 8)
+			fm.mountd[fm.n_mountd++] = pids[i];
+	}
+}
+
+static bool alive(pid_t pid)
+{
+	char path[64], buf[512];
+	int fd;
+	ssize_t n;
+
+	/* a zombie is as good as gone */
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	const char *p = strrchr(buf, ')');
+	return !(p && p[1] == ' ' && p[2] == 'Z');
+}
+
+/* Kills the fixture's ferry-mountd processes that are still alive.
+ * Returns how many there were. */
+static int kill_leftover_mountd(const char *dir)
+{
+	pid_t pids[16];
+	int n = find_mountd(dir, pids, 16);
+	int live = 0;
+
+	for (int i = 0; i < n; i++) {
+		if (!alive(pids[i]))
+			continue;
+		live++;
+		kill(pids[i], SIGTERM);
+	}
+	for (int t = 0; t < 200 && live; t++) {
+		bool any = false;
+
+		for (int i = 0; i < n; i++)
+			any |= alive(pids[i]);
+		if (!any)
+			break;
+		usleep(10000);
+	}
+	for (int i = 0; i < n; i++)
+		if (alive(pids[i]))
+			kill(pids[i], SIGKILL);
+	return live;
+}
+
+static int rm_cb(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	if (type == FTW_DP)
+		rmdir(path);
+	else
+		unlink(path);
+	return 0;
+}
+
+static void remove_tree(const char *dir)
+{
+	if (dir[0])
+		nftw(dir, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+/* Last-resort cleanup shared by the reaper and failing setups. */
+static void hard_cleanup(const char *dir, const char *mnt)
+{
+	if (mnt[0] && fm_is_mounted(mnt))
+		umount2(mnt, MNT_DETACH);
+	kill_leftover_mountd(dir);
+	if (mnt[0] && fm_is_mounted(mnt))
+		umount2(mnt, MNT_DETACH);
+	remove_tree(dir);
+}
+
+/*
+ * The reaper: a detached child that waits on a pipe. A byte means the
+ * teardown ran and it can go; EOF means the test process died without it,
+ * so it unmounts, kills and removes what the fixture made.
+ */
+static void start_reaper(void)
+{
+	int p[2];
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		cr_assert_fail("pipe2: %s", strerror(errno));
+	pid = fork();
+	if (pid < 0)
+		cr_assert_fail("fork: %s", strerror(errno));
+	if (pid == 0) {
+		char c;
+		ssize_t n;
+
+		setsid();
+		signal(SIGTERM, SIG_IGN);
+		signal(SIGINT, SIG_IGN);
+		signal(SIGHUP, SIG_IGN);
+		signal(SIGPIPE, SIG_IGN);
+		if (p[0] != 3) {
+			dup2(p[0], 3);
+			close(p[0]);
+		}
+		close_range(4, ~0U, 0);
+		do
+			n = read(3, &c, 1);
+		while (n < 0 && errno == EINTR);
+		if (n == 1)
+			_exit(0);
+		if (fm_is_mounted(fm.mnt) || find_mountd(fm.dir, (pid_t[1]){0}, 1))
+			fprintf(stderr, "ferry-it reaper: test process died without teardown; "
+				"cleaning up %s\n", fm.dir);
+		hard_cleanup(fm.dir, fm.mnt);
+		_exit(0);
+	}
+	close(p[0]);
+	fm.reaper = pid;
+	fm.reaper_fd = p[1];
+}
+
+static void stop_reaper(void)
+{
+	if (fm.reaper_fd >= 0) {
+		(void)!write(fm.reaper_fd, "d", 1);
+		close(fm.reaper_fd);
+		fm.reaper_fd = -1;
+	}
+	if (fm.reaper > 0) {
+		waitpid(fm.reaper, NULL, 0);
+		fm.reaper = 0;
+	}
+}
+
+/* Setup failed: clean up now (no teardown will run) and fail. */
+#define SETUP_FAIL(...)                                                       \
+	do {                                                                  \
+		cr_log_error("ferry log:\n%s", log_tail());                   \
+		hard_cleanup(fm.dir, fm.mnt);                                 \
+		fm.created = false;                                           \
+		fm.mounted = false;                                           \
+		stop_reaper();                                                \
+		cr_assert_fail(__VA_ARGS__);                                  \
+	} while (0)
+
+static void do_mount(bool in_setup)
+{
+	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
+			       "-o", "allow_other", fm.vol, fm.mnt, NULL };
+	int rc = fm_run(argv, NULL, NULL, 60);
+	struct statfs sf;
+
+	if (rc == 0)
+		remember_mountd();
+	if (rc != 0) {
+		if (in_setup)
+			SETUP_FAIL("ferry mount %s %s: exit %d (log above)", fm.vol, fm.mnt, rc);
+		cr_assert_fail("ferry mount %s %s: exit %d\n%s", fm.vol, fm.mnt, rc, log_tail());
+	}
+	fm.mounted = true;
+	if (!fm_is_mounted(fm.mnt)) {
+		if (in_setup)
+			SETUP_FAIL("ferry mount exited 0 but nothing is mounted at %s", fm.mnt);
+		cr_assert_fail("ferry mount exited 0 but nothing is mounted at %s", fm.mnt);
+	}
+	if (statfs(fm.mnt, &sf) != 0 || sf.f_type != FUSE_SUPER_MAGIC) {
+		if (in_setup)
+			SETUP_FAIL("%s is not a FUSE mount after ferry mount", fm.mnt);
+		cr_assert_fail("%s is not a FUSE mount after ferry mount", fm.mnt);
+	}
+}
+
+void fm_mount(void)
+{
+	do_mount(false);
+}
+
+void fm_umount(void)
+{
+	const char *argv[] = { fm_bin("ferry"), "umount", fm.mnt, NULL };
+	int rc = fm_run(argv, NULL, NULL, 60);
+
+	if (rc != 0)
+		cr_assert_fail("ferry umount %s: exit %d\n%s", fm.mnt, rc, log_tail());
+	fm.mounted = false;
+	cr_assert(!fm_is_mounted(fm.mnt), "%s still mounted after ferry umount", fm.mnt);
+	for (int i = 0; i < fm.n_mountd; i++)
+		cr_assert(!alive(fm.mountd[i]),
+			  "ferry-mountd %d still running after ferry umount returned",
+			  fm.mountd[i]);
+}
+
+void fm_remount(void)
+{
+	fm_umount();
+	fm_mount();
+}
+
+void fm_setup_opts(const struct fm_opts *o)
+{
+	const char *argv[16];
+	int a = 0, rc;
+
+	umask(022);
+	memset(&fm, 0, sizeof(fm));
+	fm.reaper_fd = -1;
+	snprintf(fm.dir, sizeof(fm.dir), "/tmp/ferry-it.XXXXXX");
+	if (!mkdtemp(fm.dir))
+		cr_assert_fail("mkdtemp: %s", strerror(errno));
+	fm.created = true;
+	/* uid 65534 must reach the mountpoint */
+	chmod(fm.dir, 0755);
+	snprintf(fm.vol, sizeof(fm.vol), "%s/vol", fm.dir);
+	snprintf(fm.mnt, sizeof(fm.mnt), "%s/mnt", fm.dir);
+	snprintf(fm.cache, sizeof(fm.cache), "%s/cache", fm.dir);
+	snprintf(fm.log, sizeof(fm.log), "%s/ferry.log", fm.dir);
+	start_reaper();
+	if (mkdir(fm.vol, 0700) || mkdir(fm.mnt, 0755) || mkdir(fm.cache, 0700))
+		SETUP_FAIL("mkdir under %s: %s", fm.dir, strerror(errno));
+	if (o && o->storage)
+		snprintf(fm.storage, sizeof(fm.storage), "%s", o->storage);
+	fm.s3_http = o && o->s3_http;
+
+	argv[a++] = fm_bin("ferry");
+	argv[a++] = "format";
+	if (fm.storage[0]) {
+		argv[a++] = "--storage";
+		argv[a++] = fm.storage;
+	}
+	if (fm.s3_http)
+		argv[a++] = "--s3-http";
+	if (o && o->block_size) {
+		argv[a++] = "--block-size";
+		argv[a++] = o->block_size;
+	}
+	argv[a++] = fm.vol;
+	argv[a] = NULL;
+	rc = fm_run(argv, NULL, NULL, 60);
+	if (rc != 0)
+		SETUP_FAIL("ferry format %s: exit %d (log above)", fm.vol, rc);
+	if (o && o->no_mount)
+		return;
+	do_mount(true);
+}
+
+void fm_setup(void)
+{
+	fm_setup_opts(NULL);
+}
+
+/*
+ * A test that failed half-way may still hold fds or mappings on the mount,
+ * which would make the unmount fail with EBUSY: let go of them first.
+ */
+static void release_mount_refs(void)
+{
+	size_t ml = strlen(fm.mnt);
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *de;
+	FILE *maps;
+	char line[PATH_MAX + 256];
+
+	if (d) {
+		while ((de = readdir(d))) {
+			char link[64], target[PATH_MAX];
+			int fd = atoi(de->d_name);
+			ssize_t n;
+
+			if (fd < 3 || fd == dirfd(d))
+				continue;
+			snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+			n = readlink(link, target, sizeof(target) - 1);
+			if (n <= 0)
+				continue;
+			target[n] = '\0';
+			if (strncmp(target, fm.mnt, ml) == 0 && (target[ml] == '/' || !target[ml]))
+				close(fd);
+		}
+		closedir(d);
+	}
+	maps = fopen("/proc/self/maps", "re");
+	if (!maps)
+		return;
+	while (fgets(line, sizeof(line), maps)) {
+		unsigned long lo, hi;
+		char *path = strchr(line, '/');
+
+		if (!path || sscanf(line, "%lx-%lx", &lo, &hi) != 2)
+			continue;
+		if (strncmp(path, fm.mnt, ml) == 0 && path[ml] == '/')
+			munmap((void *)lo, hi - lo);
+	}
+	fclose(maps);
+}
+
+void fm_teardown(void)
+{
+	if (!fm.created)
+		return;
+	release_mount_refs();
+	if (fm.mounted || fm_is_mounted(fm.mnt)) {
+		const char *argv[] = { fm_bin("ferry"), "umount", fm.mnt, NULL };
+		int rc = fm_run(argv, NULL, NULL, 60);
+
+		cr_expect(rc == 0, "teardown: ferry umount %s: exit %d\n%s", fm.mnt, rc,
+			  log_tail());
+		fm.mounted = false;
+	}
+	if (fm_is_mounted(fm.mnt)) {
+		umount2(fm.mnt, MNT_DETACH);
+		cr_expect(false, "teardown: %s was still mounted after ferry umount "
+			  "(lazily unmounted)", fm.mnt);
+	}
+	remember_mountd();
+	for (int i = 0; i < fm.n_mountd; i++)
+		cr_expect(!alive(fm.mountd[i]),
+			  "teardown: ferry-mountd %d still running after ferry umount",
+			  fm.mountd[i]);
+	kill_leftover_mountd(fm.dir);
+	remove_tree(fm.dir);
+	fm.created = false;
+	stop_reaper();
+}
+
+void fm_stats_read(struct fm_stats *s)
+{
+	char *text = fm_slurp(mp(".stats"));
+	char *save = NULL, *line;
+	int lineno = 0;
+
+	cr_assert(text != NULL, "open %s: %s", mp(".stats"), strerror(errno));
+	s->n = 0;
+	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char name[128], value[128], extra[8];
+		int k = sscanf(line, "%127s %127s %7s", name, value, extra);
+
+		lineno++;
+		cr_assert(k == 2, ".stats line %d is not `name value`: '%s'", lineno, line);
+		cr_assert(s->n < (int)(sizeof(s->e) / sizeof(s->e[0])), ".stats: too many lines");
+		snprintf(s->e[s->n].name, sizeof(s->e[s->n].name), "%s", name);
+		snprintf(s->e[s->n].value, sizeof(s->e[s->n].value), "%s", value);
+		s->n++;
+	}
+	free(text);
+}
+
+bool fm_stats_get(const struct fm_stats *s, const char *name, uint64_t *value)
+{
+	for (int i = 0; i < s->n; i++) {
+		if (strcmp(s->e[i].name, name) == 0) {
+			*value = strtoull(s->e[i].value, NULL, 10);
+			return true;
+		}
+	}
+	return false;
+}
+
+uint64_t fm_stats_need(const struct fm_stats *s, const char *name)
+{
+	uint64_t v = 0;
+
+	cr_assert(fm_stats_get(s, name, &v), ".stats has no line '%s'", name);
+	return v;
+}
+
+struct as_user_result {
+	long ret;
+	int err;
+	int stage; /* 0 ran fn, 1 setgroups, 2 setresgid, 3 setresuid */
+};
+
+long fm_as_user(uid_t uid, gid_t gid, long (*fn)(void *arg), void *arg)
+{
+	int p[2], status;
+	pid_t pid;
+	struct as_user_result res = { 0 };
+	ssize_t n;
+
+	cr_assert(pipe2(p, O_CLOEXEC) == 0, "pipe2: %s", strerror(errno));
+	pid = fork();
+	cr_assert(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		struct as_user_result r = { 0 };
+
+		close(p[0]);
+		if (setgroups(0, NULL) != 0) {
+			r.stage = 1;
+		} else if (setresgid(gid, gid, gid) != 0) {
+			r.stage = 2;
+		} else if (setresuid(uid, uid, uid) != 0) {
+			r.stage = 3;
+		} else {
+			errno = 0;
+			r.ret = fn(arg);
+			r.err = errno;
+		}
+		if (r.stage)
+			r.err = errno;
+		(void)!write(p[1], &r, sizeof(r));
+		_exit(0);
+	}
+	close(p[1]);
+	do
+		n = read(p[0], &res, sizeof(res));
+	while (n < 0 && errno == EINTR);
+	close(p[0]);
+	waitpid(pid, &status, 0);
+	cr_assert(n == (ssize_t)sizeof(res), "unprivileged child (uid %d) died: status 0x%x",
+		  (int)uid, status);
+	cr_assert(res.stage == 0, "dropping to uid %d gid %d failed at step %d: %s", (int)uid,
+		  (int)gid, res.stage, strerror(res.err));
+	errno = res.err;
+	return res.ret;
+}
+
+void fm_pwrite_all(int fd, const void *buf, size_t len, off_t off)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pwrite(fd, (const char *)buf + done, len - done, off + (off_t)done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		cr_assert(n > 0, "pwrite(%zu bytes at %lld): %s", len - done,
+			  (long long)(off + (off_t)done), n < 0 ? strerror(errno) : "returned 0");
+		done += (size_t)n;
+	}
+}
+
+void fm_pread_all(int fd, void *buf, size_t len, off_t off)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pread(fd, (char *)buf + done, len - done, off + (off_t)done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		cr_assert(n > 0, "pread(%zu bytes at %lld): %s", len - done,
+			  (long long)(off + (off_t)done),
+			  n < 0 ? strerror(errno) : "short read (EOF)");
+		done += (size_t)n;
+	}
+}
+
+void fm_write_file(const char *path, const void *buf, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	cr_assert(fd >= 0, "open %s: %s", path, strerror(errno));
+	fm_pwrite_all(fd, buf, len, 0);
+	cr_assert(close(fd) == 0, "close %s: %s", path, strerror(errno));
+}
+
+void *fm_read_file(const char *path, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	char *buf;
+	ssize_t n;
+
+	cr_assert(fd >= 0, "open %s: %s", path, strerror(errno));
+	cr_assert(fstat(fd, &st) == 0, "fstat %s: %s", path, strerror(errno));
+	buf = malloc((size_t)st.st_size + 1);
+	cr_assert(buf != NULL);
+	if (st.st_size)
+		fm_pread_all(fd, buf, (size_t)st.st_size, 0);
+	/* and nothing past the size */
+	n = pread(fd, buf + st.st_size, 1, st.st_size);
+	cr_assert(n == 0, "%s: read past st_size %lld returned %zd", path,
+		  (long long)st.st_size, n);
+	close(fd);
+	*len = (size_t)st.st_size;
+	return buf;
+}
+
+void fm_assert_same_content(const char *a, const char *b)
+{
+	int fa = open(a, O_RDONLY | O_CLOEXEC), fb = open(b, O_RDONLY | O_CLOEXEC);
+	struct stat sa, sb;
+	const size_t bs = 1 << 20;
+	char *ba = malloc(bs), *bb = malloc(bs);
+
+	cr_assert(fa >= 0, "open %s: %s", a, strerror(errno));
+	cr_assert(fb >= 0, "open %s: %s", b, strerror(errno));
+	cr_assert(fstat(fa, &sa) == 0 && fstat(fb, &sb) == 0);
+	cr_assert(sa.st_size == sb.st_size, "size of %s is %lld, expected %lld", a,
+		  (long long)sa.st_size, (long long)sb.st_size);
+	for (off_t off = 0; off < sa.st_size; off += (off_t)bs) {
+		size_t len = (size_t)(sa.st_size - off) < bs ? (size_t)(sa.st_size - off) : bs;
+
+		fm_pread_all(fa, ba, len, off);
+		fm_pread_all(fb, bb, len, off);
+		if (memcmp(ba, bb, len) != 0) {
+			size_t i = 0;
+
+			while (ba[i] == bb[i])
+				i++;
+			cr_assert_fail("%s differs from %s at offset %lld: 0x%02x, expected 0x%02x", a,
+				       b, (long long)(off + (off_t)i), (unsigned char)ba[i],
+				       (unsigned char)bb[i]);
+		}
+	}
+	free(ba);
+	free(bb);
+	close(fa);
+	close(fb);
+}
+
+uint64_t fm_rand(uint64_t *state)
+{
+	uint64_t x = *state;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*state = x;
+	return x * 0x2545F4914F6CDD1DULL;
+}
+
+void fm_fill_random(uint64_t *state, void *buf, size_t len)
+{
+	unsigned char *p = buf;
+	size_t i = 0;
+
+	for (; i + 8 <= len; i += 8) {
+		uint64_t v = fm_rand(state);
+
+		memcpy(p + i, &v, 8);
+	}
+	if (i < len) {
+		uint64_t v = fm_rand(state);
+
+		memcpy(p + i, &v, len - i);
+	}
+}

@@ -1,0 +1,177 @@
+/*
+ * Fixture for integration tests that run against a real ferryfs mount.
+ *
+ * Every test gets its own scratch directory /tmp/ferry-it.XXXXXX holding
+ *   vol/    the volume (meta.db, objects/)
+ *   mnt/    the mountpoint
+ *   cache/  --cache-dir of the mount
+ *   ferry.log  stdout/stderr of every ferry command the fixture ran
+ * Setup formats and mounts (-o allow_other), teardown unmounts, kills any
+ * ferry-mountd it started that is still alive and removes the directory.
+ * A reaper process cleans up as well if the test process dies without
+ * running its teardown (crash, timeout), so nothing stays mounted.
+ */
+#ifndef FERRY_IT_MOUNT_UTIL_H
+#define FERRY_IT_MOUNT_UTIL_H
+
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include <criterion/criterion.h>
+
+#define FM_NOBODY_UID 65534
+#define FM_NOBODY_GID 65534
+
+struct fm {
+	char dir[64];           /* /tmp/ferry-it.XXXXXX */
+	char vol[PATH_MAX];     /* dir/vol, or the sqlite:// URL given */
+	char mnt[PATH_MAX];     /* dir/mnt */
+	char cache[PATH_MAX];   /* dir/cache */
+	char log[PATH_MAX];     /* dir/ferry.log */
+	char storage[PATH_MAX]; /* --storage URL, empty for the default */
+	bool s3_http;
+	bool mounted;
+	bool created;
+	int reaper_fd;          /* write end: closing it lets the reaper go */
+	pid_t reaper;
+	pid_t mountd[8];        /* ferry-mountd pids seen for this fixture */
+	int n_mountd;
+};
+
+/* The one fixture of this test process. */
+extern struct fm fm;
+
+/* Options for fm_setup_opts(); NULL/false fields take the defaults. */
+struct fm_opts {
+	const char *storage;    /* --storage URL */
+	bool s3_http;           /* --s3-http */
+	const char *block_size; /* --block-size */
+	bool no_mount;          /* format only */
+};
+
+/* Criterion .init/.fini for suites that want a formatted, mounted volume. */
+void fm_setup(void);
+void fm_teardown(void);
+/* Same, with options (used by the S3 suite). Asserts on failure, after
+ * cleaning up whatever it had already set up. */
+void fm_setup_opts(const struct fm_opts *o);
+
+/* ferry mount / ferry umount / both; each asserts success. */
+void fm_mount(void);
+void fm_umount(void);
+void fm_remount(void);
+
+/* Is anything mounted at path (per /proc/self/mountinfo)? */
+bool fm_is_mounted(const char *path);
+
+/* Path inside the mount / inside the scratch directory. Results live in a
+ * ring of 16 static buffers, so a few can be used in one expression. */
+const char *mp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *sp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Run argv (argv[0] a path) with stdin from /dev/null. stdout goes to
+ * out_path (truncated) or, if NULL, is appended to fm.log; stderr goes to
+ * err_path (truncated) or, if NULL, to fm.log. Returns the exit status,
+ * 128+signal if killed, -1 if it could not run. Kills it after timeout_s. */
+int fm_run(const char *const argv[], const char *out_path, const char *err_path,
+	   int timeout_s);
+/* Path of a ferry binary: FERRY_BIN_DIR/name (env FERRY_BIN_DIR overrides). */
+const char *fm_bin(const char *name);
+/* Contents of a (small) file as a NUL-terminated malloc'd string, or NULL. */
+char *fm_slurp(const char *path);
+/* Number of lines of a file's text. */
+int fm_count_lines(const char *text);
+
+/* .stats of the mount as a map. */
+struct fm_stat_entry {
+	char name[96];
+	char value[64];
+};
+struct fm_stats {
+	int n;
+	struct fm_stat_entry e[512];
+};
+/* Reads MOUNTPOINT/.stats; asserts on failure and on a malformed line. */
+void fm_stats_read(struct fm_stats *s);
+/* Looks up name; returns false if absent. */
+bool fm_stats_get(const struct fm_stats *s, const char *name, uint64_t *value);
+/* Value of name, asserting that it is present. */
+uint64_t fm_stats_need(const struct fm_stats *s, const char *name);
+
+/*
+ * Run fn(arg) in a forked child that dropped to uid/gid (setgroups(0),
+ * setresgid, setresuid). fn returns like a syscall (-1 with errno on
+ * failure). The child's return value and errno come back through a pipe:
+ * returns fn's value and sets errno to the child's errno. Asserts that the
+ * child ran to the end.
+ */
+long fm_as_user(uid_t uid, gid_t gid, long (*fn)(void *arg), void *arg);
+static inline long fm_as_nobody(long (*fn)(void *arg), void *arg)
+{
+	return fm_as_user(FM_NOBODY_UID, FM_NOBODY_GID, fn, arg);
+}
+
+/* Whole-file helpers; assert on any failure. */
+void fm_write_file(const char *path, const void *buf, size_t len);
+/* Reads a whole file into a malloc'd buffer; *len gets its size. */
+void *fm_read_file(const char *path, size_t *len);
+/* pread/pwrite loops that assert on a short transfer or error. */
+void fm_pwrite_all(int fd, const void *buf, size_t len, off_t off);
+void fm_pread_all(int fd, void *buf, size_t len, off_t off);
+/* Compares two files byte for byte; on a difference, asserts with the
+ * first differing offset. */
+void fm_assert_same_content(const char *a, const char *b);
+
+/* Deterministic PRNG (xorshift64*) for reproducible data. */
+uint64_t fm_rand(uint64_t *state);
+void fm_fill_random(uint64_t *state, void *buf, size_t len);
+
+/* errno name for messages ("ENOENT"). */
+const char *fm_errname(int e);
+
+/*
+ * Syscall checks in the style of libfuse's test_syscalls.c.
+ * OK(expr): expr must not return a negative value; yields its value.
+ * FAILS(expr, err): expr must return -1 with errno == err.
+ * FAILS2(expr, e1, e2): -1 with errno e1 or e2.
+ */
+#define OK(expr)                                                              \
+	({                                                                    \
+		errno = 0;                                                    \
+		__typeof__(expr) ok_r_ = (expr);                              \
+		int ok_e_ = errno;                                            \
+		cr_assert(ok_r_ >= 0, "%s:%d: %s: returned %lld, errno %s (%s)", \
+			  __FILE__, __LINE__, #expr, (long long)ok_r_,        \
+			  fm_errname(ok_e_), strerror(ok_e_));                \
+		ok_r_;                                                        \
+	})
+
+#define FAILS(expr, err)                                                      \
+	do {                                                                  \
+		errno = 0;                                                    \
+		long long f_r_ = (long long)(expr);                           \
+		int f_e_ = errno;                                             \
+		cr_assert(f_r_ == -1 && f_e_ == (err),                        \
+			  "%s:%d: %s: expected -1/%s, got %lld/%s", __FILE__,   \
+			  __LINE__, #expr, fm_errname(err), f_r_,             \
+			  f_r_ == -1 ? fm_errname(f_e_) : "-");               \
+	} while (0)
+
+#define FAILS2(expr, err1, err2)                                              \
+	do {                                                                  \
+		errno = 0;                                                    \
+		long long f_r_ = (long long)(expr);                           \
+		int f_e_ = errno;                                             \
+		cr_assert(f_r_ == -1 && (f_e_ == (err1) || f_e_ == (err2)),   \
+			  "%s:%d: %s: expected -1/%s or %s, got %lld/%s",       \
+			  __FILE__, __LINE__, #expr, fm_errname(err1),        \
+			  fm_errname(err2), f_r_,                             \
+			  f_r_ == -1 ? fm_errname(f_e_) : "-");               \
+	} while (0)
+
+#endif
