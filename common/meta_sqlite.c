@@ -22,6 +22,7 @@
  * size, so bytes past the end read as zeros after any extension.
  */
 #include "meta.h"
+#include "slice.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -114,8 +115,6 @@ enum st {
 	ST_SLICE_INSERT,
 	ST_SLICE_GC,
 	ST_SLICE_DROP,
-	ST_SLICE_MAXEND,
-	ST_SLICE_OVERLAP,
 	ST_STATFS,
 	ST_VOLUME_GET,
 	ST_COUNT
@@ -176,10 +175,6 @@ static const char *const st_sql[ST_COUNT] = {
 			" AND s.id <> 0 AND NOT EXISTS (SELECT 1 FROM slice t WHERE t.id = s.id"
 			" AND NOT (t.ino = ?1 AND t.chunk BETWEEN ?2 AND ?3)) GROUP BY s.id",
 	[ST_SLICE_DROP] = "DELETE FROM slice WHERE ino = ?1 AND chunk BETWEEN ?2 AND ?3",
-	[ST_SLICE_MAXEND] = "SELECT MAX(pos + len) FROM slice WHERE ino = ?1 AND chunk = ?2"
-			    " AND pos + len > ?3",
-	[ST_SLICE_OVERLAP] = "SELECT 1 FROM slice WHERE ino = ?1 AND chunk = ?2"
-			     " AND pos < ?4 AND pos + len > ?3 LIMIT 1",
 	[ST_STATFS] = "SELECT (SELECT COALESCE(SUM(size), 0) FROM inode"
 		      " WHERE (mode & 61440) = 32768), (SELECT COUNT(*) FROM inode)",
 	[ST_VOLUME_GET] = "SELECT uuid, block_size, storage_url, created_at, s3_http"
@@ -850,19 +845,82 @@ static int zero_insert(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t fr
 	return from < to ? slice_insert(c, ino, chunk, &z) : 0;
 }
 
-/* Makes chunk bytes [from, chunk end) of chunk read as zeros when some
- * slice shows data there. */
-static int zero_tail(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t from)
-{
-	const int64_t v[3] = { (int64_t)ino, chunk, from };
-	int64_t end;
-	int rc = query_int(c, ST_SLICE_MAXEND, 3, v, 0, META_CHUNK_SIZE, 1, &end);
+static int row_slice(sqlite3_stmt *st, struct meta_slice *s);
 
-	if (rc == -ENOENT)
-		return 0;
+/* The slices of a chunk, oldest first (*out NULL when there are none). */
+static int chunk_load(struct conn *c, uint64_t ino, uint32_t chunk, struct meta_slice **out,
+		      size_t *n)
+{
+	sqlite3_stmt *st = NULL;
+	struct meta_slice *v = NULL, *nv;
+	size_t len = 0, cap = 0;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	rc = stmt(c, ST_SLICE_LIST, &st);
 	if (rc)
 		return rc;
-	return zero_insert(c, ino, chunk, from, (uint32_t)end);
+	if (bind_i64(st, 1, (int64_t)ino) || bind_i64(st, 2, chunk)) {
+		rc = -EIO;
+		goto out;
+	}
+	while ((rc = step(st)) > 0) {
+		if (len == cap) {
+			size_t ncap = cap ? cap * 2 : 16;
+
+			nv = realloc(v, ncap * sizeof(*v));
+			if (nv == NULL) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			v = nv;
+			cap = ncap;
+		}
+		rc = row_slice(st, &v[len]);
+		if (rc)
+			goto out;
+		len++;
+	}
+out:
+	stmt_done(st);
+	if (rc == 0) {
+		*out = v;
+		*n = len;
+		v = NULL;
+	}
+	free(v);
+	return rc;
+}
+
+/* Makes chunk bytes [from, to) read as zeros: appends one zero slice over
+ * the part of it where data still shows, if any does. */
+static int zero_range(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t from, uint32_t to)
+{
+	struct meta_slice *s = NULL;
+	struct slice_extent *e = NULL;
+	size_t n, ne, i, first = SIZE_MAX, last = 0;
+	int rc;
+
+	rc = chunk_load(c, ino, chunk, &s, &n);
+	if (rc || n == 0)
+		goto out;
+	rc = slice_resolve(s, n, from, to - from, &e, &ne);
+	if (rc)
+		goto out;
+	for (i = 0; i < ne; i++) {
+		if (e[i].id == 0)
+			continue;
+		if (first == SIZE_MAX)
+			first = i;
+		last = i;
+	}
+	if (first != SIZE_MAX)
+		rc = zero_insert(c, ino, chunk, e[first].pos, e[last].pos + e[last].len);
+out:
+	free(e);
+	free(s);
+	return rc;
 }
 
 /* The size changes from old to new: whatever lies past the smaller of the
@@ -877,8 +935,8 @@ static int resize_slices(struct conn *c, uint64_t ino, uint64_t old, uint64_t ne
 		return 0;
 	rc = slices_drop(c, ino, first_gone, INT64_MAX);
 	if (rc == 0 && keep % META_CHUNK_SIZE != 0)
-		rc = zero_tail(c, ino, (uint32_t)(keep / META_CHUNK_SIZE),
-			       (uint32_t)(keep % META_CHUNK_SIZE));
+		rc = zero_range(c, ino, (uint32_t)(keep / META_CHUNK_SIZE),
+				(uint32_t)(keep % META_CHUNK_SIZE), META_CHUNK_SIZE);
 	return rc;
 }
 
@@ -1196,9 +1254,14 @@ void meta_close(struct meta *m)
 
 	if (m == NULL)
 		return;
-	/* Workers are gone; no destructor runs for this key after this. */
+	/* The caller's workers are gone (or never touch m again); no key
+	 * destructor runs for this key after this. */
 	pthread_key_delete(m->key);
-	for (c = m->conns; c != NULL; c = next) {
+	pthread_mutex_lock(&m->lock);
+	c = m->conns;
+	m->conns = NULL;
+	pthread_mutex_unlock(&m->lock);
+	for (; c != NULL; c = next) {
 		next = c->next;
 		conn_free(c);
 	}
@@ -2196,10 +2259,7 @@ int meta_statfs(struct meta *m, uint64_t *used_bytes, uint64_t *used_inodes)
 int meta_chunk_slices(struct meta *m, uint64_t ino, uint32_t chunk, struct meta_slice **out,
 		      size_t *n)
 {
-	sqlite3_stmt *st = NULL;
-	struct meta_slice *v = NULL, *nv;
 	struct meta_attr at;
-	size_t len = 0, cap = 0;
 	struct conn *c;
 	int rc;
 
@@ -2212,39 +2272,9 @@ int meta_chunk_slices(struct meta *m, uint64_t ino, uint32_t chunk, struct meta_
 	rc = conn_get(m, &c);
 	if (rc)
 		return rc;
-	rc = stmt(c, ST_SLICE_LIST, &st);
-	if (rc)
-		return ro(rc);
-	if (bind_i64(st, 1, (int64_t)ino) || bind_i64(st, 2, chunk)) {
-		rc = -EIO;
-		goto out;
-	}
-	while ((rc = step(st)) > 0) {
-		if (len == cap) {
-			size_t ncap = cap ? cap * 2 : 16;
-			nv = realloc(v, ncap * sizeof(*v));
-			if (nv == NULL) {
-				rc = -ENOMEM;
-				goto out;
-			}
-			v = nv;
-			cap = ncap;
-		}
-		rc = row_slice(st, &v[len]);
-		if (rc)
-			goto out;
-		len++;
-	}
-out:
-	stmt_done(st);
-	if (rc == 0 && len == 0)
+	rc = chunk_load(c, ino, chunk, out, n);
+	if (rc == 0 && *n == 0)
 		rc = inode_get(c, ino, &at); /* nothing written, or no such file? */
-	if (rc == 0 && len > 0) {
-		*out = v;
-		*n = len;
-		v = NULL;
-	}
-	free(v);
 	return ro(rc);
 }
 
@@ -2368,16 +2398,9 @@ struct punch_args {
 static int punch_chunk(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t s, uint32_t e,
 		       int whole)
 {
-	const int64_t v[4] = { (int64_t)ino, chunk, s, e };
-	int64_t one;
-	int rc;
-
 	if (whole)
 		return slices_drop(c, ino, chunk, chunk);
-	rc = query_int(c, ST_SLICE_OVERLAP, 4, v, 1, 1, 0, &one);
-	if (rc == -ENOENT)
-		return 0; /* a hole already */
-	return rc ? rc : zero_insert(c, ino, chunk, s, e);
+	return zero_range(c, ino, chunk, s, e);
 }
 
 static int do_punch(struct conn *c, void *p)

@@ -24,7 +24,7 @@
 struct file_store {
 	char *root;
 	pthread_mutex_t lock;   /* guards rootfd's first open */
-	int rootfd;             /* -1 until the root exists */
+	atomic_int rootfd;      /* -1 until the root exists */
 };
 
 static atomic_ulong tmp_counter;
@@ -35,29 +35,34 @@ fs_of(struct objstore *s)
 	return s->priv;
 }
 
-/* A dup of the root directory's fd, opening it on first use. */
+/* An fd of the root directory (opened once, then reopened from that). */
 static int
 root_open(struct file_store *fs, const char *op, const char *key)
 {
-	int fd, r;
+	int rfd = atomic_load(&fs->rootfd), fd, r;
 
-	pthread_mutex_lock(&fs->lock);
-	if (fs->rootfd < 0) {
-		fd = open(fs->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (fd < 0) {
-			r = -errno;
-			pthread_mutex_unlock(&fs->lock);
-			return objstore_seterr(r == -ENOENT ? -EIO : r, "%s %s: store directory %s: %s",
-					       op, key, fs->root, strerror(-r));
+	if (rfd < 0) {
+		pthread_mutex_lock(&fs->lock);
+		rfd = atomic_load(&fs->rootfd);
+		if (rfd < 0) {
+			rfd = open(fs->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			if (rfd < 0) {
+				r = -errno;
+				pthread_mutex_unlock(&fs->lock);
+				return objstore_seterr(r == -ENOENT ? -EIO : r, "%s %s: store directory %s: %s",
+						       op, key, fs->root, strerror(-r));
+			}
+			atomic_store(&fs->rootfd, rfd);
 		}
-		fs->rootfd = fd;
+		pthread_mutex_unlock(&fs->lock);
 	}
-	fd = fcntl(fs->rootfd, F_DUPFD_CLOEXEC, 0);
-	r = fd < 0 ? -errno : fd;
-	pthread_mutex_unlock(&fs->lock);
-	if (r < 0)
-		return objstore_seterr(r, "%s %s: dup: %s", op, key, strerror(-r));
-	return r;
+	/* A new open file description, not a dup: a listing's readdir
+	 * position must not be shared with other calls. */
+	fd = openat(rfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return objstore_seterr(-errno, "%s %s: store directory %s: %s", op, key, fs->root,
+				       strerror(errno));
+	return fd;
 }
 
 /*
@@ -494,8 +499,8 @@ file_close(struct objstore *s)
 
 	if (fs == NULL)
 		return;
-	if (fs->rootfd >= 0)
-		close(fs->rootfd);
+	if (atomic_load(&fs->rootfd) >= 0)
+		close(atomic_load(&fs->rootfd));
 	pthread_mutex_destroy(&fs->lock);
 	free(fs->root);
 	free(fs);
@@ -531,7 +536,7 @@ objstore_file_open(const struct store_url *url, const struct objstore_opts *opts
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&fs->lock, NULL);
-	fs->rootfd = -1;
+	atomic_init(&fs->rootfd, -1);
 	s->priv = fs;
 	s->ops = &file_ops;
 	return 0;

@@ -85,11 +85,9 @@ static void overlay_wstate(struct mountd *md, struct meta_attr *a)
 
 	if (!S_ISREG(a->mode))
 		return;
-	i = inode_find(md, a->ino);
+	i = inode_ref_existing(md, a->ino);
 	if (!i)
 		return;
-	/* i cannot be freed under us: the caller's request holds a kernel
-	 * reference (lookup) on it, or it is the target of an open handle. */
 	pthread_mutex_lock(&i->lock);
 	if (i->w) {
 		a->size = i->w->size;
@@ -99,6 +97,7 @@ static void overlay_wstate(struct mountd *md, struct meta_attr *a)
 		}
 	}
 	pthread_mutex_unlock(&i->lock);
+	inode_unref(md, i, 0, 1);
 }
 
 static void fill_entry(struct mountd *md, const struct meta_attr *a, struct fuse_entry_param *e)
@@ -117,13 +116,16 @@ static void reply_entry(fuse_req_t req, const struct meta_attr *a)
 	struct mountd *md = MD(req);
 	struct fuse_entry_param e;
 
+	struct inode *i;
+
 	fill_entry(md, a, &e);
-	if (!inode_ref(md, a->ino, 1, 0)) {
+	i = inode_ref(md, a->ino, 1, 0);
+	if (!i) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
 	if (fuse_reply_entry(req, &e) != 0) /* the kernel will never forget it */
-		inode_unref(md, inode_find(md, a->ino), 1, 0);
+		inode_unref(md, i, 1, 0);
 }
 
 /* An unlink or rename removed the last link of ino. */

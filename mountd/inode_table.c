@@ -167,3 +167,19 @@ bool inode_mark_unlinked(struct mountd *md, uint64_t ino)
 	pthread_mutex_unlock(stripe_of(t, b));
 	return i != NULL;
 }
+
+struct inode *inode_ref_existing(struct mountd *md, uint64_t ino)
+{
+	struct inode_table *t = md->inodes;
+	uint32_t b = bucket_of(ino);
+	struct inode *i;
+
+	pthread_mutex_lock(stripe_of(t, b));
+	for (i = t->bucket[b]; i; i = i->hnext)
+		if (i->ino == ino)
+			break;
+	if (i)
+		i->nopen++;
+	pthread_mutex_unlock(stripe_of(t, b));
+	return i;
+}

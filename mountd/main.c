@@ -179,7 +179,7 @@ int main(int argc, char **argv)
 	struct fuse_args fargs = FUSE_ARGS_INIT(0, NULL);
 	struct fuse_loop_config *loop_cfg = NULL;
 	struct store_url surl = { 0 };
-	char err[512], *user_opts = NULL, *fopts = NULL;
+	char err[512], *user_opts = NULL, *fopts = NULL, *cache_vol = NULL;
 	uint64_t cache_mib = DEFAULT_CACHE_MIB, purged = 0;
 	bool mounted = false, handlers = false;
 	int opt, rc, exit_code = 1;
@@ -264,8 +264,13 @@ int main(int argc, char **argv)
 	if ((rc = objstore_check(md->store, surl.kind == STORE_FILE)) < 0)
 		start_failed(md, "storage %s is not usable: %s%s%s", md->vol.storage_url,
 			     strerror(-rc), *objstore_last_error() ? ": " : "", objstore_last_error());
-	if ((rc = read_cache_open(md->cfg.cache_dir, md->cfg.cache_bytes, &md->cache)) < 0)
-		start_failed(md, "read cache %s: %s", md->cfg.cache_dir, strerror(-rc));
+	/* Object keys restart with a reformatted volume: cache by volume uuid. */
+	if (mkdir(md->cfg.cache_dir, 0700) < 0 && errno != EEXIST)
+		start_failed(md, "read cache %s: %s", md->cfg.cache_dir, strerror(errno));
+	if (asprintf(&cache_vol, "%s/%s", md->cfg.cache_dir, md->vol.uuid) < 0)
+		fatalx("out of memory");
+	if ((rc = read_cache_open(cache_vol, md->cfg.cache_bytes, &md->cache)) < 0)
+		start_failed(md, "read cache %s: %s", cache_vol, strerror(-rc));
 	if ((rc = staging_open(md)) < 0)
 		start_failed(md, "staging directory %s: %s", md->cfg.staging_dir, strerror(-rc));
 	if ((rc = inode_table_new(&md->inodes)) < 0 ||
@@ -343,6 +348,7 @@ out:
 		close(md->lock_fd);
 	log_info("stopped");
 	free(fopts);
+	free(cache_vol);
 	free(user_opts);
 	free(md->cfg.db_path);
 	free(md->cfg.vol_dir);

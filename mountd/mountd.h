@@ -145,6 +145,8 @@ struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint3
 /* Finds an inode without taking a reference, NULL if the kernel does not
  * hold it. Only for short, lock-protected peeks (getattr size). */
 struct inode *inode_find(struct mountd *md, uint64_t ino);
+/* Takes one reference (nopen) on ino if the daemon holds it, else NULL. */
+struct inode *inode_ref_existing(struct mountd *md, uint64_t ino);
 /* Drops nlookup lookups and nopen opens; frees the inode (and, if unlinked,
  * its metadata) when nothing holds it any more. */
 void inode_unref(struct mountd *md, struct inode *ino, uint64_t nlookup, uint32_t nopen);

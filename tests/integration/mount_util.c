@@ -507,6 +507,40 @@ void fm_remount(void)
 	fm_mount();
 }
 
+void fm_remount_cold(void)
+{
+	fm_umount();
+	fm.n_cache++;
+	snprintf(fm.cache, sizeof(fm.cache), "%s/cache-%d", fm.dir, fm.n_cache);
+	cr_assert(mkdir(fm.cache, 0700) == 0, "mkdir %s: %s", fm.cache, strerror(errno));
+	fm_mount();
+}
+
+void fm_crash(void)
+{
+	pid_t pids[8];
+	int n = find_mountd(fm.dir, pids, 8);
+
+	cr_assert(n > 0, "no ferry-mountd found for %s", fm.dir);
+	for (int i = 0; i < n; i++)
+		kill(pids[i], SIGKILL);
+	for (int t = 0; t < 500; t++) {
+		bool any = false;
+
+		for (int i = 0; i < n; i++)
+			any |= alive(pids[i]);
+		if (!any)
+			break;
+		usleep(10000);
+	}
+	for (int i = 0; i < n; i++)
+		cr_assert(!alive(pids[i]), "ferry-mountd %d survived SIGKILL", pids[i]);
+	if (fm_is_mounted(fm.mnt))
+		cr_assert(umount2(fm.mnt, MNT_DETACH) == 0, "umount -l %s: %s", fm.mnt,
+			  strerror(errno));
+	fm.mounted = false;
+}
+
 void fm_setup_opts(const struct fm_opts *o)
 {
 	const char *argv[16];

@@ -41,6 +41,7 @@ struct fm {
 	pid_t reaper;
 	pid_t mountd[8];        /* ferry-mountd pids seen for this fixture */
 	int n_mountd;
+	int n_cache;            /* caches made by fm_remount_cold() */
 };
 
 /* The one fixture of this test process. */
@@ -65,6 +66,12 @@ void fm_setup_opts(const struct fm_opts *o);
 void fm_mount(void);
 void fm_umount(void);
 void fm_remount(void);
+/* Unmount, then mount with a new, empty --cache-dir: every byte read
+ * afterwards comes from the object store and the metadata DB. */
+void fm_remount_cold(void);
+/* SIGKILL the fixture's ferry-mountd, wait until it is gone and lazily
+ * unmount the dead mount (for crash-durability tests). */
+void fm_crash(void);
 
 /* Is anything mounted at path (per /proc/self/mountinfo)? */
 bool fm_is_mounted(const char *path);

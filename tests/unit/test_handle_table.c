@@ -282,7 +282,8 @@ Test(handle_table, threads_get_their_own_pointer, .timeout = 300)
  * Each thread frees its first handle while it still holds its second: pop i,
  * pop j, push i, the sequence after which a pop that read i's next (j)
  * before being preempted would hand j out a second time, were the free list
- * head not tagged. More threads than CPUs, so that pops get preempted.
+ * head not tagged. Eight threads, more than most machines have CPUs, so
+ * that pops get preempted.
  */
 #define ABA_THREADS	8
 #define ABA_ITERS	100000

@@ -1,0 +1,1326 @@
+/* Unit tests for common/meta_sqlite.c: a real SQLite volume in a temporary
+ * directory per test. */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "meta.h"
+#include "slice.h"
+
+static char dir[64];
+static char db[128];
+static struct meta *m;
+
+#define CS ((uint64_t)META_CHUNK_SIZE)
+
+static void rm_dir(const char *path)
+{
+	DIR *d = opendir(path);
+	struct dirent *de;
+	char p[512];
+
+	if (d == NULL)
+		return;
+	while ((de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", path, de->d_name);
+		unlink(p);
+	}
+	closedir(d);
+	rmdir(path);
+}
+
+static void setup_dir(void)
+{
+	strcpy(dir, "/tmp/ferry-meta-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(db, sizeof(db), "%s/meta.db", dir);
+}
+
+static void format_volume(void)
+{
+	struct meta_volume v = { .block_size = 0, .storage_url = "file:///tmp/objs" };
+
+	cr_assert_eq(meta_format(db, &v, 1000, 1000, 0), 0);
+}
+
+static void setup(void)
+{
+	setup_dir();
+	format_volume();
+	cr_assert_eq(meta_open(db, &m), 0);
+}
+
+static void teardown(void)
+{
+	meta_close(m);
+	m = NULL;
+	rm_dir(dir);
+}
+
+/* Runs SQL on the volume through a connection of its own. */
+static void raw_sql(const char *sql)
+{
+	sqlite3 *h;
+	char *err = NULL;
+
+	cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+	sqlite3_busy_timeout(h, 5000);
+	cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, &err), SQLITE_OK, "%s: %s", sql,
+		     err ? err : "");
+	sqlite3_close(h);
+}
+
+static int64_t raw_int(const char *sql)
+{
+	sqlite3 *h;
+	sqlite3_stmt *st;
+	int64_t v = -1;
+
+	cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+	cr_assert_eq(sqlite3_prepare_v2(h, sql, -1, &st, NULL), SQLITE_OK, "%s", sql);
+	if (sqlite3_step(st) == SQLITE_ROW)
+		v = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(h);
+	return v;
+}
+
+static uint64_t mk(uint64_t parent, const char *name, uint32_t mode)
+{
+	struct meta_attr a;
+	int rc = meta_create(m, parent, name, mode, 1000, 1000, 0,
+			     S_ISLNK(mode) ? "target" : NULL, &a);
+
+	cr_assert_eq(rc, 0, "create %s: %d", name, rc);
+	return a.ino;
+}
+
+static struct meta_attr attr(uint64_t ino)
+{
+	struct meta_attr a;
+
+	cr_assert_eq(meta_getattr(m, ino, &a), 0);
+	return a;
+}
+
+/* Puts ino's times in 2001 so a later change is visible. */
+static void age(uint64_t ino)
+{
+	struct meta_attr in = { 0 };
+
+	in.atime.tv_sec = in.mtime.tv_sec = in.ctime.tv_sec = 1000000000;
+	cr_assert_eq(meta_setattr(m, ino, META_SET_ATIME | META_SET_MTIME | META_SET_CTIME, &in,
+				  NULL),
+		     0);
+}
+
+static int is_old(struct timespec t)
+{
+	return t.tv_sec == 1000000000;
+}
+
+static int orphan_count(void)
+{
+	return (int)raw_int("SELECT COUNT(*) FROM orphan");
+}
+
+/* ---- volume ------------------------------------------------------------ */
+
+TestSuite(meta, .init = setup, .fini = teardown);
+TestSuite(meta_open, .init = setup_dir, .fini = teardown);
+
+Test(meta_open, format_open_reopen)
+{
+	struct meta_volume v = { .block_size = 1u << 20, .storage_url = "s3://b/p",
+				 .created_at = 42, .s3_http = 1 };
+	struct meta_volume got, got2;
+	struct meta_attr root;
+	int i;
+
+	cr_assert_eq(meta_open(db, &m), -ENOENT);
+	cr_assert_eq(meta_format(db, &v, 7, 8, 0), 0);
+	cr_assert_eq(meta_format(db, &v, 7, 8, 0), -EEXIST);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_volume_get(m, &got), 0);
+	cr_assert_eq(strlen(got.uuid), 36);
+	cr_assert_eq(got.uuid[14], '4', "uuid v4: %s", got.uuid);
+	for (i = 0; i < 36; i++)
+		cr_assert(got.uuid[i] == '-' || (got.uuid[i] >= '0' && got.uuid[i] <= '9') ||
+			  (got.uuid[i] >= 'a' && got.uuid[i] <= 'f'));
+	cr_assert_eq(got.block_size, 1u << 20);
+	cr_assert_str_eq(got.storage_url, "s3://b/p");
+	cr_assert_eq(got.created_at, 42);
+	cr_assert_eq(got.s3_http, 1);
+	root = attr(META_ROOT_INO);
+	cr_assert(S_ISDIR(root.mode));
+	cr_assert_eq(root.uid, 7);
+	cr_assert_eq(root.gid, 8);
+	cr_assert_eq(root.nlink, 2);
+	mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	meta_close(m);
+	m = NULL;
+
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_volume_get(m, &got2), 0);
+	cr_assert_str_eq(got.uuid, got2.uuid);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "f", NULL), 0);
+	meta_volume_free(&got2);
+	meta_close(m);
+	m = NULL;
+
+	/* force replaces it: a new uuid, an empty root. */
+	strcpy(v.uuid, "0b3e2c1a-1111-4222-8333-444455556666");
+	cr_assert_eq(meta_format(db, &v, 0, 0, 1), 0);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_volume_get(m, &got2), 0);
+	cr_assert_str_eq(got2.uuid, "0b3e2c1a-1111-4222-8333-444455556666");
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "f", NULL), -ENOENT);
+	meta_volume_free(&got);
+	meta_volume_free(&got2);
+	meta_volume_free(NULL);
+
+	strcpy(v.uuid, "not-a-uuid");
+	cr_assert_eq(meta_format(db, &v, 0, 0, 1), -EINVAL);
+	v.uuid[0] = '\0';
+	v.block_size = META_CHUNK_SIZE + 1;
+	cr_assert_eq(meta_format(db, &v, 0, 0, 1), -EINVAL);
+}
+
+Test(meta_open, wal_mode)
+{
+	sqlite3 *h;
+	sqlite3_stmt *st;
+
+	format_volume();
+	cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+	cr_assert_eq(sqlite3_prepare_v2(h, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	cr_assert_str_eq((const char *)sqlite3_column_text(st, 0), "wal");
+	sqlite3_finalize(st);
+	sqlite3_close(h);
+}
+
+Test(meta_open, wrong_files)
+{
+	FILE *f;
+
+	/* Not a database at all. */
+	f = fopen(db, "w");
+	cr_assert_not_null(f);
+	fputs("this is not an sqlite database, not at all; it is just some text\n", f);
+	for (int i = 0; i < 200; i++)
+		fputs("padding padding padding padding padding\n", f);
+	fclose(f);
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	cr_assert_null(m);
+	unlink(db);
+
+	/* An empty file. */
+	f = fopen(db, "w");
+	fclose(f);
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	unlink(db);
+
+	/* Some other SQLite database. */
+	raw_sql("CREATE TABLE t(x); INSERT INTO t VALUES (1);");
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	unlink(db);
+
+	/* A ferryfs volume of another schema version. */
+	format_volume();
+	raw_sql("PRAGMA user_version = 2");
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	raw_sql("PRAGMA user_version = 1");
+	cr_assert_eq(meta_open(db, &m), 0);
+	meta_close(m);
+	m = NULL;
+
+	/* A damaged volume record. */
+	raw_sql("UPDATE volume SET block_size = 0");
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	raw_sql("DELETE FROM volume");
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	meta_close(NULL);
+}
+
+/* ---- namespace ----------------------------------------------------------- */
+
+Test(meta, create_every_type)
+{
+	struct meta_attr a, root;
+	char *t;
+
+	age(META_ROOT_INO);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0640, 5, 6, 0, NULL, &a), 0);
+	cr_assert_eq(a.mode, S_IFREG | 0640);
+	cr_assert_eq(a.uid, 5);
+	cr_assert_eq(a.gid, 6);
+	cr_assert_eq(a.nlink, 1);
+	cr_assert_eq(a.size, 0);
+	root = attr(META_ROOT_INO);
+	cr_assert(!is_old(root.mtime) && !is_old(root.ctime));
+	cr_assert_eq(root.nlink, 2);
+
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "d", S_IFDIR | 0755, 5, 6, 0, NULL, &a), 0);
+	cr_assert_eq(a.nlink, 2);
+	cr_assert_eq(attr(META_ROOT_INO).nlink, 3);
+
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "l", S_IFLNK | 0777, 5, 6, 0, "../x/y", &a), 0);
+	cr_assert_eq(a.size, 6);
+	cr_assert_eq(meta_readlink(m, a.ino, &t), 0);
+	cr_assert_str_eq(t, "../x/y");
+	free(t);
+	cr_assert_eq(meta_readlink(m, META_ROOT_INO, &t), -EINVAL);
+	cr_assert_eq(meta_readlink(m, 9999, &t), -ENOENT);
+
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "p", S_IFIFO | 0600, 5, 6, 0, NULL, &a), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "s", S_IFSOCK | 0600, 5, 6, 0, NULL, &a), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "c", S_IFCHR | 0600, 5, 6, 0x0103, NULL, &a), 0);
+	cr_assert_eq(a.rdev, 0x0103);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "b", S_IFBLK | 0600, 5, 6, 0x0801, NULL, &a), 0);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "b", &a), 0);
+	cr_assert(S_ISBLK(a.mode));
+	cr_assert_eq(a.rdev, 0x0801);
+	cr_assert_eq(attr(META_ROOT_INO).nlink, 3);
+}
+
+Test(meta, create_errors)
+{
+	char longname[META_NAME_MAX + 2];
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+
+	memset(longname, 'a', sizeof(longname));
+	longname[META_NAME_MAX + 1] = '\0';
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 0, 0, 0, NULL, NULL),
+		     -EEXIST);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFDIR | 0755, 0, 0, 0, NULL, NULL),
+		     -EEXIST);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, longname, S_IFREG, 0, 0, 0, NULL, NULL),
+		     -ENAMETOOLONG);
+	longname[META_NAME_MAX] = '\0';
+	cr_assert_eq(meta_create(m, META_ROOT_INO, longname, S_IFREG, 0, 0, 0, NULL, NULL), 0);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, longname, NULL), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "", S_IFREG, 0, 0, 0, NULL, NULL), -EINVAL);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, ".", S_IFREG, 0, 0, 0, NULL, NULL), -EINVAL);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "..", S_IFDIR, 0, 0, 0, NULL, NULL), -EINVAL);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "a/b", S_IFREG, 0, 0, 0, NULL, NULL), -EINVAL);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "x", 0644, 0, 0, 0, NULL, NULL), -EINVAL);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "x", S_IFLNK | 0777, 0, 0, 0, NULL, NULL),
+		     -EINVAL);
+	cr_assert_eq(meta_create(m, f, "x", S_IFREG, 0, 0, 0, NULL, NULL), -ENOTDIR);
+	cr_assert_eq(meta_create(m, 9999, "x", S_IFREG, 0, 0, 0, NULL, NULL), -ENOENT);
+	cr_assert_eq(meta_create(m, 0, "x", S_IFREG, 0, 0, 0, NULL, NULL), -ENOENT);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "x", NULL), -ENOENT);
+	cr_assert_eq(meta_lookup(m, f, "x", NULL), -ENOTDIR);
+	cr_assert_eq(meta_lookup(m, 9999, "x", NULL), -ENOENT);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "a/b", NULL), -EINVAL);
+	cr_assert_eq(meta_getattr(m, 9999, NULL), -ENOENT);
+	cr_assert_eq(meta_getattr(m, 0, NULL), -ENOENT);
+	cr_assert_eq(meta_getattr(m, UINT64_MAX, NULL), -ENOENT);
+}
+
+Test(meta, setgid_inheritance)
+{
+	struct meta_attr in = { .mode = 02775, .gid = 4242 }, a;
+	uint64_t g = mk(META_ROOT_INO, "g", S_IFDIR | 0775);
+
+	cr_assert_eq(meta_setattr(m, g, META_SET_MODE | META_SET_GID, &in, &a), 0);
+	cr_assert_eq(a.mode, S_IFDIR | 02775);
+	cr_assert_eq(a.gid, 4242);
+	cr_assert_eq(meta_create(m, g, "f", S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
+	cr_assert_eq(a.gid, 4242);
+	cr_assert_eq(a.uid, 1);
+	cr_assert_eq(a.mode, S_IFREG | 0644);
+	cr_assert_eq(meta_create(m, g, "sub", S_IFDIR | 0755, 1, 2, 0, NULL, &a), 0);
+	cr_assert_eq(a.gid, 4242);
+	cr_assert_eq(a.mode, S_IFDIR | S_ISGID | 0755);
+	/* ... and it carries on down. */
+	cr_assert_eq(meta_create(m, a.ino, "deeper", S_IFDIR | 0700, 1, 2, 0, NULL, &a), 0);
+	cr_assert_eq(a.gid, 4242);
+	cr_assert(a.mode & S_ISGID);
+	/* Not under a plain directory. */
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "plain", S_IFDIR | 0755, 1, 2, 0, NULL, &a), 0);
+	cr_assert_eq(a.gid, 2);
+	cr_assert_eq(a.mode & S_ISGID, 0);
+}
+
+Test(meta, link)
+{
+	struct meta_attr a;
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+
+	age(f);
+	age(d);
+	cr_assert_eq(meta_link(m, f, d, "g", &a), 0);
+	cr_assert_eq(a.ino, f);
+	cr_assert_eq(a.nlink, 2);
+	cr_assert(!is_old(a.ctime));
+	cr_assert(is_old(a.mtime));
+	cr_assert(!is_old(attr(d).mtime) && !is_old(attr(d).ctime));
+	cr_assert_eq(attr(d).nlink, 2);
+	cr_assert_eq(meta_lookup(m, d, "g", &a), 0);
+	cr_assert_eq(a.ino, f);
+	cr_assert_eq(meta_link(m, d, META_ROOT_INO, "dd", NULL), -EPERM);
+	cr_assert_eq(meta_link(m, f, d, "g", NULL), -EEXIST);
+	cr_assert_eq(meta_link(m, f, f, "x", NULL), -ENOTDIR);
+	cr_assert_eq(meta_link(m, 9999, d, "x", NULL), -ENOENT);
+	cr_assert_eq(meta_link(m, f, 9999, "x", NULL), -ENOENT);
+}
+
+Test(meta, unlink)
+{
+	struct meta_attr a;
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+
+	cr_assert_eq(meta_link(m, f, d, "g", NULL), 0);
+	age(f);
+	age(META_ROOT_INO);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f", &a), 0);
+	cr_assert_eq(a.ino, f);
+	cr_assert_eq(a.nlink, 1);
+	cr_assert(!is_old(a.ctime));
+	cr_assert(!is_old(attr(META_ROOT_INO).mtime));
+	cr_assert_eq(orphan_count(), 0);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f", &a), -ENOENT);
+	cr_assert_eq(meta_unlink(m, d, "g", &a), 0);
+	cr_assert_eq(a.nlink, 0);
+	cr_assert_eq(orphan_count(), 1);
+	/* The unlinked inode lives on until released. */
+	cr_assert_eq(attr(f).nlink, 0);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "d", &a), -EISDIR);
+	cr_assert_eq(meta_unlink(m, f, "x", &a), -ENOTDIR);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "..", &a), -EINVAL);
+}
+
+Test(meta, rmdir)
+{
+	struct meta_attr a;
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	uint64_t e = mk(d, "e", S_IFDIR | 0755);
+
+	mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	cr_assert_eq(attr(META_ROOT_INO).nlink, 3);
+	cr_assert_eq(attr(d).nlink, 3);
+	cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "f", &a), -ENOTDIR);
+	cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "d", &a), -ENOTEMPTY);
+	cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "nope", &a), -ENOENT);
+	age(d);
+	cr_assert_eq(meta_rmdir(m, d, "e", &a), 0);
+	cr_assert_eq(a.ino, e);
+	cr_assert_eq(a.nlink, 0);
+	cr_assert_eq(attr(d).nlink, 2);
+	cr_assert(!is_old(attr(d).mtime) && !is_old(attr(d).ctime));
+	cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "d", &a), 0);
+	cr_assert_eq(attr(META_ROOT_INO).nlink, 2);
+	cr_assert_eq(orphan_count(), 2);
+	/* Nothing can be created in a removed directory. */
+	cr_assert_eq(meta_create(m, d, "x", S_IFREG, 0, 0, 0, NULL, NULL), -ENOENT);
+}
+
+/* ---- readdir --------------------------------------------------------------- */
+
+#define NENT 300
+
+struct seen {
+	int count[2 * NENT];
+	uint64_t last;
+	int n, stop_after, plus;
+	int bad;
+};
+
+static int collect(void *arg, const char *name, const struct meta_attr *a, uint64_t cookie)
+{
+	struct seen *s = arg;
+	int i = atoi(name + 1);
+
+	if (cookie <= s->last || i < 0 || i >= 2 * NENT || a->ino == 0 || !S_ISREG(a->mode) ||
+	    (s->plus && a->nlink != 1) || (!s->plus && a->nlink != 0))
+		s->bad++;
+	s->count[i]++;
+	s->last = cookie;
+	s->n++;
+	return s->stop_after && s->n >= s->stop_after;
+}
+
+Test(meta, readdir_cookies_stable)
+{
+	struct seen s = { .stop_after = 100, .plus = 1 };
+	char name[16];
+	int i;
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+
+	for (i = 0; i < NENT; i++) {
+		snprintf(name, sizeof(name), "e%d", i);
+		mk(d, name, S_IFREG | 0644);
+	}
+	cr_assert_eq(meta_readdir(m, d, 0, 1, collect, &s), 0);
+	cr_assert_eq(s.n, 100);
+	for (i = 0; i < 100; i++)
+		cr_assert_eq(s.count[i], 1, "entry %d in the first page", i);
+
+	/* Between pages: delete seen and unseen entries, create new ones. */
+	for (i = 0; i < NENT; i += 3) {
+		snprintf(name, sizeof(name), "e%d", i);
+		cr_assert_eq(meta_unlink(m, d, name, NULL), 0);
+	}
+	for (i = NENT; i < NENT + 50; i++) {
+		snprintf(name, sizeof(name), "e%d", i);
+		mk(d, name, S_IFREG | 0644);
+	}
+	/* Re-creating a deleted name gives it a new cookie: it comes again. */
+	mk(d, "e0", S_IFREG | 0644);
+
+	s.stop_after = 0;
+	s.plus = 0;
+	cr_assert_eq(meta_readdir(m, d, s.last, 0, collect, &s), 0);
+	cr_assert_eq(s.bad, 0);
+	for (i = 0; i < NENT + 50; i++) {
+		int want;
+
+		if (i < 100)
+			want = 1 + (i == 0);
+		else if (i < NENT)
+			want = (i % 3 == 0) ? 0 : 1;
+		else
+			want = 1;
+		cr_assert_eq(s.count[i], want, "entry %d seen %d times", i, s.count[i]);
+	}
+
+	/* A listing from the start now sees each live entry exactly once. */
+	memset(&s, 0, sizeof(s));
+	cr_assert_eq(meta_readdir(m, d, 0, 0, collect, &s), 0);
+	cr_assert_eq(s.n, NENT - NENT / 3 + 50 + 1);
+	cr_assert_eq(meta_readdir(m, mk(META_ROOT_INO, "f", S_IFREG), 0, 0, collect, &s),
+		     -ENOTDIR);
+	cr_assert_eq(meta_readdir(m, 9999, 0, 0, collect, &s), -ENOENT);
+}
+
+static int count_cb(void *arg, const char *name, const struct meta_attr *a, uint64_t cookie)
+{
+	(*(int *)arg)++;
+	return 0;
+}
+
+/* The callback can call back into meta (no statement is held open). */
+struct reenter {
+	uint64_t dir;
+	int n;
+};
+
+static int reenter_cb(void *arg, const char *name, const struct meta_attr *a, uint64_t cookie)
+{
+	struct reenter *r = arg;
+	int n = 0;
+
+	cr_assert_eq(meta_readdir(m, r->dir, 0, 1, count_cb, &n), 0);
+	cr_assert_eq(meta_unlink(m, r->dir, name, NULL), 0);
+	r->n++;
+	return 0;
+}
+
+Test(meta, readdir_reentrant)
+{
+	struct reenter r = { .dir = mk(META_ROOT_INO, "d", S_IFDIR | 0755) };
+	char name[16];
+	int i, n = 0;
+
+	for (i = 0; i < 300; i++) {
+		snprintf(name, sizeof(name), "f%d", i);
+		mk(r.dir, name, S_IFREG | 0644);
+	}
+	cr_assert_eq(meta_readdir(m, r.dir, 0, 0, reenter_cb, &r), 0);
+	cr_assert_eq(r.n, 300);
+	cr_assert_eq(meta_readdir(m, r.dir, 0, 0, count_cb, &n), 0);
+	cr_assert_eq(n, 0);
+}
+
+/* ---- rename ------------------------------------------------------------------ */
+
+static uint64_t ino_of(uint64_t parent, const char *name)
+{
+	struct meta_attr a;
+	int rc = meta_lookup(m, parent, name, &a);
+
+	return rc == 0 ? a.ino : 0;
+}
+
+Test(meta, rename_simple_and_across)
+{
+	struct meta_attr r;
+	uint64_t a = mk(META_ROOT_INO, "a", S_IFDIR | 0755);
+	uint64_t b = mk(META_ROOT_INO, "b", S_IFDIR | 0755);
+	uint64_t f = mk(a, "f", S_IFREG | 0644);
+	uint64_t sub = mk(a, "sub", S_IFDIR | 0755);
+
+	age(f);
+	age(a);
+	age(b);
+	cr_assert_eq(meta_rename(m, a, "f", a, "g", 0, &r), 0);
+	cr_assert_eq(r.ino, 0);
+	cr_assert_eq(ino_of(a, "g"), f);
+	cr_assert_eq(ino_of(a, "f"), 0);
+	cr_assert(!is_old(attr(f).ctime));
+	cr_assert(!is_old(attr(a).mtime));
+
+	cr_assert_eq(attr(a).nlink, 3);
+	cr_assert_eq(meta_rename(m, a, "sub", b, "sub2", 0, &r), 0);
+	cr_assert_eq(ino_of(b, "sub2"), sub);
+	cr_assert_eq(attr(a).nlink, 2);
+	cr_assert_eq(attr(b).nlink, 3);
+	cr_assert(!is_old(attr(b).mtime) && !is_old(attr(b).ctime));
+
+	cr_assert_eq(meta_rename(m, a, "nope", b, "x", 0, &r), -ENOENT);
+	cr_assert_eq(meta_rename(m, a, "g", 9999, "x", 0, &r), -ENOENT);
+	cr_assert_eq(meta_rename(m, a, "g", f, "x", 0, &r), -ENOTDIR);
+	cr_assert_eq(meta_rename(m, a, "g", b, "x", 4, &r), -EINVAL);
+	cr_assert_eq(meta_rename(m, a, "g", b, "x",
+				 META_RENAME_NOREPLACE | META_RENAME_EXCHANGE, &r),
+		     -EINVAL);
+	cr_assert_eq(meta_rename(m, a, "g", b, "", 0, &r), -EINVAL);
+}
+
+Test(meta, rename_replace)
+{
+	struct meta_attr r;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	uint64_t g = mk(META_ROOT_INO, "g", S_IFREG | 0644);
+	uint64_t h = mk(META_ROOT_INO, "h", S_IFREG | 0644);
+	uint64_t d1 = mk(META_ROOT_INO, "d1", S_IFDIR | 0755);
+	uint64_t d2 = mk(META_ROOT_INO, "d2", S_IFDIR | 0755);
+	uint64_t d3 = mk(META_ROOT_INO, "d3", S_IFDIR | 0755);
+
+	mk(d3, "inside", S_IFREG | 0644);
+	cr_assert_eq(meta_link(m, h, d3, "hl", NULL), 0);
+
+	/* A file over a file: the victim loses a link. */
+	age(g);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "f", META_ROOT_INO, "g", 0, &r), 0);
+	cr_assert_eq(r.ino, g);
+	cr_assert_eq(r.nlink, 0);
+	cr_assert(!is_old(r.ctime));
+	cr_assert_eq(ino_of(META_ROOT_INO, "g"), f);
+	cr_assert_eq(orphan_count(), 1);
+	/* One with another link keeps living. */
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "g", META_ROOT_INO, "h", 0, &r), 0);
+	cr_assert_eq(r.ino, h);
+	cr_assert_eq(r.nlink, 1);
+	cr_assert_eq(orphan_count(), 1);
+
+	cr_assert_eq(attr(META_ROOT_INO).nlink, 5);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "h", META_ROOT_INO, "d2", 0, &r), -EISDIR);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "d2", META_ROOT_INO, "h", 0, &r), -ENOTDIR);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "d2", META_ROOT_INO, "d3", 0, &r), -ENOTEMPTY);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "h", META_ROOT_INO, "d1", 0, &r), -EISDIR);
+	/* An empty directory over an empty directory. */
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "d2", META_ROOT_INO, "d1", 0, &r), 0);
+	cr_assert_eq(r.ino, d1);
+	cr_assert_eq(r.nlink, 0);
+	cr_assert_eq(ino_of(META_ROOT_INO, "d1"), d2);
+	cr_assert_eq(attr(META_ROOT_INO).nlink, 4);
+	cr_assert_eq(orphan_count(), 2);
+}
+
+Test(meta, rename_dir_over_nonempty_with_link)
+{
+	/* d1 holds a hard link, so it is not empty. */
+	struct meta_attr r;
+	uint64_t h = mk(META_ROOT_INO, "h", S_IFREG | 0644);
+	uint64_t d1 = mk(META_ROOT_INO, "d1", S_IFDIR | 0755);
+
+	mk(META_ROOT_INO, "d2", S_IFDIR | 0755);
+	cr_assert_eq(meta_link(m, h, d1, "hl", NULL), 0);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "d2", META_ROOT_INO, "d1", 0, &r), -ENOTEMPTY);
+}
+
+Test(meta, rename_self_and_flags)
+{
+	struct meta_attr r;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+
+	cr_assert_eq(meta_link(m, f, d, "f2", NULL), 0);
+	age(f);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "f", META_ROOT_INO, "f", 0, &r), 0);
+	cr_assert_eq(r.ino, 0);
+	cr_assert(is_old(attr(f).ctime));
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "d", META_ROOT_INO, "d", 0, &r), 0);
+	/* Hard links of one inode: nothing happens, both names stay. */
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "f", d, "f2", 0, &r), 0);
+	cr_assert_eq(ino_of(META_ROOT_INO, "f"), f);
+	cr_assert_eq(ino_of(d, "f2"), f);
+	cr_assert_eq(attr(f).nlink, 2);
+
+	mk(META_ROOT_INO, "g", S_IFREG | 0644);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "f", META_ROOT_INO, "g",
+				 META_RENAME_NOREPLACE, &r),
+		     -EEXIST);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "f", META_ROOT_INO, "new",
+				 META_RENAME_NOREPLACE, &r),
+		     0);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "new", META_ROOT_INO, "missing",
+				 META_RENAME_EXCHANGE, &r),
+		     -ENOENT);
+}
+
+Test(meta, rename_into_own_subtree)
+{
+	struct meta_attr r;
+	uint64_t a = mk(META_ROOT_INO, "a", S_IFDIR | 0755);
+	uint64_t b = mk(a, "b", S_IFDIR | 0755);
+	uint64_t c = mk(b, "c", S_IFDIR | 0755);
+
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "a", c, "a", 0, &r), -EINVAL);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "a", a, "x", 0, &r), -EINVAL);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "a", b, "x", 0, &r), -EINVAL);
+	cr_assert_eq(meta_rename(m, a, "b", c, "x", 0, &r), -EINVAL);
+	/* Exchanging a directory with something inside it. */
+	cr_assert_eq(meta_rename(m, b, "c", META_ROOT_INO, "a", META_RENAME_EXCHANGE, &r),
+		     -EINVAL);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "a", b, "c", META_RENAME_EXCHANGE, &r),
+		     -EINVAL);
+	/* Onto an ancestor: not empty. */
+	cr_assert_eq(meta_rename(m, b, "c", META_ROOT_INO, "a", 0, &r), -ENOTEMPTY);
+	/* Up the tree is fine. */
+	cr_assert_eq(meta_rename(m, b, "c", META_ROOT_INO, "c", 0, &r), 0);
+	cr_assert_eq(attr(b).nlink, 2);
+	cr_assert_eq(attr(META_ROOT_INO).nlink, 4);
+}
+
+Test(meta, rename_exchange_file_dir_across_parents)
+{
+	struct meta_attr r;
+	uint64_t p1 = mk(META_ROOT_INO, "p1", S_IFDIR | 0755);
+	uint64_t p2 = mk(META_ROOT_INO, "p2", S_IFDIR | 0755);
+	uint64_t f = mk(p1, "f", S_IFREG | 0644);
+	uint64_t d = mk(p2, "d", S_IFDIR | 0755);
+	uint64_t inner = mk(d, "inner", S_IFREG | 0644);
+
+	cr_assert_eq(attr(p1).nlink, 2);
+	cr_assert_eq(attr(p2).nlink, 3);
+	age(f);
+	age(d);
+	age(p1);
+	age(p2);
+	cr_assert_eq(meta_rename(m, p1, "f", p2, "d", META_RENAME_EXCHANGE, &r), 0);
+	cr_assert_eq(r.ino, 0);
+	cr_assert_eq(ino_of(p1, "f"), d);
+	cr_assert_eq(ino_of(p2, "d"), f);
+	cr_assert_eq(ino_of(d, "inner"), inner); /* the non-empty directory moved whole */
+	cr_assert_eq(attr(p1).nlink, 3);
+	cr_assert_eq(attr(p2).nlink, 2);
+	cr_assert(!is_old(attr(f).ctime) && !is_old(attr(d).ctime));
+	cr_assert(!is_old(attr(p1).mtime) && !is_old(attr(p2).mtime));
+	cr_assert_eq(attr(f).nlink, 1);
+	cr_assert_eq(attr(d).nlink, 2);
+	cr_assert_eq(orphan_count(), 0);
+
+	/* And back, the other way round. */
+	cr_assert_eq(meta_rename(m, p2, "d", p1, "f", META_RENAME_EXCHANGE, &r), 0);
+	cr_assert_eq(ino_of(p1, "f"), f);
+	cr_assert_eq(ino_of(p2, "d"), d);
+	cr_assert_eq(attr(p1).nlink, 2);
+	cr_assert_eq(attr(p2).nlink, 3);
+
+	/* Two directories in one parent: link counts stay. */
+	mk(p2, "e", S_IFDIR | 0755);
+	cr_assert_eq(meta_rename(m, p2, "d", p2, "e", META_RENAME_EXCHANGE, &r), 0);
+	cr_assert_eq(ino_of(p2, "e"), d);
+	cr_assert_eq(attr(p2).nlink, 4);
+	/* Moving the subtree afterwards still works (parents were fixed). */
+	cr_assert_eq(meta_rename(m, p2, "e", p1, "moved", 0, &r), 0);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "p1", d, "x", 0, &r), -EINVAL);
+}
+
+/* ---- data: truncate, write_commit, punch ----------------------------------------- */
+
+static void commit1(uint64_t ino, uint32_t chunk, uint64_t id, uint32_t pos, uint32_t len,
+		    uint64_t size)
+{
+	struct meta_chunk_slice s = { .chunk = chunk,
+				      .s = { .id = id, .size = len, .off = 0, .pos = pos,
+					     .len = len } };
+
+	cr_assert_eq(meta_write_commit(m, ino, &s, 1, size, NULL, NULL), 0);
+}
+
+/* What a reader sees at chunk bytes [pos, pos+len): the extents. */
+static size_t view(uint64_t ino, uint32_t chunk, uint32_t pos, uint32_t len,
+		   struct slice_extent **e)
+{
+	struct meta_slice *s;
+	size_t n, ne;
+
+	cr_assert_eq(meta_chunk_slices(m, ino, chunk, &s, &n), 0);
+	cr_assert_eq(slice_resolve(s, n, pos, len, e, &ne), 0);
+	free(s);
+	return ne;
+}
+
+static void expect(const struct slice_extent *e, uint32_t pos, uint32_t len, uint64_t id)
+{
+	cr_assert_eq(e->pos, pos, "pos %u != %u", e->pos, pos);
+	cr_assert_eq(e->len, len, "len %u != %u at %u", e->len, len, pos);
+	cr_assert_eq(e->id, id, "id %llu != %llu at %u", (unsigned long long)e->id,
+		     (unsigned long long)id, pos);
+}
+
+static size_t nslices(uint64_t ino, uint32_t chunk)
+{
+	struct meta_slice *s;
+	size_t n;
+
+	cr_assert_eq(meta_chunk_slices(m, ino, chunk, &s, &n), 0);
+	free(s);
+	return n;
+}
+
+static void set_size(uint64_t ino, uint64_t size)
+{
+	struct meta_attr in = { .size = size }, out;
+
+	cr_assert_eq(meta_setattr(m, ino, META_SET_SIZE, &in, &out), 0);
+	cr_assert_eq(out.size, size);
+}
+
+Test(meta, truncate_then_extend_reads_zeros)
+{
+	struct slice_extent *e;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	size_t n;
+
+	commit1(f, 0, 11, 0, 1000, 1000);
+	set_size(f, 500);
+	set_size(f, 2000);
+	n = view(f, 0, 0, 2000, &e);
+	cr_assert_eq(n, 2);
+	expect(&e[0], 0, 500, 11);
+	expect(&e[1], 500, 1500, 0);
+	free(e);
+
+	/* Growing adds nothing when nothing shows past the end, and cycles of
+	 * truncate and extend do not pile up zero slices. */
+	n = nslices(f, 0);
+	cr_assert_eq(n, 2);
+	set_size(f, 5000);
+	set_size(f, 300);
+	set_size(f, 4000);
+	set_size(f, 250);
+	set_size(f, 500);
+	cr_assert_eq(nslices(f, 0), 4);
+	n = view(f, 0, 0, 4000, &e);
+	cr_assert_eq(n, 2);
+	expect(&e[0], 0, 250, 11);
+	expect(&e[1], 250, 3750, 0);
+	free(e);
+}
+
+Test(meta, shrink_across_chunks)
+{
+	struct meta_chunk_slice s[3] = {
+		{ 0, { 21, (uint32_t)CS, 0, 0, (uint32_t)CS } },
+		{ 1, { 22, (uint32_t)CS, 0, 0, (uint32_t)CS } },
+		{ 2, { 23, 100, 0, 0, 100 } },
+	};
+	struct slice_extent *e;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	size_t n;
+
+	cr_assert_eq(meta_write_commit(m, f, s, 3, 2 * CS + 100, NULL, NULL), 0);
+	set_size(f, CS + 10);
+	cr_assert_eq(nslices(f, 2), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 23"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 22"), 0);
+	/* Extend again: the tail of chunk 1 and all of chunk 2 are zeros. */
+	set_size(f, 3 * CS);
+	n = view(f, 1, 0, (uint32_t)CS, &e);
+	cr_assert_eq(n, 2);
+	expect(&e[0], 0, 10, 22);
+	expect(&e[1], 10, (uint32_t)CS - 10, 0);
+	free(e);
+	n = view(f, 2, 0, (uint32_t)CS, &e);
+	cr_assert_eq(n, 1);
+	expect(&e[0], 0, (uint32_t)CS, 0);
+	free(e);
+
+	/* Truncating to a chunk boundary drops the chunk after it entirely. */
+	set_size(f, CS);
+	cr_assert_eq(nslices(f, 1), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 22"), 1);
+	set_size(f, 0);
+	cr_assert_eq(nslices(f, 0), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice"), 3);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM slice"), 0);
+}
+
+Test(meta, write_commit_smaller_size_then_grow)
+{
+	/* A commit that shrinks the file must not let old bytes come back. */
+	struct slice_extent *e;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	size_t n;
+
+	commit1(f, 0, 31, 0, 1000, 1000);
+	commit1(f, 0, 32, 0, 100, 100);
+	commit1(f, 0, 33, 800, 100, 900);
+	n = view(f, 0, 0, 900, &e);
+	cr_assert_eq(n, 3);
+	expect(&e[0], 0, 100, 32);
+	expect(&e[1], 100, 700, 0);
+	expect(&e[2], 800, 100, 33);
+	free(e);
+}
+
+Test(meta, setattr_size_errors)
+{
+	struct meta_attr in = { .size = 10 };
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	uint64_t l = mk(META_ROOT_INO, "l", S_IFLNK | 0777);
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+
+	cr_assert_eq(meta_setattr(m, d, META_SET_SIZE, &in, NULL), -EISDIR);
+	cr_assert_eq(meta_setattr(m, l, META_SET_SIZE, &in, NULL), -EINVAL);
+	in.size = UINT64_MAX;
+	cr_assert_eq(meta_setattr(m, f, META_SET_SIZE, &in, NULL), -EFBIG);
+	cr_assert_eq(meta_setattr(m, 9999, META_SET_MODE, &in, NULL), -ENOENT);
+	cr_assert_eq(meta_setattr(m, f, 1u << 20, &in, NULL), -EINVAL);
+	in.mtime.tv_nsec = 1000000000;
+	cr_assert_eq(meta_setattr(m, f, META_SET_MTIME, &in, NULL), -EINVAL);
+}
+
+Test(meta, setattr_fields)
+{
+	struct meta_attr in = { 0 }, out;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+
+	in.mode = S_IFDIR | 04711; /* the type bits are ignored */
+	in.uid = 77;
+	in.gid = 88;
+	in.atime = (struct timespec){ 123, 456 };
+	in.mtime = (struct timespec){ 789, 999999999 };
+	in.ctime = (struct timespec){ 5, 6 };
+	cr_assert_eq(meta_setattr(m, f,
+				  META_SET_MODE | META_SET_UID | META_SET_GID | META_SET_ATIME |
+					  META_SET_MTIME,
+				  &in, &out),
+		     0);
+	cr_assert_eq(out.mode, S_IFREG | 04711);
+	cr_assert_eq(out.uid, 77);
+	cr_assert_eq(out.gid, 88);
+	cr_assert_eq(out.atime.tv_sec, 123);
+	cr_assert_eq(out.atime.tv_nsec, 456);
+	cr_assert_eq(out.mtime.tv_nsec, 999999999);
+	cr_assert_gt(out.ctime.tv_sec, 1000000000);
+	cr_assert_eq(meta_setattr(m, f, META_SET_CTIME | META_SET_ATIME_NOW, &in, &out), 0);
+	cr_assert_eq(out.ctime.tv_sec, 5);
+	cr_assert_eq(out.ctime.tv_nsec, 6);
+	cr_assert_gt(out.atime.tv_sec, 1000000000);
+	cr_assert_eq(out.mtime.tv_sec, 789);
+	out = attr(f);
+	cr_assert_eq(out.ctime.tv_sec, 5);
+	cr_assert_eq(meta_setattr(m, f, META_SET_MTIME_NOW, &in, &out), 0);
+	cr_assert_gt(out.mtime.tv_sec, 1000000000);
+}
+
+Test(meta, write_commit_order_and_ids)
+{
+	struct meta_chunk_slice s[3] = {
+		{ 0, { 0, 0, 0, 0, 0 } },
+		{ 0, { 0, 0, 0, 0, 0 } },
+		{ 1, { 0, 0, 0, 0, 0 } },
+	};
+	struct timespec mt = { 1234, 5678 };
+	struct meta_slice *got;
+	struct meta_attr out;
+	uint64_t first, next;
+	size_t n;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+
+	cr_assert_eq(meta_slice_id_alloc(m, 3, &first), 0);
+	cr_assert_eq(first, 1);
+	cr_assert_eq(meta_slice_id_alloc(m, 1, &next), 0);
+	cr_assert_eq(next, 4);
+	cr_assert_eq(meta_slice_id_alloc(m, 0, &next), -EINVAL);
+
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &got, &n), 0);
+	cr_assert_null(got);
+	cr_assert_eq(n, 0);
+	cr_assert_eq(meta_chunk_slices(m, 9999, 0, &got, &n), -ENOENT);
+
+	s[0].s = (struct meta_slice){ first, 4096, 0, 0, 4096 };
+	s[1].s = (struct meta_slice){ first + 1, 4096, 1024, 100, 2048 };
+	s[2].s = (struct meta_slice){ first + 2, 10, 0, 0, 10 };
+	cr_assert_eq(meta_write_commit(m, f, s, 3, CS + 10, &mt, &out), 0);
+	cr_assert_eq(out.size, CS + 10);
+	cr_assert_eq(out.mtime.tv_sec, 1234);
+	cr_assert_eq(out.ctime.tv_nsec, 5678);
+	commit1(f, 0, next, 50, 10, CS + 10);
+
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &got, &n), 0);
+	cr_assert_eq(n, 3);
+	cr_assert_eq(got[0].id, first);
+	cr_assert_eq(got[1].id, first + 1);
+	cr_assert_eq(got[1].off, 1024);
+	cr_assert_eq(got[1].pos, 100);
+	cr_assert_eq(got[1].len, 2048);
+	cr_assert_eq(got[1].size, 4096);
+	cr_assert_eq(got[2].id, next);
+	free(got);
+	cr_assert_eq(nslices(f, 1), 1);
+
+	/* Invalid slices are refused whole. */
+	s[0].s = (struct meta_slice){ 9, 10, 5, 0, 10 };
+	cr_assert_eq(meta_write_commit(m, f, s, 1, 10, NULL, NULL), -EINVAL);
+	s[0].s = (struct meta_slice){ 9, 10, 0, META_CHUNK_SIZE - 5, 10 };
+	cr_assert_eq(meta_write_commit(m, f, s, 1, 10, NULL, NULL), -EINVAL);
+	s[0].s = (struct meta_slice){ 9, 10, 0, 0, 0 };
+	cr_assert_eq(meta_write_commit(m, f, s, 1, 10, NULL, NULL), -EINVAL);
+	cr_assert_eq(meta_write_commit(m, META_ROOT_INO, NULL, 0, 0, NULL, NULL), -EISDIR);
+	cr_assert_eq(attr(f).size, CS + 10);
+}
+
+Test(meta, punch_hole)
+{
+	struct meta_chunk_slice s[3] = {
+		{ 0, { 41, (uint32_t)CS, 0, 0, (uint32_t)CS } },
+		{ 1, { 42, (uint32_t)CS, 0, 0, (uint32_t)CS } },
+		{ 2, { 43, (uint32_t)CS, 0, 0, (uint32_t)CS } },
+	};
+	struct slice_extent *e;
+	struct meta_attr out;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	size_t n;
+
+	cr_assert_eq(meta_write_commit(m, f, s, 3, 2 * CS + 1000, NULL, NULL), 0);
+	age(f);
+	/* From inside chunk 0 to inside chunk 2: chunk 1 goes whole. */
+	cr_assert_eq(meta_punch_hole(m, f, 100, 2 * CS, &out), 0);
+	cr_assert_eq(out.size, 2 * CS + 1000);
+	cr_assert(!is_old(out.mtime) && !is_old(out.ctime));
+	cr_assert_eq(nslices(f, 1), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 42"), 1);
+	n = view(f, 0, 0, (uint32_t)CS, &e);
+	cr_assert_eq(n, 2);
+	expect(&e[0], 0, 100, 41);
+	expect(&e[1], 100, (uint32_t)CS - 100, 0);
+	free(e);
+	n = view(f, 2, 0, 1000, &e);
+	cr_assert_eq(n, 2);
+	expect(&e[0], 0, 100, 0);
+	expect(&e[1], 100, 900, 43);
+	free(e);
+
+	/* From a chunk start past the end of the file: that chunk goes whole. */
+	cr_assert_eq(meta_punch_hole(m, f, 2 * CS, CS * 5, &out), 0);
+	cr_assert_eq(nslices(f, 2), 0);
+	cr_assert_eq(attr(f).size, 2 * CS + 1000);
+	/* Past the end: nothing happens. */
+	cr_assert_eq(meta_punch_hole(m, f, 10 * CS, 10, &out), 0);
+	cr_assert_eq(meta_punch_hole(m, f, 10, 0, &out), -EINVAL);
+	cr_assert_eq(meta_punch_hole(m, f, UINT64_MAX, 2, &out), -EINVAL);
+	cr_assert_eq(meta_punch_hole(m, META_ROOT_INO, 0, 2, &out), -EISDIR);
+	/* Inside one chunk. */
+	cr_assert_eq(meta_punch_hole(m, f, 10, 20, &out), 0);
+	n = view(f, 0, 0, 100, &e);
+	cr_assert_eq(n, 3);
+	expect(&e[0], 0, 10, 41);
+	expect(&e[1], 10, 20, 0);
+	expect(&e[2], 30, 70, 41);
+	free(e);
+}
+
+/* ---- orphans ------------------------------------------------------------------- */
+
+Test(meta, orphans_release_purge)
+{
+	struct meta_attr a;
+	uint64_t f1 = mk(META_ROOT_INO, "f1", S_IFREG | 0644);
+	uint64_t f2 = mk(META_ROOT_INO, "f2", S_IFREG | 0644);
+	uint64_t l = mk(META_ROOT_INO, "l", S_IFLNK | 0777);
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	uint64_t keep = mk(META_ROOT_INO, "keep", S_IFREG | 0644);
+	uint64_t count;
+
+	commit1(f1, 0, 51, 0, 100, 100);
+	commit1(f2, 0, 52, 0, 100, 100);
+	commit1(keep, 0, 53, 0, 100, 100);
+	cr_assert_eq(meta_setxattr(m, f1, "user.a", "v", 1, 0), 0);
+
+	/* Linked: release leaves it alone. */
+	cr_assert_eq(meta_inode_release(m, f1), 0);
+	cr_assert_eq(attr(f1).nlink, 1);
+
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f1", &a), 0);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f2", &a), 0);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "l", &a), 0);
+	cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "d", &a), 0);
+	cr_assert_eq(orphan_count(), 4);
+
+	cr_assert_eq(meta_inode_release(m, f1), 0);
+	cr_assert_eq(meta_getattr(m, f1, &a), -ENOENT);
+	cr_assert_eq(meta_inode_release(m, f1), -ENOENT);
+	cr_assert_eq(orphan_count(), 3);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM xattr"), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 51"), 1);
+
+	/* A crash later: the rest are purged at the next mount. */
+	meta_close(m);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_orphans_purge(m, &count), 0);
+	cr_assert_eq(count, 3);
+	cr_assert_eq(meta_getattr(m, f2, &a), -ENOENT);
+	cr_assert_eq(meta_getattr(m, l, &a), -ENOENT);
+	cr_assert_eq(meta_getattr(m, d, &a), -ENOENT);
+	cr_assert_eq(orphan_count(), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM symlink"), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice"), 2);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM slice"), 1);
+	cr_assert_eq(attr(keep).nlink, 1);
+	cr_assert_eq(meta_orphans_purge(m, &count), 0);
+	cr_assert_eq(count, 0);
+}
+
+Test(meta, shared_slice_not_collected)
+{
+	/* A slice id still referenced by another file is not handed to gc. */
+	uint64_t f1 = mk(META_ROOT_INO, "f1", S_IFREG | 0644);
+	uint64_t f2 = mk(META_ROOT_INO, "f2", S_IFREG | 0644);
+
+	commit1(f1, 0, 61, 0, 100, 100);
+	commit1(f2, 0, 61, 0, 100, 100);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f1", NULL), 0);
+	cr_assert_eq(meta_inode_release(m, f1), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice"), 0);
+	set_size(f2, 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 61"), 1);
+}
+
+/* ---- xattr, statfs ---------------------------------------------------------------- */
+
+Test(meta, xattr)
+{
+	char name[META_XATTR_NAME_MAX + 2];
+	static char big[META_XATTR_SIZE_MAX + 1];
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	void *v;
+	char *list;
+	size_t n;
+
+	cr_assert_eq(meta_listxattr(m, f, &list, &n), 0);
+	cr_assert_eq(n, 0);
+	free(list);
+	age(f);
+	cr_assert_eq(meta_setxattr(m, f, "user.b", "hello", 5, META_XATTR_REPLACE), -ENODATA);
+	cr_assert_eq(meta_setxattr(m, f, "user.b", "hello", 5, META_XATTR_CREATE), 0);
+	cr_assert(!is_old(attr(f).ctime));
+	cr_assert(is_old(attr(f).mtime));
+	cr_assert_eq(meta_setxattr(m, f, "user.b", "x", 1, META_XATTR_CREATE), -EEXIST);
+	cr_assert_eq(meta_getxattr(m, f, "user.b", &v, &n), 0);
+	cr_assert_eq(n, 5);
+	cr_assert_eq(memcmp(v, "hello", 5), 0);
+	free(v);
+	cr_assert_eq(meta_setxattr(m, f, "user.b", "bye", 3, META_XATTR_REPLACE), 0);
+	cr_assert_eq(meta_getxattr(m, f, "user.b", &v, &n), 0);
+	cr_assert_eq(n, 3);
+	free(v);
+	cr_assert_eq(meta_setxattr(m, f, "user.a", NULL, 0, 0), 0);
+	cr_assert_eq(meta_getxattr(m, f, "user.a", &v, &n), 0);
+	cr_assert_eq(n, 0);
+	free(v);
+	cr_assert_eq(meta_listxattr(m, f, &list, &n), 0);
+	cr_assert_eq(n, strlen("user.a") + 1 + strlen("user.b") + 1);
+	cr_assert_eq(memcmp(list, "user.a\0user.b\0", n), 0);
+	free(list);
+
+	cr_assert_eq(meta_getxattr(m, f, "user.none", &v, &n), -ENODATA);
+	cr_assert_eq(meta_removexattr(m, f, "user.none"), -ENODATA);
+	age(f);
+	cr_assert_eq(meta_removexattr(m, f, "user.a"), 0);
+	cr_assert(!is_old(attr(f).ctime));
+	cr_assert_eq(meta_getxattr(m, f, "user.a", &v, &n), -ENODATA);
+
+	memset(name, 'n', sizeof(name));
+	name[META_XATTR_NAME_MAX + 1] = '\0';
+	cr_assert_eq(meta_setxattr(m, f, name, "x", 1, 0), -ERANGE);
+	cr_assert_eq(meta_getxattr(m, f, name, &v, &n), -ERANGE);
+	name[META_XATTR_NAME_MAX] = '\0';
+	cr_assert_eq(meta_setxattr(m, f, name, "x", 1, 0), 0);
+	cr_assert_eq(meta_setxattr(m, f, "user.big", big, sizeof(big), 0), -E2BIG);
+	cr_assert_eq(meta_setxattr(m, f, "user.big", big, sizeof(big) - 1, 0), 0);
+	cr_assert_eq(meta_getxattr(m, f, "user.big", &v, &n), 0);
+	cr_assert_eq(n, META_XATTR_SIZE_MAX);
+	free(v);
+	cr_assert_eq(meta_setxattr(m, f, "user.x", "x", 1, 3), -EINVAL);
+	cr_assert_eq(meta_setxattr(m, 9999, "user.x", "x", 1, 0), -ENOENT);
+	cr_assert_eq(meta_getxattr(m, 9999, "user.x", &v, &n), -ENOENT);
+	cr_assert_eq(meta_listxattr(m, 9999, &list, &n), -ENOENT);
+	cr_assert_eq(meta_removexattr(m, 9999, "user.x"), -ENOENT);
+}
+
+Test(meta, statfs)
+{
+	uint64_t bytes, inodes;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	uint64_t g = mk(META_ROOT_INO, "g", S_IFREG | 0644);
+
+	mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	mk(META_ROOT_INO, "l", S_IFLNK | 0777); /* its size is not file data */
+	commit1(f, 0, 71, 0, 1000, 1000);
+	set_size(g, 3 * CS);
+	cr_assert_eq(meta_statfs(m, &bytes, &inodes), 0);
+	cr_assert_eq(bytes, 1000 + 3 * CS);
+	cr_assert_eq(inodes, 5);
+}
+
+/* ---- threads --------------------------------------------------------------------- */
+
+struct worker {
+	uint64_t dir;
+	int errors;
+};
+
+static void *work(void *p)
+{
+	struct worker *w = p;
+	struct meta_attr a;
+	char name[32];
+	int i;
+
+	for (i = 0; i < 150; i++) {
+		snprintf(name, sizeof(name), "f%d", i);
+		if (meta_create(m, w->dir, name, S_IFREG | 0644, 0, 0, 0, NULL, &a) != 0)
+			w->errors++;
+		if (meta_lookup(m, w->dir, name, &a) != 0 || meta_getattr(m, a.ino, &a) != 0)
+			w->errors++;
+		snprintf(name, sizeof(name), "f%d", i / 2);
+		if (meta_lookup(m, w->dir, name, &a) != 0)
+			w->errors++;
+		if (i % 10 == 0 && meta_lookup(m, META_ROOT_INO, "d0", &a) != 0)
+			w->errors++;
+	}
+	return NULL;
+}
+
+Test(meta, four_threads)
+{
+	struct worker w[4];
+	pthread_t t[4];
+	char name[8];
+	int i, n;
+
+	for (i = 0; i < 4; i++) {
+		snprintf(name, sizeof(name), "d%d", i);
+		w[i] = (struct worker){ .dir = mk(META_ROOT_INO, name, S_IFDIR | 0755) };
+	}
+	for (i = 0; i < 4; i++)
+		cr_assert_eq(pthread_create(&t[i], NULL, work, &w[i]), 0);
+	for (i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		cr_assert_eq(w[i].errors, 0, "thread %d: %d errors", i, w[i].errors);
+		n = 0;
+		cr_assert_eq(meta_readdir(m, w[i].dir, 0, 0, count_cb, &n), 0);
+		cr_assert_eq(n, 150);
+	}
+	/* Threads that exit hand their connections back; later ones get new ones. */
+	for (i = 0; i < 4; i++)
+		cr_assert_eq(pthread_create(&t[i], NULL, work, &w[i]), 0);
+	for (i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	for (i = 0; i < 4; i++)
+		cr_assert_eq(w[i].errors, 150, "second round: every create is EEXIST");
+}
+
+/* ---- damage ------------------------------------------------------------------------ */
+
+Test(meta, damaged_rows)
+{
+	struct meta_slice *s;
+	struct meta_attr a;
+	size_t n;
+	char *t;
+	int cnt = 0;
+	uint64_t f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
+	uint64_t d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	uint64_t l = mk(META_ROOT_INO, "l", S_IFLNK | 0777);
+	uint64_t g = mk(d, "g", S_IFREG | 0644);
+	char sql[256];
+
+	commit1(f, 0, 81, 0, 100, 100);
+
+	snprintf(sql, sizeof(sql), "UPDATE inode SET mode = 0644 WHERE ino = %llu",
+		 (unsigned long long)f);
+	raw_sql(sql);
+	cr_assert_eq(meta_getattr(m, f, &a), -EIO);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "f", &a), -EIO);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f", &a), -EIO);
+	snprintf(sql, sizeof(sql), "UPDATE inode SET mode = 'garbage' WHERE ino = %llu",
+		 (unsigned long long)f);
+	raw_sql(sql);
+	cr_assert_eq(meta_getattr(m, f, &a), -EIO);
+	snprintf(sql, sizeof(sql),
+		 "UPDATE inode SET mode = 33188, size = -5 WHERE ino = %llu",
+		 (unsigned long long)f);
+	raw_sql(sql);
+	cr_assert_eq(meta_getattr(m, f, &a), -EIO);
+	snprintf(sql, sizeof(sql),
+		 "UPDATE inode SET size = 100, mtime_nsec = 1000000000 WHERE ino = %llu",
+		 (unsigned long long)f);
+	raw_sql(sql);
+	cr_assert_eq(meta_getattr(m, f, &a), -EIO);
+	snprintf(sql, sizeof(sql),
+		 "UPDATE inode SET mtime_nsec = 0, uid = 4294967296 WHERE ino = %llu",
+		 (unsigned long long)f);
+	raw_sql(sql);
+	cr_assert_eq(meta_getattr(m, f, &a), -EIO);
+	snprintf(sql, sizeof(sql), "UPDATE inode SET uid = 0 WHERE ino = %llu",
+		 (unsigned long long)f);
+	raw_sql(sql);
+	cr_assert_eq(meta_getattr(m, f, &a), 0);
+
+	/* Slices. */
+	raw_sql("UPDATE slice SET len = 200 WHERE id = 81"); /* past its size */
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &s, &n), -EIO);
+	cr_assert_null(s);
+	raw_sql("UPDATE slice SET len = 100, pos = 67108860 WHERE id = 81");
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &s, &n), -EIO);
+	raw_sql("UPDATE slice SET pos = 0, id = X'00' WHERE id = 81");
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &s, &n), -EIO);
+
+	/* A child's damaged inode spoils its directory's listing. */
+	snprintf(sql, sizeof(sql), "UPDATE inode SET nlink = -1 WHERE ino = %llu",
+		 (unsigned long long)g);
+	raw_sql(sql);
+	cr_assert_eq(meta_readdir(m, d, 0, 1, count_cb, &cnt), -EIO);
+
+	/* An entry naming no inode. */
+	snprintf(sql, sizeof(sql), "DELETE FROM inode WHERE ino = %llu", (unsigned long long)g);
+	raw_sql(sql);
+	cr_assert_eq(meta_lookup(m, d, "g", &a), -EIO);
+	cr_assert_eq(meta_unlink(m, d, "g", &a), -EIO);
+	cr_assert_eq(meta_rename(m, d, "g", META_ROOT_INO, "x", 0, &a), -EIO);
+
+	/* A symlink that lost its target; a name with a NUL in it. */
+	snprintf(sql, sizeof(sql), "DELETE FROM symlink WHERE ino = %llu", (unsigned long long)l);
+	raw_sql(sql);
+	cr_assert_eq(meta_readlink(m, l, &t), -EIO);
+	cr_assert_null(t);
+	raw_sql("UPDATE dentry SET name = X'610062' WHERE name = X'64'");
+	cnt = 0;
+	cr_assert_eq(meta_readdir(m, META_ROOT_INO, 0, 0, count_cb, &cnt), -EIO);
+
+	/* The counters row. */
+	raw_sql("UPDATE counters SET next_ino = 'x'");
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "new", S_IFREG, 0, 0, 0, NULL, &a), -EIO);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "new", &a), -ENOENT);
+}
