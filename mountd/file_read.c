@@ -33,10 +33,17 @@ static ssize_t read_extent(struct mountd *md, uint64_t ino, const struct slice_e
 		rc = read_cache_read(md->cache, md->store, &md->stats, key, osize, in, dst + done, n);
 		if (rc < 0) {
 			atomic_fetch_add(&md->stats.io_errors, 1);
-			log_errno((int)rc, "inode %llu: cannot read object %s%s%s",
-				  (unsigned long long)ino, key,
-				  *objstore_last_error() ? ": " : "", objstore_last_error());
-			return rc;
+			if (rc == -ENOENT)
+				log_warnx("inode %llu: object %s is missing from the store",
+					  (unsigned long long)ino, key);
+			else if (rc == -EBADMSG)
+				log_warnx("inode %llu: object %s is damaged (length or checksum)",
+					  (unsigned long long)ino, key);
+			else
+				log_errno((int)rc, "inode %llu: cannot read object %s%s%s",
+					  (unsigned long long)ino, key,
+					  *objstore_last_error() ? ": " : "", objstore_last_error());
+			return rc == -ENOMEM ? rc : -EIO;
 		}
 		done += n;
 	}

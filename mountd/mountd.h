@@ -65,7 +65,8 @@ int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **o
 void read_cache_close(struct read_cache *c);
 /* Reads [off, off+len) of the object key, whose full size is objsize, from
  * the cache or else the store (caching the whole object). Returns len or a
- * negative errno (-EIO for a missing or damaged object). */
+ * negative errno (-ENOENT for a missing object, -EBADMSG for a
+ * damaged one, another errno from the store). */
 ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *st,
 			const char *key, uint32_t objsize, uint32_t off, void *buf, uint32_t len);
 /* Adds an object just uploaded, so reads after a write need not fetch it. */

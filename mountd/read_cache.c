@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "block.h"
 #include "mountd.h"
 
 struct cache_entry {
@@ -238,16 +239,18 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 		}
 	}
 	atomic_fetch_add(&st->cache_misses, 1);
-	obj = malloc(objsize ? objsize : 1);
+	obj = malloc((size_t)objsize + BLOCK_TRAILER + 1);
 	if (!obj)
 		return -ENOMEM;
-	n = objstore_get(s, key, 0, obj, objsize);
+	/* Ask for one byte more than the object should hold: a longer object
+	 * is as damaged as a shorter one. */
+	n = objstore_get(s, key, 0, obj, (size_t)objsize + BLOCK_TRAILER + 1);
 	atomic_fetch_add(&st->objects_get, 1);
 	if (n < 0)
 		goto out;
 	atomic_fetch_add(&st->bytes_downloaded, (uint64_t)n);
-	if (n != (ssize_t)objsize) {
-		n = -EIO;  /* a damaged object: never return its bytes */
+	if (block_verify(obj, (size_t)n, objsize) < 0) {
+		n = -EBADMSG;  /* a damaged object: never return its bytes */
 		goto out;
 	}
 	memcpy(buf, obj + off, len);
@@ -255,5 +258,5 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 	n = len;
 out:
 	free(obj);
-	return n == -ENOENT ? -EIO : n;
+	return n;
 }

@@ -16,6 +16,7 @@
 
 #include "log.h"
 #include "mountd.h"
+#include "block.h"
 #include "slice.h"
 
 int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
@@ -185,7 +186,7 @@ static int upload_slice(struct mountd *md, struct wstate *w, uint64_t id, uint64
 		if ((uint32_t)n != osize)
 			return -EIO;
 		slice_object_key(id, idx, len, bs, key, sizeof(key));
-		rc = objstore_put(md->store, key, buf, osize);
+		rc = objstore_put(md->store, key, buf, block_seal(buf, osize));
 		if (rc < 0) {
 			log_errno(rc, "upload of %s failed: %s", key, objstore_last_error());
 			return rc;
@@ -239,7 +240,7 @@ int wstate_commit(struct mountd *md, struct inode *ino)
 		rc = meta_slice_id_alloc(md->meta, (uint32_t)nsl, &first);
 		if (rc < 0)
 			goto out;
-		buf = malloc(md->vol.block_size);
+		buf = malloc(md->vol.block_size + BLOCK_TRAILER);
 		if (!buf) {
 			rc = -ENOMEM;
 			goto out;

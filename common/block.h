@@ -1,0 +1,23 @@
+/*
+ * block: the stored form of one object of a slice. An object holds the data
+ * followed by an 8-byte trailer: the magic "FYb1" and the CRC-32 (zlib) of
+ * the data, little-endian. A reader checks the trailer before it trusts a
+ * byte, so a damaged or truncated object is an error (-EIO), never wrong
+ * data. The object's name carries the data length (slice.h).
+ */
+#ifndef FERRY_BLOCK_H
+#define FERRY_BLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BLOCK_TRAILER 8u
+
+/* Appends the trailer after buf[0..len); buf must have BLOCK_TRAILER more
+ * bytes of room. Returns the stored length (len + BLOCK_TRAILER). */
+size_t block_seal(void *buf, size_t len);
+/* Checks a stored object of stored_len bytes that should hold data_len
+ * bytes of data. Returns 0, or -EIO if the length, magic or CRC is wrong. */
+int block_verify(const void *buf, size_t stored_len, size_t data_len);
+
+#endif

@@ -1,0 +1,481 @@
+/*
+ * The mount's .stats file and per-opcode request counts, `ferry status`,
+ * and the CLI's contract (format/mount refusals with one line on stderr,
+ * URL forms, --block-size).
+ */
+#include "mount_util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#define MiB (1024LL * 1024)
+
+TestSuite(stats, .init = fm_setup, .fini = fm_teardown, .timeout = 180);
+
+static uint64_t delta(const struct fm_stats *a, const struct fm_stats *b, const char *name)
+{
+	return fm_stats_need(b, name) - fm_stats_need(a, name);
+}
+
+Test(stats, format_and_opcode_names)
+{
+	static struct fm_stats s;
+	static const char *required[] = {
+		"lookup", "forget",  "getattr",  "setattr",     "mknod",       "mkdir",
+		"rmdir",  "unlink",  "symlink",  "readlink",    "link",        "open",
+		"create", "read",    "write",    "flush",       "release",     "fsync",
+		"opendir", "readdir", "readdirplus", "releasedir", "fsyncdir", "statfs",
+		"setxattr", "getxattr", "listxattr", "removexattr", "fallocate", "lseek",
+	};
+	char missing[2048] = "";
+	uint64_t v;
+
+	fm_stats_read(&s);
+	cr_assert_gt(s.n, 0, ".stats is empty");
+	for (int i = 0; i < s.n; i++) {
+		const char *p;
+
+		for (p = s.e[i].name; *p; p++)
+			cr_assert(((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'),
+				  ".stats name '%s' is not lower-case [a-z0-9_]", s.e[i].name);
+		for (p = s.e[i].value; *p; p++)
+			cr_assert((*p >= '0' && *p <= '9') || *p == '.' || *p == '-',
+				  ".stats value of %s is not a number: '%s'", s.e[i].name,
+				  s.e[i].value);
+		for (int j = 0; j < i; j++)
+			cr_assert_str_neq(s.e[i].name, s.e[j].name, ".stats lists '%s' twice",
+					  s.e[i].name);
+	}
+	for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
+		char name[96];
+
+		snprintf(name, sizeof(name), "fuse_requests_%s", required[i]);
+		if (!fm_stats_get(&s, name, &v)) {
+			strcat(missing, " ");
+			strcat(missing, name);
+		}
+	}
+	if (!fm_stats_get(&s, "fuse_requests_rename", &v) &&
+	    !fm_stats_get(&s, "fuse_requests_rename2", &v))
+		strcat(missing, " fuse_requests_rename(2)");
+	cr_assert(missing[0] == '\0', ".stats lacks:%s", missing);
+	/* mounting looked up and stat'ed at least the root */
+	cr_assert_gt(fm_stats_need(&s, "fuse_requests_getattr") +
+			     fm_stats_need(&s, "fuse_requests_lookup"),
+		     0);
+}
+
+/* 64 MiB in 1 MiB write() calls: at most 70 FUSE WRITE requests, both for a
+ * new file and for an overwrite of an existing (non-empty) file, which
+ * takes the daemon write path. */
+Test(stats, write_64MiB_costs_at_most_70_write_requests)
+{
+	static struct fm_stats before, after;
+	static char block[MiB], got[MiB];
+	uint64_t w;
+	int fd;
+
+	fm_stats_read(&before);
+	fd = OK(open(mp("big"), O_CREAT | O_WRONLY | O_TRUNC, 0644));
+	for (int i = 0; i < 64; i++) {
+		memset(block, 'A' + i % 26, sizeof(block));
+		cr_assert_eq(OK(write(fd, block, sizeof(block))), (ssize_t)sizeof(block));
+	}
+	OK(close(fd));
+	fm_stats_read(&after);
+	w = delta(&before, &after, "fuse_requests_write");
+	cr_assert_leq(w, 70, "new file: 64 x 1 MiB write() cost %llu FUSE WRITE requests",
+		      (unsigned long long)w);
+
+	fm_stats_read(&before);
+	fd = OK(open(mp("big"), O_WRONLY));
+	for (int i = 0; i < 64; i++) {
+		memset(block, 'a' + i % 26, sizeof(block));
+		fm_pwrite_all(fd, block, sizeof(block), (off_t)i * MiB);
+	}
+	OK(close(fd));
+	fm_stats_read(&after);
+	w = delta(&before, &after, "fuse_requests_write");
+	cr_assert_leq(w, 70, "overwrite: 64 x 1 MiB pwrite() cost %llu FUSE WRITE requests",
+		      (unsigned long long)w);
+
+	/* and the bytes are right */
+	fm_remount_cold();
+	fd = OK(open(mp("big"), O_RDONLY));
+	{
+		struct stat st;
+
+		OK(fstat(fd, &st));
+		cr_assert_eq(st.st_size, 64 * MiB);
+	}
+	for (int i = 0; i < 64; i++) {
+		fm_pread_all(fd, got, sizeof(got), (off_t)i * MiB);
+		memset(block, 'a' + i % 26, sizeof(block));
+		cr_assert(memcmp(got, block, sizeof(got)) == 0, "MiB %d differs", i);
+	}
+	OK(close(fd));
+}
+
+Test(stats, request_counts_follow_operations)
+{
+	static struct fm_stats before, after;
+	char buf[16];
+	struct stat st;
+	int fd;
+
+	fm_write_file(mp("f"), "content", 7);
+	fm_stats_read(&before);
+	for (int i = 0; i < 3; i++)
+		FAILS(getxattr(mp("f"), "user.none", buf, sizeof(buf)), ENODATA);
+	for (int i = 0; i < 5; i++)
+		FAILS(stat(mp("nothing-%d", i), &st), ENOENT);
+	for (int i = 0; i < 2; i++) {
+		fd = OK(open(mp("new-%d", i), O_CREAT | O_EXCL | O_WRONLY, 0644));
+		OK(close(fd));
+	}
+	OK(mkdir(mp("d"), 0755));
+	OK(setxattr(mp("f"), "user.a", "1", 1, 0));
+	fm_stats_read(&after);
+	cr_assert_geq(delta(&before, &after, "fuse_requests_getxattr"), 3,
+		      "3 getxattr calls, fuse_requests_getxattr +%llu",
+		      (unsigned long long)delta(&before, &after, "fuse_requests_getxattr"));
+	cr_assert_geq(delta(&before, &after, "fuse_requests_lookup"), 5,
+		      "5 lookups of new names, fuse_requests_lookup +%llu",
+		      (unsigned long long)delta(&before, &after, "fuse_requests_lookup"));
+	cr_assert_geq(delta(&before, &after, "fuse_requests_create"), 2,
+		      "2 creates, fuse_requests_create +%llu",
+		      (unsigned long long)delta(&before, &after, "fuse_requests_create"));
+	cr_assert_geq(delta(&before, &after, "fuse_requests_mkdir"), 1);
+	cr_assert_geq(delta(&before, &after, "fuse_requests_setxattr"), 1);
+
+	/* reads of committed data reach mountd */
+	fd = OK(open(mp("f"), O_RDONLY));
+	OK(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED));
+	fm_stats_read(&before);
+	cr_assert_eq(OK(pread(fd, buf, sizeof(buf), 0)), 7);
+	fm_stats_read(&after);
+	OK(close(fd));
+	cr_assert_geq(delta(&before, &after, "fuse_requests_read"), 1,
+		      "an uncached read did not count a READ request");
+	/* counters only grow */
+	for (int i = 0; i < before.n; i++) {
+		uint64_t a = strtoull(before.e[i].value, NULL, 10), b;
+
+		if (strncmp(before.e[i].name, "fuse_requests_", 14) == 0 &&
+		    fm_stats_get(&after, before.e[i].name, &b))
+			cr_assert_geq(b, a, "%s went down: %llu -> %llu", before.e[i].name,
+				      (unsigned long long)a, (unsigned long long)b);
+	}
+}
+
+static bool refused(long rc, int e)
+{
+	return rc == -1 && (e == EPERM || e == EACCES || e == EROFS || e == EBUSY ||
+			    e == EEXIST || e == EINVAL || e == EISDIR);
+}
+
+#define REFUSED(expr)                                                         \
+	do {                                                                  \
+		errno = 0;                                                    \
+		long r_ = (long)(expr);                                       \
+		int e_ = errno;                                               \
+		cr_assert(refused(r_, e_), "%s on .stats: got %ld/%s, expected a refusal", \
+			  #expr, r_, r_ == -1 ? fm_errname(e_) : "-");        \
+		if (r_ >= 0 && strstr(#expr, "open"))                         \
+			close((int)r_);                                       \
+	} while (0)
+
+struct linux_dirent64 {
+	uint64_t d_ino;
+	int64_t d_off;
+	unsigned short d_reclen;
+	unsigned char d_type;
+	char d_name[];
+};
+
+Test(stats, stats_file_hidden_and_read_only)
+{
+	struct stat st;
+	char buf[8192], *before;
+	struct timespec ts[2] = { { 1, 0 }, { 1, 0 } };
+	DIR *d;
+	struct dirent *de;
+	int fd, n = 0;
+	long len;
+
+	fm_write_file(mp("visible"), "x", 1);
+	OK(stat(mp(".stats"), &st));
+	cr_assert(S_ISREG(st.st_mode), ".stats mode %o", st.st_mode);
+	cr_assert_eq(st.st_mode & 0222, 0, ".stats has write bits: %o", st.st_mode & 07777);
+
+	/* hidden from readdir(3) and from raw getdents64 */
+	d = opendir(fm.mnt);
+	cr_assert_not_null(d);
+	while ((de = readdir(d))) {
+		cr_assert_str_neq(de->d_name, ".stats", ".stats is listed by readdir");
+		n += strcmp(de->d_name, "visible") == 0;
+	}
+	closedir(d);
+	cr_assert_eq(n, 1);
+	fd = OK(open(fm.mnt, O_RDONLY | O_DIRECTORY));
+	while ((len = syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0) {
+		for (long pos = 0; pos < len;) {
+			struct linux_dirent64 *e = (void *)(buf + pos);
+
+			cr_assert_str_neq(e->d_name, ".stats", ".stats is listed by getdents64");
+			pos += e->d_reclen;
+		}
+	}
+	OK(close(fd));
+
+	before = fm_slurp(mp(".stats"));
+	cr_assert_not_null(before);
+	REFUSED(open(mp(".stats"), O_WRONLY));
+	REFUSED(open(mp(".stats"), O_RDWR));
+	REFUSED(open(mp(".stats"), O_WRONLY | O_TRUNC));
+	REFUSED(open(mp(".stats"), O_WRONLY | O_APPEND));
+	REFUSED(open(mp(".stats"), O_CREAT | O_EXCL | O_WRONLY, 0644));
+	REFUSED(truncate(mp(".stats"), 0));
+	REFUSED(unlink(mp(".stats")));
+	REFUSED(rename(mp(".stats"), mp("moved")));
+	REFUSED(rename(mp("visible"), mp(".stats")));
+	REFUSED(link(mp(".stats"), mp("hard")));
+	REFUSED(link(mp("visible"), mp(".stats")));
+	REFUSED(symlink("x", mp(".stats")));
+	REFUSED(mkdir(mp(".stats"), 0755));
+	REFUSED(mknod(mp(".stats"), S_IFIFO | 0644, 0));
+	REFUSED(rmdir(mp(".stats")));
+	REFUSED(chmod(mp(".stats"), 0666));
+	REFUSED(chown(mp(".stats"), 1, 1));
+	REFUSED(utimensat(AT_FDCWD, mp(".stats"), ts, 0));
+	REFUSED(setxattr(mp(".stats"), "user.x", "1", 1, 0));
+	OK(stat(mp(".stats"), &st));
+	cr_assert(S_ISREG(st.st_mode));
+	OK(stat(mp("visible"), &st));
+	FAILS(stat(mp("moved"), &st), ENOENT);
+	FAILS(stat(mp("hard"), &st), ENOENT);
+	{
+		char *again = fm_slurp(mp(".stats"));
+
+		cr_assert_not_null(again);
+		cr_assert_gt(strlen(again), 0);
+		free(again);
+	}
+	free(before);
+
+	/* only the root has one: elsewhere the name is an ordinary name */
+	OK(mkdir(mp("sub"), 0755));
+	FAILS(stat(mp("sub/.stats"), &st), ENOENT);
+	fm_write_file(mp("sub/.stats"), "mine", 4);
+	OK(stat(mp("sub/.stats"), &st));
+	cr_assert_eq(st.st_size, 4);
+}
+
+Test(stats, ferry_status_text_and_json)
+{
+	const char *argv[] = { fm_bin("ferry"), "status", fm.mnt, NULL };
+	const char *jargv[] = { fm_bin("ferry"), "status", "--json", fm.mnt, NULL };
+	const char *bad[] = { fm_bin("ferry"), "status", fm.dir, NULL };
+	char *out, *err, *save = NULL, *line, first_key[128] = "", quoted[140];
+	int rc, lines = 0;
+
+	rc = fm_run(argv, sp("out"), sp("err"), 30);
+	out = fm_slurp(sp("out"));
+	err = fm_slurp(sp("err"));
+	cr_assert_eq(rc, 0, "ferry status: exit %d, stderr: %s", rc, err);
+	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *colon = strstr(line, ": ");
+
+		cr_assert(colon && colon > line, "ferry status line is not `key: value`: '%s'", line);
+		if (!first_key[0])
+			snprintf(first_key, sizeof(first_key), "%.*s", (int)(colon - line), line);
+		lines++;
+	}
+	cr_assert_geq(lines, 3, "ferry status printed %d lines", lines);
+	free(out);
+	free(err);
+
+	rc = fm_run(jargv, sp("out"), sp("err"), 30);
+	out = fm_slurp(sp("out"));
+	err = fm_slurp(sp("err"));
+	cr_assert_eq(rc, 0, "ferry status --json: exit %d, stderr: %s", rc, err);
+	{
+		char *s = out, *e = out + strlen(out);
+
+		while (*s == ' ' || *s == '\n' || *s == '\t')
+			s++;
+		while (e > s && (e[-1] == ' ' || e[-1] == '\n' || e[-1] == '\t'))
+			e--;
+		cr_assert(*s == '{' && e > s && e[-1] == '}', "ferry status --json is not an "
+			  "object: '%s'", out);
+		snprintf(quoted, sizeof(quoted), "\"%s\"", first_key);
+		cr_assert_not_null(strstr(out, quoted), "--json lacks key %s of the text output",
+				   quoted);
+	}
+	free(out);
+	free(err);
+
+	/* not a ferry mount: one line on stderr, non-zero */
+	rc = fm_run(bad, sp("out"), sp("err"), 30);
+	err = fm_slurp(sp("err"));
+	cr_assert_neq(rc, 0, "ferry status on a plain directory exited 0");
+	cr_assert_eq(fm_count_lines(err), 1, "stderr should be one line: '%s'", err);
+	free(err);
+}
+
+/* ---- CLI contract --------------------------------------------------------- */
+
+static void setup_unmounted(void)
+{
+	fm_setup_opts(&(struct fm_opts){ .no_mount = true });
+}
+
+TestSuite(cli, .init = setup_unmounted, .fini = fm_teardown, .timeout = 120);
+
+/* Runs argv; asserts a non-zero exit with exactly one line on stderr. */
+static void expect_refusal(const char *const argv[], const char *what)
+{
+	int rc = fm_run(argv, sp("out"), sp("err"), 60);
+	char *err = fm_slurp(sp("err"));
+
+	cr_assert(rc != 0 && rc < 128, "%s: exit %d, expected a clean non-zero exit; stderr: %s",
+		  what, rc, err ? err : "");
+	cr_assert_eq(fm_count_lines(err), 1, "%s: stderr has %d lines, expected one: '%s'", what,
+		     fm_count_lines(err), err ? err : "");
+	cr_assert_gt(strlen(err), 5, "%s: stderr is empty", what);
+	free(err);
+}
+
+static void expect_success(const char *const argv[], const char *what)
+{
+	int rc = fm_run(argv, sp("out"), sp("err"), 60);
+	char *err = fm_slurp(sp("err"));
+
+	cr_assert_eq(rc, 0, "%s: exit %d; stderr: %s", what, rc, err ? err : "");
+	free(err);
+}
+
+Test(cli, format_refuses_existing_volume_unless_forced)
+{
+	const char *again[] = { fm_bin("ferry"), "format", fm.vol, NULL };
+	const char *force[] = { fm_bin("ferry"), "format", "--force", fm.vol, NULL };
+	struct stat st;
+
+	expect_refusal(again, "ferry format over an existing volume");
+	fm_mount();
+	fm_write_file(mp("old"), "old", 3);
+	fm_umount();
+	expect_success(force, "ferry format --force");
+	fm_mount();
+	FAILS(stat(mp("old"), &st), ENOENT);
+	fm_write_file(mp("new"), "new", 3);
+	fm_remount_cold();
+	OK(stat(mp("new"), &st));
+}
+
+Test(cli, mount_errors_are_one_line)
+{
+	const char *nomnt[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, fm.vol,
+				sp("no-such-dir"), NULL };
+	const char *novol[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
+				sp("not-a-volume"), fm.mnt, NULL };
+	const char *badurl[] = { fm_bin("ferry"), "format", "--storage", "bogus://x/y",
+				 sp("vol-bad"), NULL };
+	const char *twice[] = { fm_bin("ferry"), "mount", "--cache-dir", sp("cache2"), fm.vol,
+				sp("mnt2"), NULL };
+	const char *fmt2[] = { fm_bin("ferry"), "format", sp("vol2"), NULL };
+	const char *busy[] = { fm_bin("ferry"), "mount", "--cache-dir", sp("cache3"), sp("vol2"),
+			       fm.mnt, NULL };
+
+	OK(mkdir(sp("not-a-volume"), 0755));
+	OK(mkdir(sp("vol-bad"), 0755));
+	OK(mkdir(sp("mnt2"), 0755));
+	OK(mkdir(sp("cache2"), 0700));
+	OK(mkdir(sp("cache3"), 0700));
+	OK(mkdir(sp("vol2"), 0700));
+
+	expect_refusal(nomnt, "ferry mount on a missing mountpoint");
+	cr_assert(!fm_is_mounted(sp("no-such-dir")));
+	expect_refusal(novol, "ferry mount of a directory that is no volume");
+	cr_assert(!fm_is_mounted(fm.mnt), "something got mounted from a non-volume");
+	expect_refusal(badurl, "ferry format --storage bogus://");
+
+	fm_mount();
+	fm_write_file(mp("f"), "x", 1);
+	expect_refusal(twice, "a second ferry mount of a mounted volume");
+	cr_assert(!fm_is_mounted(sp("mnt2")), "the volume got mounted twice");
+	expect_success(fmt2, "ferry format vol2");
+	expect_refusal(busy, "ferry mount onto a busy mountpoint");
+	{
+		size_t len;
+		char *c = fm_read_file(mp("f"), &len);
+
+		cr_assert(len == 1 && c[0] == 'x', "the first mount no longer serves its volume");
+		free(c);
+	}
+}
+
+static int max_obj, n_obj;
+static long long max_obj_size;
+
+static int count_obj(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)path;
+	(void)ftw;
+	if (type == FTW_F) {
+		n_obj++;
+		if (st->st_size > max_obj_size)
+			max_obj_size = st->st_size;
+	}
+	return 0;
+}
+
+Test(cli, sqlite_url_file_storage_and_block_size)
+{
+	char meta[PATH_MAX], storage[PATH_MAX];
+	const char *fmt[8];
+	static char data[5 * MiB + 3];
+	uint64_t rs = 99;
+
+	/* a second volume given as URLs, with 1 MiB blocks */
+	OK(mkdir(sp("meta"), 0700));
+	OK(mkdir(sp("objs"), 0700));
+	snprintf(meta, sizeof(meta), "sqlite://%s/meta/meta.db", fm.dir);
+	snprintf(storage, sizeof(storage), "file://%s/objs", fm.dir);
+	fmt[0] = fm_bin("ferry");
+	fmt[1] = "format";
+	fmt[2] = "--storage";
+	fmt[3] = storage;
+	fmt[4] = "--block-size";
+	fmt[5] = "1048576";
+	fmt[6] = meta;
+	fmt[7] = NULL;
+	expect_success(fmt, "ferry format sqlite:// --storage file:// --block-size 1048576");
+	{
+		struct stat st;
+
+		OK(stat(sp("meta/meta.db"), &st));
+	}
+	snprintf(fm.vol, sizeof(fm.vol), "%s", meta);
+	fm_mount();
+	fm_fill_random(&rs, data, sizeof(data));
+	fm_write_file(mp("f"), data, sizeof(data));
+	fm_write_file(sp("model"), data, sizeof(data));
+	fm_remount_cold();
+	fm_assert_same_content(mp("f"), sp("model"));
+	fm_umount();
+	max_obj = 0;
+	n_obj = 0;
+	max_obj_size = 0;
+	nftw(sp("objs"), count_obj, 16, FTW_PHYS);
+	cr_assert_geq(n_obj, 6, "5 MiB in 1 MiB blocks made %d objects", n_obj);
+	cr_assert_leq(max_obj_size, MiB, "an object of %lld bytes with --block-size 1048576",
+		      max_obj_size);
+}
