@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +159,23 @@ out:
 	return code;
 }
 
+/* Alive and not a zombie: a reaped-late daemon has finished all the same. */
+static bool process_running(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+	bool running = false;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return kill(pid, 0) == 0;
+	if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')))
+		running = p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+	fclose(f);
+	return running;
+}
+
 static int run_fusermount(const char *mp, int lazy)
 {
 	pid_t pid = fork();
@@ -230,7 +248,7 @@ wait:
 	if (pid > 0) {
 		struct timespec start, now;
 		clock_gettime(CLOCK_MONOTONIC, &start);
-		while (kill(pid, 0) == 0) {
+		while (process_running(pid)) {
 			clock_gettime(CLOCK_MONOTONIC, &now);
 			if (now.tv_sec - start.tv_sec > timeout) {
 				ctl_err("ferry-mountd pid %d is still committing after %ld s; it goes on "

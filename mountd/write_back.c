@@ -270,6 +270,10 @@ out:
 	}
 	free(buf);
 	free(sl);
+	/* Callers hand this to close()/fsync(): a store that cannot be reached
+	 * is an I/O error to the application; the real cause is logged. */
+	if (rc < 0 && rc != -ENOMEM && rc != -ENOSPC && rc != -EDQUOT && rc != -EINTR)
+		rc = -EIO;
 	return rc;
 }
 

@@ -43,13 +43,15 @@ static const char *vpath(const char *base, const char *fmt, va_list ap)
 {
 	char rel[PATH_MAX];
 	char *out = ring[ring_slot];
+	int n;
 
 	ring_slot = (ring_slot + 1) % 16;
 	vsnprintf(rel, sizeof(rel), fmt, ap);
 	if (rel[0] == '\0')
-		snprintf(out, PATH_MAX, "%s", base);
+		n = snprintf(out, PATH_MAX, "%s", base);
 	else
-		snprintf(out, PATH_MAX, "%s/%s", base, rel);
+		n = snprintf(out, PATH_MAX, "%s/%s", base, rel);
+	cr_assert(n < PATH_MAX, "path too long: %s/%s", base, rel);
 	return out;
 }
 
@@ -139,7 +141,7 @@ static const char *log_tail(void)
 	size_t len;
 
 	if (!all) {
-		snprintf(buf, sizeof(buf), "(no log at %s)", fm.log);
+		(void)!snprintf(buf, sizeof(buf), "(no log at %.4000s)", fm.log);
 		return buf;
 	}
 	len = strlen(all);
@@ -676,8 +678,8 @@ void fm_stats_read(struct fm_stats *s)
 	cr_assert(text != NULL, "open %s: %s", mp(".stats"), strerror(errno));
 	s->n = 0;
 	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		char name[128], value[128], extra[8];
-		int k = sscanf(line, "%127s %127s %7s", name, value, extra);
+		char name[96], value[64], extra[8];
+		int k = sscanf(line, "%95s %63s %7s", name, value, extra);
 
 		lineno++;
 		cr_assert(k == 2, ".stats line %d is not `name value`: '%s'", lineno, line);

@@ -720,7 +720,7 @@ static void check_tree(const struct entry *saved, const char *when)
 	}
 	fm_assert_same_content(mp("tree/hard"), sp("model-one"));
 	n = OK(readlink(mp("tree/link"), buf, sizeof(buf)));
-	cr_assert(n == 14 && memcmp(buf, "sub/../nine///", 14) == 0, "%s: readlink", when);
+	cr_assert(n == 13 && memcmp(buf, "./sub/../nine", 13) == 0, "%s: readlink", when);
 	fm_assert_same_content(mp("tree/link"), sp("model-nine"));
 	n = OK(getxattr(mp("tree/nine"), "user.big", buf, sizeof(buf)));
 	cr_assert_eq(n, 1000, "%s: xattr size %zd", when, n);
@@ -796,7 +796,7 @@ Test(data, remount_reads_back_everything)
 		fm_write_file(sp("model-patched"), m, 5 * MiB + 3);
 		free(m);
 	}
-	OK(symlink("sub/../nine///", mp("tree/link")));
+	OK(symlink("./sub/../nine", mp("tree/link")));
 	OK(link(mp("tree/one"), mp("tree/hard")));
 	OK(mkfifo(mp("tree/fifo"), 0620));
 	OK(mknod(mp("tree/chr"), S_IFCHR | 0600, makedev(4, 64)));

@@ -726,8 +726,8 @@ Test(meta, rename_exchange_file_dir_across_parents)
 	cr_assert_eq(attr(d).nlink, 2);
 	cr_assert_eq(orphan_count(), 0);
 
-	/* And back, the other way round. */
-	cr_assert_eq(meta_rename(m, p2, "d", p1, "f", META_RENAME_EXCHANGE, &r), 0);
+	/* And back, with the directory as the source this time. */
+	cr_assert_eq(meta_rename(m, p1, "f", p2, "d", META_RENAME_EXCHANGE, &r), 0);
 	cr_assert_eq(ino_of(p1, "f"), f);
 	cr_assert_eq(ino_of(p2, "d"), d);
 	cr_assert_eq(attr(p1).nlink, 2);
@@ -1239,6 +1239,32 @@ Test(meta, four_threads)
 		pthread_join(t[i], NULL);
 	for (i = 0; i < 4; i++)
 		cr_assert_eq(w[i].errors, 150, "second round: every create is EEXIST");
+}
+
+static void *hold_lock(void *p)
+{
+	sqlite3 *h = p;
+
+	usleep(300 * 1000);
+	sqlite3_exec(h, "COMMIT", NULL, NULL, NULL);
+	return NULL;
+}
+
+Test(meta, waits_for_another_writer)
+{
+	/* Another process (the reconciler) holds the write lock for a while. */
+	sqlite3 *h;
+	pthread_t t;
+
+	cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(h, "BEGIN IMMEDIATE; UPDATE inode SET uid = uid;", NULL, NULL,
+				  NULL),
+		     SQLITE_OK);
+	cr_assert_eq(pthread_create(&t, NULL, hold_lock, h), 0);
+	mk(META_ROOT_INO, "after", S_IFREG | 0644);
+	pthread_join(t, NULL);
+	sqlite3_close(h);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "after", NULL), 0);
 }
 
 /* ---- damage ------------------------------------------------------------------------ */
