@@ -519,10 +519,12 @@ s3_request(struct objstore *s, struct s3_req *r)
 				objstore_seterr(ret, "%s %s: HTTP %ld%s%s%s after %d tries", r->method, req_what(r),
 						r->status, r->err_code[0] ? " (" : "", r->err_code,
 						r->err_code[0] ? ")" : "", tries);
+			else if (transient)
+				objstore_seterr(ret, "%s %s: %s (%s) after %d tries", r->method, req_what(r),
+						curl_easy_strerror(rc), st->endpoint, tries);
 			else
-				objstore_seterr(ret, "%s %s: %s (%s)%s%.0d%s", r->method, req_what(r),
-						curl_easy_strerror(rc), st->endpoint, transient ? " after " : "",
-						transient ? tries : 0, transient ? " tries" : "");
+				objstore_seterr(ret, "%s %s: %s (%s)", r->method, req_what(r),
+						curl_easy_strerror(rc), st->endpoint);
 			goto out;
 		}
 		backoff(tries);
@@ -568,6 +570,7 @@ s3_put(struct objstore *s, const char *key, const void *buf, size_t len)
 	struct s3_req r = { .method = "PUT", .key = key, .body = buf, .body_len = len };
 	int ret = s3_request(s, &r);
 
+	free(r.resp);   /* a body we have no use for */
 	if (ret < 0)
 		return ret;
 	if (r.status != 200 && r.status != 201 && r.status != 204)
@@ -581,6 +584,7 @@ s3_head(struct objstore *s, const char *key, uint64_t *size)
 	struct s3_req r = { .method = "HEAD", .key = key };
 	int ret = s3_request(s, &r);
 
+	free(r.resp);   /* a body we have no use for */
 	if (ret < 0)
 		return ret;
 	if (r.status != 200)
@@ -650,6 +654,7 @@ s3_del(struct objstore *s, const char *key)
 	struct s3_req r = { .method = "DELETE", .key = key };
 	int ret = s3_request(s, &r);
 
+	free(r.resp);   /* a body we have no use for */
 	if (ret < 0)
 		return ret;
 	if (r.status == 200 || r.status == 204 || r.status == 404)

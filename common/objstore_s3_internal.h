@@ -41,7 +41,8 @@ struct s3_req {
 	/* Results. */
 	long status;            /* final HTTP status */
 	size_t out_len;         /* bytes stored in out */
-	char *resp;             /* body when out is NULL: malloc'ed, NUL-terminated, caller frees */
+	char *resp;             /* body when out is NULL: malloc'ed, NUL-terminated; the caller
+	                         * frees it (even on a status it did not expect) */
 	size_t resp_len;
 	int64_t content_length; /* -1 if unknown */
 	int64_t cr_start, cr_end, cr_total; /* Content-Range, -1 if absent */

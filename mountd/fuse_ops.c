@@ -293,6 +293,10 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		valid |= META_SET_CTIME;
 		in.ctime = attr->st_ctim;
 	}
+	/* A size change marks mtime and ctime (POSIX truncate); the kernel
+	 * asks for it only for ftruncate. */
+	if ((valid & META_SET_SIZE) && !(valid & (META_SET_MTIME | META_SET_MTIME_NOW)))
+		valid |= META_SET_MTIME_NOW;
 	if (fuse_req_interrupted(req)) {
 		count(req, OP_INTERRUPT_EINTR);
 		fuse_reply_err(req, EINTR);
@@ -525,8 +529,24 @@ static int open_special(struct mountd *md, struct fuse_file_info *fi)
 	return 0;
 }
 
+/* O_TRUNC arrives inside OPEN (atomic_o_trunc), so the kernel's own
+ * clearing of set-id bits on truncate does not run: do it as it would, for
+ * callers without CAP_FSETID (here: not root). */
+static unsigned trunc_kill_suid(struct mountd *md, uint64_t ino, uid_t caller,
+				struct meta_attr *in)
+{
+	struct meta_attr a;
+
+	if (caller == 0 || meta_getattr(md->meta, ino, &a) < 0 || !S_ISREG(a.mode))
+		return 0;
+	in->mode = a.mode & ~(mode_t)S_ISUID;
+	if ((a.mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+		in->mode &= ~(mode_t)S_ISGID;
+	return in->mode != a.mode ? META_SET_MODE : 0;
+}
+
 /* Opens a handle on ino; truncates first for O_TRUNC. */
-static int open_file(struct mountd *md, uint64_t ino, struct fuse_file_info *fi)
+static int open_file(struct mountd *md, uint64_t ino, uid_t caller, struct fuse_file_info *fi)
 {
 	bool writer = (fi->flags & O_ACCMODE) != O_RDONLY;
 	struct open_file *of;
@@ -551,10 +571,12 @@ static int open_file(struct mountd *md, uint64_t ino, struct fuse_file_info *fi)
 		i->nwriters++;
 		if (fi->flags & O_TRUNC) {
 			struct meta_attr in = { .size = 0 };
+			unsigned valid = META_SET_SIZE | META_SET_MTIME_NOW;
 			rc = commit_locked(md, i);
-			if (rc == 0)
-				rc = meta_setattr(md->meta, ino, META_SET_SIZE | META_SET_MTIME_NOW, &in,
-						  NULL);
+			if (rc == 0) {
+				valid |= trunc_kill_suid(md, ino, caller, &in);
+				rc = meta_setattr(md->meta, ino, valid, &in, NULL);
+			}
 			if (rc == 0 && i->w)
 				rc = wstate_truncate(i->w, 0);
 		}
@@ -588,7 +610,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (ino == STATS_INO)
 		rc = open_special(md, fi);
 	else
-		rc = open_file(md, ino, fi);
+		rc = open_file(md, ino, fuse_req_ctx(req)->uid, fi);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -645,7 +667,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		return;
 	}
 	fi->flags &= ~O_TRUNC; /* it is new: nothing to truncate */
-	rc = open_file(md, a.ino, fi);
+	rc = open_file(md, a.ino, ctx->uid, fi);
 	if (rc < 0) {
 		/* The file exists now; report the open failure honestly. */
 		fuse_reply_err(req, -rc);

@@ -830,7 +830,9 @@ static void fmt_ratio(char *out, size_t len, const struct row *r)
 		return;
 	}
 	q = r->f / r->b;
-	if (q >= 10)
+	if (q >= 100)
+		snprintf(out, len, "%.0f", q);
+	else if (q >= 10)
 		snprintf(out, len, "%.1f", q);
 	else if (q >= 0.1)
 		snprintf(out, len, "%.2f", q);
@@ -905,6 +907,9 @@ static void print_report(struct bench *b, int argc, char **argv)
 	       "(baseline: the same offsets, same count); close() timed apart.\n");
 	printf("  small files: openat(O_CREAT|O_EXCL) + write() + close() per file in one new "
 	       "directory; on ferryfs every close() commits.\n");
+	printf("  durability: a ferryfs close() returns with the data in the object store and the "
+	       "metadata committed (fsync'd); a baseline close() leaves the\n"
+	       "                data in the page cache, except in the 'seq write + fsync' row.\n");
 	for (size_t i = 0; i < b->nnotes; i++)
 		printf("  %s\n", b->notes[i]);
 

@@ -133,20 +133,37 @@ int fm_count_lines(const char *text)
 	return n;
 }
 
-/* The last few KiB of the fixture's log, for failure messages. */
-static const char *log_tail(void)
+/* The last few KiB of a file, for failure messages. */
+static const char *file_tail(const char *path, char *buf, size_t size)
 {
-	static char buf[4096];
-	char *all = fm_slurp(fm.log);
+	char *all = fm_slurp(path);
 	size_t len;
 
 	if (!all) {
-		(void)!snprintf(buf, sizeof(buf), "(no log at %.4000s)", fm.log);
+		(void)!snprintf(buf, size, "(no %.4000s)", path);
 		return buf;
 	}
 	len = strlen(all);
-	snprintf(buf, sizeof(buf), "%s", len >= sizeof(buf) ? all + len - (sizeof(buf) - 1) : all);
+	snprintf(buf, size, "%s", len >= size ? all + len - (size - 1) : all);
 	free(all);
+	return buf;
+}
+
+/* The fixture's log of ferry commands and, when the volume is a directory,
+ * the end of ferry-mountd's log in it. */
+static const char *log_tail(void)
+{
+	static char buf[8192];
+	char a[4096], b[3072], path[PATH_MAX];
+
+	file_tail(fm.log, a, sizeof(a));
+	(void)!snprintf(path, sizeof(path), "%.4000s/ferry-mountd.log", fm.vol);
+	if (access(path, R_OK) == 0) {
+		file_tail(path, b, sizeof(b));
+		snprintf(buf, sizeof(buf), "%.4095s\n--- %.900s (end) ---\n%.3071s", a, path, b);
+	} else {
+		memcpy(buf, a, sizeof(a));
+	}
 	return buf;
 }
 

@@ -161,7 +161,7 @@ Test(data, random_ops_match_model)
 	static char buf[4 * MiB], got[4 * MiB], want[4 * MiB];
 	struct oplog *l = calloc(1, sizeof(*l));
 	uint64_t rs = seed_for(1);
-	const char *fpath = mp("model-file"), *mpath = sp("model");
+	char *fpath = strdup(mp("model-file")), *mpath = strdup(sp("model"));
 	int ffd, mfd;
 	const int nops = 500;
 
@@ -249,6 +249,8 @@ Test(data, random_ops_match_model)
 	OK(close(ffd));
 	OK(close(mfd));
 	free(l);
+	free(fpath);
+	free(mpath);
 }
 
 Test(data, overlapping_overwrites_across_blocks)
