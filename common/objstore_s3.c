@@ -309,16 +309,14 @@ build_url(struct s3_store *st, const struct s3_req *r, char **url)
 	}
 	if (st->virtual_hosted) {
 		if (asprintf(url, "%s/%s%s%s", st->endpoint, enc ? enc : "", q ? "?" : "", q ? q : "") < 0)
-			goto nomem;
+			*url = NULL;
 	} else {
 		if (asprintf(url, "%s/%s%s%s%s%s", st->endpoint, st->bucket, enc ? "/" : "", enc ? enc : "",
 			     q ? "?" : "", q ? q : "") < 0)
-			goto nomem;
+			*url = NULL;
 	}
-	ret = 0;
-	goto out;
-nomem:
-	*url = NULL;
+	if (*url)
+		ret = 0;
 out:
 	free(full);
 	free(enc);
@@ -1028,30 +1026,30 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 	}
 	st = calloc(1, sizeof(*st));
 	if (st == NULL)
-		goto nomem;
+		goto out;
 	for (; nlocks < CURL_LOCK_DATA_LAST; nlocks++)
 		pthread_mutex_init(&st->locks[nlocks], NULL);
 	st->max_retries = opts->max_retries > 0 ? opts->max_retries : S3_DEFAULT_RETRIES;
 	st->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : S3_DEFAULT_TIMEOUT_MS;
 	if (asprintf(&st->endpoint, "%s://%s:%d", url->https ? "https" : "http", url->host, url->port) < 0) {
 		st->endpoint = NULL;
-		goto nomem;
+		goto out;
 	}
 	if (asprintf(&st->sigv4, "aws:amz:%s:s3", region) < 0) {
 		st->sigv4 = NULL;
-		goto nomem;
+		goto out;
 	}
 	st->bucket = strdup(url->bucket);
 	st->prefix = strdup(url->prefix);
 	st->access_key = strdup(ak);
 	st->secret_key = strdup(sk);
 	if (!st->bucket || !st->prefix || !st->access_key || !st->secret_key)
-		goto nomem;
+		goto out;
 	if (token && token[0] && (st->session_token = strdup(token)) == NULL)
-		goto nomem;
+		goto out;
 	st->share = curl_share_init();
 	if (st->share == NULL)
-		goto nomem;
+		goto out;
 	curl_share_setopt(st->share, CURLSHOPT_LOCKFUNC, share_lock);
 	curl_share_setopt(st->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
 	curl_share_setopt(st->share, CURLSHOPT_USERDATA, st);
@@ -1062,12 +1060,9 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 	s->ops = &s3_ops;
 	st = NULL;
 	ret = 0;
-	goto out;
-nomem:
-	ret = -ENOMEM;
-	if (err && errlen)
-		snprintf(err, errlen, "out of memory");
 out:
+	if (ret == -ENOMEM && err && errlen)
+		snprintf(err, errlen, "out of memory");
 	if (st) {
 		struct objstore tmp = { .priv = st };
 		s3_close(&tmp);

@@ -695,14 +695,19 @@ void fm_stats_read(struct fm_stats *s)
 	cr_assert(text != NULL, "open %s: %s", mp(".stats"), strerror(errno));
 	s->n = 0;
 	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		char name[96], value[64], extra[8];
-		int k = sscanf(line, "%95s %63s %7s", name, value, extra);
+		char *sp1 = strchr(line, ' ');
+		size_t nl;
 
 		lineno++;
-		cr_assert(k == 2, ".stats line %d is not `name value`: '%s'", lineno, line);
+		cr_assert(sp1 && sp1 > line && sp1[1] && !strpbrk(sp1 + 1, " \t"),
+			  ".stats line %d is not `name value`: '%s'", lineno, line);
+		nl = (size_t)(sp1 - line);
+		cr_assert(nl < sizeof(s->e[0].name) && strlen(sp1 + 1) < sizeof(s->e[0].value),
+			  ".stats line %d is too long: '%s'", lineno, line);
 		cr_assert(s->n < (int)(sizeof(s->e) / sizeof(s->e[0])), ".stats: too many lines");
-		snprintf(s->e[s->n].name, sizeof(s->e[s->n].name), "%s", name);
-		snprintf(s->e[s->n].value, sizeof(s->e[s->n].value), "%s", value);
+		memcpy(s->e[s->n].name, line, nl);
+		s->e[s->n].name[nl] = '\0';
+		strcpy(s->e[s->n].value, sp1 + 1);
 		s->n++;
 	}
 	free(text);

@@ -97,7 +97,7 @@ int fm_count_lines(const char *text);
 /* .stats of the mount as a map. */
 struct fm_stat_entry {
 	char name[96];
-	char value[64];
+	char value[256];
 };
 struct fm_stats {
 	int n;
