@@ -66,7 +66,8 @@ int cmd_status(int argc, char **argv)
 	}
 	if (json)
 		printf("{");
-	printf(json ? "" : "mountpoint: %s\n", argv[optind]);
+	if (!json)
+		printf("mountpoint: %s\n", argv[optind]);
 	for (char *line = strtok(stats, "\n"); line; line = strtok(NULL, "\n")) {
 		char *sp = strchr(line, ' ');
 		if (!sp)

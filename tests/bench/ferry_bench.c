@@ -1253,7 +1253,7 @@ int main(int argc, char **argv)
 	/* -- random 4 KiB writes -- */
 	{
 		struct row *r_iops = row_add(b, "rand write 4 KiB (IOPS)", "%.0f");
-		struct row *r_close = row_add(b, "rand write: close() after (ms)", "%.2f");
+		struct row *r_close = row_add(b, "rand write: close() after (ms)", "%.3f");
 		unsigned long ops = b->o.rand_max_ops, bops;
 		double tw, tcl;
 

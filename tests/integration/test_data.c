@@ -163,7 +163,7 @@ Test(data, random_ops_match_model)
 	uint64_t rs = seed_for(1);
 	char *fpath = strdup(mp("model-file")), *mpath = strdup(sp("model"));
 	int ffd, mfd;
-	const int nops = 500;
+	const int nops = 1200;
 
 	cr_log_info("seed 0x%llx", (unsigned long long)rs);
 	ffd = OK(open(fpath, O_CREAT | O_RDWR, 0644));
@@ -854,5 +854,282 @@ Test(data, remount_reads_back_everything)
 
 		FAILS(stat(mp("tree/page"), &st), ENOENT);
 		FAILS(stat(mp("tree/hard"), &st), ENOENT);
+	}
+}
+
+/* ---- concurrency ---------------------------------------------------------- */
+
+#include <pthread.h>
+
+#define NWRITERS 4
+
+struct writer {
+	int id;
+	char path[PATH_MAX];
+	char *model;
+	size_t size;
+	char err[256]; /* first failure; threads do not call Criterion */
+};
+
+static void *writer_main(void *arg)
+{
+	struct writer *w = arg;
+	uint64_t rs = seed_for(100 + (uint64_t)w->id);
+	char *buf = malloc(256 * KiB), *got = malloc(w->size);
+	int fd = open(w->path, O_CREAT | O_RDWR, 0644);
+
+	for (int i = 0; i < 150 && fd >= 0 && !w->err[0]; i++) {
+		size_t len = 1 + fm_rand(&rs) % (256 * KiB);
+		off_t off = (off_t)(fm_rand(&rs) % (w->size - len));
+
+		fm_fill_random(&rs, buf, len);
+		if (pwrite(fd, buf, len, off) != (ssize_t)len) {
+			snprintf(w->err, sizeof(w->err), "pwrite %zu at %lld: %s", len,
+				 (long long)off, strerror(errno));
+			break;
+		}
+		memcpy(w->model + off, buf, len);
+		if (i % 25 == 24) {
+			if (close(fd) != 0)
+				snprintf(w->err, sizeof(w->err), "close: %s", strerror(errno));
+			fd = open(w->path, O_RDWR);
+		}
+	}
+	if (fd < 0 && !w->err[0])
+		snprintf(w->err, sizeof(w->err), "open %.180s: %s", w->path, strerror(errno));
+	if (fd >= 0 && !w->err[0]) {
+		off_t end = lseek(fd, 0, SEEK_END);
+		ssize_t n = pread(fd, got, (size_t)end, 0);
+
+		if (n != end || memcmp(got, w->model, (size_t)n))
+			snprintf(w->err, sizeof(w->err), "read back of %lld bytes differs (got %zd)",
+				 (long long)end, n);
+		w->size = (size_t)end;
+		close(fd);
+	}
+	free(buf);
+	free(got);
+	return NULL;
+}
+
+struct churner {
+	char dir[PATH_MAX];
+	volatile int stop;
+	char err[256];
+};
+
+static void *churn_main(void *arg)
+{
+	struct churner *c = arg;
+	char path[PATH_MAX + 32];
+
+	for (int i = 0; !c->stop && !c->err[0]; i++) {
+		struct stat st;
+		DIR *d;
+		int fd;
+
+		snprintf(path, sizeof(path), "%s/c%d", c->dir, i % 50);
+		fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+		if (fd < 0 || write(fd, path, 10) != 10 || close(fd) != 0) {
+			snprintf(c->err, sizeof(c->err), "create %.180s: %s", path, strerror(errno));
+			break;
+		}
+		if (stat(path, &st) != 0 || st.st_size != 10) {
+			snprintf(c->err, sizeof(c->err), "stat %.180s: %s", path, strerror(errno));
+			break;
+		}
+		if (i % 3 == 0 && unlink(path) != 0) {
+			snprintf(c->err, sizeof(c->err), "unlink %.180s: %s", path, strerror(errno));
+			break;
+		}
+		d = opendir(c->dir);
+		if (!d) {
+			snprintf(c->err, sizeof(c->err), "opendir: %s", strerror(errno));
+			break;
+		}
+		while (readdir(d))
+			;
+		closedir(d);
+	}
+	return NULL;
+}
+
+Test(data, concurrent_writers_and_namespace_churn)
+{
+	static struct writer w[NWRITERS];
+	static struct churner c;
+	pthread_t wt[NWRITERS], ct;
+
+	OK(mkdir(mp("churn"), 0755));
+	snprintf(c.dir, sizeof(c.dir), "%s", mp("churn"));
+	cr_assert_eq(pthread_create(&ct, NULL, churn_main, &c), 0);
+	for (int i = 0; i < NWRITERS; i++) {
+		w[i].id = i;
+		w[i].size = 8 * MiB;
+		w[i].model = calloc(1, w[i].size);
+		snprintf(w[i].path, sizeof(w[i].path), "%s", mp("w%d", i));
+		cr_assert_eq(pthread_create(&wt[i], NULL, writer_main, &w[i]), 0);
+	}
+	for (int i = 0; i < NWRITERS; i++)
+		pthread_join(wt[i], NULL);
+	c.stop = 1;
+	pthread_join(ct, NULL);
+	cr_assert_str_empty(c.err, "namespace churn: %s", c.err);
+	for (int i = 0; i < NWRITERS; i++)
+		cr_assert_str_empty(w[i].err, "writer %d: %s", i, w[i].err);
+	fm_remount_cold();
+	for (int i = 0; i < NWRITERS; i++) {
+		size_t len;
+		char *got = fm_read_file(w[i].path, &len);
+
+		cr_assert_eq(len, w[i].size, "w%d: size %zu after remount, expected %zu", i, len,
+			     w[i].size);
+		cr_assert(memcmp(got, w[i].model, len) == 0, "w%d differs after remount", i);
+		free(got);
+		free(w[i].model);
+	}
+}
+
+/* ---- more ways programs touch data ----------------------------------------- */
+
+Test(data, rename_and_unlink_parent_while_writing)
+{
+	char got[64];
+	int fd;
+
+	OK(mkdir(mp("a"), 0755));
+	OK(mkdir(mp("b"), 0755));
+	fd = OK(open(mp("a/f"), O_CREAT | O_WRONLY, 0644));
+	fm_pwrite_all(fd, "before-", 7, 0);
+	OK(rename(mp("a/f"), mp("b/g")));
+	fm_pwrite_all(fd, "after", 5, 7);
+	OK(close(fd));
+	{
+		size_t len;
+		char *c = fm_read_file(mp("b/g"), &len);
+
+		cr_assert(len == 12 && memcmp(c, "before-after", 12) == 0,
+			  "renamed-while-open file has %zu bytes", len);
+		free(c);
+	}
+	/* a file whose directory went away while it was open */
+	fd = OK(open(mp("a/h"), O_CREAT | O_RDWR, 0644));
+	fm_pwrite_all(fd, "orphan", 6, 0);
+	OK(unlink(mp("a/h")));
+	OK(rmdir(mp("a")));
+	fm_pwrite_all(fd, "!", 1, 6);
+	cr_assert_eq(OK(pread(fd, got, sizeof(got), 0)), 7);
+	cr_assert(memcmp(got, "orphan!", 7) == 0);
+	OK(close(fd));
+	fm_remount_cold();
+	{
+		size_t len;
+		char *c = fm_read_file(mp("b/g"), &len);
+		struct stat st;
+
+		cr_assert(len == 12 && memcmp(c, "before-after", 12) == 0);
+		free(c);
+		FAILS(stat(mp("a"), &st), ENOENT);
+	}
+}
+
+Test(data, lseek_on_a_file_open_for_writing)
+{
+	char blk[4096];
+	off_t h, d;
+	int fd;
+
+	memset(blk, 'w', sizeof(blk));
+	fd = OK(open(mp("f"), O_CREAT | O_RDWR, 0644));
+	fm_pwrite_all(fd, blk, sizeof(blk), 0);
+	fm_pwrite_all(fd, blk, sizeof(blk), 8 * MiB);
+	cr_assert_eq(OK(lseek(fd, 0, SEEK_END)), 8 * MiB + 4096, "SEEK_END of a staged file");
+	cr_assert_eq(OK(lseek(fd, 0, SEEK_DATA)), 0);
+	h = OK(lseek(fd, 0, SEEK_HOLE));
+	cr_assert(h >= 4096 && h <= 8 * MiB, "SEEK_HOLE on an open staged file gave %lld",
+		  (long long)h);
+	d = OK(lseek(fd, 4 * MiB, SEEK_DATA));
+	cr_assert(d >= 4 * MiB && d <= 8 * MiB, "SEEK_DATA on an open staged file gave %lld",
+		  (long long)d);
+	FAILS(lseek(fd, 8 * MiB + 4096, SEEK_DATA), ENXIO);
+	OK(close(fd));
+	/* a committed file reopened and extended: both sources count */
+	fd = OK(open(mp("f"), O_RDWR));
+	fm_pwrite_all(fd, blk, sizeof(blk), 16 * MiB);
+	d = OK(lseek(fd, 8 * MiB + 4096, SEEK_DATA));
+	cr_assert(d > 8 * MiB && d <= 16 * MiB, "SEEK_DATA after an extension gave %lld",
+		  (long long)d);
+	cr_assert_eq(OK(lseek(fd, 8 * MiB, SEEK_DATA)), 8 * MiB);
+	OK(close(fd));
+}
+
+Test(data, o_direct_and_copy_file_range)
+{
+	void *buf, *got;
+	int fd, src, dst;
+	loff_t in = 0, out = 0;
+	ssize_t n;
+	uint64_t rs = seed_for(9);
+
+	cr_assert_eq(posix_memalign(&buf, 4096, 64 * KiB), 0);
+	cr_assert_eq(posix_memalign(&got, 4096, 64 * KiB), 0);
+	fm_fill_random(&rs, buf, 64 * KiB);
+	fd = OK(open(mp("direct"), O_CREAT | O_RDWR | O_DIRECT, 0644));
+	cr_assert_eq(OK(pwrite(fd, buf, 64 * KiB, 0)), 64 * KiB);
+	cr_assert_eq(OK(pread(fd, got, 64 * KiB, 0)), 64 * KiB);
+	cr_assert(memcmp(buf, got, 64 * KiB) == 0, "O_DIRECT read back differs");
+	OK(close(fd));
+	fm_remount_cold();
+	fd = OK(open(mp("direct"), O_RDONLY | O_DIRECT));
+	cr_assert_eq(OK(pread(fd, got, 64 * KiB, 0)), 64 * KiB);
+	cr_assert(memcmp(buf, got, 64 * KiB) == 0, "O_DIRECT read after remount differs");
+	OK(close(fd));
+
+	src = OK(open(mp("direct"), O_RDONLY));
+	dst = OK(open(mp("copy"), O_CREAT | O_WRONLY, 0644));
+	while ((n = copy_file_range(src, &in, dst, &out, 64 * KiB - (size_t)in, 0)) > 0)
+		;
+	cr_assert_geq(n, 0, "copy_file_range: %s", strerror(errno));
+	OK(close(src));
+	OK(close(dst));
+	{
+		size_t len;
+		char *c = fm_read_file(mp("copy"), &len);
+
+		cr_assert(len == 64 * KiB && memcmp(c, buf, len) == 0, "copy_file_range result");
+		free(c);
+	}
+	free(buf);
+	free(got);
+}
+
+Test(data, large_xattr_values)
+{
+	static char v[65536], g[65536];
+	uint64_t rs = seed_for(10);
+
+	fm_write_file(mp("f"), "x", 1);
+	fm_fill_random(&rs, v, sizeof(v));
+	OK(setxattr(mp("f"), "user.max", v, sizeof(v), 0));
+	cr_assert_eq(OK(getxattr(mp("f"), "user.max", NULL, 0)), (ssize_t)sizeof(v));
+	cr_assert_eq(OK(getxattr(mp("f"), "user.max", g, sizeof(g))), (ssize_t)sizeof(v));
+	cr_assert(memcmp(v, g, sizeof(v)) == 0, "64 KiB xattr differs");
+	/* many names */
+	for (int i = 0; i < 200; i++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "user.n%03d", i);
+		OK(setxattr(mp("f"), name, name, strlen(name), XATTR_CREATE));
+	}
+	fm_remount_cold();
+	cr_assert_eq(OK(getxattr(mp("f"), "user.max", g, sizeof(g))), (ssize_t)sizeof(v));
+	cr_assert(memcmp(v, g, sizeof(v)) == 0, "64 KiB xattr differs after remount");
+	{
+		ssize_t n = OK(listxattr(mp("f"), g, sizeof(g)));
+		int count = 0;
+
+		for (ssize_t i = 0; i < n; i += (ssize_t)strlen(g + i) + 1)
+			count++;
+		cr_assert_eq(count, 201, "listxattr lists %d names", count);
 	}
 }

@@ -18,7 +18,9 @@
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <sys/file.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <sys/un.h>
 #include <sys/xattr.h>
 #include <time.h>
@@ -1944,4 +1946,33 @@ Test(posix, exdev_across_mounts)
 	FAILS(rename(mp("f"), sp("outside")), EXDEV);
 	FAILS(link(mp("f"), sp("outside")), EXDEV);
 	expect_str(mp("f"), "x");
+}
+
+Test(posix, fcntl_and_flock_locks)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 10 };
+	int fd = OK(open(mp("lock"), O_CREAT | O_RDWR, 0644));
+	int fd2 = OK(open(mp("lock"), O_RDWR));
+	pid_t pid;
+	int status;
+
+	OK(fcntl(fd, F_SETLK, &fl));
+	OK(flock(fd2, LOCK_EX | LOCK_NB));
+	/* another process sees the record lock */
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct flock probe = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 10 };
+		int f = open(mp("lock"), O_RDWR);
+
+		if (f < 0 || fcntl(f, F_SETLK, &probe) == 0)
+			_exit(1);
+		_exit(errno == EAGAIN || errno == EACCES ? 0 : 2);
+	}
+	waitpid(pid, &status, 0);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		  "a second process got a conflicting fcntl lock (status 0x%x)", status);
+	FAILS(flock(fd, LOCK_EX | LOCK_NB), EWOULDBLOCK);
+	OK(close(fd));
+	OK(close(fd2));
 }
