@@ -239,3 +239,22 @@ uint32_t handle_count(struct handle_table *t)
 {
 	return atomic_load_explicit(&t->count, memory_order_relaxed);
 }
+
+void handle_table_drain(struct handle_table *t,
+			void (*cb)(enum handle_type type, void *obj, void *arg), void *arg)
+{
+	if (!t)
+		return;
+	for (uint32_t i = 0; i < t->nslots; i++) {
+		uint64_t w = atomic_load_explicit(&t->slots[i].word, memory_order_acquire);
+		enum handle_type type;
+		void *obj;
+
+		if (!(w & SLOT_LIVE))
+			continue;
+		type = (enum handle_type)((w & IDX_MASK) >> TYPE_SHIFT);
+		obj = handle_remove(t, (w & ~IDX_MASK) | i, type);
+		if (obj)
+			cb(type, obj, arg);
+	}
+}

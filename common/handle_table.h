@@ -30,5 +30,9 @@ void *handle_get(struct handle_table *t, uint64_t fh, enum handle_type type);
 /* Removes fh and returns its object (NULL if fh was not live of that type). */
 void *handle_remove(struct handle_table *t, uint64_t fh, enum handle_type type);
 uint32_t handle_count(struct handle_table *t);
+/* Removes every live handle, handing each object to cb (at shutdown, for
+ * handles the kernel never released). Not to be run beside other calls. */
+void handle_table_drain(struct handle_table *t,
+			void (*cb)(enum handle_type type, void *obj, void *arg), void *arg);
 
 #endif

@@ -706,11 +706,21 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			fuse_reply_err(req, EBADF);
 			return;
 		}
-		if (off < 0 || (size_t)off >= sf->len)
+		if (off < 0 || (size_t)off >= sf->len) {
 			fuse_reply_buf(req, NULL, 0);
-		else
-			fuse_reply_buf(req, sf->data + off,
-				       size < sf->len - (size_t)off ? size : sf->len - (size_t)off);
+			return;
+		}
+		/* Reply from a copy: a RELEASE of this handle may run on another
+		 * thread as soon as the kernel has the reply. */
+		size_t n = size < sf->len - (size_t)off ? size : sf->len - (size_t)off;
+		buf = malloc(n ? n : 1);
+		if (!buf) {
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+		memcpy(buf, sf->data + off, n);
+		fuse_reply_buf(req, buf, n);
+		free(buf);
 		return;
 	}
 	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
@@ -1258,6 +1268,19 @@ static void op_destroy(void *userdata)
 
 	if (left)
 		log_warnx("%zu files had writes that could not be committed; see the lines above", left);
+}
+
+static void drop_handle(enum handle_type type, void *obj, void *arg)
+{
+	if (type == HANDLE_SPECIAL)
+		free(((struct special_file *)obj)->data);
+	/* An open_file's inode reference goes with the inode table. */
+	free(obj);
+}
+
+void mountd_handles_drop(struct mountd *md)
+{
+	handle_table_drain(md->handles, drop_handle, NULL);
 }
 
 const struct fuse_lowlevel_ops mountd_ops = {

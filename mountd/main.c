@@ -335,6 +335,8 @@ out:
 		fuse_session_destroy(md->se); /* runs destroy: commits what is still pending */
 	fuse_loop_cfg_destroy(loop_cfg);
 	fuse_opt_free_args(&fargs);
+	if (md->handles)
+		mountd_handles_drop(md);
 	handle_table_free(md->handles);
 	inode_table_free(md->inodes);
 	read_cache_close(md->cache);

@@ -158,6 +158,9 @@ bool inode_mark_unlinked(struct mountd *md, uint64_t ino);
 
 /* ---- fuse_ops.c ---- */
 extern const struct fuse_lowlevel_ops mountd_ops;
+/* At exit: frees the handles the kernel never released (a connection cut
+ * by unmount drops pending RELEASEs). */
+void mountd_handles_drop(struct mountd *md);
 
 /* ---- main.c ---- */
 struct mountd_config {

@@ -7,6 +7,8 @@
  * A hit is an open+pread with no lock. Insertions go through one mutex that
  * keeps the index in insertion order; past the size limit the oldest files
  * are evicted (FIFO: a hit does not move a file, which keeps hits lock-free).
+ * Concurrent misses of one object (readahead makes them common) share one
+ * fetch: the first reader fetches, the others wait for it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -28,13 +30,23 @@ struct cache_entry {
 	struct cache_entry *next;
 };
 
+/* An object being fetched; guarded by read_cache.lock. */
+struct fetch {
+	char *key;          /* owned */
+	bool done;
+	unsigned waiters;
+	struct fetch *next;
+};
+
 struct read_cache {
 	char *dir;          /* owned */
 	int dirfd;
 	uint64_t limit;
 	_Atomic uint64_t bytes;
-	pthread_mutex_t lock;   /* guards the FIFO below */
+	pthread_mutex_t lock;   /* guards the FIFO and the fetches below */
 	struct cache_entry *head, *tail;
+	struct fetch *fetching;
+	pthread_cond_t fetched;
 	_Atomic uint64_t tmp_seq;
 };
 
@@ -118,6 +130,7 @@ int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **o
 		return -ENOMEM;
 	c->dirfd = -1;
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->fetched, NULL);
 	c->limit = limit_bytes;
 	if (!(c->dir = strdup(dir))) {
 		rc = -ENOMEM;
@@ -162,6 +175,7 @@ void read_cache_close(struct read_cache *c)
 	if (c->dirfd >= 0)
 		close(c->dirfd);
 	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->fetched);
 	free(c->dir);
 	free(c);
 }
@@ -191,7 +205,10 @@ void read_cache_insert(struct read_cache *c, const char *key, const void *buf, u
 		goto fail;
 	close(fd);
 	fd = -1;
-	if (renameat(c->dirfd, tmp, c->dirfd, key) < 0)
+	/* Objects are immutable: one that is already cached stays as it is
+	 * (and is not counted twice). */
+	if (faccessat(c->dirfd, key, F_OK, 0) == 0 ||
+	    renameat2(c->dirfd, tmp, c->dirfd, key, RENAME_NOREPLACE) < 0)
 		goto fail;
 	e = calloc(1, sizeof(*e));
 	if (!e || !(e->key = strdup(key))) {
@@ -211,37 +228,113 @@ fail:
 	unlinkat(c->dirfd, tmp, 0);
 }
 
+/* Reads from the cache file of key; -ENOENT if it is not (validly) cached. */
+static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const char *key,
+			       uint32_t objsize, uint32_t off, void *buf, uint32_t len)
+{
+	struct stat sb;
+	ssize_t n = -ENOENT;
+	int fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -ENOENT;
+	if (fstat(fd, &sb) == 0 && sb.st_size == objsize)
+		n = pread(fd, buf, len, off);
+	close(fd);
+	if (n == (ssize_t)len) {
+		atomic_fetch_add(&st->cache_hits, 1);
+		return n;
+	}
+	/* A cache file of the wrong size is not trusted: fetch again. */
+	unlinkat(c->dirfd, key, 0);
+	return -ENOENT;
+}
+
+/* Joins a fetch of key in flight (waiting for it; returns false) or starts
+ * one (returns true, *f is the caller's to finish with fetch_end()). */
+static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f)
+{
+	struct fetch *x;
+
+	pthread_mutex_lock(&c->lock);
+	for (x = c->fetching; x; x = x->next)
+		if (strcmp(x->key, key) == 0)
+			break;
+	if (x) {
+		x->waiters++;
+		while (!x->done)
+			pthread_cond_wait(&c->fetched, &c->lock);
+		if (--x->waiters == 0) {
+			free(x->key);
+			free(x);
+		}
+		pthread_mutex_unlock(&c->lock);
+		return false;
+	}
+	x = calloc(1, sizeof(*x));
+	if (x && !(x->key = strdup(key))) {
+		free(x);
+		x = NULL;
+	}
+	if (x) {
+		x->next = c->fetching;
+		c->fetching = x;
+	}
+	pthread_mutex_unlock(&c->lock);
+	*f = x; /* NULL (no memory): fetch without sharing */
+	return true;
+}
+
+static void fetch_end(struct read_cache *c, struct fetch *f)
+{
+	struct fetch **pp;
+
+	if (!f)
+		return;
+	pthread_mutex_lock(&c->lock);
+	for (pp = &c->fetching; *pp && *pp != f; pp = &(*pp)->next)
+		;
+	if (*pp)
+		*pp = f->next;
+	f->done = true;
+	if (f->waiters) {
+		pthread_cond_broadcast(&c->fetched);
+		f = NULL; /* the last waiter frees it */
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (f) {
+		free(f->key);
+		free(f);
+	}
+}
+
 ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *st,
 			const char *key, uint32_t objsize, uint32_t off, void *buf, uint32_t len)
 {
+	struct fetch *f = NULL;
 	char *obj = NULL;
 	ssize_t n;
-	int fd;
 
 	if ((uint64_t)off + len > objsize)
 		return -EINVAL;
 	if (c) {
-		fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
-		if (fd >= 0) {
-			struct stat sb;
-			if (fstat(fd, &sb) == 0 && sb.st_size == objsize) {
-				n = pread(fd, buf, len, off);
-				close(fd);
-				if (n == (ssize_t)len) {
-					atomic_fetch_add(&st->cache_hits, 1);
-					return n;
-				}
-			} else {
-				close(fd);
-			}
-			/* A cache file of the wrong size is not trusted: fetch again. */
-			unlinkat(c->dirfd, key, 0);
+		n = cache_file_read(c, st, key, objsize, off, buf, len);
+		if (n != -ENOENT)
+			return n;
+		if (!fetch_begin(c, key, &f)) {
+			/* Someone else fetched it: it is cached now, unless that
+			 * failed or it was evicted at once; then fetch alone. */
+			n = cache_file_read(c, st, key, objsize, off, buf, len);
+			if (n != -ENOENT)
+				return n;
 		}
 	}
 	atomic_fetch_add(&st->cache_misses, 1);
 	obj = malloc((size_t)objsize + BLOCK_TRAILER + 1);
-	if (!obj)
-		return -ENOMEM;
+	if (!obj) {
+		n = -ENOMEM;
+		goto out;
+	}
 	/* Ask for one byte more than the object should hold: a longer object
 	 * is as damaged as a shorter one. */
 	n = objstore_get(s, key, 0, obj, (size_t)objsize + BLOCK_TRAILER + 1);
@@ -257,6 +350,8 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 	read_cache_insert(c, key, obj, objsize);
 	n = len;
 out:
+	if (c)
+		fetch_end(c, f);
 	free(obj);
 	return n;
 }

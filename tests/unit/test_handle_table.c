@@ -464,3 +464,31 @@ Test(handle_table, racing_getters_never_see_other_generation, .timeout = 300)
 		free(w[i].objs);
 	handle_table_free(t);
 }
+
+static void drain_cb(enum handle_type type, void *obj, void *arg)
+{
+	int *seen = arg;
+	cr_assert_eq(*(int *)obj, (int)type, "object of type %d handed back as %d", *(int *)obj, type);
+	seen[type]++;
+}
+
+Test(handle_table, drain_hands_back_every_live_handle)
+{
+	struct handle_table *t;
+	int objs[3] = { HANDLE_FILE, HANDLE_DIR, HANDLE_SPECIAL };
+	int seen[4] = { 0 };
+	uint64_t fh[3], gone;
+
+	cr_assert_eq(handle_table_new(64, &t), 0);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(handle_add(t, (enum handle_type)objs[i], &objs[i], &fh[i]), 0);
+	cr_assert_eq(handle_add(t, HANDLE_FILE, &objs[0], &gone), 0);
+	cr_assert_eq(handle_remove(t, gone, HANDLE_FILE), &objs[0]);
+	handle_table_drain(t, drain_cb, seen);
+	cr_assert_eq(seen[HANDLE_FILE], 1);
+	cr_assert_eq(seen[HANDLE_DIR], 1);
+	cr_assert_eq(seen[HANDLE_SPECIAL], 1);
+	cr_assert_eq(handle_count(t), 0);
+	cr_assert_null(handle_get(t, fh[1], HANDLE_DIR));
+	handle_table_free(t);
+}
