@@ -46,3 +46,18 @@ int block_verify(const void *buf, size_t stored_len, size_t data_len)
 		crc |= (uint32_t)t[4 + i] << (8 * i);
 	return crc == block_crc(buf, data_len) ? 0 : -EIO;
 }
+
+uint64_t block_fingerprint(const void *buf, size_t len)
+{
+	uLong a = adler32(0L, Z_NULL, 0);
+	const unsigned char *p = buf;
+	size_t left = len;
+
+	while (left) {
+		uInt n = left > (1u << 30) ? (1u << 30) : (uInt)left;
+		a = adler32(a, p, n);
+		p += n;
+		left -= n;
+	}
+	return (uint64_t)block_crc(buf, len) << 32 | (uint32_t)a;
+}

@@ -16,6 +16,9 @@
 /* Appends the trailer after buf[0..len); buf must have BLOCK_TRAILER more
  * bytes of room. Returns the stored length (len + BLOCK_TRAILER). */
 size_t block_seal(void *buf, size_t len);
+/* A 64-bit fingerprint of data (CRC-32 and Adler-32 side by side): tells
+ * whether a block changed since it was last stored. */
+uint64_t block_fingerprint(const void *buf, size_t len);
 /* Checks a stored object of stored_len bytes that should hold data_len
  * bytes of data. Returns 0, or -EIO if the length, magic or CRC is wrong. */
 int block_verify(const void *buf, size_t stored_len, size_t data_len);

@@ -157,6 +157,14 @@ int meta_slice_id_alloc(struct meta *m, uint32_t count, uint64_t *first);
 int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slice *slices,
 		      size_t n, uint64_t new_size, const struct timespec *mtime,
 		      struct meta_attr *out);
+/* meta_write_commit() for reconcile job seq (1 .. INT64_MAX) of ino: in the
+ * same transaction, commits only if seq is above the last seq committed for
+ * ino, and then records seq. Otherwise returns -EALREADY and changes
+ * nothing, so a job replayed after a crash, or an older job arriving after a
+ * newer one, never overwrites newer data. */
+int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
+			  const struct meta_chunk_slice *slices, size_t n, uint64_t new_size,
+			  const struct timespec *mtime, struct meta_attr *out);
 /* Zeroes [off, off+len) of a regular file without changing its size
  * (fallocate punch hole). */
 int meta_punch_hole(struct meta *m, uint64_t ino, uint64_t off, uint64_t len,

@@ -17,6 +17,9 @@
  *   slice(seq, ino, chunk, id, size, off, pos, len)   seq orders a chunk's slices
  *   orphan(ino)           inodes with nlink 0 not yet released
  *   delslice(id, size)    slices no row references any more, for gc
+ *   commit_seq(ino, seq)  the last reconcile job committed per inode
+ *                         (meta_write_commit_seq); made at open if missing,
+ *                         so volumes formatted before it keep version 1
  *
  * Invariant kept by every size change: no slice shows data past the file's
  * size, so bytes past the end read as zeros after any extension.
@@ -117,6 +120,8 @@ enum st {
 	ST_SLICE_DROP,
 	ST_STATFS,
 	ST_VOLUME_GET,
+	ST_SEQ_GET,
+	ST_SEQ_PUT,
 	ST_COUNT
 };
 
@@ -179,7 +184,13 @@ static const char *const st_sql[ST_COUNT] = {
 		      " WHERE (mode & 61440) = 32768), (SELECT COUNT(*) FROM inode)",
 	[ST_VOLUME_GET] = "SELECT uuid, block_size, storage_url, created_at, s3_http"
 			  " FROM volume WHERE id = 1",
+	[ST_SEQ_GET] = "SELECT seq FROM commit_seq WHERE ino = ?1",
+	[ST_SEQ_PUT] = "INSERT OR REPLACE INTO commit_seq(ino, seq) VALUES (?1, ?2)",
 };
+
+/* Added after schema version 1 shipped: created when missing (meta_open). */
+static const char commit_seq_sql[] =
+	"CREATE TABLE IF NOT EXISTS commit_seq(ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL)";
 
 struct conn {
 	sqlite3 *db;
@@ -1240,6 +1251,8 @@ int meta_open(const char *db_path, struct meta **out)
 		rc = check_volume(c);
 	if (rc == 0)
 		rc = volume_read(c, NULL);
+	if (rc == 0 && sqlite3_exec(c->db, commit_seq_sql, NULL, NULL, NULL) != SQLITE_OK)
+		rc = -EIO;
 	if (rc) {
 		meta_close(m);
 		return rc == -ENOMEM || rc == -ENOENT ? rc : -EIO;
@@ -2386,6 +2399,55 @@ int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slic
 	rc = txn(m, do_write_commit, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.out;
+	return rc;
+}
+
+struct commit_seq_args {
+	struct commit_args commit;
+	uint64_t seq;
+};
+
+static int do_write_commit_seq(struct conn *c, void *p)
+{
+	struct commit_seq_args *a = p;
+	int64_t ino = (int64_t)a->commit.ino, last = 0;
+	int rc;
+
+	rc = query_int(c, ST_SEQ_GET, 1, &ino, 0, INT64_MAX, 0, &last);
+	if (rc == -ENOENT)
+		rc = 0;
+	else if (rc == 0 && (uint64_t)last >= a->seq)
+		rc = -EALREADY;
+	if (rc == 0)
+		rc = do_write_commit(c, &a->commit);
+	if (rc == 0)
+		rc = run_ints(c, ST_SEQ_PUT, 2, (const int64_t[]){ ino, (int64_t)a->seq });
+	return rc;
+}
+
+int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
+			  const struct meta_chunk_slice *slices, size_t n, uint64_t new_size,
+			  const struct timespec *mtime, struct meta_attr *out)
+{
+	struct commit_seq_args a = { .commit = { .ino = ino, .slices = slices, .n = n,
+						 .new_size = new_size, .mtime = mtime },
+				     .seq = seq };
+	size_t i;
+	int rc;
+
+	if (m == NULL || (slices == NULL && n > 0) || (mtime != NULL && !ts_valid(mtime)) ||
+	    seq == 0 || seq > INT64_MAX)
+		return -EINVAL;
+	if (new_size > MAX_FILE_SIZE)
+		return -EFBIG;
+	for (i = 0; i < n; i++)
+		if (!slice_valid(&slices[i].s))
+			return -EINVAL;
+	if (!ino_ok(ino))
+		return -ENOENT;
+	rc = txn(m, do_write_commit_seq, &a);
+	if (rc == 0 && out != NULL)
+		*out = a.commit.out;
 	return rc;
 }
 

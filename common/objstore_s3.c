@@ -28,6 +28,7 @@
 #include <openssl/evp.h>
 
 #include "objstore.h"
+#include "objstore_async.h"
 #include "objstore_internal.h"
 #include "objstore_s3_internal.h"
 
@@ -387,28 +388,24 @@ backoff(int attempt)
 		;
 }
 
-int
-s3_request(struct objstore *s, struct s3_req *r)
+/*
+ * Builds the easy handle for r: URL, signed headers, callbacks writing into
+ * x. share: use the store's shared connections (blocking calls; handles on
+ * a caller's multi keep the multi's own). On failure everything made here
+ * is freed and the reason recorded.
+ */
+static int
+s3_prepare(struct s3_store *st, struct s3_req *r, struct xfer *x, int share, CURL **hp,
+	   struct curl_slist **hdrsp, char **urlp)
 {
-	struct s3_store *st = s3_of(s);
 	struct curl_slist *hdrs = NULL;
-	struct xfer *x = NULL;
 	CURL *h = NULL;
 	char *url = NULL, line[256], hash[65];
-	int ret, tries, transient;
+	int ret;
 
-	r->status = 0;
-	r->out_len = 0;
-	r->resp = NULL;
-	r->resp_len = 0;
-	r->content_length = r->cr_start = r->cr_end = r->cr_total = -1;
-	r->err_code[0] = '\0';
-
-	x = calloc(1, sizeof(*x));
-	if (x == NULL) {
-		ret = objstore_seterr(-ENOMEM, "%s %s: out of memory", r->method, req_what(r));
-		goto out;
-	}
+	*hp = NULL;
+	*hdrsp = NULL;
+	*urlp = NULL;
 	x->r = r;
 	ret = build_url(st, r, &url);
 	if (ret < 0) {
@@ -455,7 +452,8 @@ s3_request(struct objstore *s, struct s3_req *r)
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
-	curl_easy_setopt(h, CURLOPT_SHARE, st->share);
+	if (share)
+		curl_easy_setopt(h, CURLOPT_SHARE, st->share);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 	curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
 	curl_easy_setopt(h, CURLOPT_USERNAME, st->access_key);
@@ -479,6 +477,42 @@ s3_request(struct objstore *s, struct s3_req *r)
 	} else if (strcmp(r->method, "GET") != 0) {
 		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
 	}
+	*hp = h;
+	*hdrsp = hdrs;
+	*urlp = url;
+	return 0;
+out:
+	curl_easy_cleanup(h);
+	curl_slist_free_all(hdrs);
+	free(url);
+	return ret;
+}
+
+int
+s3_request(struct objstore *s, struct s3_req *r)
+{
+	struct s3_store *st = s3_of(s);
+	struct curl_slist *hdrs = NULL;
+	struct xfer *x = NULL;
+	CURL *h = NULL;
+	char *url = NULL;
+	int ret, tries, transient;
+
+	r->status = 0;
+	r->out_len = 0;
+	r->resp = NULL;
+	r->resp_len = 0;
+	r->content_length = r->cr_start = r->cr_end = r->cr_total = -1;
+	r->err_code[0] = '\0';
+
+	x = calloc(1, sizeof(*x));
+	if (x == NULL) {
+		ret = objstore_seterr(-ENOMEM, "%s %s: out of memory", r->method, req_what(r));
+		goto out;
+	}
+	ret = s3_prepare(st, r, x, 1, &h, &hdrs, &url);
+	if (ret < 0)
+		goto out;
 
 	for (tries = 1;; tries++) {
 		CURLcode rc;
@@ -1068,4 +1102,116 @@ out:
 		s3_close(&tmp);
 	}
 	return ret;
+}
+
+/* ---- uploads on the caller's multi handle (objstore_async.h) ---- */
+
+struct objstore_aput {
+	struct s3_req r;
+	struct xfer x;
+	CURL *h;
+	struct curl_slist *hdrs;
+	char *url;
+	char *key;
+};
+
+int
+objstore_async_capable(struct objstore *s)
+{
+	return s != NULL && s->kind == STORE_S3;
+}
+
+void
+objstore_aput_free(struct objstore_aput *p)
+{
+	if (p == NULL)
+		return;
+	curl_easy_cleanup(p->h);
+	curl_slist_free_all(p->hdrs);
+	free(p->url);
+	free(p->r.resp);
+	free(p->key);
+	free(p);
+}
+
+void
+objstore_aput_rearm(struct objstore_aput *p)
+{
+	struct s3_req *r = &p->r;
+
+	memset(&p->x, 0, sizeof(p->x));
+	p->x.r = r;
+	free(r->resp);
+	r->resp = NULL;
+	r->resp_len = 0;
+	r->status = 0;
+	r->out_len = 0;
+	r->content_length = r->cr_start = r->cr_end = r->cr_total = -1;
+	r->err_code[0] = '\0';
+}
+
+int
+objstore_aput_new(struct objstore *s, const char *key, const void *buf, size_t len,
+		  struct objstore_aput **out)
+{
+	struct objstore_aput *p;
+	int ret;
+
+	*out = NULL;
+	if (!objstore_async_capable(s))
+		return objstore_seterr(-EOPNOTSUPP, "PUT %s: this store has no asynchronous puts",
+				       key ? key : "");
+	ret = objstore_key_check(key);
+	if (ret < 0)
+		return ret;
+	p = calloc(1, sizeof(*p));
+	if (p == NULL || (p->key = strdup(key)) == NULL) {
+		free(p);
+		return objstore_seterr(-ENOMEM, "PUT %s: out of memory", key);
+	}
+	p->r.method = "PUT";
+	p->r.key = p->key;
+	p->r.body = buf;
+	p->r.body_len = len;
+	objstore_aput_rearm(p);
+	ret = s3_prepare(s3_of(s), &p->r, &p->x, 0, &p->h, &p->hdrs, &p->url);
+	if (ret < 0) {
+		objstore_aput_free(p);
+		return ret;
+	}
+	curl_easy_setopt(p->h, CURLOPT_PRIVATE, p);
+	*out = p;
+	return 0;
+}
+
+CURL *
+objstore_aput_easy(struct objstore_aput *p)
+{
+	return p->h;
+}
+
+int
+objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
+{
+	struct s3_req *r = &p->r;
+	int ret;
+
+	*transient = 0;
+	if (rc != CURLE_OK) {
+		ret = map_curl_error(p->h, rc, transient);
+		/* A store that is down now may be back soon. */
+		if (ret == -ECONNREFUSED || ret == -EHOSTUNREACH)
+			*transient = 1;
+		return objstore_seterr(ret, "PUT %s: %s", p->key, curl_easy_strerror(rc));
+	}
+	curl_easy_getinfo(p->h, CURLINFO_RESPONSE_CODE, &r->status);
+	xml_code(p->x.errbody, r->err_code, sizeof(r->err_code));
+	if (r->status == 200 || r->status == 201 || r->status == 204)
+		return 0;
+	if (r->status >= 500 || r->status == 429) {
+		*transient = 1;
+		return objstore_seterr(-EIO, "PUT %s: HTTP %ld%s%s%s", p->key, r->status,
+				       r->err_code[0] ? " (" : "", r->err_code, r->err_code[0] ? ")" : "");
+	}
+	return status_err(r);
 }

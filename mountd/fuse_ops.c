@@ -27,7 +27,9 @@
 struct open_file {
 	struct inode *ino;       /* one reference (nopen) */
 	uint64_t fh;
-	bool writer;
+	bool writer;             /* counted in ino->nwriters */
+	bool passthrough;        /* counted in ino->w->npt, else in ino->ncached */
+	bool setid_clear;        /* a write through it found no set-id bits to clear */
 };
 
 struct special_file {
@@ -78,6 +80,11 @@ static void stats_stat(struct mountd *md, struct stat *st)
 	st->st_atim.tv_sec = st->st_mtim.tv_sec = st->st_ctim.tv_sec = md->started;
 }
 
+static bool timespec_later(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec > b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec > b->tv_nsec);
+}
+
 /* Applies pending writes (size, mtime) of a live staging file over a. */
 static void overlay_wstate(struct mountd *md, struct meta_attr *a)
 {
@@ -90,10 +97,15 @@ static void overlay_wstate(struct mountd *md, struct meta_attr *a)
 		return;
 	pthread_mutex_lock(&i->lock);
 	if (i->w) {
-		a->size = i->w->size;
-		if (i->w->ndirty || i->w->size_changed) {
-			a->mtime = i->w->mtime;
-			a->ctime = i->w->mtime;
+		uint64_t size;
+		struct timespec mtime;
+		if (wstate_stat(i->w, &size, &mtime) == 0) {
+			a->size = size;
+			if (i->w->passthrough || i->w->ndirty || i->w->size_changed) {
+				a->mtime = mtime;
+				if (timespec_later(&mtime, &a->ctime))
+					a->ctime = mtime;
+			}
 		}
 	}
 	pthread_mutex_unlock(&i->lock);
@@ -228,24 +240,6 @@ static int commit_locked(struct mountd *md, struct inode *i)
 	return i->w ? wstate_commit(md, i) : 0;
 }
 
-static int do_truncate(struct mountd *md, struct inode *i, uint64_t ino, uint64_t size,
-		       unsigned valid, const struct meta_attr *in, struct meta_attr *out)
-{
-	int rc;
-
-	if (i) {
-		pthread_mutex_lock(&i->lock);
-		rc = commit_locked(md, i);
-		if (rc == 0)
-			rc = meta_setattr(md->meta, ino, valid, in, out);
-		if (rc == 0 && i->w)
-			rc = wstate_truncate(i->w, size);
-		pthread_mutex_unlock(&i->lock);
-		return rc;
-	}
-	return meta_setattr(md->meta, ino, valid, in, out);
-}
-
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		       struct fuse_file_info *fi)
 {
@@ -302,20 +296,63 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		fuse_reply_err(req, EINTR);
 		return;
 	}
+	/* HANDLE_KILLPRIV_V2: the kernel leaves clearing set-id bits to us, on
+	 * chown of a non-directory and when it asks (truncate by a caller
+	 * without CAP_FSETID). */
+	if (!(valid & META_SET_MODE) &&
+	    ((to_set & FUSE_SET_ATTR_KILL_SUID) || (valid & (META_SET_UID | META_SET_GID)))) {
+		struct meta_attr cur;
+		if (meta_getattr(md->meta, ino, &cur) == 0 && !S_ISDIR(cur.mode)) {
+			in.mode = cur.mode & ~(uint32_t)S_ISUID;
+			if ((cur.mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+				in.mode &= ~(uint32_t)S_ISGID;
+			if (in.mode != cur.mode)
+				valid |= META_SET_MODE;
+		}
+	}
 	i = inode_find(md, ino);
-	if (valid & META_SET_SIZE) {
-		rc = do_truncate(md, i, ino, in.size, valid, &in, &out);
-	} else if (i) {
-		/* Staged writes carry their own mtime: commit them first so an
-		 * explicit utimens() is not overwritten by a later commit. */
+	if (i)
 		pthread_mutex_lock(&i->lock);
-		rc = commit_locked(md, i);
+	if (i && i->w && i->w->passthrough) {
+		/* The staging file is the file's data until it is committed:
+		 * size and mtime changes go to it, the rest to the metadata. */
+		rc = 0;
+		if ((valid & META_SET_SIZE) && ftruncate(i->w->fd, (off_t)in.size) < 0)
+			rc = -errno;
+		if (valid & META_SET_SIZE)
+			i->w->size_changed = true;
+		if (rc == 0 && (valid & (META_SET_ATIME | META_SET_ATIME_NOW | META_SET_MTIME |
+					 META_SET_MTIME_NOW))) {
+			struct timespec ts[2] = {
+				{ .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_OMIT } };
+			if (valid & META_SET_ATIME_NOW)
+				ts[0].tv_nsec = UTIME_NOW;
+			else if (valid & META_SET_ATIME)
+				ts[0] = in.atime;
+			if (valid & META_SET_MTIME_NOW)
+				ts[1].tv_nsec = UTIME_NOW;
+			else if (valid & META_SET_MTIME)
+				ts[1] = in.mtime;
+			if (futimens(i->w->fd, ts) < 0)
+				rc = -errno;
+		}
+		if (rc == 0)
+			rc = meta_setattr(md->meta, ino, valid & ~META_SET_SIZE, &in, &out);
+	} else if (valid & META_SET_SIZE) {
+		rc = i ? commit_locked(md, i) : 0;
 		if (rc == 0)
 			rc = meta_setattr(md->meta, ino, valid, &in, &out);
-		pthread_mutex_unlock(&i->lock);
+		if (rc == 0 && i && i->w)
+			rc = wstate_truncate(i->w, in.size);
 	} else {
-		rc = meta_setattr(md->meta, ino, valid, &in, &out);
+		/* Staged writes carry their own mtime: commit them first so an
+		 * explicit utimens() is not overwritten by a later commit. */
+		rc = i ? commit_locked(md, i) : 0;
+		if (rc == 0)
+			rc = meta_setattr(md->meta, ino, valid, &in, &out);
 	}
+	if (i)
+		pthread_mutex_unlock(&i->lock);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -545,13 +582,104 @@ static unsigned trunc_kill_suid(struct mountd *md, uint64_t ino, uid_t caller,
 	return in->mode != a.mode ? META_SET_MODE : 0;
 }
 
-/* Opens a handle on ino; truncates first for O_TRUNC. */
-static int open_file(struct mountd *md, uint64_t ino, uid_t caller, struct fuse_file_info *fi)
+/* Whether a new passthrough staging file may start now. */
+static bool passthrough_allowed(struct mountd *md)
+{
+	struct statvfs sv;
+
+	if (atomic_load(&md->pt_off))
+		return false;
+	/* Staging headroom: a full staging disk would fail writes that the
+	 * daemon path could still take. */
+	if (md->staging_min_free && fstatvfs(md->staging_dirfd, &sv) == 0 &&
+	    (uint64_t)sv.f_bavail * sv.f_frsize < md->staging_min_free) {
+		atomic_fetch_add(&md->stats.passthrough_no_room, 1);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The I/O mode of a new open. The kernel keeps one mode per inode
+ * (fs/fuse/iomode.c): while the inode has a passthrough staging file every
+ * open shares its backing id, and an inode open in cached mode gets no
+ * passthrough writer. A writer of a file that is empty at open (created,
+ * O_TRUNC, or length 0) with nothing else staged starts one.
+ * Caller holds i->lock.
+ */
+static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file *of,
+			    bool empty, struct fuse_file_info *fi)
+{
+	struct wstate *w = i->w;
+	int id;
+
+	if (w && w->passthrough && w->backing_id > 0) {
+		fi->backing_id = w->backing_id;
+		of->passthrough = true;
+		w->npt++;
+		return 0;
+	}
+	if (of->writer && empty && !w && i->ncached == 0 && md->pt_mode != PT_OFF &&
+	    passthrough_allowed(md)) {
+		id = wstate_passthrough_start(md, i, of->fh);
+		if (id > 0) {
+			fi->backing_id = id;
+			of->passthrough = true;
+			i->w->npt++;
+			return 0;
+		}
+		if (id != -EPERM)
+			log_errno(id, "inode %llu: no passthrough for this open",
+				  (unsigned long long)i->ino);
+	}
+	i->ncached++;
+	return 0;
+}
+
+/*
+ * Ends a handle and frees of. When the last passthrough user goes, the
+ * backing id is closed; when the last writer (and passthrough user) goes,
+ * the staged writes are committed and the staging file dropped, or, if the
+ * commit fails, left staged on the retry list. Caller holds no lock.
+ */
+static void file_release(struct mountd *md, struct open_file *of, uint64_t nlookup)
+{
+	struct inode *i = of->ino;
+	struct wstate *w;
+
+	pthread_mutex_lock(&i->lock);
+	w = i->w;
+	if (of->writer)
+		i->nwriters--;
+	if (!of->passthrough)
+		i->ncached--;
+	else if (w)
+		w->npt--;
+	if (w && w->passthrough && w->npt == 0 && w->backing_id > 0) {
+		backing_close(md, w->backing_id);
+		w->backing_id = 0;
+	}
+	if (w && i->nwriters == 0 && w->npt == 0 && !i->pending) {
+		if (wstate_commit(md, i) == 0)
+			wstate_drop(md, i);
+		else
+			write_back_defer(md, i); /* the data stays staged and is retried */
+	}
+	pthread_mutex_unlock(&i->lock);
+	inode_unref(md, i, nlookup, 1);
+	free(of);
+}
+
+/* Opens a handle on ino; truncates first for O_TRUNC. created: the file was
+ * just made by CREATE. */
+static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created,
+		     struct fuse_file_info *fi)
 {
 	bool writer = (fi->flags & O_ACCMODE) != O_RDONLY;
 	struct open_file *of;
+	struct meta_attr a = { 0 };
 	struct inode *i;
-	int rc;
+	int rc = 0;
 
 	of = calloc(1, sizeof(*of));
 	if (!of)
@@ -566,12 +694,15 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, struct fuse_
 	rc = handle_add(md->handles, HANDLE_FILE, of, &of->fh);
 	if (rc < 0)
 		goto fail;
-	if (writer) {
-		pthread_mutex_lock(&i->lock);
-		i->nwriters++;
-		if (fi->flags & O_TRUNC) {
-			struct meta_attr in = { .size = 0 };
-			unsigned valid = META_SET_SIZE | META_SET_MTIME_NOW;
+	pthread_mutex_lock(&i->lock);
+	if (writer && (fi->flags & O_TRUNC)) {
+		struct meta_attr in = { .size = 0 };
+		unsigned valid = META_SET_SIZE | META_SET_MTIME_NOW;
+		if (i->w && i->w->passthrough && i->w->backing_id > 0) {
+			/* Shared staging file: truncate it; the commit stores it. */
+			if (ftruncate(i->w->fd, 0) < 0)
+				rc = -errno;
+		} else {
 			rc = commit_locked(md, i);
 			if (rc == 0) {
 				valid |= trunc_kill_suid(md, ino, caller, &in);
@@ -580,18 +711,37 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, struct fuse_
 			if (rc == 0 && i->w)
 				rc = wstate_truncate(i->w, 0);
 		}
-		if (rc < 0)
-			i->nwriters--;
-		pthread_mutex_unlock(&i->lock);
-		if (rc < 0) {
-			handle_remove(md->handles, of->fh, HANDLE_FILE);
-			goto fail;
+	} else if (writer && !created && !i->w) {
+		/* Passthrough writes bypass the daemon: clear set-id bits now, as
+		 * a write by this caller would (HANDLE_KILLPRIV_V2). */
+		rc = meta_getattr(md->meta, ino, &a);
+		if (rc == 0 && a.size == 0 && caller != 0) {
+			struct meta_attr in = { 0 };
+			unsigned kill = trunc_kill_suid(md, ino, caller, &in);
+			if (kill)
+				rc = meta_setattr(md->meta, ino, kill, &in, NULL);
 		}
 	}
+	if (rc == 0) {
+		bool empty = created || (fi->flags & O_TRUNC) || (!i->w && a.ino && a.size == 0);
+		rc = open_mode_locked(md, i, of, writer && empty, fi);
+	}
+	if (rc == 0 && writer)
+		i->nwriters++;
+	pthread_mutex_unlock(&i->lock);
+	if (rc < 0) {
+		handle_remove(md->handles, of->fh, HANDLE_FILE);
+		goto fail;
+	}
 	fi->fh = of->fh;
-	/* Every change to the data passes through this daemon and the kernel's
-	 * page cache, so what the kernel has cached stays valid across opens. */
-	fi->keep_cache = 1;
+	if (of->passthrough) {
+		/* Open in passthrough mode drops the kernel's old page cache. */
+		fi->keep_cache = 0;
+	} else {
+		/* Every change to the data passes through this daemon and the
+		 * kernel's page cache, so what it cached stays valid across opens. */
+		fi->keep_cache = 1;
+	}
 	/* A reader has nothing to flush and ferry takes no POSIX locks itself. */
 	fi->noflush = !writer;
 	return 0;
@@ -610,7 +760,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (ino == STATS_INO)
 		rc = open_special(md, fi);
 	else
-		rc = open_file(md, ino, fuse_req_ctx(req)->uid, fi);
+		rc = open_file(md, ino, fuse_req_ctx(req)->uid, false, fi);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -624,15 +774,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			free(sf);
 		} else {
 			struct open_file *of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
-			if (of) {
-				if (of->writer) {
-					pthread_mutex_lock(&of->ino->lock);
-					of->ino->nwriters--;
-					pthread_mutex_unlock(&of->ino->lock);
-				}
-				inode_unref(md, of->ino, 0, 1);
-				free(of);
-			}
+			if (of)
+				file_release(md, of, 0);
 		}
 	}
 }
@@ -667,7 +810,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		return;
 	}
 	fi->flags &= ~O_TRUNC; /* it is new: nothing to truncate */
-	rc = open_file(md, a.ino, ctx->uid, fi);
+	rc = open_file(md, a.ino, ctx->uid, true, fi);
 	if (rc < 0) {
 		/* The file exists now; report the open failure honestly. */
 		fuse_reply_err(req, -rc);
@@ -677,14 +820,8 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	inode_ref(md, a.ino, 1, 0);
 	if (fuse_reply_create(req, &e, fi) != 0) {
 		struct open_file *of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
-		if (of) {
-			pthread_mutex_lock(&of->ino->lock);
-			if (of->writer)
-				of->ino->nwriters--;
-			pthread_mutex_unlock(&of->ino->lock);
-			inode_unref(md, of->ino, 1, 1);
-			free(of);
-		}
+		if (of)
+			file_release(md, of, 1);
 	}
 }
 
@@ -746,13 +883,26 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		rc = meta_getattr(md->meta, ino, &a);
 		n = rc < 0 ? rc : file_read(md, req, ino, a.size, buf, size, off);
 	} else {
-		uint64_t fsize = of->ino->w->size;
-		size_t len = (uint64_t)off >= fsize ? 0 :
-			     (size < fsize - (uint64_t)off ? size : (size_t)(fsize - (uint64_t)off));
-		rc = meta_getattr(md->meta, ino, &a);
-		/* Bytes past the committed size and not dirty read as zeros. */
+		struct wstate *w = of->ino->w;
+		uint64_t fsize;
+		struct timespec mt;
+		size_t len = 0;
+
+		rc = wstate_stat(w, &fsize, &mt);
+		if (rc == 0)
+			len = (uint64_t)off >= fsize ? 0 :
+			      (size < fsize - (uint64_t)off ? size : (size_t)(fsize - (uint64_t)off));
+		if (rc == 0 && !w->passthrough)
+			rc = meta_getattr(md->meta, ino, &a);
+		/* Bytes past the committed size and not dirty read as zeros; a
+		 * passthrough staging file holds every byte itself. */
 		memset(buf, 0, len);
-		n = rc < 0 ? rc : file_read(md, req, ino, a.size < fsize ? a.size : fsize, buf, len, off);
+		if (rc < 0)
+			n = rc;
+		else if (w->passthrough)
+			n = 0;
+		else
+			n = file_read(md, req, ino, a.size < fsize ? a.size : fsize, buf, len, off);
 		if (n >= 0) {
 			rc = wstate_overlay(of->ino->w, buf, len, off);
 			n = rc < 0 ? rc : (ssize_t)len;
@@ -786,6 +936,17 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 	if (off < 0 || (uint64_t)off + size < (uint64_t)off) {
 		fuse_reply_err(req, EINVAL);
 		return;
+	}
+	/* HANDLE_KILLPRIV_V2: a write by a caller without CAP_FSETID (here:
+	 * not root) clears set-id bits; checked once per handle. */
+	if (!of->setid_clear && !fi->writepage && fuse_req_ctx(req)->uid != 0) {
+		struct meta_attr in = { 0 };
+		unsigned kill = trunc_kill_suid(md, ino, fuse_req_ctx(req)->uid, &in);
+		if (kill && (rc = meta_setattr(md->meta, ino, kill, &in, NULL)) < 0) {
+			fuse_reply_err(req, -rc);
+			return;
+		}
+		of->setid_clear = true;
 	}
 	pthread_mutex_lock(&of->ino->lock);
 	rc = wstate_ensure(md, of->ino, of->fh);
@@ -843,7 +1004,6 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
 	struct mountd *md = MD(req);
 	struct open_file *of;
-	struct inode *i;
 
 	count(req, OP_RELEASE);
 	if (ino == STATS_INO) {
@@ -859,20 +1019,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		fuse_reply_err(req, EBADF);
 		return;
 	}
-	i = of->ino;
-	if (of->writer) {
-		pthread_mutex_lock(&i->lock);
-		i->nwriters--;
-		if (i->nwriters == 0 && i->w) {
-			if (wstate_commit(md, i) == 0)
-				wstate_drop(md, i);
-			else if (!i->pending)
-				write_back_defer(md, i); /* the data stays staged and is retried */
-		}
-		pthread_mutex_unlock(&i->lock);
-	}
-	inode_unref(md, i, 0, 1);
-	free(of);
+	file_release(md, of, 0);
 	fuse_reply_err(req, 0);
 }
 
@@ -897,6 +1044,19 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 	}
 	i = of->ino;
 	pthread_mutex_lock(&i->lock);
+	if (i->w && i->w->passthrough) {
+		/* The staging file holds the data: it takes the request itself. */
+		if (mode != 0 && mode != FALLOC_FL_KEEP_SIZE &&
+		    mode != (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE))
+			rc = -EOPNOTSUPP;
+		else if (fallocate(i->w->fd, mode, off, len) < 0)
+			rc = -errno;
+		else
+			i->w->size_changed = true;
+		pthread_mutex_unlock(&i->lock);
+		fuse_reply_err(req, -rc);
+		return;
+	}
 	rc = commit_locked(md, i);
 	if (rc == 0)
 		rc = meta_getattr(md->meta, ino, &a);
@@ -946,11 +1106,19 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 		return;
 	}
 	pthread_mutex_lock(&of->ino->lock);
+	if (of->ino->w && of->ino->w->passthrough) {
+		res = lseek(of->ino->w->fd, off, whence);
+		if (res < 0)
+			res = -errno;
+		pthread_mutex_unlock(&of->ino->lock);
+		goto reply;
+	}
 	rc = commit_locked(md, of->ino);
 	if (rc == 0)
 		rc = meta_getattr(md->meta, ino, &a);
 	res = rc < 0 ? rc : file_seek_data(md, ino, a.size, off, whence);
 	pthread_mutex_unlock(&of->ino->lock);
+reply:
 	if (res < 0)
 		fuse_reply_err(req, (int)-res);
 	else
@@ -1247,6 +1415,8 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
+	struct mountd *md = userdata;
+
 	/* 1 MiB requests: 64 MiB in 1 MiB writes is 64 WRITE upcalls. */
 	conn->max_write = 1u << 20;
 	conn->max_readahead = 1u << 20;
@@ -1259,6 +1429,28 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	/* POSIX locks stay local to the kernel (one node per volume). */
 	fuse_unset_feature_flag(conn, FUSE_CAP_POSIX_LOCKS);
 	fuse_unset_feature_flag(conn, FUSE_CAP_FLOCK_LOCKS);
+	/* Clearing set-id bits is ours: the kernel then marks the mount
+	 * SB_NOSEC and stops asking GETXATTR(security.capability) before
+	 * every write. */
+	fuse_set_feature_flag(conn, FUSE_CAP_HANDLE_KILLPRIV_V2);
+	if (md->pt_mode == PT_OFF) {
+		passthrough_set_reason(md, "mount_option_off", "off by mount option passthrough=off");
+	} else if (!fuse_set_feature_flag(conn, FUSE_CAP_PASSTHROUGH)) {
+		passthrough_set_reason(md, "kernel_lacks_passthrough",
+				       "the kernel does not offer FUSE passthrough (Linux >= 6.9)");
+		if (md->pt_mode == PT_ON) {
+			mountd_ready(md, "passthrough=on, but the kernel does not offer FUSE "
+				     "passthrough (Linux >= 6.9)");
+			fuse_session_exit(md->se);
+			return;
+		}
+	} else {
+		/* Staging files sit on a plain local filesystem (checked at start):
+		 * one backing layer below this one. */
+		conn->max_backing_stack_depth = 1;
+		atomic_store(&md->pt_off, false);
+	}
+	mountd_ready(md, "ok");
 }
 
 static void op_destroy(void *userdata)

@@ -37,20 +37,60 @@ static void usage(FILE *f)
 		"      --staging-dir DIR   staging files (default: VOLUME-DIR/staging)\n"
 		"      --ready-fd N        write \"ok\" (or the error) to fd N once serving\n"
 		"      --attr-timeout SEC  kernel attribute/entry cache time (default: 1)\n"
+		"      --staging-min-free MIB  below this much free space in the staging\n"
+		"                          directory, new opens take the daemon path (default: 256)\n"
+		"\n"
+		"ferry's own -o options: passthrough=auto|on|off (default auto: FUSE\n"
+		"passthrough writes when the kernel and the registration allow it)\n"
 		"  -d, --debug             debug logging\n"
 		"  -h, --help              this text\n"
 		"  -V, --version           print the version\n",
 		DEFAULT_CACHE_MIB);
 }
 
-/* Tells whoever started us how the start went, once. */
-static void ready_report(struct mountd *md, const char *msg)
+/* Tells whoever started us how the start went, once: from INIT (the mount
+ * serves from then on) or from a failure before it. */
+void mountd_ready(struct mountd *md, const char *msg)
 {
-	if (md->cfg.ready_fd < 0)
+	int fd = atomic_exchange(&md->cfg.ready_fd, -1);
+
+	if (fd < 0)
 		return;
-	dprintf(md->cfg.ready_fd, "%s\n", msg);
-	close(md->cfg.ready_fd);
-	md->cfg.ready_fd = -1;
+	dprintf(fd, "%s\n", msg);
+	close(fd);
+}
+
+/* Takes ferry's own options (passthrough=) out of a -o list; the rest
+ * goes to libfuse, which refuses what it does not know. */
+static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errlen)
+{
+	char *out = opts, *save = NULL;
+	bool first = true;
+
+	for (char *o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+		if (strncmp(o, "passthrough=", 12) == 0) {
+			const char *v = o + 12;
+			if (!strcmp(v, "on"))
+				md->pt_mode = PT_ON;
+			else if (!strcmp(v, "off"))
+				md->pt_mode = PT_OFF;
+			else if (!strcmp(v, "auto"))
+				md->pt_mode = PT_AUTO;
+			else {
+				snprintf(err, errlen, "-o %s: passthrough takes on, off or auto", o);
+				return -EINVAL;
+			}
+			continue;
+		}
+		size_t n = strlen(o);
+		if (!first)
+			*out++ = ',';
+		memmove(out, o, n);
+		out += n;
+		first = false;
+	}
+	*out = '\0';
+	return 0;
 }
 
 static _Noreturn void start_failed(struct mountd *md, const char *fmt, ...)
@@ -64,7 +104,7 @@ static void start_failed(struct mountd *md, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	log_warnx("%s", msg);
-	ready_report(md, msg);
+	mountd_ready(md, msg);
 	exit(1);
 }
 
@@ -141,9 +181,11 @@ static int mountpoint_check(struct mountd *md)
 	struct stat st, parent;
 	char up[PATH_MAX];
 
-	if (access("/dev/fuse", R_OK | W_OK) < 0)
-		start_failed(md, "cannot use /dev/fuse: %s (load the fuse module or give the "
-			     "container the device)", strerror(errno));
+	/* Existence only: an unprivileged daemon gets its /dev/fuse fd from
+	 * fusermount3 (or the broker), not by opening it. */
+	if (stat("/dev/fuse", &st) < 0 || !S_ISCHR(st.st_mode))
+		start_failed(md, "/dev/fuse is missing (load the fuse module or give the "
+			     "container the device)");
 	if (stat(md->cfg.mountpoint, &st) < 0)
 		start_failed(md, "mountpoint %s: %s", md->cfg.mountpoint, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
@@ -170,6 +212,7 @@ int main(int argc, char **argv)
 		{ "staging-dir", required_argument, NULL, 'T' },
 		{ "ready-fd", required_argument, NULL, 'R' },
 		{ "attr-timeout", required_argument, NULL, 'A' },
+		{ "staging-min-free", required_argument, NULL, 'M' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -189,6 +232,11 @@ int main(int argc, char **argv)
 	md->lock_fd = -1;
 	md->staging_dirfd = -1;
 	md->cfg.attr_timeout = md->cfg.entry_timeout = 1.0;
+	md->pt_mode = PT_AUTO;
+	md->pt_off = true; /* until INIT says the kernel has it */
+	snprintf(md->pt_reason, sizeof(md->pt_reason), "not_negotiated");
+	md->staging_min_free = 256ull << 20;
+	pthread_mutex_init(&md->pt_reason_lock, NULL);
 	pthread_mutex_init(&md->pending_lock, NULL);
 	pthread_cond_init(&md->pending_cond, NULL);
 	log_init("ferry-mountd", LOG_LVL_INFO);
@@ -226,6 +274,12 @@ int main(int argc, char **argv)
 			if (*end || md->cfg.attr_timeout < 0)
 				fatalx("--attr-timeout: not a number of seconds: %s", optarg);
 			break;
+		case 'M':
+			errno = 0;
+			md->staging_min_free = strtoull(optarg, &end, 10) << 20;
+			if (errno || *end || end == optarg)
+				fatalx("--staging-min-free: not a number of MiB: %s", optarg);
+			break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("ferry-mountd 0.1.0 (libfuse %s)\n", fuse_pkgversion()); return 0;
@@ -236,6 +290,8 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (user_opts && ferry_opts_take(md, user_opts, err, sizeof(err)) < 0)
+		start_failed(md, "%s", err);
 	md->started = time(NULL);
 	md->cfg.cache_bytes = cache_mib << 20;
 	if (meta_url_parse(argv[optind], &md->cfg.db_path, &md->cfg.vol_dir, err, sizeof(err)) < 0)
@@ -284,7 +340,7 @@ int main(int argc, char **argv)
 	/* default_permissions: the kernel checks modes (as a local fs would);
 	 * nodev: device nodes are metadata only. */
 	if (asprintf(&fopts, "-odefault_permissions,nodev,fsname=ferryfs:%s,subtype=ferryfs%s%s",
-		     md->vol.uuid, user_opts ? "," : "", user_opts ? user_opts : "") < 0)
+		     md->vol.uuid, user_opts && *user_opts ? "," : "", user_opts ? user_opts : "") < 0)
 		fatalx("out of memory");
 	if (fuse_opt_add_arg(&fargs, argv[0]) < 0 || fuse_opt_add_arg(&fargs, fopts) < 0)
 		fatalx("out of memory");
@@ -312,8 +368,7 @@ int main(int argc, char **argv)
 		}
 		setsid();
 	}
-	ready_report(md, "ok");
-
+	/* op_init reports "ok" once the kernel's INIT is answered. */
 	loop_cfg = fuse_loop_cfg_create();
 	if (!loop_cfg) {
 		log_warnx("out of memory");

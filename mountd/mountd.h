@@ -52,6 +52,9 @@ struct stats {
 	_Atomic uint64_t cache_hits, cache_misses;
 	_Atomic uint64_t commits, commit_failures;
 	_Atomic uint64_t io_errors;
+	_Atomic uint64_t passthrough_opens, backing_open, backing_close;
+	_Atomic uint64_t blocks_unchanged;   /* passthrough commits that skipped a block */
+	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
 };
 
 const char *stats_op_name(enum op_id op);
@@ -85,8 +88,28 @@ struct wstate {
 	struct timespec mtime;
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
+	/* Passthrough: the kernel writes the staging file directly, so it
+	 * holds the whole file and there are no dirty ranges to track. */
+	bool passthrough;
+	int backing_id;          /* registered while passthrough opens may come; 0 after */
+	uint32_t npt;            /* open handles sharing backing_id */
+	struct block_print *prints; /* per block: what the last commit stored; owned */
+	size_t nprints;
 };
 
+/* What a passthrough commit stored for one block, so the next commit (an
+ * fsync) uploads only the blocks that changed since. */
+struct block_print {
+	uint64_t print;          /* block_fingerprint() of the bytes */
+	uint32_t len;            /* 0: nothing committed for this block */
+};
+
+/* Starts a passthrough staging file for the inode (which has no write
+ * state) and registers it; returns the backing id or a negative errno.
+ * Caller holds ino->lock. */
+int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh);
+/* Size and mtime of the file as the staging file has them now. */
+int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime);
 /* Creates the inode's write state if it has none. Caller holds ino->lock. */
 int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh);
 /* Writes buf at off into the staging file and marks it dirty. Holds ino->lock. */
@@ -112,6 +135,18 @@ void write_back_stop(struct mountd *md);
 /* Commits every pending inode now (unmount). Returns the number left. */
 size_t write_back_flush_all(struct mountd *md);
 
+/* ---- backing.c: passthrough backing files ---- */
+/* Registers fd as a backing file; returns the id (> 0) or a negative errno.
+ * EPERM latches passthrough off for the mount. */
+int backing_open(struct mountd *md, int fd);
+void backing_close(struct mountd *md, int id); /* ignores id <= 0 */
+/* Turns passthrough off for the rest of the mount, logging why once. code
+ * is a short token for .stats (passthrough_off_reason), why the log line. */
+void passthrough_latch_off(struct mountd *md, const char *code, const char *why);
+/* Records why passthrough is off from the start (no warning: it was asked
+ * for, or it cannot be). */
+void passthrough_set_reason(struct mountd *md, const char *code, const char *why);
+
 /* ---- file_read.c: assembling reads from slices ---- */
 /* Reads up to len bytes at off of a regular file whose committed size is
  * size into buf; returns the byte count or a negative errno. */
@@ -131,6 +166,7 @@ struct inode {
 	/* Guarded by lock: */
 	pthread_mutex_t lock;
 	uint32_t nwriters;        /* open handles with write access */
+	uint32_t ncached;         /* open handles in the kernel's cached I/O mode */
 	struct wstate *w;         /* pending writes, or NULL */
 	bool pending;             /* on the write-back retry list (holds a reference) */
 	/* Guarded by md->pending_lock: */
@@ -163,6 +199,9 @@ extern const struct fuse_lowlevel_ops mountd_ops;
 void mountd_handles_drop(struct mountd *md);
 
 /* ---- main.c ---- */
+/* Reports the start's outcome ("ok" or the reason it failed) to whoever
+ * started the daemon; only the first call counts. */
+void mountd_ready(struct mountd *md, const char *msg);
 struct mountd_config {
 	char *db_path;         /* owned */
 	char *vol_dir;         /* owned */
@@ -171,7 +210,7 @@ struct mountd_config {
 	char *staging_dir;     /* owned */
 	uint64_t cache_bytes;
 	bool foreground;
-	int ready_fd;          /* written "ok" or an error line once serving */
+	_Atomic int ready_fd;  /* written "ok" or an error line once serving */
 	double attr_timeout, entry_timeout;
 };
 
@@ -195,6 +234,12 @@ struct mountd {
 	bool pending_stop;
 	pthread_t pending_thread;
 	bool pending_thread_live;
+	/* passthrough */
+	enum { PT_OFF, PT_AUTO, PT_ON } pt_mode;
+	_Atomic bool pt_off;          /* latched off (or never on) for this mount */
+	pthread_mutex_t pt_reason_lock;
+	char pt_reason[64];           /* why pt_off: a token for .stats */
+	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
 };
 
 #endif

@@ -59,7 +59,16 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(commits);
 	FIG(commit_failures);
 	FIG(io_errors);
+	FIG(passthrough_opens);
+	FIG(backing_open);
+	FIG(backing_close);
+	FIG(blocks_unchanged);
+	FIG(passthrough_no_room);
 #undef FIG
+	fprintf(f, "passthrough_active %d\n", atomic_load(&md->pt_off) ? 0 : 1);
+	pthread_mutex_lock(&md->pt_reason_lock);
+	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");
+	pthread_mutex_unlock(&md->pt_reason_lock);
 	fprintf(f, "cache_bytes %llu\n", (unsigned long long)read_cache_bytes(md->cache));
 	fprintf(f, "open_handles %u\n", handle_count(md->handles));
 	fprintf(f, "inodes_cached %zu\n", inode_table_count(md->inodes));

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,18 +20,14 @@
 #include "block.h"
 #include "slice.h"
 
-int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
+/* Creates a new, empty staging file <ino>-<fh> and its write state. Names
+ * are never reused: an mmap of an older staging file may outlive its open. */
+static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, struct wstate **out)
 {
 	struct wstate *w;
-	struct meta_attr a;
 	char name[64];
 	int rc;
 
-	if (ino->w)
-		return 0;
-	rc = meta_getattr(md->meta, ino->ino, &a);
-	if (rc < 0)
-		return rc;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
@@ -48,9 +45,76 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 		free(w);
 		return -ENOMEM;
 	}
-	w->size = a.size;
-	w->mtime = a.mtime;
+	*out = w;
+	return 0;
+}
+
+static void staging_destroy(struct wstate *w)
+{
+	close(w->fd);
+	if (unlink(w->path) < 0)
+		log_warn("cannot remove staging file %s", w->path);
+	free(w->path);
+	free(w->dirty);
+	free(w->prints);
+	free(w);
+}
+
+int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
+{
+	struct meta_attr a;
+	int rc;
+
+	if (ino->w)
+		return 0;
+	rc = meta_getattr(md->meta, ino->ino, &a);
+	if (rc < 0)
+		return rc;
+	rc = staging_create(md, ino, fh, &ino->w);
+	if (rc < 0)
+		return rc;
+	ino->w->size = a.size;
+	ino->w->mtime = a.mtime;
+	return 0;
+}
+
+int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh)
+{
+	struct wstate *w;
+	int rc, id;
+
+	rc = staging_create(md, ino, fh, &w);
+	if (rc < 0)
+		return rc;
+	id = backing_open(md, w->fd);
+	if (id < 0) {
+		staging_destroy(w);
+		return id;
+	}
+	w->passthrough = true;
+	w->backing_id = id;
+	/* The file was empty at open: a commit must store at least its size. */
+	w->size_changed = true;
+	clock_gettime(CLOCK_REALTIME, &w->mtime);
 	ino->w = w;
+	atomic_fetch_add(&md->stats.passthrough_opens, 1);
+	return id;
+}
+
+int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime)
+{
+	struct stat st;
+
+	if (!w->passthrough) {
+		*size = w->size;
+		*mtime = w->mtime;
+		return 0;
+	}
+	/* The kernel writes the staging file directly: it is the truth. */
+	if (fstat(w->fd, &st) < 0)
+		return -errno;
+	*size = (uint64_t)st.st_size;
+	*mtime = st.st_mtim;
 	return 0;
 }
 
@@ -149,6 +213,21 @@ int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off)
 {
 	uint64_t lo = (uint64_t)off, hi = (uint64_t)off + len;
 
+	if (w->passthrough) {
+		/* The staging file holds every byte of the file. */
+		size_t done = 0;
+		while (done < len) {
+			ssize_t n = pread(w->fd, (char *)buf + done, len - done, off + (off_t)done);
+			if (n < 0)
+				return -errno;
+			if (n == 0)
+				break;
+			done += (size_t)n;
+		}
+		memset((char *)buf + done, 0, len - done);
+		return 0;
+	}
+
 	for (size_t i = 0; i < w->ndirty; i++) {
 		uint64_t s = w->dirty[i].start, e = w->dirty[i].end;
 		if (e <= lo)
@@ -198,6 +277,117 @@ static int upload_slice(struct mountd *md, struct wstate *w, uint64_t id, uint64
 	return 0;
 }
 
+static bool is_zero(const char *p, size_t len)
+{
+	static const char zeros[4096];
+
+	while (len) {
+		size_t n = len < sizeof(zeros) ? len : sizeof(zeros);
+		if (memcmp(p, zeros, n) != 0)
+			return false;
+		p += n;
+		len -= n;
+	}
+	return true;
+}
+
+/*
+ * Commits a passthrough staging file: every block whose fingerprint differs
+ * from what the last commit stored becomes a one-object slice; unchanged
+ * blocks are left to the slices already committed (an fsync after a small
+ * change uploads only what changed).
+ */
+static int commit_passthrough(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+	uint32_t bs = md->vol.block_size;
+	struct meta_chunk_slice *sl = NULL;
+	struct block_print *np = NULL;
+	struct timespec mtime = { 0 };
+	uint64_t size = 0, first = 0;
+	size_t nblocks, nsl = 0;
+	char *buf = NULL;
+	int rc;
+
+	rc = wstate_stat(w, &size, &mtime);
+	if (rc < 0)
+		return rc;
+	nblocks = (size + bs - 1) / bs;
+	np = calloc(nblocks ? nblocks : 1, sizeof(*np));
+	sl = calloc(nblocks ? nblocks : 1, sizeof(*sl));
+	buf = malloc((size_t)bs + BLOCK_TRAILER);
+	if (!np || !sl || !buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* One id per block; the ids of unchanged blocks go unused. */
+	if (nblocks && (rc = meta_slice_id_alloc(md->meta, (uint32_t)nblocks, &first)) < 0)
+		goto out;
+	for (size_t b = 0; b < nblocks; b++) {
+		uint64_t at = (uint64_t)b * bs;
+		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
+		char key[SLICE_KEY_MAX];
+		ssize_t n = pread(w->fd, buf, len, (off_t)at);
+
+		if (n < 0) {
+			rc = -errno;
+			goto out;
+		}
+		if ((uint32_t)n != len) { /* shrunk under us: the next commit will see it */
+			rc = -EAGAIN;
+			goto out;
+		}
+		np[b].print = block_fingerprint(buf, len);
+		np[b].len = len;
+		if (b < w->nprints && w->prints[b].len == len && w->prints[b].print == np[b].print) {
+			atomic_fetch_add(&md->stats.blocks_unchanged, 1);
+			continue;
+		}
+		sl[nsl].chunk = (uint32_t)(at / META_CHUNK_SIZE);
+		if (is_zero(buf, len)) {
+			/* A hole (or zeros): a zero slice, nothing to upload, and
+			 * SEEK_HOLE still finds it. */
+			sl[nsl].s = (struct meta_slice){ .id = 0, .size = len, .off = 0,
+							 .pos = (uint32_t)(at % META_CHUNK_SIZE), .len = len };
+			nsl++;
+			continue;
+		}
+		slice_object_key(first + b, 0, len, bs, key, sizeof(key));
+		rc = objstore_put(md->store, key, buf, block_seal(buf, len));
+		if (rc < 0) {
+			log_errno(rc, "upload of %s failed: %s", key, objstore_last_error());
+			goto out;
+		}
+		atomic_fetch_add(&md->stats.objects_put, 1);
+		atomic_fetch_add(&md->stats.bytes_uploaded, len);
+		read_cache_insert(md->cache, key, buf, len);
+		sl[nsl].s = (struct meta_slice){ .id = first + b, .size = len, .off = 0,
+						 .pos = (uint32_t)(at % META_CHUNK_SIZE), .len = len };
+		nsl++;
+	}
+	if (nsl == 0 && !w->size_changed && size == w->size)
+		goto done; /* nothing changed since the last commit */
+	rc = meta_write_commit(md->meta, ino->ino, sl, nsl, size, &mtime, NULL);
+	if (rc < 0) {
+		log_errno(rc, "inode %llu: metadata commit failed", (unsigned long long)ino->ino);
+		goto out;
+	}
+	atomic_fetch_add(&md->stats.commits, 1);
+done:
+	free(w->prints);
+	w->prints = np;
+	w->nprints = nblocks;
+	np = NULL;
+	w->size = size;
+	w->mtime = mtime;
+	w->size_changed = false;
+out:
+	free(np);
+	free(sl);
+	free(buf);
+	return rc;
+}
+
 int wstate_commit(struct mountd *md, struct inode *ino)
 {
 	struct wstate *w = ino->w;
@@ -207,7 +397,13 @@ int wstate_commit(struct mountd *md, struct inode *ino)
 	char *buf = NULL;
 	int rc = 0;
 
-	if (!w || (!w->ndirty && !w->size_changed))
+	if (!w)
+		return 0;
+	if (w->passthrough) {
+		rc = commit_passthrough(md, ino);
+		goto out;
+	}
+	if (!w->ndirty && !w->size_changed)
 		return 0;
 	/* One slice per dirty range and chunk. */
 	for (size_t i = 0; i < w->ndirty; i++) {
@@ -286,12 +482,8 @@ void wstate_drop(struct mountd *md, struct inode *ino)
 	if ((w->ndirty || w->size_changed) && !ino->unlinked)
 		log_warnx("inode %llu: discarding uncommitted writes staged in %s",
 			  (unsigned long long)ino->ino, w->path);
-	close(w->fd);
-	if (unlink(w->path) < 0)
-		log_warn("cannot remove staging file %s", w->path);
-	free(w->path);
-	free(w->dirty);
-	free(w);
+	backing_close(md, w->backing_id);
+	staging_destroy(w);
 	ino->w = NULL;
 }
 
@@ -400,9 +592,11 @@ size_t write_back_flush_all(struct mountd *md)
 		log_warnx("inode %llu: writes still staged in %s could not be committed (%s); "
 			  "the file is kept",
 			  (unsigned long long)i->ino, i->w->path, strerror(-i->w->last_error));
+		backing_close(md, i->w->backing_id);
 		close(i->w->fd);
 		free(i->w->path);
 		free(i->w->dirty);
+		free(i->w->prints);
 		free(i->w);
 		i->w = NULL;
 		i->pending = false;

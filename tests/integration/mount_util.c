@@ -473,10 +473,22 @@ static void stop_reaper(void)
 		cr_assert_fail(__VA_ARGS__);                                  \
 	} while (0)
 
+const char *fm_mount_options(void)
+{
+	/* FERRY_IT_MOUNT_OPTIONS adds to the fixture's -o (scripts/test runs
+	 * the suites once more with passthrough=off for the daemon path). */
+	static char opts[256];
+	const char *extra = getenv("FERRY_IT_MOUNT_OPTIONS");
+
+	snprintf(opts, sizeof(opts), "allow_other%s%s", extra && *extra ? "," : "",
+		 extra ? extra : "");
+	return opts;
+}
+
 static void do_mount(bool in_setup)
 {
 	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
-			       "-o", "allow_other", fm.vol, fm.mnt, NULL };
+			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
 	int rc = fm_run(argv, NULL, NULL, 60);
 	struct statfs sf;
 

@@ -62,6 +62,10 @@ void fm_teardown(void);
  * cleaning up whatever it had already set up. */
 void fm_setup_opts(const struct fm_opts *o);
 
+/* The -o list the fixture mounts with: allow_other plus
+ * $FERRY_IT_MOUNT_OPTIONS. Static storage. */
+const char *fm_mount_options(void);
+
 /* ferry mount / ferry umount / both; each asserts success. */
 void fm_mount(void);
 void fm_umount(void);

@@ -24,7 +24,7 @@ TestSuite(cache, .init = small_cache_setup, .fini = fm_teardown, .timeout = 120)
 static void mount_with_cache(const char *cache_mib)
 {
 	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
-			       "--cache-size", cache_mib, "-o", "allow_other", fm.vol, fm.mnt, NULL };
+			       "--cache-size", cache_mib, "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
 
 	fm.n_cache++;
 	snprintf(fm.cache, sizeof(fm.cache), "%s/cache-%d", fm.dir, fm.n_cache);
@@ -95,7 +95,7 @@ Test(cache, a_warm_cache_serves_without_the_store)
 	fm_umount();
 	/* Same cache directory again: no GET needed. */
 	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, "--cache-size", "64",
-			       "-o", "allow_other", fm.vol, fm.mnt, NULL };
+			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
 	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0);
 	fm.mounted = true;
 	read_all_and_check(mp("g"), data, len);

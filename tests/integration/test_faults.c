@@ -24,14 +24,17 @@ static const char *want_part;
 
 static int find_object(const char *path, const struct stat *st, int type, struct FTW *f)
 {
-	if (type == FTW_F && strstr(path, want_part)) {
+	size_t n = strlen(path), m = strlen(want_part);
+
+	if (type == FTW_F && n >= m && strcmp(path + n - m, want_part) == 0) {
 		snprintf(found, sizeof(found), "%s", path);
 		return 1;
 	}
 	return 0;
 }
 
-/* Path of the object of slice 1 whose name contains part (e.g. "_1_"). */
+/* Path of the object whose name ends with part (e.g. "_2097152": its
+ * data length, unique within a test). */
 static const char *object_path(const char *part)
 {
 	found[0] = '\0';
@@ -103,7 +106,7 @@ Test(faults, damaged_object_is_eio_and_named)
 	write_pattern(mp("f"), len, data);
 	fm_write_file(mp("other"), "still fine", 10);
 	fm_umount();
-	obj = object_path("/1_1_");
+	obj = object_path("_2097152");
 	/* Flip one byte in the middle: same length, wrong content. */
 	f = fopen(obj, "r+");
 	cr_assert(f);
@@ -121,7 +124,9 @@ Test(faults, damaged_object_is_eio_and_named)
 	cr_assert_eq(OK(pread(fd, buf, MiB, 0)), MiB);
 	cr_assert(memcmp(buf, data, MiB) == 0);
 	close(fd);
-	cr_assert(log_has("chunks/0/0/1_1_2097152 is damaged"), "no log line names the object");
+	char line[PATH_MAX + 32];
+	snprintf(line, sizeof(line), "%s is damaged", strstr(obj, "chunks/"));
+	cr_assert(log_has(line), "no log line names the object: %s", line);
 	size_t olen;
 	char *other = fm_read_file(mp("other"), &olen);
 	cr_assert(olen == 10 && memcmp(other, "still fine", 10) == 0);
@@ -137,17 +142,20 @@ Test(faults, truncated_and_missing_objects_are_eio)
 
 	write_pattern(mp("t"), len, data);
 	fm_umount();
-	cr_assert_eq(truncate(object_path("/1_1_"), 100), 0);
-	cr_assert_eq(unlink(object_path("/1_0_")), 0);
+	char damaged[PATH_MAX + 32], missing[PATH_MAX + 32];
+	snprintf(damaged, sizeof(damaged), "%s is damaged", strstr(object_path("_1048576"), "chunks/"));
+	cr_assert_eq(truncate(found, 100), 0);
+	snprintf(missing, sizeof(missing), "%s is missing", strstr(object_path("_4194304"), "chunks/"));
+	cr_assert_eq(unlink(found), 0);
 	mount_cold();
 	cr_assert_eq(read_checked(mp("t"), data, len), EIO);
-	cr_assert(log_has("chunks/0/0/1_0_4194304 is missing"));
+	cr_assert(log_has(missing), "no log line: %s", missing);
 	/* Reading only the truncated second object: EIO as well. */
 	int fd = OK(open(mp("t"), O_RDONLY));
 	char b[16];
 	FAILS(pread(fd, b, sizeof(b), 4 * MiB + 10), EIO);
 	close(fd);
-	cr_assert(log_has("chunks/0/0/1_1_1048576 is damaged"));
+	cr_assert(log_has(damaged), "no log line: %s", damaged);
 	free(data);
 }
 

@@ -1350,3 +1350,63 @@ Test(meta, damaged_rows)
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "new", S_IFREG, 0, 0, 0, NULL, &a), -EIO);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "new", &a), -ENOENT);
 }
+
+/* ---- meta_write_commit_seq ---------------------------------------------- */
+
+Test(meta, write_commit_seq_orders_and_replays)
+{
+	uint64_t f = mk(META_ROOT_INO, "seqf", S_IFREG | 0644), g = mk(META_ROOT_INO, "seqg", S_IFREG | 0644);
+	struct meta_chunk_slice s = { .chunk = 0, .s = { .id = 500, .size = 10, .pos = 0, .len = 10 } };
+	struct meta_slice *got = NULL;
+	struct timespec mt = { .tv_sec = 1600000000, .tv_nsec = 5 };
+	struct meta_attr out;
+	size_t n = 0;
+
+	cr_assert_eq(meta_write_commit_seq(m, f, 5, &s, 1, 10, &mt, &out), 0);
+	cr_assert(out.size == 10 && out.mtime.tv_sec == 1600000000 && out.mtime.tv_nsec == 5);
+	/* The same job again (a replay after a crash): nothing changes. */
+	s.s.id = 501;
+	cr_assert_eq(meta_write_commit_seq(m, f, 5, &s, 1, 20, NULL, &out), -EALREADY);
+	/* An older one: nothing changes either. */
+	cr_assert_eq(meta_write_commit_seq(m, f, 4, &s, 1, 20, NULL, &out), -EALREADY);
+	cr_assert_eq(attr(f).size, 10);
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &got, &n), 0);
+	cr_assert(n == 1 && got[0].id == 500);
+	free(got);
+	/* Sequence numbers are per inode. */
+	cr_assert_eq(meta_write_commit_seq(m, g, 1, &s, 1, 10, NULL, NULL), 0);
+	/* A newer job commits and becomes the mark. */
+	cr_assert_eq(meta_write_commit_seq(m, f, 9, &s, 1, 10, NULL, NULL), 0);
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &got, &n), 0);
+	cr_assert(n == 2 && got[1].id == 501);
+	free(got);
+	cr_assert_eq(meta_write_commit_seq(m, f, 6, NULL, 0, 0, NULL, NULL), -EALREADY);
+	cr_assert_eq(attr(f).size, 10);
+	cr_assert_eq(raw_int("SELECT seq FROM commit_seq WHERE ino = (SELECT ino FROM dentry WHERE name = X'73657167')"), 1);
+	cr_assert_eq(raw_int("SELECT MAX(seq) FROM commit_seq"), 9);
+	/* A failed commit records no seq: the job may be retried. */
+	s.s.len = 0;
+	cr_assert_eq(meta_write_commit_seq(m, f, 10, &s, 1, 10, NULL, NULL), -EINVAL);
+	s.s.len = 10;
+	cr_assert_eq(meta_write_commit_seq(m, 999999, 10, &s, 1, 10, NULL, NULL), -ENOENT);
+	cr_assert_eq(meta_write_commit_seq(m, f, 0, &s, 1, 10, NULL, NULL), -EINVAL);
+	cr_assert_eq(meta_write_commit_seq(m, f, (uint64_t)INT64_MAX + 1, &s, 1, 10, NULL, NULL),
+		     -EINVAL);
+	cr_assert_eq(meta_write_commit_seq(m, f, 10, &s, 1, 10, NULL, NULL), 0);
+	cr_assert_eq(meta_write_commit_seq(m, META_ROOT_INO, 1, NULL, 0, 0, NULL, NULL), -EISDIR);
+}
+
+Test(meta_open, commit_seq_table_added_to_older_volumes)
+{
+	struct meta_chunk_slice s = { .chunk = 0, .s = { .id = 1, .size = 1, .pos = 0, .len = 1 } };
+	struct meta_attr a;
+
+	format_volume();
+	/* A volume formatted before the table existed. */
+	raw_sql("DROP TABLE IF EXISTS commit_seq");
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 0, 0, 0, NULL, &a), 0);
+	cr_assert_eq(meta_write_commit_seq(m, a.ino, 3, &s, 1, 1, NULL, NULL), 0);
+	cr_assert_eq(meta_write_commit_seq(m, a.ino, 3, &s, 1, 1, NULL, NULL), -EALREADY);
+	cr_assert_eq(raw_int("PRAGMA user_version"), 1);
+}

@@ -1,0 +1,154 @@
+/*
+ * reconcile_job: a reconcile job (one closed staging file to ferry into the
+ * object store) as ferry-mountd hands it to ferry-reconciler, and the rest of
+ * their protocol (proto/reconcile.proto): checked decoding of every request
+ * and reply, the journal record of a job in the staging directory, and the
+ * blocking client calls ferry-mountd uses.
+ *
+ * The journal: before it sends a Handoff, the sender writes the same message
+ * to <staging_name>.job in the staging directory (reconcile_job_write(): a
+ * temporary ".<name>.job.tmp", then rename). The reconciler removes the
+ * staging file and then the .job once the job is committed, or renames them
+ * to <name>.orphan and <name>.orphan.job when it gives up; at start-up it
+ * finishes every .job it finds. So a job survives SIGKILL of either process.
+ *
+ * Ownership: a struct reconcile_job owns its dirty array; clear it with
+ * reconcile_job_clear(). Buffers returned by the encoders are malloc'ed and
+ * the caller's. Fds stay the caller's. Nothing here logs; the err buffers
+ * get a one-line reason.
+ */
+#ifndef FERRY_RECONCILE_JOB_H
+#define FERRY_RECONCILE_JOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "reconcile_plan.h"
+
+#define RECONCILE_PROTO_VERSION 1u
+/* Longest staging name: leaves room for ".orphan.job" and the temp prefix. */
+#define RECONCILE_NAME_MAX 200
+#define RECONCILE_RANGES_MAX 2048  /* the most a 64 KiB frame holds, with room */
+#define RECONCILE_MSG_MAX 512
+/* Largest frame either side sends or accepts. */
+#define RECONCILE_FRAME_MAX (64u << 10)
+
+#define RECONCILE_JOB_SUFFIX ".job"
+#define RECONCILE_ORPHAN_SUFFIX ".orphan"
+
+struct reconcile_job {
+	uint64_t seq;                   /* per volume, increasing, 1 .. INT64_MAX */
+	uint64_t ino;                   /* 1 .. INT64_MAX */
+	uint64_t length;                /* the file's new length, <= RECONCILE_LENGTH_MAX */
+	struct reconcile_range *dirty;  /* sorted, disjoint, non-empty, inside length; owned */
+	size_t ndirty;                  /* 0: the whole file (unless size_only) */
+	struct timespec mtime;
+	int size_only;                  /* nothing to upload: only length and mtime */
+	char name[RECONCILE_NAME_MAX + 1]; /* the staging file's name in the staging dir */
+};
+
+/* Frees the dirty array and zeroes the job. Accepts NULL. */
+void reconcile_job_clear(struct reconcile_job *j);
+/* 0 if name is a plain staging file name: 1..RECONCILE_NAME_MAX printable
+ * ASCII bytes, no '/' or '\\', not starting with '.', not ending in ".job",
+ * ".orphan" or ".tmp". -EINVAL otherwise. */
+int reconcile_name_check(const char *name);
+/* Checks every field (see struct reconcile_job). 0 or -EINVAL with why. */
+int reconcile_job_check(const struct reconcile_job *j, char *err, size_t errlen);
+/* The job as a Handoff message (checked first). */
+int reconcile_job_encode(const struct reconcile_job *j, uint8_t **buf, size_t *len);
+/* Decodes and checks a Handoff. -EBADMSG (undecodable, missing fields),
+ * -EPROTONOSUPPORT (version), -EINVAL (bad values), -ENOMEM. */
+int reconcile_job_decode(const uint8_t *buf, size_t len, struct reconcile_job *out, char *err,
+			 size_t errlen);
+
+/* ---- the journal ---- */
+
+#define RECONCILE_JOB_SYNC 1u  /* fdatasync the record and fsync the directory */
+/* Writes <j->name>.job in the directory dirfd, atomically (temp + rename). */
+int reconcile_job_write(int dirfd, const struct reconcile_job *j, unsigned flags);
+/* Reads the record job_file (a name in dirfd ending in ".job"): it must
+ * decode, check, and name the staging file job_file is named after, i.e. be
+ * "<name>.job" or "<name>.orphan.job". -ENOENT, -EINVAL, -EBADMSG, -EFBIG. */
+int reconcile_job_read(int dirfd, const char *job_file, struct reconcile_job *out, char *err,
+		       size_t errlen);
+/* Removes <name>.job (a missing one is fine). */
+int reconcile_job_remove(int dirfd, const char *name);
+
+/* ---- requests: ferry-mountd -> ferry-reconciler ---- */
+
+enum reconcile_req_type {
+	RECONCILE_REQ_HANDOFF = 1,  /* job; exactly one fd (the staging file) rides with it */
+	RECONCILE_REQ_DRAIN,        /* upto_seq */
+	RECONCILE_REQ_STATS,
+};
+
+struct reconcile_request {
+	enum reconcile_req_type type;
+	struct reconcile_job job;
+	uint64_t upto_seq;
+};
+
+/*
+ * Decodes and checks one request that came with nfds fds: a Handoff needs
+ * exactly one, the others none (-EBADF otherwise). Unknown request types are
+ * -EOPNOTSUPP; other errors as reconcile_job_decode(). On failure *out holds
+ * nothing to free.
+ */
+int reconcile_request_decode(const uint8_t *buf, size_t len, size_t nfds,
+			     struct reconcile_request *out, char *err, size_t errlen);
+void reconcile_request_clear(struct reconcile_request *r); /* accepts NULL */
+
+/* ---- replies: ferry-reconciler -> ferry-mountd ---- */
+
+enum reconcile_reply_type {
+	RECONCILE_REPLY_COMMITTED = 1,
+	RECONCILE_REPLY_DRAINED,
+	RECONCILE_REPLY_STATS,
+	RECONCILE_REPLY_ERROR,
+};
+
+struct reconcile_stats {
+	uint64_t staging_blocks;   /* passthrough_staging_blocks */
+	uint64_t staging_bytes;
+	uint64_t inflight;
+	uint64_t failures_total;
+	uint64_t uploads_total;
+	uint64_t upload_latency_count;
+	uint64_t upload_latency_sum_us;
+	uint64_t upload_latency_max_us;
+	uint64_t orphans;
+	uint64_t committed_total;
+	uint64_t upload_bytes_total;
+	uint64_t buffer_bytes;
+};
+
+struct reconcile_reply {
+	enum reconcile_reply_type type;
+	uint64_t seq, ino;            /* COMMITTED */
+	int error;                    /* COMMITTED: 0 or -errno; ERROR: -errno */
+	char message[RECONCILE_MSG_MAX]; /* COMMITTED (may be ""), ERROR */
+	uint64_t upto_seq, failed;    /* DRAINED */
+	struct reconcile_stats stats; /* STATS */
+};
+
+int reconcile_reply_encode(const struct reconcile_reply *r, uint8_t **buf, size_t *len);
+int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_reply *out,
+			   char *err, size_t errlen);
+
+/* ---- blocking client calls (ferry-mountd) ---- */
+
+/* Connects to the reconciler's socket (SOCK_CLOEXEC). */
+int reconcile_connect(const char *path, int *sock);
+/* Sends a Handoff of j with the staging file's fd. The caller wrote the
+ * journal record first (reconcile_job_write). */
+int reconcile_handoff(int sock, const struct reconcile_job *j, int fd);
+int reconcile_drain(int sock, uint64_t upto_seq);
+int reconcile_stats_query(int sock);
+/* Receives the next reply (any kind: replies come in completion order).
+ * -EPIPE when the reconciler closed the connection, -EBADMSG for a reply
+ * that does not decode; then drop the connection. */
+int reconcile_recv_reply(int sock, struct reconcile_reply *out);
+
+#endif

@@ -1,0 +1,82 @@
+/*
+ * Backing-file registration for FUSE passthrough: the one place that turns
+ * a staging fd into a kernel backing id and back. Today it issues the ioctls
+ * on the session's /dev/fuse fd itself (which needs CAP_SYS_ADMIN); the
+ * broker path slots in behind the same two calls.
+ *
+ * The first EPERM latches passthrough off for the mount, logged once with
+ * what to do; any other error fails only the open that asked.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+
+#include "log.h"
+#include "mountd.h"
+
+/* The kernel ABI (include/uapi/linux/fuse.h, Linux >= 6.9); Debian 12's
+ * headers predate it. */
+struct ferry_backing_map {
+	int32_t fd;
+	uint32_t flags;
+	uint64_t padding;
+};
+#define FERRY_DEV_IOC_MAGIC 229
+#define FERRY_DEV_IOC_BACKING_OPEN _IOW(FERRY_DEV_IOC_MAGIC, 1, struct ferry_backing_map)
+#define FERRY_DEV_IOC_BACKING_CLOSE _IOW(FERRY_DEV_IOC_MAGIC, 2, uint32_t)
+
+void passthrough_latch_off(struct mountd *md, const char *code, const char *why)
+{
+	bool was = atomic_exchange(&md->pt_off, true);
+
+	if (was)
+		return;
+	pthread_mutex_lock(&md->pt_reason_lock);
+	snprintf(md->pt_reason, sizeof(md->pt_reason), "%s", code);
+	pthread_mutex_unlock(&md->pt_reason_lock);
+	log_warnx("passthrough is off for this mount: %s; writes take the daemon path", why);
+}
+
+void passthrough_set_reason(struct mountd *md, const char *code, const char *why)
+{
+	atomic_store(&md->pt_off, true);
+	pthread_mutex_lock(&md->pt_reason_lock);
+	snprintf(md->pt_reason, sizeof(md->pt_reason), "%s", code);
+	pthread_mutex_unlock(&md->pt_reason_lock);
+	log_info("passthrough: %s", why);
+}
+
+int backing_open(struct mountd *md, int fd)
+{
+	struct ferry_backing_map map = { .fd = fd };
+	int id = ioctl(fuse_session_fd(md->se), FERRY_DEV_IOC_BACKING_OPEN, &map);
+
+	if (id > 0) {
+		atomic_fetch_add(&md->stats.backing_open, 1);
+		return id;
+	}
+	if (id == 0)
+		return -EIO;
+	if (errno == EPERM) {
+		passthrough_latch_off(md, "eperm_needs_CAP_SYS_ADMIN",
+				      "registering a backing file needs CAP_SYS_ADMIN "
+				      "(give ferry-mountd the capability, or mount through "
+				      "ferry-brokerd)");
+		return -EPERM;
+	}
+	return -errno;
+}
+
+void backing_close(struct mountd *md, int id)
+{
+	uint32_t bid = (uint32_t)id;
+
+	if (id <= 0)
+		return;
+	if (ioctl(fuse_session_fd(md->se), FERRY_DEV_IOC_BACKING_CLOSE, &bid) < 0)
+		log_warn("cannot close backing id %d", id);
+	else
+		atomic_fetch_add(&md->stats.backing_close, 1);
+}

@@ -1,0 +1,482 @@
+/*
+ * FUSE passthrough writes through a real mount: the kernel writes the
+ * staging file with no upcall, and everything written is read back, after
+ * close and after a remount with an empty read cache. Also: sharing of one
+ * backing file by every open of an inode, truncate, mmap, fsync of only the
+ * changed blocks, passthrough=off, and the EPERM latch of an unprivileged
+ * daemon.
+ */
+#include "mount_util.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MiB (1024L * 1024)
+
+TestSuite(passthrough, .init = fm_setup, .fini = fm_teardown, .timeout = 300);
+
+/* The byte at offset off of pattern seed: checkable without a model. */
+static inline unsigned char pat(uint64_t seed, uint64_t off)
+{
+	uint64_t x = (off >> 3) * 0x9E3779B97F4A7C15ULL ^ seed;
+	x ^= x >> 29;
+	x *= 0xBF58476D1CE4E5B9ULL;
+	x ^= x >> 32;
+	return (unsigned char)(x >> (8 * (off & 7)));
+}
+
+static void fill(uint64_t seed, unsigned char *buf, size_t len, uint64_t off)
+{
+	for (size_t i = 0; i < len; i++)
+		buf[i] = pat(seed, off + i);
+}
+
+static void write_pattern(const char *path, uint64_t seed, uint64_t size, size_t bs)
+{
+	unsigned char *buf = malloc(bs);
+	int fd = OK(open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644));
+
+	cr_assert(buf);
+	for (uint64_t at = 0; at < size; at += bs) {
+		size_t n = size - at < bs ? (size_t)(size - at) : bs;
+		fill(seed, buf, n, at);
+		fm_pwrite_all(fd, buf, n, (off_t)at);
+	}
+	OK(close(fd));
+	free(buf);
+}
+
+static void check_pattern(const char *path, uint64_t seed, uint64_t size)
+{
+	const size_t bs = 4 * MiB;
+	unsigned char *buf = malloc(bs), *want = malloc(bs);
+	int fd = OK(open(path, O_RDONLY));
+	struct stat st;
+
+	cr_assert(buf && want);
+	OK(fstat(fd, &st));
+	cr_assert_eq((uint64_t)st.st_size, size, "%s: size %lld, want %llu", path,
+		     (long long)st.st_size, (unsigned long long)size);
+	for (uint64_t at = 0; at < size; at += bs) {
+		size_t n = size - at < bs ? (size_t)(size - at) : bs;
+		fm_pread_all(fd, buf, n, (off_t)at);
+		fill(seed, want, n, at);
+		if (memcmp(buf, want, n) != 0) {
+			size_t k = 0;
+			while (buf[k] == want[k])
+				k++;
+			cr_assert_fail("%s: wrong byte at %llu", path, (unsigned long long)(at + k));
+		}
+	}
+	close(fd);
+	free(buf);
+	free(want);
+}
+
+static uint64_t stat_of(const char *name)
+{
+	struct fm_stats s;
+
+	fm_stats_read(&s);
+	return fm_stats_need(&s, name);
+}
+
+Test(passthrough, writes_cost_no_upcall)
+{
+	unsigned char blk[4096];
+	uint64_t w0, x0, o0;
+	int fd;
+
+	cr_assert_eq(stat_of("passthrough_active"), 1, "passthrough is not active on this kernel");
+	w0 = stat_of("fuse_requests_write");
+	x0 = stat_of("fuse_requests_getxattr");
+	o0 = stat_of("passthrough_opens");
+	fd = OK(open(mp("pt"), O_CREAT | O_WRONLY, 0644));
+	for (int i = 0; i < 4096; i++) { /* 16 MiB in 4 KiB writes, scattered */
+		off_t off = (off_t)((i * 2654435761u) % 4096) * 4096;
+		fill(1, blk, sizeof(blk), (uint64_t)off);
+		fm_pwrite_all(fd, blk, sizeof(blk), off);
+	}
+	cr_assert_eq(stat_of("fuse_requests_write"), w0, "passthrough writes reached the daemon");
+	/* The kernel checks security.capability once per inode, then marks it
+	 * S_NOSEC (HANDLE_KILLPRIV_V2 set SB_NOSEC): not once per write. */
+	cr_assert_leq(stat_of("fuse_requests_getxattr"), x0 + 1,
+		      "a GETXATTR per write: HANDLE_KILLPRIV_V2 is not in effect");
+	cr_assert_eq(stat_of("passthrough_opens"), o0 + 1);
+	OK(close(fd));
+	check_pattern(mp("pt"), 1, 16 * MiB);
+}
+
+Test(passthrough, daemon_path_writes_cost_no_getxattr)
+{
+	unsigned char blk[4096] = { 1 };
+	uint64_t x0, w0;
+	int fd;
+
+	/* An existing, non-empty file takes the daemon path. */
+	fm_write_file(mp("d"), blk, sizeof(blk));
+	x0 = stat_of("fuse_requests_getxattr");
+	w0 = stat_of("fuse_requests_write");
+	fd = OK(open(mp("d"), O_WRONLY));
+	for (int i = 0; i < 64; i++)
+		fm_pwrite_all(fd, blk, sizeof(blk), (off_t)i * 4096);
+	OK(close(fd));
+	cr_assert_geq(stat_of("fuse_requests_write"), w0 + 64);
+	cr_assert_eq(stat_of("fuse_requests_getxattr"), x0, "GETXATTR before daemon-path writes");
+}
+
+Test(passthrough, read_your_writes_at_many_sizes_and_after_remount)
+{
+	static const uint64_t sizes[] = { 1000000, 17000000, 64 * MiB, 200000000, 333000000 };
+	char name[32];
+
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		snprintf(name, sizeof(name), "f%zu", i);
+		write_pattern(mp("%s", name), 100 + i, sizes[i], MiB);
+		check_pattern(mp("%s", name), 100 + i, sizes[i]);
+	}
+	cr_assert_eq(stat_of("fuse_requests_write"), 0);
+	fm_remount_cold();
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		snprintf(name, sizeof(name), "f%zu", i);
+		check_pattern(mp("%s", name), 100 + i, sizes[i]);
+		OK(unlink(mp("%s", name)));
+	}
+}
+
+Test(passthrough, readers_and_writers_share_the_staging_file)
+{
+	unsigned char a[8192], b[8192], got[8192];
+	int w1, w2, r;
+
+	fill(7, a, sizeof(a), 0);
+	fill(8, b, sizeof(b), 8192);
+	w1 = OK(open(mp("s"), O_CREAT | O_RDWR, 0644));
+	fm_pwrite_all(w1, a, sizeof(a), 0);
+	/* A reader opened during the write sees the writer's bytes at once. */
+	r = OK(open(mp("s"), O_RDONLY));
+	fm_pread_all(r, got, sizeof(a), 0);
+	cr_assert(memcmp(got, a, sizeof(a)) == 0);
+	/* A second writer on the same inode: same backing file. */
+	w2 = OK(open(mp("s"), O_WRONLY));
+	fm_pwrite_all(w2, b, sizeof(b), 8192);
+	fm_pread_all(r, got, sizeof(b), 8192);
+	cr_assert(memcmp(got, b, sizeof(b)) == 0);
+	cr_assert_eq(stat_of("fuse_requests_write"), 0);
+	OK(close(w2));
+	OK(close(w1));
+	fm_pread_all(r, got, sizeof(a), 0);
+	cr_assert(memcmp(got, a, sizeof(a)) == 0);
+	OK(close(r));
+	fm_remount_cold();
+	size_t len;
+	unsigned char *all = fm_read_file(mp("s"), &len);
+	cr_assert_eq(len, 16384);
+	cr_assert(memcmp(all, a, 8192) == 0 && memcmp(all + 8192, b, 8192) == 0);
+	free(all);
+}
+
+Test(passthrough, truncate_during_write)
+{
+	unsigned char buf[MiB];
+	struct stat st;
+	int fd;
+
+	fd = OK(open(mp("t"), O_CREAT | O_WRONLY, 0644));
+	for (int i = 0; i < 8; i++) {
+		fill(3, buf, sizeof(buf), (uint64_t)i * MiB);
+		fm_pwrite_all(fd, buf, sizeof(buf), (off_t)i * MiB);
+	}
+	OK(truncate(mp("t"), 3 * MiB + 5));
+	OK(stat(mp("t"), &st));
+	cr_assert_eq(st.st_size, 3 * MiB + 5);
+	/* Writing on past the new end leaves a hole that reads as zeros. */
+	fill(3, buf, 4096, 6 * MiB);
+	fm_pwrite_all(fd, buf, 4096, 6 * MiB);
+	OK(fsync(fd));
+	OK(close(fd));
+	fm_remount_cold();
+	fd = OK(open(mp("t"), O_RDONLY));
+	OK(fstat(fd, &st));
+	cr_assert_eq(st.st_size, 6 * MiB + 4096);
+	unsigned char *all = malloc((size_t)st.st_size), *want = malloc((size_t)st.st_size);
+	fm_pread_all(fd, all, (size_t)st.st_size, 0);
+	fill(3, want, (size_t)st.st_size, 0);
+	memset(want + 3 * MiB + 5, 0, 3 * MiB - 5);
+	cr_assert(memcmp(all, want, (size_t)st.st_size) == 0, "content after truncate differs");
+	close(fd);
+	free(all);
+	free(want);
+}
+
+Test(passthrough, mmap_write_then_close)
+{
+	size_t len = 3 * MiB;
+	int fd = OK(open(mp("m"), O_CREAT | O_RDWR, 0644));
+	unsigned char *p;
+
+	OK(ftruncate(fd, (off_t)len));
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	cr_assert(p != MAP_FAILED, "mmap: %s", strerror(errno));
+	fill(11, p, len, 0);
+	OK(msync(p, len, MS_SYNC));
+	OK(munmap(p, len));
+	OK(close(fd));
+	fm_remount_cold();
+	check_pattern(mp("m"), 11, len);
+}
+
+Test(passthrough, fsync_uploads_only_changed_blocks)
+{
+	unsigned char buf[MiB];
+	uint64_t put0, put1, same0;
+	int fd = OK(open(mp("c"), O_CREAT | O_RDWR, 0644));
+
+	for (int i = 0; i < 16; i++) { /* 16 MiB: four 4 MiB blocks */
+		fill(5, buf, sizeof(buf), (uint64_t)i * MiB);
+		fm_pwrite_all(fd, buf, sizeof(buf), (off_t)i * MiB);
+	}
+	put0 = stat_of("objects_put");
+	OK(fsync(fd));
+	put1 = stat_of("objects_put");
+	cr_assert_eq(put1 - put0, 4, "first fsync put %llu objects, want 4",
+		     (unsigned long long)(put1 - put0));
+	same0 = stat_of("blocks_unchanged");
+	fm_pwrite_all(fd, "X", 1, 9 * MiB); /* in block 2 */
+	OK(fsync(fd));
+	cr_assert_eq(stat_of("objects_put") - put1, 1, "a one-byte change re-uploaded more than its block");
+	cr_assert_eq(stat_of("blocks_unchanged") - same0, 3);
+	OK(close(fd));
+	/* The fsync'ed content survives a daemon killed before any more commit. */
+	fm_crash();
+	fm_mount();
+	fd = OK(open(mp("c"), O_RDONLY));
+	unsigned char c;
+	fm_pread_all(fd, &c, 1, 9 * MiB);
+	cr_assert_eq(c, 'X');
+	fm_pread_all(fd, buf, sizeof(buf), 12 * MiB);
+	unsigned char want[MiB];
+	fill(5, want, sizeof(want), 12 * MiB);
+	cr_assert(memcmp(buf, want, sizeof(want)) == 0);
+	close(fd);
+}
+
+Test(passthrough, a_cached_open_keeps_writers_on_the_daemon_path)
+{
+	unsigned char buf[4096];
+	uint64_t o0, w0;
+	int r, w;
+
+	fm_write_file(mp("e"), "", 0);
+	o0 = stat_of("passthrough_opens");
+	r = OK(open(mp("e"), O_RDONLY)); /* cached mode: the kernel allows no passthrough now */
+	w0 = stat_of("fuse_requests_write");
+	w = OK(open(mp("e"), O_WRONLY));
+	fill(9, buf, sizeof(buf), 0);
+	fm_pwrite_all(w, buf, sizeof(buf), 0);
+	cr_assert_gt(stat_of("fuse_requests_write"), w0);
+	cr_assert_eq(stat_of("passthrough_opens"), o0);
+	OK(close(w));
+	unsigned char got[4096];
+	fm_pread_all(r, got, sizeof(got), 0);
+	cr_assert(memcmp(got, buf, sizeof(buf)) == 0);
+	OK(close(r));
+}
+
+/* ---- passthrough=off ---- */
+
+static void setup_off(void)
+{
+	setenv("FERRY_IT_MOUNT_OPTIONS", "passthrough=off", 1);
+	fm_setup();
+}
+
+static void teardown_off(void)
+{
+	unsetenv("FERRY_IT_MOUNT_OPTIONS");
+	fm_teardown();
+}
+
+TestSuite(passthrough_off, .init = setup_off, .fini = teardown_off, .timeout = 300);
+
+Test(passthrough_off, every_write_takes_the_daemon_path)
+{
+	struct fm_stats s;
+
+	write_pattern(mp("o"), 2, 4 * MiB, MiB);
+	check_pattern(mp("o"), 2, 4 * MiB);
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "passthrough_active"), 0);
+	cr_assert_eq(fm_stats_need(&s, "passthrough_opens"), 0);
+	cr_assert_geq(fm_stats_need(&s, "fuse_requests_write"), 4);
+	char *text = fm_slurp(mp(".stats"));
+	cr_assert(text && strstr(text, "passthrough_off_reason mount_option_off\n"),
+		  "no reason line for passthrough=off");
+	free(text);
+}
+
+/* ---- an unprivileged daemon: EPERM latches passthrough off ---- */
+
+static mode_t fuse_dev_mode;
+
+/* An unprivileged mount opens /dev/fuse itself (then fusermount3 mounts
+ * it): give the device the mode Debian's udev rule gives it (0666) for the
+ * test, and put back what the machine had. */
+static void setup_unpriv(void)
+{
+	struct stat st;
+
+	cr_assert_eq(stat("/dev/fuse", &st), 0, "no /dev/fuse");
+	fuse_dev_mode = st.st_mode & 07777;
+	cr_assert_eq(chmod("/dev/fuse", 0666), 0, "chmod /dev/fuse: %s", strerror(errno));
+	fm_setup_opts(&(struct fm_opts){ .no_mount = true });
+}
+
+static int run_as_nobody(const char *const *cmd);
+
+static void teardown_unpriv(void)
+{
+	/* Root cannot read a mount without allow_other: unmount as its owner. */
+	if (fm.created && fm_is_mounted(fm.mnt)) {
+		const char *umount_cmd[] = { fm_bin("ferry"), "umount", fm.mnt, NULL };
+		if (run_as_nobody(umount_cmd) == 0)
+			fm.mounted = false;
+	}
+	fm_teardown();
+	chmod("/dev/fuse", fuse_dev_mode);
+}
+
+TestSuite(passthrough_eperm, .init = setup_unpriv, .fini = teardown_unpriv, .timeout = 300);
+
+static const char *nobody_argv[] = { "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+				     "--", NULL };
+
+static int run_as_nobody(const char *const *cmd)
+{
+	const char *argv[24];
+	int a = 0;
+
+	for (int i = 0; nobody_argv[i]; i++)
+		argv[a++] = nobody_argv[i];
+	for (int i = 0; cmd[i] && a < 23; i++)
+		argv[a++] = cmd[i];
+	argv[a] = NULL;
+	argv[0] = "/usr/bin/setpriv";
+	return fm_run(argv, NULL, NULL, 120);
+}
+
+static long nobody_write(void *arg)
+{
+	const char *path = arg;
+	unsigned char buf[65536];
+	int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+
+	if (fd < 0)
+		return -1;
+	for (int i = 0; i < 16; i++) {
+		fill(21, buf, sizeof(buf), (uint64_t)i * sizeof(buf));
+		if (pwrite(fd, buf, sizeof(buf), (off_t)i * sizeof(buf)) != sizeof(buf))
+			return -1;
+	}
+	return close(fd);
+}
+
+static long nobody_check(void *arg)
+{
+	const char *path = arg;
+	unsigned char buf[65536], want[65536];
+	int fd = open(path, O_RDONLY);
+
+	if (fd < 0)
+		return -1;
+	for (int i = 0; i < 16; i++) {
+		fill(21, want, sizeof(want), (uint64_t)i * sizeof(want));
+		if (pread(fd, buf, sizeof(buf), (off_t)i * sizeof(buf)) != sizeof(buf) ||
+		    memcmp(buf, want, sizeof(buf)) != 0) {
+			errno = EILSEQ;
+			return -1;
+		}
+	}
+	return close(fd);
+}
+
+static char stats_copy[65536];
+
+static long nobody_stats(void *arg)
+{
+	int fd = open(mp(".stats"), O_RDONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, stats_copy, sizeof(stats_copy) - 1);
+	close(fd);
+	return n;
+}
+
+Test(passthrough_eperm, an_unprivileged_daemon_latches_passthrough_off)
+{
+	const char *chown_argv[] = { "/bin/chown", "-R", "65534:65534", fm.vol, fm.mnt, fm.cache, NULL };
+	const char *mount_cmd[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, fm.vol, fm.mnt, NULL };
+	const char *umount_cmd[] = { fm_bin("ferry"), "umount", fm.mnt, NULL };
+	char path[PATH_MAX];
+	int p[2];
+
+	if (access("/usr/bin/fusermount3", X_OK) != 0)
+		cr_assert_fail("fusermount3 is missing (scripts/bootstrap installs fuse3)");
+	const char *format_cmd[] = { fm_bin("ferry"), "format", "--force", fm.vol, NULL };
+
+	cr_assert_eq(fm_run(chown_argv, NULL, NULL, 30), 0);
+	/* Formatted by its owner, so the root directory is nobody's. */
+	cr_assert_eq(run_as_nobody(format_cmd), 0, "ferry format as uid 65534 failed");
+	cr_assert_eq(run_as_nobody(mount_cmd), 0, "ferry mount as uid 65534 failed");
+	fm.mounted = true;
+
+	snprintf(path, sizeof(path), "%s", mp("u"));
+	cr_assert_eq(fm_as_nobody(nobody_write, path), 0, "write as nobody: %s", strerror(errno));
+	char path2[PATH_MAX];
+	snprintf(path2, sizeof(path2), "%s", mp("u2"));
+	cr_assert_eq(fm_as_nobody(nobody_write, path2), 0, "second write: %s", strerror(errno));
+	cr_assert_eq(fm_as_nobody(nobody_check, path), 0, "read back as nobody: %s", strerror(errno));
+
+	/* The child's copy of .stats comes back through a pipe. */
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (setgroups(0, NULL) || setresgid(65534, 65534, 65534) || setresuid(65534, 65534, 65534))
+			_exit(1);
+		long n = nobody_stats(NULL);
+		if (n > 0)
+			(void)!write(p[1], stats_copy, (size_t)n);
+		_exit(n > 0 ? 0 : 2);
+	}
+	close(p[1]);
+	ssize_t got = 0, n;
+	while ((n = read(p[0], stats_copy + got, sizeof(stats_copy) - 1 - (size_t)got)) > 0)
+		got += n;
+	close(p[0]);
+	waitpid(pid, NULL, 0);
+	stats_copy[got > 0 ? got : 0] = '\0';
+	cr_assert(strstr(stats_copy, "passthrough_active 0\n"), "passthrough still active:\n%s", stats_copy);
+	cr_assert(strstr(stats_copy, "passthrough_off_reason eperm_needs_CAP_SYS_ADMIN\n"),
+		  "no reason naming CAP_SYS_ADMIN:\n%s", stats_copy);
+	cr_assert(strstr(stats_copy, "fuse_requests_write 0\n") == NULL, "writes did not reach the daemon");
+
+	cr_assert_eq(run_as_nobody(umount_cmd), 0, "ferry umount as uid 65534 failed");
+	fm.mounted = false;
+	/* One warning for the whole mount, not one per open. */
+	char *log = fm_slurp(sp("vol/ferry-mountd.log"));
+	cr_assert(log);
+	int warnings = 0;
+	for (char *q = log; (q = strstr(q, "passthrough is off for this mount")); q++)
+		warnings++;
+	cr_assert_eq(warnings, 1, "%d latch warnings in the log", warnings);
+	free(log);
+}
