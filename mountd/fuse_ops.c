@@ -335,6 +335,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 				ts[1] = in.mtime;
 			if (futimens(i->w->fd, ts) < 0)
 				rc = -errno;
+			else if (valid & (META_SET_MTIME | META_SET_MTIME_NOW))
+				i->w->mtime_set = true;
 		}
 		if (rc == 0)
 			rc = meta_setattr(md->meta, ino, valid & ~META_SET_SIZE, &in, &out);
@@ -621,7 +623,10 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 	}
 	if (of->writer && empty && !w && i->ncached == 0 && md->pt_mode != PT_OFF &&
 	    passthrough_allowed(md)) {
-		id = wstate_passthrough_start(md, i, of->fh);
+		struct meta_attr a;
+		if (meta_getattr(md->meta, i->ino, &a) < 0)
+			clock_gettime(CLOCK_REALTIME, &a.mtime);
+		id = wstate_passthrough_start(md, i, of->fh, a.mtime);
 		if (id > 0) {
 			fi->backing_id = id;
 			of->passthrough = true;

@@ -108,6 +108,25 @@ static void start_failed(struct mountd *md, const char *fmt, ...)
 	exit(1);
 }
 
+/* Whether pid is a live process (not gone, not a zombie). */
+static bool pid_running(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	bool running = false;
+	FILE *f;
+
+	if (pid <= 0)
+		return false;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return false;
+	if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')))
+		running = p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+	fclose(f);
+	return running;
+}
+
 /* One ferry-mountd per volume: an OFD lock on <db>.lock, holding our pid. */
 static int volume_lock(struct mountd *md)
 {
@@ -119,11 +138,19 @@ static int volume_lock(struct mountd *md)
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
-	if (fcntl(fd, F_OFD_SETLK, &fl) < 0) {
+	for (int tries = 0; fcntl(fd, F_OFD_SETLK, &fl) < 0; tries++) {
 		int err = errno;
 		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
 		pid[n > 0 ? n : 0] = '\0';
 		pid[strcspn(pid, "\n")] = '\0';
+		/* A daemon that was just killed holds the lock until its last
+		 * thread is gone (its leader is a zombie sooner): wait a little
+		 * for a holder that is no longer running. */
+		if ((err == EAGAIN || err == EACCES) && tries < 100 && *pid &&
+		    !pid_running((pid_t)atoi(pid))) {
+			usleep(50 * 1000);
+			continue;
+		}
 		close(fd);
 		if (err == EAGAIN || err == EACCES)
 			start_failed(md, "volume %s is already mounted by ferry-mountd pid %s",

@@ -85,7 +85,8 @@ struct wstate {
 	struct range *dirty;     /* sorted, disjoint, merged; owned */
 	size_t ndirty, cap;
 	uint64_t size;           /* the file's size with these writes */
-	struct timespec mtime;
+	struct timespec mtime;   /* passthrough: the floor for the staging file's */
+	bool mtime_set;          /* passthrough: mtime set explicitly (utimens) */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
 	/* Passthrough: the kernel writes the staging file directly, so it
@@ -106,8 +107,11 @@ struct block_print {
 
 /* Starts a passthrough staging file for the inode (which has no write
  * state) and registers it; returns the backing id or a negative errno.
+ * mtime_floor: the file's mtime now, which the staging file's (coarser)
+ * clock must not take back.
  * Caller holds ino->lock. */
-int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh);
+int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
+			     struct timespec mtime_floor);
 /* Size and mtime of the file as the staging file has them now. */
 int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime);
 /* Creates the inode's write state if it has none. Caller holds ino->lock. */

@@ -78,7 +78,8 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 	return 0;
 }
 
-int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh)
+int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
+			     struct timespec mtime_floor)
 {
 	struct wstate *w;
 	int rc, id;
@@ -95,7 +96,7 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh)
 	w->backing_id = id;
 	/* The file was empty at open: a commit must store at least its size. */
 	w->size_changed = true;
-	clock_gettime(CLOCK_REALTIME, &w->mtime);
+	w->mtime = mtime_floor;
 	ino->w = w;
 	atomic_fetch_add(&md->stats.passthrough_opens, 1);
 	return id;
@@ -115,6 +116,12 @@ int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime)
 		return -errno;
 	*size = (uint64_t)st.st_size;
 	*mtime = st.st_mtim;
+	/* The kernel stamps files from a coarse clock that may lag the one the
+	 * metadata used at create: never let mtime go back, unless asked to. */
+	if (!w->mtime_set && (st.st_mtim.tv_sec < w->mtime.tv_sec ||
+			      (st.st_mtim.tv_sec == w->mtime.tv_sec &&
+			       st.st_mtim.tv_nsec < w->mtime.tv_nsec)))
+		*mtime = w->mtime;
 	return 0;
 }
 
