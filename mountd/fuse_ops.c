@@ -52,6 +52,26 @@ static bool name_ok(const char *name)
 	return strlen(name) <= META_NAME_MAX;
 }
 
+/* FUSE_INTERRUPT: a request may end with EINTR only before it changed
+ * anything, so handlers ask this just before they apply a change. */
+static bool interrupted(fuse_req_t req)
+{
+	if (!fuse_req_interrupted(req))
+		return false;
+	count(req, OP_INTERRUPT_EINTR);
+	return true;
+}
+
+/* Checks a name about to be created under parent: 0 or the errno. */
+static int new_name_check(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	if (!name_ok(name))
+		return ENAMETOOLONG;
+	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0)
+		return EEXIST;
+	return interrupted(req) ? EINTR : 0;
+}
+
 static void attr_to_stat(const struct meta_attr *a, struct stat *st)
 {
 	memset(st, 0, sizeof(*st));
@@ -291,8 +311,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	 * asks for it only for ftruncate. */
 	if ((valid & META_SET_SIZE) && !(valid & (META_SET_MTIME | META_SET_MTIME_NOW)))
 		valid |= META_SET_MTIME_NOW;
-	if (fuse_req_interrupted(req)) {
-		count(req, OP_INTERRUPT_EINTR);
+	if (interrupted(req)) {
 		fuse_reply_err(req, EINTR);
 		return;
 	}
@@ -386,17 +405,8 @@ static void do_create_node(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	struct meta_attr a;
 	int rc;
 
-	if (!name_ok(name)) {
-		fuse_reply_err(req, ENAMETOOLONG);
-		return;
-	}
-	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
-		fuse_reply_err(req, EEXIST);
-		return;
-	}
-	if (fuse_req_interrupted(req)) {
-		count(req, OP_INTERRUPT_EINTR);
-		fuse_reply_err(req, EINTR);
+	if ((rc = new_name_check(req, parent, name)) != 0) {
+		fuse_reply_err(req, rc);
 		return;
 	}
 	rc = meta_create(md->meta, parent, name, mode, ctx->uid, ctx->gid, rdev, target, &a);
@@ -447,8 +457,7 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_err(req, EACCES);
 		return;
 	}
-	if (fuse_req_interrupted(req)) {
-		count(req, OP_INTERRUPT_EINTR);
+	if (interrupted(req)) {
 		fuse_reply_err(req, EINTR);
 		return;
 	}
@@ -465,8 +474,7 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	int rc;
 
 	count(req, OP_RMDIR);
-	if (fuse_req_interrupted(req)) {
-		count(req, OP_INTERRUPT_EINTR);
+	if (interrupted(req)) {
 		fuse_reply_err(req, EINTR);
 		return;
 	}
@@ -502,8 +510,7 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 		mflags |= META_RENAME_NOREPLACE;
 	if (flags & RENAME_EXCHANGE)
 		mflags |= META_RENAME_EXCHANGE;
-	if (fuse_req_interrupted(req)) {
-		count(req, OP_INTERRUPT_EINTR);
+	if (interrupted(req)) {
 		fuse_reply_err(req, EINTR);
 		return;
 	}
@@ -795,17 +802,8 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	int rc;
 
 	count(req, OP_CREATE);
-	if (!name_ok(name)) {
-		fuse_reply_err(req, ENAMETOOLONG);
-		return;
-	}
-	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
-		fuse_reply_err(req, EEXIST);
-		return;
-	}
-	if (fuse_req_interrupted(req)) {
-		count(req, OP_INTERRUPT_EINTR);
-		fuse_reply_err(req, EINTR);
+	if ((rc = new_name_check(req, parent, name)) != 0) {
+		fuse_reply_err(req, rc);
 		return;
 	}
 	rc = meta_create(md->meta, parent, name, S_IFREG | (mode & 07777), ctx->uid, ctx->gid, 0,

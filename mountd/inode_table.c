@@ -29,6 +29,17 @@ static inline pthread_mutex_t *stripe_of(struct inode_table *t, uint32_t b)
 	return &t->stripe[b & (STRIPES - 1)];
 }
 
+/* Caller holds the bucket's stripe lock. */
+static struct inode *bucket_find(struct inode_table *t, uint32_t b, uint64_t ino)
+{
+	struct inode *i;
+
+	for (i = t->bucket[b]; i; i = i->hnext)
+		if (i->ino == ino)
+			break;
+	return i;
+}
+
 int inode_table_new(struct inode_table **out)
 {
 	struct inode_table *t = calloc(1, sizeof(*t));
@@ -83,9 +94,7 @@ struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint3
 	struct inode *i;
 
 	pthread_mutex_lock(stripe_of(t, b));
-	for (i = t->bucket[b]; i; i = i->hnext)
-		if (i->ino == ino)
-			break;
+	i = bucket_find(t, b, ino);
 	if (!i) {
 		i = calloc(1, sizeof(*i));
 		if (!i)
@@ -110,9 +119,7 @@ struct inode *inode_find(struct mountd *md, uint64_t ino)
 	struct inode *i;
 
 	pthread_mutex_lock(stripe_of(t, b));
-	for (i = t->bucket[b]; i; i = i->hnext)
-		if (i->ino == ino)
-			break;
+	i = bucket_find(t, b, ino);
 	pthread_mutex_unlock(stripe_of(t, b));
 	return i;
 }
@@ -159,9 +166,7 @@ bool inode_mark_unlinked(struct mountd *md, uint64_t ino)
 	struct inode *i;
 
 	pthread_mutex_lock(stripe_of(t, b));
-	for (i = t->bucket[b]; i; i = i->hnext)
-		if (i->ino == ino)
-			break;
+	i = bucket_find(t, b, ino);
 	if (i)
 		i->unlinked = true; /* read by inode_unref() under this same stripe lock */
 	pthread_mutex_unlock(stripe_of(t, b));
@@ -175,9 +180,7 @@ struct inode *inode_ref_existing(struct mountd *md, uint64_t ino)
 	struct inode *i;
 
 	pthread_mutex_lock(stripe_of(t, b));
-	for (i = t->bucket[b]; i; i = i->hnext)
-		if (i->ino == ino)
-			break;
+	i = bucket_find(t, b, ino);
 	if (i)
 		i->nopen++;
 	pthread_mutex_unlock(stripe_of(t, b));
