@@ -1,6 +1,9 @@
 /*
- * ferry_bench: ferryfs side by side with a plain local directory, in one run.
+ * ferry_bench: ferryfs side by side with plain local directories, in one run.
+ * Two suites (--suite core|passthrough|all, default all):
  *
+ * core (issue 2; one ferryfs volume mounted with its defaults, so
+ * passthrough=auto, against a plain directory):
  *   - sequential write (1 MiB blocks, close() included; ferryfs commits to the
  *     object store in close), once more with fsync() before close()
  *   - sequential read, three ways: cold (ferryfs: read cache emptied, kernel
@@ -8,16 +11,32 @@
  *     page cache dropped, read from disk), from ferryfs's read cache (ferryfs
  *     remounted so its page cache is gone; baseline: page-cache hot) and a
  *     re-read without remount (both: kernel page cache)
- *   - 4 KiB random pwrite() IOPS into a prefilled file, close() timed apart
- *   - a create + write(2 KiB) + close() loop over many files
+ *   - 4 KiB random pwrite() IOPS into a prefilled, reopened file (not empty
+ *     at open, so the daemon write path even with passthrough), close() apart
+ *   - a create + write(2 KiB) + close() loop over many files (left out under
+ *     --suite all: the passthrough suite has it on all three targets)
+ *
+ * passthrough (issue 3; three targets side by side: a ferryfs volume with
+ * passthrough=auto, a second volume mounted with passthrough=off, and a
+ * plain directory on the filesystem the staging files live on):
+ *   - 4 KiB random pwrite() IOPS into a file opened empty (O_CREAT|O_TRUNC,
+ *     then filled in the same open, untimed), buffered; close() timed apart
+ *   - the same with fdatasync() after every write (a fixed count; ferryfs:
+ *     fsync=remote, every fdatasync uploads the changed block and commits)
+ *   - sequential write in 1 MiB blocks, write() calls and close() apart
+ *   - the create + write(2 KiB) + close() loop
+ *   with the ratios passthrough/directory and passthrough/passthrough=off,
+ *   issue 3's targets marked PASS or MISS (information only), and the FUSE
+ *   requests per write and per created file.
  *
  * For every ferryfs phase the per-opcode FUSE request counts are taken from
  * MOUNTPOINT/.stats before and after (minus what reading .stats costs).
  *
- * The program mounts and remounts the volume itself (`ferry mount`, `ferry
- * umount`); scripts/bench makes the scratch filesystem, formats the volume
- * and cleans up. It reports; it asserts nothing about timings. It fails
- * (non-zero exit) on I/O errors and on data that does not read back.
+ * The program mounts and unmounts the volumes itself (`ferry mount`, `ferry
+ * umount`); scripts/bench makes the scratch filesystem, formats the volumes
+ * (SCRATCH/vol-{core,pt,off}) and cleans up. It reports; it asserts nothing
+ * about timings. It fails (non-zero exit) on I/O errors and on data that does
+ * not read back exactly as written.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,15 +63,18 @@
 #define STAMP_MAGIC 0x66657272796231ull /* "ferryb1" */
 #define MAX_FIGS 160
 
+enum { SUITE_CORE = 1, SUITE_PT = 2, SUITE_ALL = 3 };
+
 struct opts {
-	const char *ferry, *volume, *mnt, *cache_dir, *staging_dir, *baseline;
-	const char *pidfile, *scratch_desc, *command;
+	const char *ferry, *scratch, *mnt_root, *pidfile_prefix;
+	const char *scratch_desc, *command, *source_desc;
 	unsigned long cache_mib;
-	unsigned long size_mib, rand_mib, files, file_size;
+	unsigned long size_mib, rand_mib, files, file_size, sync_ops, sync_mib;
 	double seconds;
 	unsigned long rand_max_ops;
 	uint64_t seed;
 	bool fsync_row;
+	int suite;
 };
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -285,7 +307,8 @@ static bool is_counter(const char *name)
 	static const char *const counters[] = {
 		"bytes_read", "bytes_written", "objects_put", "objects_get",
 		"bytes_uploaded", "bytes_downloaded", "cache_hits", "cache_misses",
-		"commits", "commit_failures", "io_errors",
+		"commits", "commit_failures", "io_errors", "passthrough_opens",
+		"backing_open", "backing_close", "blocks_unchanged", "passthrough_no_room",
 	};
 
 	if (strncmp(name, "fuse_requests_", 14) == 0)
@@ -361,8 +384,9 @@ static void snap_diff(const struct snap *after, const struct snap *before,
 
 /* ---- results -------------------------------------------------------------- */
 
-enum { UNIT_RATE, UNIT_TIME };
+/* ---- results -------------------------------------------------------------- */
 
+/* A core-suite row: ferryfs and the baseline directory. */
 struct row {
 	char label[64];
 	double f, b;
@@ -370,38 +394,73 @@ struct row {
 	const char *fmt;
 };
 
+/* A passthrough-suite row: the three targets. */
+enum { W_PT, W_OFF, W_DIR, NW };
+
+struct row3 {
+	char label[64];
+	const char *fmt;
+	const char *na;         /* printed where a value is missing (default "-") */
+	double v[NW];
+	bool has[NW];
+	bool ratios;            /* print pt/dir and pt/off */
+};
+
 struct phase {
+	int suite;
 	char name[64];
 	double per;             /* divisor for per-item figures (0: none) */
 	const char *per_what;
 	struct snap d;
 };
 
-#define MAX_ROWS 16
-#define MAX_PHASES 16
+enum { T_CORE, T_PT, T_OFF, NTGT };
+
+struct target {
+	const char *tag;        /* core, pt, off */
+	const char *mount_o;    /* -o for `ferry mount`, or NULL */
+	char *volume, *mnt, *cache_dir, *staging_dir, *pidfile;
+	bool mounted;
+	struct snap overhead;   /* what reading .stats itself costs */
+};
+
+#define MAX_ROWS 24
+#define MAX_PHASES 40
+#define MAX_NOTES 40
 
 struct bench {
 	struct opts o;
-	bool mounted;
+	struct target t[NTGT];
+	char *baseline;         /* the plain directory, on the staging filesystem */
 	bool cold_ok;
 	bool tmpfs;             /* the scratch filesystem is RAM: nothing is cold */
 	int data_errors;
-	struct snap overhead;   /* what reading .stats itself costs */
+	bool ran_core, ran_pt;
 	struct row rows[MAX_ROWS];
 	size_t nrows;
+	char notes[MAX_NOTES][384];
+	size_t nnotes;
+	struct row3 rows3[MAX_ROWS];
+	size_t nrows3;
+	char notes3[MAX_NOTES][384];
+	size_t nnotes3;
 	struct phase phases[MAX_PHASES];
 	size_t nphases;
-	char notes[16][256];
-	size_t nnotes;
+	int small_phase[2];     /* phases[] index of the small-file loop, pt and off (-1: none) */
+	char pt_state[2][160];  /* passthrough_active and reason at mount, pt and off */
+	/* for the targets */
+	double rand_iops[NW], small_us[NW];
+	bool has_rand[NW], has_small[NW];
 	unsigned char *buf;     /* BLOCK bytes, aligned */
 };
 
 static struct row *row_add(struct bench *b, const char *label, const char *fmt)
 {
+	static struct row spare;
 	struct row *r;
 
 	if (b->nrows == MAX_ROWS)
-		return NULL;
+		return &spare;
 	r = &b->rows[b->nrows++];
 	memset(r, 0, sizeof(*r));
 	snprintf(r->label, sizeof(r->label), "%s", label);
@@ -409,85 +468,161 @@ static struct row *row_add(struct bench *b, const char *label, const char *fmt)
 	return r;
 }
 
+static struct row3 *row3_add(struct bench *b, const char *label, const char *fmt, bool ratios)
+{
+	static struct row3 spare;
+	struct row3 *r;
+
+	if (b->nrows3 == MAX_ROWS)
+		return &spare;
+	r = &b->rows3[b->nrows3++];
+	memset(r, 0, sizeof(*r));
+	snprintf(r->label, sizeof(r->label), "%s", label);
+	r->fmt = fmt;
+	r->ratios = ratios;
+	return r;
+}
+
+static void row3_set(struct row3 *r, int w, double v)
+{
+	r->v[w] = v;
+	r->has[w] = true;
+}
+
+static void vnote(char (*notes)[384], size_t *n, const char *fmt, va_list ap)
+{
+	if (*n == MAX_NOTES)
+		return;
+	vsnprintf(notes[(*n)++], sizeof(notes[0]), fmt, ap);
+}
+
 static void note(struct bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void note(struct bench *b, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (b->nnotes == sizeof(b->notes) / sizeof(b->notes[0]))
-		return;
 	va_start(ap, fmt);
-	vsnprintf(b->notes[b->nnotes++], sizeof(b->notes[0]), fmt, ap);
+	vnote(b->notes, &b->nnotes, fmt, ap);
 	va_end(ap);
 }
 
-static void phase_add(struct bench *b, const char *name, const struct snap *before,
-		      const struct snap *after, double per, const char *per_what)
+static void note3(struct bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note3(struct bench *b, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vnote(b->notes3, &b->nnotes3, fmt, ap);
+	va_end(ap);
+}
+
+/* Returns the new phase's index, or -1 when the table is full. */
+static int phase_add(struct bench *b, int suite, const struct target *t, const char *name,
+		     const struct snap *before, const struct snap *after, double per,
+		     const char *per_what)
 {
 	struct phase *p;
 
 	if (b->nphases == MAX_PHASES)
-		return;
-	p = &b->phases[b->nphases++];
+		return -1;
+	p = &b->phases[b->nphases];
+	p->suite = suite;
 	snprintf(p->name, sizeof(p->name), "%s", name);
 	p->per = per;
 	p->per_what = per_what;
-	snap_diff(after, before, &b->overhead, &p->d);
+	snap_diff(after, before, &t->overhead, &p->d);
+	return (int)b->nphases++;
+}
+
+/* Sum of the fuse_requests_* figures of a difference. */
+static uint64_t snap_requests(const struct snap *d)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < d->n; i++)
+		if (strncmp(d->name[i], "fuse_requests_", 14) == 0 &&
+		    strcmp(d->name[i], "fuse_requests_interrupted") != 0)
+			n += d->val[i];
+	return n;
+}
+
+/* One "name value" line of MOUNTPOINT/.stats, as text ("?" if absent). */
+static void stats_str(const char *mnt, const char *name, char *out, size_t len)
+{
+	char path[PATH_MAX], line[512];
+	size_t nl = strlen(name);
+	FILE *f;
+
+	snprintf(out, len, "?");
+	snprintf(path, sizeof(path), "%s/.stats", mnt);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		if (strncmp(line, name, nl) == 0 && line[nl] == ' ') {
+			line[strcspn(line, "\n")] = '\0';
+			snprintf(out, len, "%s", line + nl + 1);
+			break;
+		}
+	}
+	fclose(f);
 }
 
 /* ---- mounting -------------------------------------------------------------- */
 
-static int ferry_mount(struct bench *b)
+static int ferry_mount(struct bench *b, struct target *t)
 {
 	char cache_mib[32];
 	struct snap s0, s1;
-	char *argv[] = {
-		(char *)b->o.ferry, "mount", "--cache-dir", (char *)b->o.cache_dir,
-		"--cache-size", cache_mib, "--staging-dir", (char *)b->o.staging_dir,
-		(char *)b->o.volume, (char *)b->o.mnt, NULL,
-	};
-	int rc;
+	char *argv[16];
+	int n = 0, rc;
 
 	snprintf(cache_mib, sizeof(cache_mib), "%lu", b->o.cache_mib);
+	argv[n++] = (char *)b->o.ferry;
+	argv[n++] = "mount";
+	argv[n++] = "--cache-dir";
+	argv[n++] = t->cache_dir;
+	argv[n++] = "--cache-size";
+	argv[n++] = cache_mib;
+	argv[n++] = "--staging-dir";
+	argv[n++] = t->staging_dir;
+	if (t->mount_o) {
+		argv[n++] = "-o";
+		argv[n++] = (char *)t->mount_o;
+	}
+	argv[n++] = t->volume;
+	argv[n++] = t->mnt;
+	argv[n] = NULL;
 	rc = run_cmd(argv, true);
 	if (rc != 0) {
-		errf("`ferry mount %s %s` failed (exit %d); see the lines above and the "
-		     "volume's ferry-mountd.log", b->o.volume, b->o.mnt, rc);
+		errf("`ferry mount%s%s %s %s` failed (exit %d); see the lines above and %s/ferry-mountd.log",
+		     t->mount_o ? " -o " : "", t->mount_o ? t->mount_o : "", t->volume, t->mnt, rc,
+		     t->volume);
 		return -1;
 	}
-	b->mounted = true;
+	t->mounted = true;
 	/* Remember ferry-mountd's pid so scripts/bench can end it should we die. */
-	if (b->o.pidfile) {
-		char path[PATH_MAX], line[128];
-		FILE *f;
+	if (t->pidfile) {
+		char pid[32];
+		FILE *pf;
 
-		snprintf(path, sizeof(path), "%s/.stats", b->o.mnt);
-		f = fopen(path, "re");
-		if (f) {
-			while (fgets(line, sizeof(line), f)) {
-				int pid;
-				if (sscanf(line, "pid %d", &pid) == 1) {
-					FILE *pf = fopen(b->o.pidfile, "we");
-					if (pf) {
-						fprintf(pf, "%d\n", pid);
-						fclose(pf);
-					}
-					break;
-				}
-			}
-			fclose(f);
+		stats_str(t->mnt, "pid", pid, sizeof(pid));
+		pf = fopen(t->pidfile, "we");
+		if (pf) {
+			fprintf(pf, "%s\n", pid);
+			fclose(pf);
 		}
 	}
 	/* Two snapshots with nothing between: the cost of one .stats read. */
-	if (snap_take(b->o.mnt, &s0) < 0 || snap_take(b->o.mnt, &s1) < 0)
+	if (snap_take(t->mnt, &s0) < 0 || snap_take(t->mnt, &s1) < 0)
 		return -1;
-	snap_diff(&s1, &s0, NULL, &b->overhead);
+	snap_diff(&s1, &s0, NULL, &t->overhead);
 	return 0;
 }
 
-static int ferry_umount(struct bench *b, double *secs)
+static int ferry_umount(struct bench *b, struct target *t, double *secs)
 {
-	char *argv[] = { (char *)b->o.ferry, "umount", (char *)b->o.mnt, NULL };
+	char *argv[] = { (char *)b->o.ferry, "umount", t->mnt, NULL };
 	double t0 = now_s();
 	int rc;
 
@@ -495,10 +630,10 @@ static int ferry_umount(struct bench *b, double *secs)
 	if (secs)
 		*secs = now_s() - t0;
 	if (rc != 0) {
-		errf("`ferry umount %s` failed (exit %d)", b->o.mnt, rc);
+		errf("`ferry umount %s` failed (exit %d)", t->mnt, rc);
 		return -1;
 	}
-	b->mounted = false;
+	t->mounted = false;
 	return 0;
 }
 
@@ -608,7 +743,7 @@ fail:
  */
 static int rand_write(struct bench *b, const char *path, uint64_t file_bytes, double seconds,
 		      unsigned long *ops, double *twrite, double *tclose,
-		      struct snap *mid /* taken before close, may be NULL */)
+		      const char *mnt, struct snap *mid /* taken before close, may be NULL */)
 {
 	uint64_t pages = file_bytes / PAGE, seed = b->o.seed | 1;
 	unsigned char *pg = b->buf; /* the first page of buf */
@@ -642,7 +777,7 @@ static int rand_write(struct bench *b, const char *path, uint64_t file_bytes, do
 	t1 = now_s();
 	*twrite = t1 - t0;
 	*ops = i;
-	if (mid && snap_take(b->o.mnt, mid) < 0) {
+	if (mid && snap_take(mnt, mid) < 0) {
 		close(fd);
 		return -1;
 	}
@@ -726,8 +861,13 @@ static void small_content(unsigned char *buf, size_t size, unsigned long i)
 	memcpy(buf, &i, sizeof(i));
 }
 
-/* create + write(file_size) + close, files times, in a new directory. */
-static int small_files(struct bench *b, const char *dir, double *secs)
+struct small_res {
+	double total, topen, twrite, tclose; /* seconds, for all files */
+};
+
+/* create + write(file_size) + close, files times, in a new directory. The
+ * three calls are also timed apart (clock_gettime costs ~25 ns here). */
+static int small_files(struct bench *b, const char *dir, struct small_res *res)
 {
 	unsigned long n = b->o.files;
 	size_t size = b->o.file_size;
@@ -744,13 +884,17 @@ static int small_files(struct bench *b, const char *dir, double *secs)
 		errf("open %s: %s", dir, strerror(errno));
 		return -1;
 	}
+	memset(res, 0, sizeof(*res));
 	t0 = now_s();
 	for (unsigned long i = 0; i < n; i++) {
+		double ta, tb, tc, td;
 		int fd;
 
 		snprintf(name, sizeof(name), "f%07lu", i);
 		small_content(b->buf, size, i);
+		ta = now_s();
 		fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		tb = now_s();
 		if (fd < 0) {
 			errf("create %s/%s: %s", dir, name, strerror(errno));
 			goto fail;
@@ -760,12 +904,17 @@ static int small_files(struct bench *b, const char *dir, double *secs)
 			close(fd);
 			goto fail;
 		}
+		tc = now_s();
 		if (close(fd) < 0) {
 			errf("close %s/%s (commit): %s", dir, name, strerror(errno));
 			goto fail;
 		}
+		td = now_s();
+		res->topen += tb - ta;
+		res->twrite += tc - tb;
+		res->tclose += td - tc;
 	}
-	*secs = now_s() - t0;
+	res->total = now_s() - t0;
 	close(dfd);
 	return 0;
 fail:
@@ -811,6 +960,643 @@ static int small_verify(struct bench *b, const char *dir, unsigned long step)
 	return 0;
 }
 
+
+/* ---- passthrough-suite workloads -------------------------------------------- */
+
+struct rand_res {
+	unsigned long ops;
+	double tfill, twrite, tclose;
+};
+
+/*
+ * 4 KiB random writes into a file that is empty at open, the open that gets a
+ * passthrough staging file on ferryfs: open(O_RDWR|O_CREAT|O_TRUNC), fill the
+ * whole size with stamped 1 MiB blocks in the same open (untimed), then make
+ * the fill durable and quiet: with sync_each an fdatasync() (ferryfs: uploads
+ * and commits it, so the timed fdatasyncs below each carry one changed
+ * block); else sync() (no writeback of the fill competes with the timed
+ * writes; it makes no FUSE request). Then pwrite()s of 4 KiB at random page
+ * offsets, the same sequence as the core suite's, for `seconds` (checked
+ * every 64 writes) up to max_ops, or exactly max_ops when seconds is 0; with
+ * sync_each an fdatasync() after each. close() is timed apart. With mnt, .stats
+ * snapshots: s0 before the timed writes, smid before close(), s1 after it.
+ */
+static int rand_run(struct bench *b, const char *mnt, const char *path, uint64_t bytes,
+		    double seconds, unsigned long max_ops, bool sync_each, struct snap *s0,
+		    struct snap *smid, struct snap *s1, struct rand_res *r)
+{
+	uint64_t pages = bytes / PAGE, nblocks = bytes / BLOCK, seed = b->o.seed | 1;
+	unsigned char *pg = b->buf;
+	unsigned long i;
+	double t0, t1;
+	int fd, rc;
+
+	memset(r, 0, sizeof(*r));
+	t0 = now_s();
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		errf("create %s: %s", path, strerror(errno));
+		return -1;
+	}
+	memcpy(b->buf, g_tmpl, BLOCK);
+	for (uint64_t k = 0; k < nblocks; k++) {
+		stamp_block(b->buf, k);
+		if (write_full(fd, b->buf, BLOCK) < 0) {
+			errf("write %s at %" PRIu64 ": %s", path, k * BLOCK, strerror(errno));
+			goto fail;
+		}
+	}
+	if (sync_each) {
+		if (fdatasync(fd) < 0) {
+			errf("fdatasync %s after the fill: %s", path, strerror(errno));
+			goto fail;
+		}
+	} else {
+		sync();
+	}
+	r->tfill = now_s() - t0;
+	if (mnt && snap_take(mnt, s0) < 0)
+		goto fail;
+	memcpy(pg, g_tmpl, PAGE);
+	t0 = now_s();
+	for (i = 0; i < max_ops; i++) {
+		uint64_t page = xorshift64(&seed) % pages;
+		uint64_t st[2] = { STAMP_MAGIC ^ 0xff, i };
+
+		memcpy(pg, st, sizeof(st));
+		if (pwrite(fd, pg, PAGE, (off_t)(page * PAGE)) != (ssize_t)PAGE) {
+			errf("pwrite %s at %" PRIu64 ": %s", path, page * PAGE,
+			     errno ? strerror(errno) : "short write");
+			goto fail;
+		}
+		if (sync_each && fdatasync(fd) < 0) {
+			errf("fdatasync %s after write %lu: %s", path, i, strerror(errno));
+			goto fail;
+		}
+		if (seconds > 0 && (i & 63) == 63 && now_s() - t0 >= seconds) {
+			i++;
+			break;
+		}
+	}
+	r->twrite = now_s() - t0;
+	r->ops = i;
+	if (mnt && snap_take(mnt, smid) < 0)
+		goto fail;
+	t1 = now_s();
+	rc = close(fd);
+	r->tclose = now_s() - t1;
+	if (rc < 0) {
+		errf("close %s (commit): %s", path, strerror(errno));
+		return -1;
+	}
+	if (mnt && snap_take(mnt, s1) < 0)
+		return -1;
+	return 0;
+fail:
+	close(fd);
+	return -1;
+}
+
+/*
+ * Reads path back (untimed) and compares every byte with what rand_run wrote:
+ * the fill, overwritten by the first ops random writes (the last one to hit a
+ * page wins). Returns 0 when all matches.
+ */
+static int rand_check(struct bench *b, const char *path, uint64_t bytes, unsigned long ops)
+{
+	uint64_t pages = bytes / PAGE, nblocks = bytes / BLOCK, seed = b->o.seed | 1, k;
+	uint32_t *last = malloc((size_t)pages * sizeof(*last));
+	int fd, rc = -1;
+
+	if (!last || ops >= UINT32_MAX) {
+		errf("rand_check: out of memory");
+		free(last);
+		return -1;
+	}
+	memset(last, 0xff, (size_t)pages * sizeof(*last));
+	for (unsigned long i = 0; i < ops; i++)
+		last[xorshift64(&seed) % pages] = (uint32_t)i;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		errf("open %s: %s", path, strerror(errno));
+		free(last);
+		return -1;
+	}
+	for (k = 0;; k++) {
+		ssize_t n = read_full(fd, b->buf, BLOCK);
+
+		if (n < 0) {
+			errf("read %s at %" PRIu64 ": %s", path, k * BLOCK, strerror(errno));
+			goto out;
+		}
+		if (n == 0)
+			break;
+		if (k >= nblocks || n != BLOCK) {
+			errf("WRONG SIZE: %s: %zd bytes at %" PRIu64 ", the file should be %" PRIu64
+			     " bytes", path, n, k * BLOCK, bytes);
+			b->data_errors++;
+			goto out;
+		}
+		for (unsigned p = 0; p < BLOCK / PAGE; p++) {
+			uint64_t page = k * (BLOCK / PAGE) + p;
+			const unsigned char *got = b->buf + (size_t)p * PAGE, *body;
+			uint64_t st[2];
+
+			if (last[page] == UINT32_MAX) {
+				st[0] = STAMP_MAGIC;
+				st[1] = k << 8 | p;
+				body = g_tmpl + (size_t)p * PAGE + 16;
+			} else {
+				st[0] = STAMP_MAGIC ^ 0xff;
+				st[1] = last[page];
+				body = g_tmpl + 16;
+			}
+			if (memcmp(got, st, sizeof(st)) != 0 || memcmp(got + 16, body, PAGE - 16) != 0) {
+				errf("WRONG DATA in %s: 4 KiB page at offset %" PRIu64 " (expected %s)",
+				     path, page * PAGE,
+				     last[page] == UINT32_MAX ? "the fill" : "a random write");
+				b->data_errors++;
+				goto out;
+			}
+		}
+	}
+	if (k != nblocks) {
+		errf("WRONG SIZE: %s: EOF after %" PRIu64 " bytes, expected %" PRIu64, path,
+		     k * BLOCK, bytes);
+		b->data_errors++;
+		goto out;
+	}
+	rc = 0;
+out:
+	close(fd);
+	free(last);
+	return rc;
+}
+
+
+/* ---- the core suite (issue 2's rows) ----------------------------------------- */
+
+static int suite_core(struct bench *b, bool with_small)
+{
+	struct target *t = &b->t[T_CORE];
+	char *fseq = NULL, *bseq = NULL, *fseq2 = NULL, *bseq2 = NULL;
+	char *frand = NULL, *brand = NULL, *fsmall = NULL, *bsmall = NULL;
+	uint64_t seq_bytes = (uint64_t)b->o.size_mib * MIB, rand_bytes = (uint64_t)b->o.rand_mib * MIB;
+	struct snap s0, s1, smid;
+	double tt, tc, t_umount = 0;
+	int rc = -1;
+
+	b->ran_core = true;
+	if (!(fseq = path_join(t->mnt, "seq.dat")) || !(bseq = path_join(b->baseline, "seq.dat")) ||
+	    !(fseq2 = path_join(t->mnt, "seq-fsync.dat")) ||
+	    !(bseq2 = path_join(b->baseline, "seq-fsync.dat")) ||
+	    !(frand = path_join(t->mnt, "rand.dat")) || !(brand = path_join(b->baseline, "rand.dat")) ||
+	    !(fsmall = path_join(t->mnt, "small")) || !(bsmall = path_join(b->baseline, "small"))) {
+		errf("out of memory");
+		goto out;
+	}
+
+	progress("core suite: mounting ferryfs (its defaults) at %s", t->mnt);
+	if (ferry_mount(b, t) < 0)
+		goto out;
+
+	/* -- sequential write -- */
+	{
+		struct row *r = row_add(b, "seq write 1 MiB, incl. close (MB/s)", "%.1f");
+		double fclose_s = 0, bclose_s = 0;
+
+		progress("seq write %lu MiB on ferryfs", b->o.size_mib);
+		if (snap_take(t->mnt, &s0) < 0 || seq_write(b, fseq, seq_bytes, false, &tt, &fclose_s) < 0 ||
+		    snap_take(t->mnt, &s1) < 0)
+			goto out;
+		phase_add(b, SUITE_CORE, t, "seq write", &s0, &s1, 0, NULL);
+		r->f = (double)seq_bytes / 1e6 / tt;
+		r->has_f = true;
+		progress("seq write %lu MiB on baseline", b->o.size_mib);
+		if (seq_write(b, bseq, seq_bytes, false, &tt, &bclose_s) < 0)
+			goto out;
+		r->b = (double)seq_bytes / 1e6 / tt;
+		r->has_b = true;
+		note(b, "seq write: close() took %.3f s on ferryfs (upload + commit), %.3f s on baseline.",
+		     fclose_s, bclose_s);
+	}
+	if (b->o.fsync_row) {
+		struct row *r = row_add(b, "seq write 1 MiB + fsync + close (MB/s)", "%.1f");
+		double fc = 0, bc = 0;
+
+		progress("seq write + fsync on ferryfs");
+		if (snap_take(t->mnt, &s0) < 0 || seq_write(b, fseq2, seq_bytes, true, &tt, &fc) < 0 ||
+		    snap_take(t->mnt, &s1) < 0)
+			goto out;
+		phase_add(b, SUITE_CORE, t, "seq write + fsync", &s0, &s1, 0, NULL);
+		r->f = (double)seq_bytes / 1e6 / tt;
+		r->has_f = true;
+		progress("seq write + fsync on baseline");
+		if (seq_write(b, bseq2, seq_bytes, true, &tt, &bc) < 0)
+			goto out;
+		r->b = (double)seq_bytes / 1e6 / tt;
+		r->has_b = true;
+		if (unlink(fseq2) < 0 || unlink(bseq2) < 0) {
+			errf("unlink seq-fsync.dat: %s", strerror(errno));
+			goto out;
+		}
+	}
+
+	/* -- sequential read: cold (store), read cache, page cache -- */
+	{
+		struct row *rc_cold = row_add(b, "seq read, cold: object store (MB/s)", "%.1f");
+		struct row *rc_cache = row_add(b, "seq read, ferry read cache (MB/s)", "%.1f");
+		struct row *rc_page = row_add(b, "seq re-read, kernel page cache (MB/s)", "%.1f");
+		bool c1, c2;
+
+		progress("seq read cold on ferryfs (remount, read cache emptied, drop_caches)");
+		if (ferry_umount(b, t, NULL) < 0 || clear_dir(t->cache_dir) < 0)
+			goto out;
+		c1 = drop_caches(NULL);
+		if (ferry_mount(b, t) < 0)
+			goto out;
+		if (snap_take(t->mnt, &s0) < 0 || seq_read(b, fseq, seq_bytes, false, &tt) < 0 ||
+		    snap_take(t->mnt, &s1) < 0)
+			goto out;
+		phase_add(b, SUITE_CORE, t, "seq read cold", &s0, &s1, 0, NULL);
+		rc_cold->f = (double)seq_bytes / 1e6 / tt;
+		rc_cold->has_f = true;
+		progress("seq read cold on baseline (fadvise DONTNEED + drop_caches)");
+		c2 = drop_caches(bseq);
+		b->cold_ok = c1 && c2;
+		if (seq_read(b, bseq, seq_bytes, false, &tt) < 0)
+			goto out;
+		rc_cold->b = (double)seq_bytes / 1e6 / tt;
+		rc_cold->has_b = true;
+
+		progress("seq read from the read cache on ferryfs (remount)");
+		if (ferry_umount(b, t, NULL) < 0 || ferry_mount(b, t) < 0)
+			goto out;
+		if (snap_take(t->mnt, &s0) < 0 || seq_read(b, fseq, seq_bytes, false, &tt) < 0 ||
+		    snap_take(t->mnt, &s1) < 0)
+			goto out;
+		phase_add(b, SUITE_CORE, t, "seq read read-cache", &s0, &s1, 0, NULL);
+		rc_cache->f = (double)seq_bytes / 1e6 / tt;
+		rc_cache->has_f = true;
+		progress("seq read (page cache) on baseline");
+		if (seq_read(b, bseq, seq_bytes, false, &tt) < 0)
+			goto out;
+		rc_cache->b = (double)seq_bytes / 1e6 / tt;
+		rc_cache->has_b = true;
+
+		progress("seq re-read on both");
+		if (snap_take(t->mnt, &s0) < 0 || seq_read(b, fseq, seq_bytes, false, &tt) < 0 ||
+		    snap_take(t->mnt, &s1) < 0)
+			goto out;
+		phase_add(b, SUITE_CORE, t, "seq re-read", &s0, &s1, 0, NULL);
+		rc_page->f = (double)seq_bytes / 1e6 / tt;
+		rc_page->has_f = true;
+		if (seq_read(b, bseq, seq_bytes, false, &tt) < 0)
+			goto out;
+		rc_page->b = (double)seq_bytes / 1e6 / tt;
+		rc_page->has_b = true;
+
+		progress("verifying every byte of %s (untimed)", fseq);
+		if (seq_read(b, fseq, seq_bytes, true, &tt) < 0)
+			goto out;
+		note(b, "data check: %s read back byte for byte (stamps in every timed read, "
+		     "full compare once).", "seq.dat");
+		if (unlink(fseq) < 0 || unlink(bseq) < 0) {
+			errf("unlink seq.dat: %s", strerror(errno));
+			goto out;
+		}
+	}
+
+	/* -- random 4 KiB writes into an existing file: the daemon write path -- */
+	{
+		struct row *r_iops = row_add(b, "rand write 4 KiB, existing file (IOPS)", "%.0f");
+		struct row *r_close = row_add(b, "rand write: close() after (ms)", "%.3f");
+		unsigned long ops = b->o.rand_max_ops, bops;
+		double tw, tcl;
+
+		progress("prefilling %lu MiB for random writes on both", b->o.rand_mib);
+		if (seq_write(b, frand, rand_bytes, false, &tt, &tc) < 0 ||
+		    seq_write(b, brand, rand_bytes, false, &tt, &tc) < 0)
+			goto out;
+		progress("random 4 KiB writes on ferryfs for %.0f s", b->o.seconds);
+		if (snap_take(t->mnt, &s0) < 0 ||
+		    rand_write(b, frand, rand_bytes, b->o.seconds, &ops, &tw, &tcl, t->mnt, &smid) < 0 ||
+		    snap_take(t->mnt, &s1) < 0)
+			goto out;
+		phase_add(b, SUITE_CORE, t, "rand write (pwrites)", &s0, &smid, (double)ops, "write");
+		phase_add(b, SUITE_CORE, t, "rand write close()", &smid, &s1, 0, NULL);
+		r_iops->f = (double)ops / tw;
+		r_iops->has_f = true;
+		r_close->f = tcl * 1e3;
+		r_close->has_f = true;
+		bops = ops;
+		progress("the same %lu random writes on baseline", ops);
+		if (rand_write(b, brand, rand_bytes, 0, &bops, &tw, &tcl, NULL, NULL) < 0)
+			goto out;
+		r_iops->b = (double)bops / tw;
+		r_iops->has_b = true;
+		r_close->b = tcl * 1e3;
+		r_close->has_b = true;
+		note(b, "rand write: %lu writes on each side, %.1f%% of the file's 4 KiB pages written "
+		     "at least once.", ops, 100.0 * distinct_pages(b, rand_bytes / PAGE, ops));
+		progress("comparing rand.dat on ferryfs and baseline (untimed)");
+		if (compare_files(b, frand, brand) < 0)
+			goto out;
+		note(b, "data check: rand.dat on ferryfs is byte-identical to the baseline's.");
+		if (unlink(frand) < 0 || unlink(brand) < 0) {
+			errf("unlink rand.dat: %s", strerror(errno));
+			goto out;
+		}
+	}
+
+	/* -- small files -- */
+	if (with_small) {
+		struct row *r_fps = row_add(b, "small files create+write+close (files/s)", "%.0f");
+		struct row *r_us = row_add(b, "small files (us per file)", "%.1f");
+		unsigned long step = b->o.files >= 200 ? b->o.files / 200 : 1;
+		struct small_res sr;
+
+		progress("%lu small files on ferryfs", b->o.files);
+		if (snap_take(t->mnt, &s0) < 0 || small_files(b, fsmall, &sr) < 0 ||
+		    snap_take(t->mnt, &s1) < 0)
+			goto out;
+		phase_add(b, SUITE_CORE, t, "small files", &s0, &s1, (double)b->o.files, "file");
+		r_fps->f = (double)b->o.files / sr.total;
+		r_us->f = sr.total * 1e6 / (double)b->o.files;
+		r_fps->has_f = r_us->has_f = true;
+		progress("%lu small files on baseline", b->o.files);
+		if (small_files(b, bsmall, &sr) < 0)
+			goto out;
+		r_fps->b = (double)b->o.files / sr.total;
+		r_us->b = sr.total * 1e6 / (double)b->o.files;
+		r_fps->has_b = r_us->has_b = true;
+		progress("reading back every %lu-th small file on ferryfs (untimed)", step);
+		if (small_verify(b, fsmall, step) < 0)
+			goto out;
+		note(b, "data check: every %lu-th small file (and the last) read back from ferryfs.", step);
+	} else {
+		note(b, "small files: in the passthrough table below (all three targets).");
+	}
+
+	progress("unmounting the core volume");
+	if (ferry_umount(b, t, &t_umount) < 0)
+		goto out;
+	note(b, "final `ferry umount` took %.3f s.", t_umount);
+	rc = 0;
+out:
+	free(fseq);
+	free(bseq);
+	free(fseq2);
+	free(bseq2);
+	free(frand);
+	free(brand);
+	free(fsmall);
+	free(bsmall);
+	return rc;
+}
+
+/* ---- the passthrough suite (issue 3) ------------------------------------------ */
+
+static const char *const wlabel[NW] = { "ferry pt", "ferry off", "staging dir" };
+
+static struct target *wtarget(struct bench *b, int w)
+{
+	return w == W_PT ? &b->t[T_PT] : w == W_OFF ? &b->t[T_OFF] : NULL;
+}
+
+static const char *wdir(struct bench *b, int w)
+{
+	struct target *t = wtarget(b, w);
+
+	return t ? t->mnt : b->baseline;
+}
+
+static int wsnap(struct target *t, struct snap *s)
+{
+	return t ? snap_take(t->mnt, s) : 0;
+}
+
+static int unlink_checked(const char *path)
+{
+	if (unlink(path) < 0) {
+		errf("unlink %s: %s", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* Removes dir/f0000000 .. and dir itself (untimed clean-up). */
+static int small_remove(struct bench *b, const char *dir)
+{
+	char path[PATH_MAX];
+
+	for (unsigned long i = 0; i < b->o.files; i++) {
+		if (snprintf(path, sizeof(path), "%s/f%07lu", dir, i) >= (int)sizeof(path) ||
+		    unlink_checked(path) < 0)
+			return -1;
+	}
+	if (rmdir(dir) < 0) {
+		errf("rmdir %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static int pt_rand(struct bench *b, bool sync_each)
+{
+	uint64_t bytes = (uint64_t)(sync_each ? b->o.sync_mib : b->o.rand_mib) * MIB;
+	struct row3 *ri, *rl = NULL, *rc, *rq, *ru = NULL, *rb = NULL;
+	struct snap sopen, s0, smid, s1;
+	char path[PATH_MAX], name[64];
+
+	if (!sync_each) {
+		ri = row3_add(b, "rand write 4 KiB, buffered (IOPS)", "%.0f", true);
+		rc = row3_add(b, "  close() after it (ms)", "%.1f", true);
+		rq = row3_add(b, "  FUSE requests per write", "%.3f", false);
+	} else {
+		ri = row3_add(b, "rand write 4 KiB + fdatasync, fsync=remote (IOPS)", "%.0f", true);
+		rl = row3_add(b, "  per write + fdatasync (ms)", "%.2f", true);
+		rc = row3_add(b, "  close() after it (ms)", "%.1f", true);
+		rq = row3_add(b, "  FUSE requests per write+fdatasync", "%.3f", false);
+		ru = row3_add(b, "  objects put per fdatasync", "%.2f", false);
+		rb = row3_add(b, "  MiB uploaded per fdatasync", "%.2f", false);
+	}
+	for (int w = 0; w < NW; w++) {
+		struct target *t = wtarget(b, w);
+		struct rand_res r;
+		int pi = -1;
+
+		snprintf(path, sizeof(path), "%s/%s", wdir(b, w), sync_each ? "pt-sync.dat" : "pt-rand.dat");
+		if (sync_each)
+			progress("%s: %lu x (4 KiB pwrite + fdatasync) into a %lu MiB file opened empty",
+				 wlabel[w], b->o.sync_ops, b->o.sync_mib);
+		else
+			progress("%s: 4 KiB random writes for %.0f s into a %lu MiB file opened empty",
+				 wlabel[w], b->o.seconds, b->o.rand_mib);
+		sync();
+		if (wsnap(t, &sopen) < 0 ||
+		    rand_run(b, t ? t->mnt : NULL, path, bytes, sync_each ? 0 : b->o.seconds,
+			     sync_each ? b->o.sync_ops : b->o.rand_max_ops, sync_each, &s0, &smid, &s1,
+			     &r) < 0)
+			return -1;
+		row3_set(ri, w, (double)r.ops / r.twrite);
+		if (rl)
+			row3_set(rl, w, r.twrite * 1e3 / (double)r.ops);
+		row3_set(rc, w, r.tclose * 1e3);
+		if (!sync_each) {
+			b->rand_iops[w] = (double)r.ops / r.twrite;
+			b->has_rand[w] = true;
+		}
+		if (t) {
+			struct snap dopen;
+
+			snprintf(name, sizeof(name), "%s: rand %s", t->tag,
+				 sync_each ? "write+fdatasync" : "buffered writes");
+			pi = phase_add(b, SUITE_PT, t, name, &s0, &smid, (double)r.ops,
+				       sync_each ? "write+fdatasync" : "write");
+			snprintf(name, sizeof(name), "%s: rand %s close()", t->tag,
+				 sync_each ? "write+fdatasync" : "buffered");
+			phase_add(b, SUITE_PT, t, name, &smid, &s1, 0, NULL);
+			snap_diff(&s1, &sopen, NULL, &dopen);
+			if (pi >= 0) {
+				const struct snap *d = &b->phases[pi].d;
+
+				row3_set(rq, w, (double)snap_requests(d) / (double)r.ops);
+				if (ru)
+					row3_set(ru, w, (double)snap_get(d, "objects_put") / (double)r.ops);
+				if (rb)
+					row3_set(rb, w, (double)snap_get(d, "bytes_uploaded") / (double)MIB /
+						 (double)r.ops);
+				if (w == W_PT) {
+					uint64_t opens = snap_get(&dopen, "passthrough_opens");
+					uint64_t wr = snap_get(d, "fuse_requests_write");
+
+					note3(b, "%s %s: passthrough %s (passthrough_opens +%" PRIu64
+					      ", %" PRIu64 " WRITE requests for %lu writes).",
+					      t->tag, sync_each ? "write+fdatasync" : "buffered",
+					      opens >= 1 && wr == 0 ? "engaged" : "NOT ENGAGED", opens, wr,
+					      r.ops);
+				}
+			}
+		}
+		note3(b, "rand %s, %s: %lu writes in %.2f s; the %lu MiB fill in the same open%s "
+		      "took %.2f s (untimed).", sync_each ? "write+fdatasync" : "buffered", wlabel[w],
+		      r.ops, r.twrite, (unsigned long)(bytes / MIB),
+		      sync_each ? " and its fdatasync" : " and sync()", r.tfill);
+		progress("%s: checking every byte of %s against the writes (untimed)", wlabel[w], path);
+		if (rand_check(b, path, bytes, r.ops) < 0 || unlink_checked(path) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int pt_seq(struct bench *b)
+{
+	uint64_t bytes = (uint64_t)b->o.size_mib * MIB;
+	struct row3 *rt = row3_add(b, "seq write 1 MiB, incl. close() (MB/s)", "%.1f", true);
+	struct row3 *rw = row3_add(b, "  write() calls only (MB/s)", "%.1f", true);
+	struct row3 *rc = row3_add(b, "  close() (s)", "%.3f", true);
+	struct snap s0, s1;
+	char path[PATH_MAX], name[64];
+
+	for (int w = 0; w < NW; w++) {
+		struct target *t = wtarget(b, w);
+		double tot, tcl, tr;
+
+		snprintf(path, sizeof(path), "%s/pt-seq.dat", wdir(b, w));
+		progress("%s: seq write %lu MiB", wlabel[w], b->o.size_mib);
+		sync();
+		if (wsnap(t, &s0) < 0 || seq_write(b, path, bytes, false, &tot, &tcl) < 0 ||
+		    wsnap(t, &s1) < 0)
+			return -1;
+		row3_set(rt, w, (double)bytes / 1e6 / tot);
+		row3_set(rw, w, (double)bytes / 1e6 / (tot - tcl));
+		row3_set(rc, w, tcl);
+		if (t) {
+			snprintf(name, sizeof(name), "%s: seq write", t->tag);
+			phase_add(b, SUITE_PT, t, name, &s0, &s1, 0, NULL);
+		}
+		progress("%s: verifying every byte of %s (untimed)", wlabel[w], path);
+		if (seq_read(b, path, bytes, true, &tr) < 0 || unlink_checked(path) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int pt_small(struct bench *b)
+{
+	struct row3 *rf = row3_add(b, "small files create+write+close (files/s)", "%.0f", true);
+	struct row3 *ru = row3_add(b, "  per file (us)", "%.1f", true);
+	struct row3 *ro = row3_add(b, "    openat(O_CREAT|O_EXCL) (us)", "%.1f", true);
+	struct row3 *rw = row3_add(b, "    write() 2 KiB (us)", "%.1f", true);
+	struct row3 *rc = row3_add(b, "    close() (us)", "%.1f", true);
+	struct row3 *rq = row3_add(b, "  FUSE requests per file", "%.3f", false);
+	double n = (double)b->o.files;
+	struct snap s0, s1;
+	char dir[PATH_MAX], name[64];
+
+	for (int w = 0; w < NW; w++) {
+		struct target *t = wtarget(b, w);
+		struct small_res sr;
+
+		snprintf(dir, sizeof(dir), "%s/pt-small", wdir(b, w));
+		progress("%s: %lu x create + write(%lu) + close", wlabel[w], b->o.files, b->o.file_size);
+		sync();
+		if (wsnap(t, &s0) < 0 || small_files(b, dir, &sr) < 0 || wsnap(t, &s1) < 0)
+			return -1;
+		row3_set(rf, w, n / sr.total);
+		row3_set(ru, w, sr.total * 1e6 / n);
+		row3_set(ro, w, sr.topen * 1e6 / n);
+		row3_set(rw, w, sr.twrite * 1e6 / n);
+		row3_set(rc, w, sr.tclose * 1e6 / n);
+		b->small_us[w] = sr.total * 1e6 / n;
+		b->has_small[w] = true;
+		if (t) {
+			int pi;
+
+			snprintf(name, sizeof(name), "%s: small files", t->tag);
+			pi = phase_add(b, SUITE_PT, t, name, &s0, &s1, n, "file");
+			b->small_phase[w] = pi;
+			if (pi >= 0)
+				row3_set(rq, w, (double)snap_requests(&b->phases[pi].d) / n);
+		}
+		progress("%s: reading back all %lu small files (untimed)", wlabel[w], b->o.files);
+		if (small_verify(b, dir, 1) < 0 || small_remove(b, dir) < 0)
+			return -1;
+	}
+	note3(b, "data check: every small file read back (content and size) on each target, then removed.");
+	return 0;
+}
+
+static int suite_pt(struct bench *b)
+{
+	double tu;
+
+	b->ran_pt = true;
+	for (int k = T_PT; k <= T_OFF; k++) {
+		struct target *t = &b->t[k];
+		char act[16], why[128];
+
+		progress("passthrough suite: mounting %s (-o %s) at %s", t->volume, t->mount_o, t->mnt);
+		if (ferry_mount(b, t) < 0)
+			return -1;
+		stats_str(t->mnt, "passthrough_active", act, sizeof(act));
+		stats_str(t->mnt, "passthrough_off_reason", why, sizeof(why));
+		if (snprintf(b->pt_state[k - T_PT], sizeof(b->pt_state[0]),
+			     "passthrough_active %s, passthrough_off_reason %s", act, why) < 0)
+			b->pt_state[k - T_PT][0] = '\0';
+	}
+	if (pt_rand(b, false) < 0 || pt_rand(b, true) < 0 || pt_seq(b) < 0 || pt_small(b) < 0)
+		return -1;
+	for (int k = T_PT; k <= T_OFF; k++) {
+		progress("unmounting %s", b->t[k].mnt);
+		if (ferry_umount(b, &b->t[k], &tu) < 0)
+			return -1;
+		note3(b, "`ferry umount` of the %s volume took %.3f s.", b->t[k].tag, tu);
+	}
+	return 0;
+}
+
 /* ---- output -------------------------------------------------------------- */
 
 static void fmt_val(char *out, size_t len, const char *fmt, bool has, double v)
@@ -821,15 +1607,16 @@ static void fmt_val(char *out, size_t len, const char *fmt, bool has, double v)
 		snprintf(out, len, fmt, v);
 }
 
-static void fmt_ratio(char *out, size_t len, const struct row *r)
+/* num/den with a precision that suits its size; "-" when either is missing. */
+static void fmt_q(char *out, size_t len, bool has, double num, double den)
 {
 	double q;
 
-	if (!r->has_f || !r->has_b || r->b <= 0) {
+	if (!has || den <= 0 || num < 0) {
 		snprintf(out, len, "-");
 		return;
 	}
-	q = r->f / r->b;
+	q = num / den;
 	if (q >= 100)
 		snprintf(out, len, "%.0f", q);
 	else if (q >= 10)
@@ -838,6 +1625,11 @@ static void fmt_ratio(char *out, size_t len, const struct row *r)
 		snprintf(out, len, "%.2f", q);
 	else
 		snprintf(out, len, "%.2g", q);
+}
+
+static void fmt_ratio(char *out, size_t len, const struct row *r)
+{
+	fmt_q(out, len, r->has_f && r->has_b, r->f, r->b);
 }
 
 /* Prints " arg", single-quoted for a shell when it needs to be. */
@@ -858,10 +1650,72 @@ static void print_quoted(const char *arg)
 	putchar('\'');
 }
 
-static void print_report(struct bench *b, int argc, char **argv)
-{
-	char fv[32], bv[32], rv[32];
 
+static void print_phases(struct bench *b, int suite)
+{
+	static const char *const key_ops[] = {
+		"write", "getxattr", "lookup", "create", "flush", "release", "getattr",
+	};
+
+	for (size_t i = 0; i < b->nphases; i++) {
+		struct phase *p = &b->phases[i];
+		int col = 0;
+
+		if (p->suite != suite)
+			continue;
+		printf("  %-30s", p->name);
+		for (size_t k = 0; k < p->d.n; k++) {
+			const char *nm = p->d.name[k];
+			if (strncmp(nm, "fuse_requests_", 14) != 0 || p->d.val[k] == 0)
+				continue;
+			if (col && col % 6 == 0)
+				printf("\n  %-30s", "");
+			printf(" %s=%" PRIu64, nm + 14, p->d.val[k]);
+			col++;
+		}
+		if (!col)
+			printf(" (no FUSE requests)");
+		printf("\n  %-30s", "");
+		col = 0;
+		for (size_t k = 0; k < p->d.n; k++) {
+			const char *nm = p->d.name[k];
+			if (strncmp(nm, "fuse_requests_", 14) == 0 || p->d.val[k] == 0)
+				continue;
+			if (col && col % 5 == 0)
+				printf("\n  %-30s", "");
+			printf(" %s=%" PRIu64, nm, p->d.val[k]);
+			col++;
+		}
+		if (!col)
+			printf(" (no store/cache activity)");
+		printf("\n");
+		if (p->per > 0) {
+			char nm[64];
+
+			printf("  %-30s per %s:", "", p->per_what);
+			for (size_t k = 0; k < sizeof(key_ops) / sizeof(key_ops[0]); k++) {
+				snprintf(nm, sizeof(nm), "fuse_requests_%s", key_ops[k]);
+				printf(" %s=%.3f", key_ops[k], (double)snap_get(&p->d, nm) / p->per);
+			}
+			/* Any other opcode that showed up. */
+			for (size_t k = 0; k < p->d.n; k++) {
+				const char *n2 = p->d.name[k];
+				bool listed = false;
+				if (strncmp(n2, "fuse_requests_", 14) != 0 || p->d.val[k] == 0)
+					continue;
+				for (size_t j = 0; j < sizeof(key_ops) / sizeof(key_ops[0]); j++)
+					if (strcmp(n2 + 14, key_ops[j]) == 0)
+						listed = true;
+				if (!listed)
+					printf(" %s=%.3f", n2 + 14, (double)p->d.val[k] / p->per);
+			}
+			printf("\n");
+		}
+	}
+}
+
+static void print_header(struct bench *b, int argc, char **argv)
+{
 	printf("\nferryfs benchmark\n");
 	if (b->o.command)
 		printf("command: %s\n", b->o.command);
@@ -869,15 +1723,25 @@ static void print_report(struct bench *b, int argc, char **argv)
 	for (int i = 0; i < argc; i++)
 		print_quoted(argv[i]);
 	printf("\n");
+	if (b->o.source_desc)
+		printf("source: %s\n", b->o.source_desc);
 	if (b->o.scratch_desc)
-		printf("scratch filesystem (baseline dir, ferryfs store/cache/staging/metadata): %s\n",
+		printf("scratch filesystem (plain directory, ferryfs stores/caches/staging/metadata): %s\n",
 		       b->o.scratch_desc);
 	printf("sizes: seq file %lu MiB in 1 MiB blocks; random writes 4 KiB into a %lu MiB file "
-	       "for %.0f s; %lu files of %lu bytes\n",
-	       b->o.size_mib, b->o.rand_mib, b->o.seconds, b->o.files, b->o.file_size);
-	printf("MB = 10^6 bytes; ratio = ferryfs / baseline (rates: higher is better for ferryfs; "
-	       "times: lower is better)\n\n");
+	       "for %.0f s per target; write+fdatasync: %lu into a %lu MiB file; %lu files of %lu bytes\n",
+	       b->o.size_mib, b->o.rand_mib, b->o.seconds, b->o.sync_ops, b->o.sync_mib, b->o.files,
+	       b->o.file_size);
+	printf("MB = 10^6 bytes, MiB = 2^20 bytes\n");
+}
 
+static void print_core(struct bench *b)
+{
+	char fv[32], bv[32], rv[32];
+
+	printf("\n== suite core (issue 2): ferryfs mounted with its defaults (passthrough=auto) vs a "
+	       "plain directory ==\n");
+	printf("ratio = ferryfs / baseline (rates: higher is better for ferryfs; times: lower is better)\n\n");
 	printf("%-44s %14s %14s %9s\n", "test", "ferryfs", "baseline", "ratio");
 	for (size_t i = 0; i < b->nrows; i++) {
 		struct row *r = &b->rows[i];
@@ -903,72 +1767,184 @@ static void print_report(struct bench *b, int argc, char **argv)
 	       "                likely still in the page cache); baseline: read from the page cache.\n");
 	printf("  seq re-read: the same file again without remount: both from the kernel page cache "
 	       "(ferryfs: if it kept the cache across open).\n");
-	printf("  rand write: pwrite() 4 KiB at random 4 KiB-aligned offsets of a prefilled file "
-	       "(baseline: the same offsets, same count); close() timed apart.\n");
-	printf("  small files: openat(O_CREAT|O_EXCL) + write() + close() per file in one new "
-	       "directory; on ferryfs every close() commits.\n");
+	printf("  rand write, existing file: pwrite() 4 KiB at random 4 KiB-aligned offsets of a file "
+	       "written and closed before (so not empty at open: ferryfs\n"
+	       "                takes the daemon write path, one WRITE request per write; baseline: the "
+	       "same offsets, same count); close() timed apart.\n");
 	printf("  durability: a ferryfs close() returns with the data in the object store and the "
 	       "metadata committed (fsync'd); a baseline close() leaves the\n"
 	       "                data in the page cache, except in the 'seq write + fsync' row.\n");
 	for (size_t i = 0; i < b->nnotes; i++)
 		printf("  %s\n", b->notes[i]);
 
-	printf("\nferryfs FUSE requests per phase (MOUNTPOINT/.stats after - before, minus one .stats read;"
-	       " +-1 lookup from the .stats read itself):\n");
-	for (size_t i = 0; i < b->nphases; i++) {
-		struct phase *p = &b->phases[i];
-		int col = 0;
+	printf("\nferryfs FUSE requests per phase, core volume (MOUNTPOINT/.stats after - before, minus one "
+	       ".stats read; +-1 lookup or getattr from the .stats read itself):\n");
+	print_phases(b, SUITE_CORE);
+}
 
-		printf("  %-22s", p->name);
-		for (size_t k = 0; k < p->d.n; k++) {
-			const char *nm = p->d.name[k];
-			if (strncmp(nm, "fuse_requests_", 14) != 0 || p->d.val[k] == 0)
-				continue;
-			if (col && col % 6 == 0)
-				printf("\n  %-22s", "");
-			printf(" %s=%" PRIu64, nm + 14, p->d.val[k]);
-			col++;
-		}
-		if (!col)
-			printf(" (none)");
-		printf("\n  %-22s", "");
-		col = 0;
-		for (size_t k = 0; k < p->d.n; k++) {
-			const char *nm = p->d.name[k];
-			if (strncmp(nm, "fuse_requests_", 14) == 0 || p->d.val[k] == 0)
-				continue;
-			printf(" %s=%" PRIu64, nm, p->d.val[k]);
-			col++;
-		}
-		if (!col)
-			printf(" (no store/cache activity)");
-		printf("\n");
-		if (p->per > 0) {
-			static const char *const key_ops[] = {
-				"write", "getxattr", "lookup", "create", "flush", "release", "getattr",
-			};
-			char nm[64];
+/* "PASS"/"MISS" for a figure against a floor (at_least) or a ceiling. */
+static void print_target(const char *what, bool has, double q, bool at_least, double goal,
+			 const char *unit_note)
+{
+	char qv[32];
 
-			printf("  %-22s per %s:", "", p->per_what);
-			for (size_t k = 0; k < sizeof(key_ops) / sizeof(key_ops[0]); k++) {
-				snprintf(nm, sizeof(nm), "fuse_requests_%s", key_ops[k]);
-				printf(" %s=%.3f", key_ops[k], (double)snap_get(&p->d, nm) / p->per);
-			}
-			/* Any other opcode that showed up. */
-			for (size_t k = 0; k < p->d.n; k++) {
-				const char *n2 = p->d.name[k];
-				bool listed = false;
-				if (strncmp(n2, "fuse_requests_", 14) != 0 || p->d.val[k] == 0)
-					continue;
-				for (size_t j = 0; j < sizeof(key_ops) / sizeof(key_ops[0]); j++)
-					if (strcmp(n2 + 14, key_ops[j]) == 0)
-						listed = true;
-				if (!listed)
-					printf(" %s=%.3f", n2 + 14, (double)p->d.val[k] / p->per);
-			}
-			printf("\n");
+	fmt_q(qv, sizeof(qv), has, q, 1.0);
+	printf("  %-54s %8s x   target %s %-4g x   %s%s\n", what, qv, at_least ? ">=" : "<=", goal,
+	       !has ? "n/a" : (at_least ? q >= goal : q <= goal) ? "PASS" : "MISS", unit_note);
+}
+
+static void print_pt(struct bench *b)
+{
+	char v[NW][32], q1[32], q2[32];
+
+	printf("\n== suite passthrough (issue 3): three targets side by side ==\n");
+	printf("  ferry pt    = ferryfs volume mounted -o passthrough=auto (%s)\n", b->pt_state[0]);
+	printf("  ferry off   = a second ferryfs volume mounted -o passthrough=off (%s)\n", b->pt_state[1]);
+	printf("  staging dir = a plain directory on the filesystem the staging files live on (%s)\n",
+	       b->baseline);
+	printf("  both ferryfs volumes: fsync=remote (fsync/fdatasync/close() upload to the file:// store "
+	       "and commit the metadata before returning)\n");
+	printf("ratios: pt/dir = ferry pt / staging dir, pt/off = ferry pt / ferry off; for rates higher "
+	       "is better for pt, for times (ms, s, us) lower is better\n\n");
+	printf("%-50s %11s %11s %11s %8s %8s\n", "test", wlabel[0], wlabel[1], wlabel[2], "pt/dir",
+	       "pt/off");
+	for (size_t i = 0; i < b->nrows3; i++) {
+		struct row3 *r = &b->rows3[i];
+
+		for (int w = 0; w < NW; w++) {
+			if (!r->has[w] && r->na && w != W_DIR)
+				snprintf(v[w], sizeof(v[w]), "%s", r->na);
+			else
+				fmt_val(v[w], sizeof(v[w]), r->fmt, r->has[w], r->v[w]);
 		}
+		if (r->ratios) {
+			fmt_q(q1, sizeof(q1), r->has[W_PT] && r->has[W_DIR], r->v[W_PT], r->v[W_DIR]);
+			fmt_q(q2, sizeof(q2), r->has[W_PT] && r->has[W_OFF], r->v[W_PT], r->v[W_OFF]);
+		} else {
+			snprintf(q1, sizeof(q1), "%s", "");
+			snprintf(q2, sizeof(q2), "%s", "");
+		}
+		printf("%-50s %11s %11s %11s %8s %8s\n", r->label, v[0], v[1], v[2], q1, q2);
 	}
+	printf("fsync=local: not built yet (ferry-mountd has no fsync= mount option; it comes with "
+	       "ferry-reconciler), so there is no fsync=local figure.\n");
+
+	printf("\nissue 3 targets (information only: the benchmark exits 0 whether they are met or "
+	       "not):\n");
+	print_target("rand write 4 KiB buffered, IOPS: pt / staging dir",
+		     b->has_rand[W_PT] && b->has_rand[W_DIR],
+		     b->has_rand[W_DIR] ? b->rand_iops[W_PT] / b->rand_iops[W_DIR] : 0, true, 0.8, "");
+	{
+		char bound[96] = "";
+
+		/* pt cannot beat the filesystem it writes to: dir/off caps pt/off. */
+		if (b->has_rand[W_DIR] && b->has_rand[W_OFF] && b->rand_iops[W_OFF] > 0)
+			snprintf(bound, sizeof(bound), " (ceiling here: staging dir / off = %.1f x)",
+				 b->rand_iops[W_DIR] / b->rand_iops[W_OFF]);
+		print_target("rand write 4 KiB buffered, IOPS: pt / passthrough=off",
+			     b->has_rand[W_PT] && b->has_rand[W_OFF],
+			     b->has_rand[W_OFF] ? b->rand_iops[W_PT] / b->rand_iops[W_OFF] : 0, true,
+			     50, bound);
+	}
+	print_target("small-file loop, time: pt / staging dir",
+		     b->has_small[W_PT] && b->has_small[W_DIR],
+		     b->has_small[W_DIR] ? b->small_us[W_PT] / b->small_us[W_DIR] : 0, false, 3, "");
+
+	/* The upcalls one created file costs. */
+	if (b->small_phase[0] >= 0 || b->small_phase[1] >= 0) {
+		const char *names[MAX_FIGS];
+		size_t nn = 0;
+
+		printf("\nsmall-file loop: FUSE requests and store work per created file (.stats delta / "
+		       "%lu files):\n", b->o.files);
+		printf("  %-22s %11s %11s\n", "", wlabel[0], wlabel[1]);
+		for (int w = 0; w < 2; w++) {
+			const struct phase *p;
+
+			if (b->small_phase[w] < 0)
+				continue;
+			p = &b->phases[b->small_phase[w]];
+			for (size_t k = 0; k < p->d.n; k++) {
+				bool seen = false;
+				if (p->d.val[k] == 0 || strcmp(p->d.name[k], "fuse_requests_interrupted") == 0)
+					continue;
+				for (size_t j = 0; j < nn; j++)
+					if (strcmp(names[j], p->d.name[k]) == 0)
+						seen = true;
+				if (!seen && nn < MAX_FIGS)
+					names[nn++] = p->d.name[k];
+			}
+		}
+		for (int pass = 0; pass < 2; pass++) {
+			for (size_t j = 0; j < nn; j++) {
+				bool req = strncmp(names[j], "fuse_requests_", 14) == 0;
+				if (req != (pass == 0))
+					continue;
+				printf("  %-22s", req ? names[j] + 14 : names[j]);
+				for (int w = 0; w < 2; w++) {
+					char val[32] = "-";
+					if (b->small_phase[w] >= 0)
+						snprintf(val, sizeof(val), "%.3f",
+							 (double)snap_get(&b->phases[b->small_phase[w]].d,
+									  names[j]) / (double)b->o.files);
+					printf(" %11s", val);
+				}
+				printf("\n");
+			}
+			if (pass == 0) {
+				printf("  %-22s", "= FUSE requests");
+				for (int w = 0; w < 2; w++) {
+					char val[32] = "-";
+					if (b->small_phase[w] >= 0)
+						snprintf(val, sizeof(val), "%.3f",
+							 (double)snap_requests(&b->phases[b->small_phase[w]].d) /
+								 (double)b->o.files);
+					printf(" %11s", val);
+				}
+				printf("\n");
+			}
+		}
+		printf("  (lookup and getattr may include one from reading .stats when the kernel's entry "
+		       "for it expired: +-1 in total, not per file)\n");
+	}
+
+	printf("\nwhat the rows measure:\n");
+	printf("  rand write buffered: open(O_RDWR|O_CREAT|O_TRUNC) -- empty at open, so ferryfs gives it "
+	       "a passthrough staging file -- then the whole file\n"
+	       "                written in 1 MiB blocks in the same open and sync() (untimed), then 4 KiB "
+	       "pwrite()s at random 4 KiB-aligned offsets for a fixed\n"
+	       "                time per target; IOPS over the pwrite()s; close() timed apart (ferryfs: "
+	       "uploads the whole file and commits).\n");
+	printf("  rand write + fdatasync: the same file set-up with fdatasync() after the fill (untimed: "
+	       "ferryfs uploads and commits it), then a fixed number of\n"
+	       "                pwrite(4 KiB) + fdatasync() pairs; on ferryfs (fsync=remote) each fdatasync "
+	       "uploads what changed since the last one and commits.\n");
+	printf("  seq write: open(O_CREAT|O_TRUNC) + write() 1 MiB blocks + close(); 'write() calls only' "
+	       "excludes close(), which on ferryfs uploads and commits.\n");
+	printf("  small files: openat(O_CREAT|O_EXCL) + write() + close() per file in one new directory, "
+	       "each call timed too; on ferryfs every close() commits.\n");
+	printf("  sync() runs (untimed) before each target's turn so that no writeback of the previous "
+	       "one competes; nothing else is flushed: the staging dir's\n"
+	       "                close() leaves data in the page cache, a ferryfs close() returns with it "
+	       "in the object store and the metadata committed.\n");
+	printf("  data check: every file of every row is read back after close() and compared byte for "
+	       "byte with what was written (random writes: the last\n"
+	       "                write to each page wins), then removed.\n");
+	for (size_t i = 0; i < b->nnotes3; i++)
+		printf("  %s\n", b->notes3[i]);
+
+	printf("\nferryfs FUSE requests per phase, pt and off volumes (.stats after - before, minus one "
+	       ".stats read; +-1 lookup or getattr from the .stats read itself):\n");
+	print_phases(b, SUITE_PT);
+}
+
+static void print_report(struct bench *b, int argc, char **argv)
+{
+	print_header(b, argc, argv);
+	if (b->ran_core)
+		print_core(b);
+	if (b->ran_pt)
+		print_pt(b);
 	if (b->data_errors)
 		printf("\nDATA ERRORS: %d (see the messages above); the figures are not trustworthy\n",
 		       b->data_errors);
@@ -980,21 +1956,25 @@ static void print_report(struct bench *b, int argc, char **argv)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: ferry_bench --ferry PATH --volume VOL --mountpoint DIR --cache-dir DIR\n"
-		"                   --staging-dir DIR --baseline DIR [options]\n"
-		"Mounts VOL (already formatted) at DIR with `ferry mount`, measures, unmounts.\n"
-		"Normally run by scripts/bench, which makes the scratch filesystem.\n"
+		"usage: ferry_bench --ferry PATH --scratch DIR --mnt-root DIR [options]\n"
+		"Mounts the formatted volumes SCRATCH/vol-{core,pt,off} at MNT-ROOT/mnt-{core,pt,off}\n"
+		"with `ferry mount` (cache SCRATCH/cache-TAG, staging SCRATCH/staging-TAG), measures\n"
+		"against the plain directory SCRATCH/baseline, unmounts. Normally run by scripts/bench,\n"
+		"which makes the scratch filesystem and formats the volumes.\n"
+		"  --suite core|passthrough|all  which rows (default all)\n"
 		"  --cache-size MIB     ferryfs read cache limit (default 4096)\n"
 		"  --size-mib N         sequential file size (default 1024)\n"
 		"  --rand-size-mib N    random-write file size (default 256)\n"
-		"  --seconds S          random-write duration on ferryfs (default 10)\n"
+		"  --seconds S          random-write duration per target (default 10)\n"
 		"  --rand-max-ops N     cap on random writes (default 10000000)\n"
+		"  --sync-ops N         write+fdatasync pairs per target (default 200)\n"
+		"  --sync-size-mib N    write+fdatasync file size (default: min(64, --rand-size-mib))\n"
 		"  --files N            small files (default 10000)\n"
 		"  --file-size BYTES    small file size (default 2048)\n"
-		"  --no-fsync-row       skip the write+fsync row\n"
+		"  --no-fsync-row       skip the core suite's write+fsync row\n"
 		"  --seed N             random offsets seed\n"
-		"  --pidfile FILE       write ferry-mountd's pid there after each mount\n"
-		"  --scratch-desc TEXT  --command TEXT   printed in the report header\n");
+		"  --pidfile-prefix P   write ferry-mountd's pid to P.TAG.pid after each mount\n"
+		"  --scratch-desc TEXT  --command TEXT  --source-desc TEXT   printed in the header\n");
 }
 
 static int parse_ul(const char *s, const char *opt, unsigned long *out)
@@ -1014,23 +1994,24 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
 		{ "ferry", required_argument, NULL, 'F' },
-		{ "volume", required_argument, NULL, 'V' },
-		{ "mountpoint", required_argument, NULL, 'M' },
-		{ "cache-dir", required_argument, NULL, 'C' },
+		{ "scratch", required_argument, NULL, 'X' },
+		{ "mnt-root", required_argument, NULL, 'M' },
+		{ "suite", required_argument, NULL, 'U' },
 		{ "cache-size", required_argument, NULL, 'Z' },
-		{ "staging-dir", required_argument, NULL, 'T' },
-		{ "baseline", required_argument, NULL, 'B' },
 		{ "size-mib", required_argument, NULL, 's' },
 		{ "rand-size-mib", required_argument, NULL, 'r' },
 		{ "seconds", required_argument, NULL, 't' },
 		{ "rand-max-ops", required_argument, NULL, 'R' },
+		{ "sync-ops", required_argument, NULL, 'y' },
+		{ "sync-size-mib", required_argument, NULL, 'Y' },
 		{ "files", required_argument, NULL, 'n' },
 		{ "file-size", required_argument, NULL, 'z' },
 		{ "no-fsync-row", no_argument, NULL, 'N' },
 		{ "seed", required_argument, NULL, 'S' },
-		{ "pidfile", required_argument, NULL, 'P' },
+		{ "pidfile-prefix", required_argument, NULL, 'P' },
 		{ "scratch-desc", required_argument, NULL, 'D' },
 		{ "command", required_argument, NULL, 'c' },
+		{ "source-desc", required_argument, NULL, 'G' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1039,25 +2020,37 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 
 	*o = (struct opts){
 		.cache_mib = 4096, .size_mib = 1024, .rand_mib = 256, .files = 10000,
-		.file_size = 2048, .seconds = 10, .rand_max_ops = 10000000,
-		.seed = 0x9e3779b97f4a7c15ull, .fsync_row = true,
+		.file_size = 2048, .seconds = 10, .rand_max_ops = 10000000, .sync_ops = 200,
+		.seed = 0x9e3779b97f4a7c15ull, .fsync_row = true, .suite = SUITE_ALL,
 	};
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		switch (c) {
 		case 'F': o->ferry = optarg; break;
-		case 'V': o->volume = optarg; break;
-		case 'M': o->mnt = optarg; break;
-		case 'C': o->cache_dir = optarg; break;
-		case 'T': o->staging_dir = optarg; break;
-		case 'B': o->baseline = optarg; break;
-		case 'P': o->pidfile = optarg; break;
+		case 'X': o->scratch = optarg; break;
+		case 'M': o->mnt_root = optarg; break;
+		case 'P': o->pidfile_prefix = optarg; break;
 		case 'D': o->scratch_desc = optarg; break;
 		case 'c': o->command = optarg; break;
+		case 'G': o->source_desc = optarg; break;
 		case 'N': o->fsync_row = false; break;
+		case 'U':
+			if (!strcmp(optarg, "core"))
+				o->suite = SUITE_CORE;
+			else if (!strcmp(optarg, "passthrough"))
+				o->suite = SUITE_PT;
+			else if (!strcmp(optarg, "all"))
+				o->suite = SUITE_ALL;
+			else {
+				errf("--suite is core, passthrough or all, not %s", optarg);
+				return -1;
+			}
+			break;
 		case 'Z': if (parse_ul(optarg, "--cache-size", &o->cache_mib) < 0) return -1; break;
 		case 's': if (parse_ul(optarg, "--size-mib", &o->size_mib) < 0) return -1; break;
 		case 'r': if (parse_ul(optarg, "--rand-size-mib", &o->rand_mib) < 0) return -1; break;
 		case 'R': if (parse_ul(optarg, "--rand-max-ops", &o->rand_max_ops) < 0) return -1; break;
+		case 'y': if (parse_ul(optarg, "--sync-ops", &o->sync_ops) < 0) return -1; break;
+		case 'Y': if (parse_ul(optarg, "--sync-size-mib", &o->sync_mib) < 0) return -1; break;
 		case 'n': if (parse_ul(optarg, "--files", &o->files) < 0) return -1; break;
 		case 'z': if (parse_ul(optarg, "--file-size", &o->file_size) < 0) return -1; break;
 		case 'S': if (parse_ul(optarg, "--seed", &v) < 0) return -1; o->seed = v; break;
@@ -1074,27 +2067,41 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		default: usage(stderr); return -1;
 		}
 	}
-	if (optind != argc || !o->ferry || !o->volume || !o->mnt || !o->cache_dir ||
-	    !o->staging_dir || !o->baseline) {
+	if (optind != argc || !o->ferry || !o->scratch || !o->mnt_root) {
 		usage(stderr);
 		return -1;
 	}
+	if (!o->sync_mib)
+		o->sync_mib = o->rand_mib < 64 ? o->rand_mib : 64;
 	if (o->size_mib == 0 || o->rand_mib == 0 || o->files == 0 || o->file_size == 0 ||
-	    o->file_size > BLOCK / 4 || o->rand_max_ops == 0) {
-		errf("sizes must be positive (and --file-size at most %u)", BLOCK / 4);
+	    o->file_size > BLOCK / 4 || o->rand_max_ops == 0 || o->rand_max_ops >= UINT32_MAX ||
+	    o->sync_ops == 0) {
+		errf("sizes must be positive (and --file-size at most %u, --rand-max-ops below 2^32)",
+		     BLOCK / 4);
 		return -1;
 	}
+	return 0;
+}
+
+static int target_init(struct bench *b, int k, const char *tag, const char *mount_o)
+{
+	struct target *t = &b->t[k];
+	const char *s = b->o.scratch;
+
+	t->tag = tag;
+	t->mount_o = mount_o;
+	if (asprintf(&t->volume, "%s/vol-%s", s, tag) < 0 ||
+	    asprintf(&t->cache_dir, "%s/cache-%s", s, tag) < 0 ||
+	    asprintf(&t->staging_dir, "%s/staging-%s", s, tag) < 0 ||
+	    asprintf(&t->mnt, "%s/mnt-%s", b->o.mnt_root, tag) < 0 ||
+	    (b->o.pidfile_prefix && asprintf(&t->pidfile, "%s.%s.pid", b->o.pidfile_prefix, tag) < 0))
+		return -1;
 	return 0;
 }
 
 int main(int argc, char **argv)
 {
 	struct bench *b = calloc(1, sizeof(*b));
-	char *fseq = NULL, *bseq = NULL, *fseq2 = NULL, *bseq2 = NULL;
-	char *frand = NULL, *brand = NULL, *fsmall = NULL, *bsmall = NULL;
-	struct snap s0, s1, smid;
-	uint64_t seq_bytes, rand_bytes;
-	double t, tc, t_umount = 0;
 	int rc = 1;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1106,18 +2113,24 @@ int main(int argc, char **argv)
 		free(b);
 		return 2;
 	}
+	b->small_phase[0] = b->small_phase[1] = -1;
+	if (target_init(b, T_CORE, "core", NULL) < 0 ||
+	    target_init(b, T_PT, "pt", "passthrough=auto") < 0 ||
+	    target_init(b, T_OFF, "off", "passthrough=off") < 0 ||
+	    !(b->baseline = path_join(b->o.scratch, "baseline"))) {
+		errf("out of memory");
+		goto out;
+	}
 	{
 		struct statfs sf;
-		if (statfs(b->o.baseline, &sf) < 0) {
-			errf("statfs %s: %s", b->o.baseline, strerror(errno));
+		if (statfs(b->baseline, &sf) < 0) {
+			errf("statfs %s: %s", b->baseline, strerror(errno));
 			goto out;
 		}
 		b->tmpfs = sf.f_type == 0x01021994; /* TMPFS_MAGIC */
 	}
 	if (geteuid() != 0)
 		errf("warning: not root: dropping the page cache for cold reads will fail");
-	seq_bytes = (uint64_t)b->o.size_mib * MIB;
-	rand_bytes = (uint64_t)b->o.rand_mib * MIB;
 	if (posix_memalign((void **)&b->buf, 4096, BLOCK) != 0 ||
 	    posix_memalign((void **)&g_tmpl, 4096, BLOCK) != 0) {
 		errf("out of memory");
@@ -1130,216 +2143,30 @@ int main(int argc, char **argv)
 			memcpy(g_tmpl + i, &v, 8);
 		}
 	}
-	if (!(fseq = path_join(b->o.mnt, "seq.dat")) || !(bseq = path_join(b->o.baseline, "seq.dat")) ||
-	    !(fseq2 = path_join(b->o.mnt, "seq-fsync.dat")) ||
-	    !(bseq2 = path_join(b->o.baseline, "seq-fsync.dat")) ||
-	    !(frand = path_join(b->o.mnt, "rand.dat")) || !(brand = path_join(b->o.baseline, "rand.dat")) ||
-	    !(fsmall = path_join(b->o.mnt, "small")) || !(bsmall = path_join(b->o.baseline, "small"))) {
-		errf("out of memory");
+	if ((b->o.suite & SUITE_CORE) && suite_core(b, !(b->o.suite & SUITE_PT)) < 0)
 		goto out;
-	}
-
-	progress("mounting ferryfs at %s", b->o.mnt);
-	if (ferry_mount(b) < 0)
+	if ((b->o.suite & SUITE_PT) && suite_pt(b) < 0)
 		goto out;
-
-	/* -- sequential write -- */
-	{
-		struct row *r = row_add(b, "seq write 1 MiB, incl. close (MB/s)", "%.1f");
-		double fclose_s = 0, bclose_s = 0;
-
-		progress("seq write %lu MiB on ferryfs", b->o.size_mib);
-		if (snap_take(b->o.mnt, &s0) < 0 || seq_write(b, fseq, seq_bytes, false, &t, &fclose_s) < 0 ||
-		    snap_take(b->o.mnt, &s1) < 0)
-			goto out;
-		phase_add(b, "seq write", &s0, &s1, 0, NULL);
-		r->f = (double)seq_bytes / 1e6 / t;
-		r->has_f = true;
-		progress("seq write %lu MiB on baseline", b->o.size_mib);
-		if (seq_write(b, bseq, seq_bytes, false, &t, &bclose_s) < 0)
-			goto out;
-		r->b = (double)seq_bytes / 1e6 / t;
-		r->has_b = true;
-		note(b, "seq write: close() took %.3f s on ferryfs (upload + commit), %.3f s on baseline.",
-		     fclose_s, bclose_s);
-	}
-	if (b->o.fsync_row) {
-		struct row *r = row_add(b, "seq write 1 MiB + fsync + close (MB/s)", "%.1f");
-		double fc = 0, bc = 0;
-
-		progress("seq write + fsync on ferryfs");
-		if (snap_take(b->o.mnt, &s0) < 0 || seq_write(b, fseq2, seq_bytes, true, &t, &fc) < 0 ||
-		    snap_take(b->o.mnt, &s1) < 0)
-			goto out;
-		phase_add(b, "seq write + fsync", &s0, &s1, 0, NULL);
-		r->f = (double)seq_bytes / 1e6 / t;
-		r->has_f = true;
-		progress("seq write + fsync on baseline");
-		if (seq_write(b, bseq2, seq_bytes, true, &t, &bc) < 0)
-			goto out;
-		r->b = (double)seq_bytes / 1e6 / t;
-		r->has_b = true;
-		if (unlink(fseq2) < 0 || unlink(bseq2) < 0) {
-			errf("unlink seq-fsync.dat: %s", strerror(errno));
-			goto out;
-		}
-	}
-
-	/* -- sequential read: cold (store), read cache, page cache -- */
-	{
-		struct row *rc_cold = row_add(b, "seq read, cold: object store (MB/s)", "%.1f");
-		struct row *rc_cache = row_add(b, "seq read, ferry read cache (MB/s)", "%.1f");
-		struct row *rc_page = row_add(b, "seq re-read, kernel page cache (MB/s)", "%.1f");
-		bool c1, c2;
-
-		progress("seq read cold on ferryfs (remount, read cache emptied, drop_caches)");
-		if (ferry_umount(b, NULL) < 0 || clear_dir(b->o.cache_dir) < 0)
-			goto out;
-		c1 = drop_caches(NULL);
-		if (ferry_mount(b) < 0)
-			goto out;
-		if (snap_take(b->o.mnt, &s0) < 0 || seq_read(b, fseq, seq_bytes, false, &t) < 0 ||
-		    snap_take(b->o.mnt, &s1) < 0)
-			goto out;
-		phase_add(b, "seq read cold", &s0, &s1, 0, NULL);
-		rc_cold->f = (double)seq_bytes / 1e6 / t;
-		rc_cold->has_f = true;
-		progress("seq read cold on baseline (fadvise DONTNEED + drop_caches)");
-		c2 = drop_caches(bseq);
-		b->cold_ok = c1 && c2;
-		if (seq_read(b, bseq, seq_bytes, false, &t) < 0)
-			goto out;
-		rc_cold->b = (double)seq_bytes / 1e6 / t;
-		rc_cold->has_b = true;
-
-		progress("seq read from the read cache on ferryfs (remount)");
-		if (ferry_umount(b, NULL) < 0 || ferry_mount(b) < 0)
-			goto out;
-		if (snap_take(b->o.mnt, &s0) < 0 || seq_read(b, fseq, seq_bytes, false, &t) < 0 ||
-		    snap_take(b->o.mnt, &s1) < 0)
-			goto out;
-		phase_add(b, "seq read read-cache", &s0, &s1, 0, NULL);
-		rc_cache->f = (double)seq_bytes / 1e6 / t;
-		rc_cache->has_f = true;
-		progress("seq read (page cache) on baseline");
-		if (seq_read(b, bseq, seq_bytes, false, &t) < 0)
-			goto out;
-		rc_cache->b = (double)seq_bytes / 1e6 / t;
-		rc_cache->has_b = true;
-
-		progress("seq re-read on both");
-		if (snap_take(b->o.mnt, &s0) < 0 || seq_read(b, fseq, seq_bytes, false, &t) < 0 ||
-		    snap_take(b->o.mnt, &s1) < 0)
-			goto out;
-		phase_add(b, "seq re-read", &s0, &s1, 0, NULL);
-		rc_page->f = (double)seq_bytes / 1e6 / t;
-		rc_page->has_f = true;
-		if (seq_read(b, bseq, seq_bytes, false, &t) < 0)
-			goto out;
-		rc_page->b = (double)seq_bytes / 1e6 / t;
-		rc_page->has_b = true;
-
-		progress("verifying every byte of %s (untimed)", fseq);
-		if (seq_read(b, fseq, seq_bytes, true, &t) < 0)
-			goto out;
-		note(b, "data check: %s read back byte for byte (stamps in every timed read, "
-		     "full compare once).", "seq.dat");
-		if (unlink(fseq) < 0 || unlink(bseq) < 0) {
-			errf("unlink seq.dat: %s", strerror(errno));
-			goto out;
-		}
-	}
-
-	/* -- random 4 KiB writes -- */
-	{
-		struct row *r_iops = row_add(b, "rand write 4 KiB (IOPS)", "%.0f");
-		struct row *r_close = row_add(b, "rand write: close() after (ms)", "%.3f");
-		unsigned long ops = b->o.rand_max_ops, bops;
-		double tw, tcl;
-
-		progress("prefilling %lu MiB for random writes on both", b->o.rand_mib);
-		if (seq_write(b, frand, rand_bytes, false, &t, &tc) < 0 ||
-		    seq_write(b, brand, rand_bytes, false, &t, &tc) < 0)
-			goto out;
-		progress("random 4 KiB writes on ferryfs for %.0f s", b->o.seconds);
-		if (snap_take(b->o.mnt, &s0) < 0 ||
-		    rand_write(b, frand, rand_bytes, b->o.seconds, &ops, &tw, &tcl, &smid) < 0 ||
-		    snap_take(b->o.mnt, &s1) < 0)
-			goto out;
-		phase_add(b, "rand write (pwrites)", &s0, &smid, (double)ops, "write");
-		phase_add(b, "rand write close()", &smid, &s1, 0, NULL);
-		r_iops->f = (double)ops / tw;
-		r_iops->has_f = true;
-		r_close->f = tcl * 1e3;
-		r_close->has_f = true;
-		bops = ops;
-		progress("the same %lu random writes on baseline", ops);
-		if (rand_write(b, brand, rand_bytes, 0, &bops, &tw, &tcl, NULL) < 0)
-			goto out;
-		r_iops->b = (double)bops / tw;
-		r_iops->has_b = true;
-		r_close->b = tcl * 1e3;
-		r_close->has_b = true;
-		note(b, "rand write: %lu writes on each side, %.1f%% of the file's 4 KiB pages written "
-		     "at least once.", ops, 100.0 * distinct_pages(b, rand_bytes / PAGE, ops));
-		progress("comparing rand.dat on ferryfs and baseline (untimed)");
-		if (compare_files(b, frand, brand) < 0)
-			goto out;
-		note(b, "data check: rand.dat on ferryfs is byte-identical to the baseline's.");
-		if (unlink(frand) < 0 || unlink(brand) < 0) {
-			errf("unlink rand.dat: %s", strerror(errno));
-			goto out;
-		}
-	}
-
-	/* -- small files -- */
-	{
-		struct row *r_fps = row_add(b, "small files create+write+close (files/s)", "%.0f");
-		struct row *r_us = row_add(b, "small files (us per file)", "%.1f");
-		unsigned long step = b->o.files >= 200 ? b->o.files / 200 : 1;
-
-		progress("%lu small files on ferryfs", b->o.files);
-		if (snap_take(b->o.mnt, &s0) < 0 || small_files(b, fsmall, &t) < 0 ||
-		    snap_take(b->o.mnt, &s1) < 0)
-			goto out;
-		phase_add(b, "small files", &s0, &s1, (double)b->o.files, "file");
-		r_fps->f = (double)b->o.files / t;
-		r_us->f = t * 1e6 / (double)b->o.files;
-		r_fps->has_f = r_us->has_f = true;
-		progress("%lu small files on baseline", b->o.files);
-		if (small_files(b, bsmall, &t) < 0)
-			goto out;
-		r_fps->b = (double)b->o.files / t;
-		r_us->b = t * 1e6 / (double)b->o.files;
-		r_fps->has_b = r_us->has_b = true;
-		progress("reading back every %lu-th small file on ferryfs (untimed)", step);
-		if (small_verify(b, fsmall, step) < 0)
-			goto out;
-		note(b, "data check: every %lu-th small file (and the last) read back from ferryfs.", step);
-	}
-
-	progress("unmounting ferryfs");
-	if (ferry_umount(b, &t_umount) < 0)
-		goto out;
-	note(b, "final `ferry umount` took %.3f s.", t_umount);
 	rc = b->data_errors ? 1 : 0;
 out:
-	if (b->mounted) {
-		progress("unmounting ferryfs after an error");
-		ferry_umount(b, NULL);
+	for (int k = 0; k < NTGT; k++) {
+		if (b->t[k].mounted) {
+			progress("unmounting %s after an error", b->t[k].mnt);
+			ferry_umount(b, &b->t[k], NULL);
+		}
 	}
-	if (b->nrows)
+	if (b->ran_core || b->ran_pt)
 		print_report(b, argc, argv);
 	if (rc != 0)
-		errf("benchmark FAILED (see the errors above); the table shows what was measured before");
-	free(fseq);
-	free(bseq);
-	free(fseq2);
-	free(bseq2);
-	free(frand);
-	free(brand);
-	free(fsmall);
-	free(bsmall);
+		errf("benchmark FAILED (see the errors above); the tables show what was measured before");
+	for (int k = 0; k < NTGT; k++) {
+		free(b->t[k].volume);
+		free(b->t[k].cache_dir);
+		free(b->t[k].staging_dir);
+		free(b->t[k].mnt);
+		free(b->t[k].pidfile);
+	}
+	free(b->baseline);
 	free(b->buf);
 	free(g_tmpl);
 	free(b);
