@@ -165,6 +165,10 @@ int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slic
 int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
 			  const struct meta_chunk_slice *slices, size_t n, uint64_t new_size,
 			  const struct timespec *mtime, struct meta_attr *out);
+/* A new epoch for this volume's reconcile seqs (1, 2, ...; durable): a
+ * daemon takes one at start and numbers its jobs epoch << 32 | n, so seqs
+ * keep increasing across restarts whatever the clock does. */
+int meta_seq_epoch(struct meta *m, uint64_t *epoch);
 /* Zeroes [off, off+len) of a regular file without changing its size
  * (fallocate punch hole). */
 int meta_punch_hole(struct meta *m, uint64_t ino, uint64_t off, uint64_t len,

@@ -122,6 +122,7 @@ enum st {
 	ST_VOLUME_GET,
 	ST_SEQ_GET,
 	ST_SEQ_PUT,
+	ST_EPOCH_NEXT,
 	ST_COUNT
 };
 
@@ -186,11 +187,15 @@ static const char *const st_sql[ST_COUNT] = {
 			  " FROM volume WHERE id = 1",
 	[ST_SEQ_GET] = "SELECT seq FROM commit_seq WHERE ino = ?1",
 	[ST_SEQ_PUT] = "INSERT OR REPLACE INTO commit_seq(ino, seq) VALUES (?1, ?2)",
+	[ST_EPOCH_NEXT] = "INSERT INTO seq_epoch(id, epoch) VALUES (1, 1) ON CONFLICT(id)"
+			  " DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
 };
 
 /* Added after schema version 1 shipped: created when missing (meta_open). */
 static const char commit_seq_sql[] =
-	"CREATE TABLE IF NOT EXISTS commit_seq(ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL)";
+	"CREATE TABLE IF NOT EXISTS commit_seq(ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS seq_epoch(id INTEGER PRIMARY KEY CHECK (id = 1),"
+	" epoch INTEGER NOT NULL)";
 
 struct conn {
 	sqlite3 *db;
@@ -2448,6 +2453,26 @@ int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
 	rc = txn(m, do_write_commit_seq, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.commit.out;
+	return rc;
+}
+
+static int do_seq_epoch(struct conn *c, void *p)
+{
+	int64_t *epoch = p;
+
+	return query_int(c, ST_EPOCH_NEXT, 0, NULL, 1, INT32_MAX, 0, epoch);
+}
+
+int meta_seq_epoch(struct meta *m, uint64_t *epoch)
+{
+	int64_t e = 0;
+	int rc;
+
+	if (m == NULL || epoch == NULL)
+		return -EINVAL;
+	rc = txn(m, do_seq_epoch, &e);
+	if (rc == 0)
+		*epoch = (uint64_t)e;
 	return rc;
 }
 

@@ -31,6 +31,8 @@ int cmd_mount(int argc, char **argv)
 		{ "cache-size", required_argument, NULL, 'S' },
 		{ "staging-dir", required_argument, NULL, 'T' },
 		{ "log", required_argument, NULL, 'L' },
+		{ "reconciler", required_argument, NULL, 'Q' },
+		{ "no-reconciler", no_argument, NULL, 'N' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -55,10 +57,13 @@ int cmd_mount(int argc, char **argv)
 		case 'S': args[nargs++] = "--cache-size"; args[nargs++] = optarg; break;
 		case 'T': args[nargs++] = "--staging-dir"; args[nargs++] = optarg; break;
 		case 'd': args[nargs++] = "--debug"; break;
+		case 'Q': args[nargs++] = "--reconciler"; args[nargs++] = optarg; break;
+		case 'N': args[nargs++] = "--no-reconciler"; break;
 		case 'L': log = strdup(optarg); break;
 		case 'h':
 			printf("usage: ferry mount [-f] [--cache-dir DIR] [--cache-size MiB] "
-			       "[--staging-dir DIR] [--log FILE] [-o OPTS] VOLUME MOUNTPOINT\n");
+			       "[--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] "
+			       "[-o OPTS] VOLUME MOUNTPOINT\n");
 			return 0;
 		default:
 			return 2;

@@ -116,7 +116,13 @@ static void overlay_wstate(struct mountd *md, struct meta_attr *a)
 	if (!i)
 		return;
 	pthread_mutex_lock(&i->lock);
-	if (i->w) {
+	if (i->inflight_seq && !i->w) {
+		/* Handed to the reconciler, not committed yet. */
+		a->size = i->inflight_size;
+		a->mtime = i->inflight_mtime;
+		if (timespec_later(&a->mtime, &a->ctime))
+			a->ctime = a->mtime;
+	} else if (i->w) {
 		uint64_t size;
 		struct timespec mtime;
 		if (wstate_stat(i->w, &size, &mtime) == 0) {
@@ -254,6 +260,24 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	fuse_reply_attr(req, &st, md->cfg.attr_timeout);
 }
 
+/* Waits until the inode's job at the reconciler (if any) is committed: its
+ * data and size are then in the metadata. Caller holds i->lock. */
+static int inflight_wait(struct mountd *md, struct inode *i, const char *what)
+{
+	int rc;
+
+	if (!i->inflight_seq)
+		return 0;
+	atomic_fetch_add(&md->stats.reopen_waits, 1);
+	rc = rclient_wait(md, i, md->cfg.reopen_timeout_ms);
+	if (rc < 0) {
+		log_errno(rc, "inode %llu: %s waited for its upload (job %llu) in vain",
+			  (unsigned long long)i->ino, what, (unsigned long long)i->inflight_seq);
+		return -EIO;
+	}
+	return 0;
+}
+
 /* Commits the inode's staged writes, if any. Caller holds i->lock. */
 static int commit_locked(struct mountd *md, struct inode *i)
 {
@@ -332,7 +356,12 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	i = inode_find(md, ino);
 	if (i)
 		pthread_mutex_lock(&i->lock);
-	if (i && i->w && i->w->passthrough) {
+	/* The job carries size and mtime: it commits first, or it would undo
+	 * this change. */
+	rc = i ? inflight_wait(md, i, "setattr") : 0;
+	if (rc < 0) {
+		/* nothing applied */
+	} else if (i && i->w && i->w->passthrough) {
 		/* The staging file is the file's data until it is committed:
 		 * size and mtime changes go to it, the rest to the metadata. */
 		rc = 0;
@@ -672,10 +701,26 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		w->backing_id = 0;
 	}
 	if (w && i->nwriters == 0 && w->npt == 0 && !i->pending) {
-		if (wstate_commit(md, i) == 0)
+		int rc = -ENOTCONN;
+		bool unlinked = inode_is_unlinked(md, i);
+
+		if (unlinked) {
+			wstate_drop(md, i); /* nobody can see these bytes again */
+		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
+			/* the reconciler has it; the inode waits for its commit */
+		} else if (rc == -ENODATA) {
 			wstate_drop(md, i);
-		else
-			write_back_defer(md, i); /* the data stays staged and is retried */
+		} else {
+			if (rc != -ENOTCONN) {
+				atomic_fetch_add(&md->stats.handoff_failures, 1);
+				log_errno(rc, "inode %llu: cannot hand the staging file to "
+					  "ferry-reconciler; committing here", (unsigned long long)i->ino);
+			}
+			if (wstate_commit(md, i) == 0)
+				wstate_drop(md, i);
+			else
+				write_back_defer(md, i); /* the data stays staged and is retried */
+		}
 	}
 	pthread_mutex_unlock(&i->lock);
 	inode_unref(md, i, nlookup, 1);
@@ -707,7 +752,11 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 	if (rc < 0)
 		goto fail;
 	pthread_mutex_lock(&i->lock);
-	if (writer && (fi->flags & O_TRUNC)) {
+	/* Close-to-open: the last close's upload commits first. */
+	rc = inflight_wait(md, i, "open");
+	if (rc < 0) {
+		/* fall through to the unlock below */
+	} else if (writer && (fi->flags & O_TRUNC)) {
 		struct meta_attr in = { .size = 0 };
 		unsigned valid = META_SET_SIZE | META_SET_MTIME_NOW;
 		if (i->w && i->w->passthrough && i->w->backing_id > 0) {
@@ -754,8 +803,10 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 		 * kernel's page cache, so what it cached stays valid across opens. */
 		fi->keep_cache = 1;
 	}
-	/* A reader has nothing to flush and ferry takes no POSIX locks itself. */
-	fi->noflush = !writer;
+	/* A reader has nothing to flush and ferry takes no POSIX locks itself;
+	 * a passthrough writer's data is already where the reconciler takes
+	 * it from (the staging file), so close() needs no upcall either. */
+	fi->noflush = !writer || (of->passthrough && rclient_up(md));
 	return 0;
 fail:
 	inode_unref(md, i, 0, 1);
@@ -882,8 +933,12 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	 * nothing staged the read needs no lock. */
 	pthread_mutex_lock(&of->ino->lock);
 	if (!of->ino->w) {
+		/* A handle open across another's close reads what that close
+		 * committed. */
+		rc = inflight_wait(md, of->ino, "read");
 		pthread_mutex_unlock(&of->ino->lock);
-		rc = meta_getattr(md->meta, ino, &a);
+		if (rc == 0)
+			rc = meta_getattr(md->meta, ino, &a);
 		n = rc < 0 ? rc : file_read(md, req, ino, a.size, buf, size, off);
 	} else {
 		struct wstate *w = of->ino->w;
@@ -977,9 +1032,16 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, EBADF);
 		return;
 	}
-	/* close() reports whether the data reached the object store. */
 	pthread_mutex_lock(&of->ino->lock);
-	rc = commit_locked(md, of->ino);
+	if (rclient_up(md)) {
+		/* The upload happens after the last close; what close() promises
+		 * is that the writes survive a killed daemon: journal them. */
+		rc = rclient_journal(md, of->ino);
+	} else {
+		/* Without a reconciler, close() reports whether the data reached
+		 * the object store. */
+		rc = commit_locked(md, of->ino);
+	}
 	pthread_mutex_unlock(&of->ino->lock);
 	fuse_reply_err(req, -rc);
 }
@@ -1047,6 +1109,11 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 	}
 	i = of->ino;
 	pthread_mutex_lock(&i->lock);
+	if ((rc = inflight_wait(md, i, "fallocate")) < 0) {
+		pthread_mutex_unlock(&i->lock);
+		fuse_reply_err(req, -rc);
+		return;
+	}
 	if (i->w && i->w->passthrough) {
 		/* The staging file holds the data: it takes the request itself. */
 		if (mode != 0 && mode != FALLOC_FL_KEEP_SIZE &&
@@ -1109,6 +1176,11 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 		return;
 	}
 	pthread_mutex_lock(&of->ino->lock);
+	if ((rc = inflight_wait(md, of->ino, "lseek")) < 0) {
+		res = rc;
+		pthread_mutex_unlock(&of->ino->lock);
+		goto reply;
+	}
 	if (of->ino->w && of->ino->w->passthrough) {
 		res = lseek(of->ino->w->fd, off, whence);
 		if (res < 0)
@@ -1463,6 +1535,9 @@ static void op_destroy(void *userdata)
 
 	if (left)
 		log_warnx("%zu files had writes that could not be committed; see the lines above", left);
+	/* Every job handed over is committed before the daemon exits (so
+	 * `ferry umount` returns with nothing left on local disk only). */
+	rclient_stop(md);
 }
 
 static void drop_handle(enum handle_type type, void *obj, void *arg)

@@ -54,6 +54,7 @@ int inode_table_new(struct inode_table **out)
 
 static void inode_free(struct inode *i)
 {
+	pthread_cond_destroy(&i->committed);
 	pthread_mutex_destroy(&i->lock);
 	free(i);
 }
@@ -101,6 +102,7 @@ struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint3
 			goto out;
 		i->ino = ino;
 		pthread_mutex_init(&i->lock, NULL);
+		pthread_cond_init(&i->committed, NULL);
 		i->hnext = t->bucket[b];
 		t->bucket[b] = i;
 		atomic_fetch_add(&t->count, 1);
@@ -185,4 +187,16 @@ struct inode *inode_ref_existing(struct mountd *md, uint64_t ino)
 		i->nopen++;
 	pthread_mutex_unlock(stripe_of(t, b));
 	return i;
+}
+
+bool inode_is_unlinked(struct mountd *md, struct inode *i)
+{
+	struct inode_table *t = md->inodes;
+	uint32_t b = bucket_of(i->ino);
+	bool u;
+
+	pthread_mutex_lock(stripe_of(t, b));
+	u = i->unlinked;
+	pthread_mutex_unlock(stripe_of(t, b));
+	return u;
 }

@@ -39,6 +39,11 @@ static void usage(FILE *f)
 		"      --attr-timeout SEC  kernel attribute/entry cache time (default: 1)\n"
 		"      --staging-min-free MIB  below this much free space in the staging\n"
 		"                          directory, new opens take the daemon path (default: 256)\n"
+		"      --reconciler SOCKET use a ferry-reconciler started on its own (default:\n"
+		"                          start one, on a socket in the staging directory)\n"
+		"      --no-reconciler     upload and commit in ferry-mountd itself, at close\n"
+		"      --reopen-timeout SEC  how long an open waits for the file's upload\n"
+		"                          (default: 120)\n"
 		"\n"
 		"ferry's own -o options: passthrough=auto|on|off (default auto: FUSE\n"
 		"passthrough writes when the kernel and the registration allow it)\n"
@@ -105,6 +110,7 @@ static void start_failed(struct mountd *md, const char *fmt, ...)
 	va_end(ap);
 	log_warnx("%s", msg);
 	mountd_ready(md, msg);
+	rclient_stop(md); /* a reconciler we started goes too */
 	exit(1);
 }
 
@@ -167,9 +173,6 @@ static int volume_lock(struct mountd *md)
 static int staging_open(struct mountd *md)
 {
 	struct statfs sfs;
-	DIR *d;
-	struct dirent *de;
-	size_t kept = 0;
 	int fd;
 
 	if (mkdir(md->cfg.staging_dir, 0700) < 0 && errno != EEXIST)
@@ -183,22 +186,6 @@ static int staging_open(struct mountd *md)
 		start_failed(md, "staging directory %s is on a stacked filesystem (FUSE or overlayfs); "
 			     "give --staging-dir on a local filesystem", md->cfg.staging_dir);
 	}
-	/* Files left by an earlier run hold writes whose close() failed or
-	 * never returned: keep them, out of the way of new names. */
-	d = fdopendir(dup(fd));
-	while (d && (de = readdir(d))) {
-		char to[NAME_MAX + 1];
-		if (de->d_type != DT_REG || strstr(de->d_name, ".orphan"))
-			continue;
-		snprintf(to, sizeof(to), "%.200s.%lld.orphan", de->d_name, (long long)time(NULL));
-		if (renameat(fd, de->d_name, fd, to) == 0)
-			kept++;
-	}
-	if (d)
-		closedir(d);
-	if (kept)
-		log_warnx("kept %zu staging files of an earlier run as %s/*.orphan (uncommitted writes)",
-			  kept, md->cfg.staging_dir);
 	md->staging_dirfd = fd;
 	return 0;
 }
@@ -240,6 +227,9 @@ int main(int argc, char **argv)
 		{ "ready-fd", required_argument, NULL, 'R' },
 		{ "attr-timeout", required_argument, NULL, 'A' },
 		{ "staging-min-free", required_argument, NULL, 'M' },
+		{ "reconciler", required_argument, NULL, 'Q' },
+		{ "no-reconciler", no_argument, NULL, 'N' },
+		{ "reopen-timeout", required_argument, NULL, 'W' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -263,6 +253,10 @@ int main(int argc, char **argv)
 	md->pt_off = true; /* until INIT says the kernel has it */
 	snprintf(md->pt_reason, sizeof(md->pt_reason), "not_negotiated");
 	md->staging_min_free = 256ull << 20;
+	md->cfg.reopen_timeout_ms = 120000;
+	md->rc_sock = -1;
+	pthread_mutex_init(&md->rc_lock, NULL);
+	pthread_cond_init(&md->rc_cond, NULL);
 	pthread_mutex_init(&md->pt_reason_lock, NULL);
 	pthread_mutex_init(&md->pending_lock, NULL);
 	pthread_cond_init(&md->pending_cond, NULL);
@@ -306,6 +300,13 @@ int main(int argc, char **argv)
 			md->staging_min_free = strtoull(optarg, &end, 10) << 20;
 			if (errno || *end || end == optarg)
 				fatalx("--staging-min-free: not a number of MiB: %s", optarg);
+			break;
+		case 'Q': md->cfg.reconciler = strdup(optarg); break;
+		case 'N': md->cfg.no_reconciler = true; break;
+		case 'W':
+			md->cfg.reopen_timeout_ms = (int)(strtod(optarg, &end) * 1000);
+			if (*end || md->cfg.reopen_timeout_ms <= 0)
+				fatalx("--reopen-timeout: not a number of seconds: %s", optarg);
 			break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;
 		case 'h': usage(stdout); return 0;
@@ -359,6 +360,11 @@ int main(int argc, char **argv)
 	if ((rc = inode_table_new(&md->inodes)) < 0 ||
 	    (rc = handle_table_new(1u << 20, &md->handles)) < 0)
 		start_failed(md, "out of memory");
+	if (md->cfg.no_reconciler)
+		staging_recover(md, false);
+	else if ((rc = rclient_start(md)) < 0)
+		start_failed(md, "cannot start ferry-reconciler: %s (see the log; --no-reconciler "
+			     "commits in ferry-mountd)", strerror(-rc));
 	if ((rc = meta_orphans_purge(md->meta, &purged)) < 0)
 		log_errno(rc, "cannot free unlinked inodes left by an earlier run");
 	else if (purged)
@@ -415,6 +421,7 @@ out:
 		fuse_remove_signal_handlers(md->se);
 	if (md->se)
 		fuse_session_destroy(md->se); /* runs destroy: commits what is still pending */
+	rclient_stop(md); /* if destroy did not run (no INIT) */
 	fuse_loop_cfg_destroy(loop_cfg);
 	fuse_opt_free_args(&fargs);
 	if (md->handles)
@@ -439,5 +446,6 @@ out:
 	free(md->cfg.mountpoint);
 	free(md->cfg.cache_dir);
 	free(md->cfg.staging_dir);
+	free(md->cfg.reconciler);
 	return exit_code;
 }

@@ -27,6 +27,7 @@
 #include "handle_table.h"
 #include "meta.h"
 #include "objstore.h"
+#include "reconcile_job.h"
 
 struct mountd;
 struct inode;
@@ -34,6 +35,10 @@ struct inode;
 /* The read-only statistics file in the root; never a database inode. */
 #define STATS_NAME ".stats"
 #define STATS_INO  0xfffffffffffff001ull
+/* Staging files of passthrough opens end in this: they hold whole files. */
+#define STAGING_PT_SUFFIX ".p"
+/* The journal record close() leaves for a daemon-path staging file. */
+#define STAGING_FLUSH_SUFFIX ".fj"
 
 /* ---- stats.c: per-opcode request counts and gauges ---- */
 enum op_id {
@@ -55,6 +60,7 @@ struct stats {
 	_Atomic uint64_t passthrough_opens, backing_open, backing_close;
 	_Atomic uint64_t blocks_unchanged;   /* passthrough commits that skipped a block */
 	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
+	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
 };
 
 const char *stats_op_name(enum op_id op);
@@ -151,6 +157,33 @@ void passthrough_latch_off(struct mountd *md, const char *code, const char *why)
  * for, or it cannot be). */
 void passthrough_set_reason(struct mountd *md, const char *code, const char *why);
 
+/* Frees the write state without touching the staging file (it was handed to
+ * the reconciler). Caller holds ino->lock. */
+void wstate_forget(struct mountd *md, struct inode *ino);
+
+/* ---- reconcile_client.c: closed staging files to ferry-reconciler ---- */
+/* Takes a seq epoch, recovers staging files left by a crash, starts (or
+ * connects to) the reconciler and the reply reader. */
+int rclient_start(struct mountd *md);
+/* Drains (deadline growing while jobs complete), then stops the reader and
+ * the spawned reconciler. */
+void rclient_stop(struct mountd *md);
+bool rclient_up(struct mountd *md);
+/* Deals with staging files an earlier run left (see the .c); with_jobs:
+ * journal what can be committed, for the reconciler. */
+void staging_recover(struct mountd *md, bool with_jobs);
+/* Journals and hands the inode's write state to the reconciler; on success
+ * the state is gone and the inode reserved until the job commits. -ENODATA:
+ * nothing to commit. Caller holds ino->lock. */
+int rclient_handoff(struct mountd *md, struct inode *ino);
+/* Waits (ino->lock held, released while waiting) until ino has no job in
+ * flight. -ETIMEDOUT, -ENOTCONN (the reconciler is gone). */
+int rclient_wait(struct mountd *md, struct inode *ino, int timeout_ms);
+int rclient_stats(struct mountd *md, struct reconcile_stats *out);
+/* Writes a journal record for the daemon-path writes staged so far, so they
+ * outlive a killed daemon once close() returned. Caller holds ino->lock. */
+int rclient_journal(struct mountd *md, struct inode *ino);
+
 /* ---- file_read.c: assembling reads from slices ---- */
 /* Reads up to len bytes at off of a regular file whose committed size is
  * size into buf; returns the byte count or a negative errno. */
@@ -169,6 +202,11 @@ struct inode {
 	struct inode *hnext;      /* hash chain */
 	/* Guarded by lock: */
 	pthread_mutex_t lock;
+	pthread_cond_t committed; /* signalled when inflight_seq ends */
+	uint64_t inflight_seq;    /* a job handed to the reconciler, not committed yet */
+	uint64_t inflight_size;   /* the file's size and mtime in that job */
+	struct timespec inflight_mtime;
+	int inflight_error;       /* the last job failed for good (it is kept as .orphan) */
 	uint32_t nwriters;        /* open handles with write access */
 	uint32_t ncached;         /* open handles in the kernel's cached I/O mode */
 	struct wstate *w;         /* pending writes, or NULL */
@@ -195,6 +233,7 @@ size_t inode_table_count(struct inode_table *t);
 /* Records that ino's last link is gone. False if the daemon does not hold
  * the inode, in which case the caller frees its metadata at once. */
 bool inode_mark_unlinked(struct mountd *md, uint64_t ino);
+bool inode_is_unlinked(struct mountd *md, struct inode *ino);
 
 /* ---- fuse_ops.c ---- */
 extern const struct fuse_lowlevel_ops mountd_ops;
@@ -216,6 +255,9 @@ struct mountd_config {
 	bool foreground;
 	_Atomic int ready_fd;  /* written "ok" or an error line once serving */
 	double attr_timeout, entry_timeout;
+	char *reconciler;      /* owned: an external reconciler's socket, or NULL to spawn one */
+	bool no_reconciler;    /* commit in ferry-mountd itself */
+	int reopen_timeout_ms; /* how long an open waits for the inode's job */
 };
 
 struct mountd {
@@ -244,6 +286,21 @@ struct mountd {
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
+	/* reconciler client (reconcile_client.c) */
+	char *rc_path;                /* owned */
+	int rc_sock;
+	pid_t rc_child;               /* the reconciler we spawned, or 0 */
+	pid_t pid;                    /* ours, for the child's parent-death check */
+	_Atomic bool rc_up, rc_stopping;
+	pthread_t rc_reader;
+	bool rc_reader_live;
+	pthread_mutex_t rc_lock;      /* guards sends and everything below */
+	pthread_cond_t rc_cond;
+	uint64_t rc_next_seq;
+	uint64_t rc_drained;
+	struct reconcile_stats rc_stats;
+	uint64_t rc_stats_gen;
+	_Atomic uint64_t rc_inflight;
 };
 
 #endif

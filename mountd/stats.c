@@ -64,7 +64,32 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(backing_close);
 	FIG(blocks_unchanged);
 	FIG(passthrough_no_room);
+	FIG(handoffs);
+	FIG(handoff_failures);
+	FIG(reopen_waits);
 #undef FIG
+	{
+		/* The reconciler's gauges, asked for now (a round trip). */
+		struct reconcile_stats rs = { 0 };
+		bool up = rclient_up(md) && rclient_stats(md, &rs) == 0;
+		fprintf(f, "reconciler_up %d\n", up ? 1 : 0);
+		fprintf(f, "reconcile_handed_inflight %llu\n",
+			(unsigned long long)atomic_load(&md->rc_inflight));
+		fprintf(f, "passthrough_staging_blocks %llu\n", (unsigned long long)rs.staging_blocks);
+		fprintf(f, "passthrough_staging_bytes %llu\n", (unsigned long long)rs.staging_bytes);
+		fprintf(f, "reconcile_inflight %llu\n", (unsigned long long)rs.inflight);
+		fprintf(f, "reconcile_failures_total %llu\n", (unsigned long long)rs.failures_total);
+		fprintf(f, "reconcile_committed_total %llu\n", (unsigned long long)rs.committed_total);
+		fprintf(f, "reconcile_orphans %llu\n", (unsigned long long)rs.orphans);
+		fprintf(f, "reconcile_uploads_total %llu\n", (unsigned long long)rs.uploads_total);
+		fprintf(f, "reconcile_upload_bytes_total %llu\n",
+			(unsigned long long)rs.upload_bytes_total);
+		fprintf(f, "reconcile_upload_latency_us_avg %llu\n",
+			(unsigned long long)(rs.upload_latency_count ?
+					     rs.upload_latency_sum_us / rs.upload_latency_count : 0));
+		fprintf(f, "reconcile_upload_latency_us_max %llu\n",
+			(unsigned long long)rs.upload_latency_max_us);
+	}
 	fprintf(f, "passthrough_active %d\n", atomic_load(&md->pt_off) ? 0 : 1);
 	pthread_mutex_lock(&md->pt_reason_lock);
 	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");

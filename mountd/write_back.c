@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -22,17 +23,23 @@
 
 /* Creates a new, empty staging file <ino>-<fh> and its write state. Names
  * are never reused: an mmap of an older staging file may outlive its open. */
-static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, struct wstate **out)
+static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, bool pt,
+			  struct wstate **out)
 {
+	static _Atomic uint64_t serial;
 	struct wstate *w;
-	char name[64];
+	char name[96];
 	int rc;
 
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
-	snprintf(name, sizeof(name), "%llu-%llu", (unsigned long long)ino->ino,
-		 (unsigned long long)fh);
+	/* <ino>-<fh>-<pid>-<serial>[.p]: ".p" marks a passthrough file, which holds
+	 * the whole file and so can be committed after a crash even without a
+	 * journal record; pid and serial keep names unique across restarts. */
+	snprintf(name, sizeof(name), "%llu-%llu-%d-%llu%s", (unsigned long long)ino->ino,
+		 (unsigned long long)fh, (int)getpid(),
+		 (unsigned long long)atomic_fetch_add(&serial, 1), pt ? STAGING_PT_SUFFIX : "");
 	w->fd = openat(md->staging_dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (w->fd < 0) {
 		rc = -errno;
@@ -49,9 +56,19 @@ static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, str
 	return 0;
 }
 
+/* Removes a staging file's close() record, if any. */
+static void flush_record_remove(struct wstate *w)
+{
+	char fj[PATH_MAX];
+
+	snprintf(fj, sizeof(fj), "%s%s", w->path, STAGING_FLUSH_SUFFIX);
+	unlink(fj);
+}
+
 static void staging_destroy(struct wstate *w)
 {
 	close(w->fd);
+	flush_record_remove(w);
 	if (unlink(w->path) < 0)
 		log_warn("cannot remove staging file %s", w->path);
 	free(w->path);
@@ -70,7 +87,7 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 	rc = meta_getattr(md->meta, ino->ino, &a);
 	if (rc < 0)
 		return rc;
-	rc = staging_create(md, ino, fh, &ino->w);
+	rc = staging_create(md, ino, fh, false, &ino->w);
 	if (rc < 0)
 		return rc;
 	ino->w->size = a.size;
@@ -84,7 +101,7 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	struct wstate *w;
 	int rc, id;
 
-	rc = staging_create(md, ino, fh, &w);
+	rc = staging_create(md, ino, fh, true, &w);
 	if (rc < 0)
 		return rc;
 	id = backing_open(md, w->fd);
@@ -480,6 +497,22 @@ out:
 	return rc;
 }
 
+void wstate_forget(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+
+	if (!w)
+		return;
+	flush_record_remove(w); /* the .job made at handoff supersedes it */
+	backing_close(md, w->backing_id);
+	close(w->fd);
+	free(w->path);
+	free(w->dirty);
+	free(w->prints);
+	free(w);
+	ino->w = NULL;
+}
+
 void wstate_drop(struct mountd *md, struct inode *ino)
 {
 	struct wstate *w = ino->w;
@@ -599,6 +632,8 @@ size_t write_back_flush_all(struct mountd *md)
 		log_warnx("inode %llu: writes still staged in %s could not be committed (%s); "
 			  "the file is kept",
 			  (unsigned long long)i->ino, i->w->path, strerror(-i->w->last_error));
+		/* The staging file and its close() record stay: the next start
+		 * hands them to the reconciler (or keeps them as .orphan). */
 		backing_close(md, i->w->backing_id);
 		close(i->w->fd);
 		free(i->w->path);

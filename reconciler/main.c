@@ -1,20 +1,447 @@
 /*
- * ferry-reconciler: will take closed staging files from ferry-mountd and
- * ferry them into the object store (issue "Write passthrough and the
- * reconciler process"). Until then ferry-mountd commits writes itself and
- * this program refuses to run, saying so.
+ * ferry-reconciler main: options -> (detach) -> volume, store, staging
+ * directory and its lock -> workers, curl multi, journal scan -> socket and
+ * metrics -> loop; SIGTERM/SIGINT stop taking handoffs and finish what is
+ * known, with a deadline that restarts whenever something moves forward.
+ * Torn down in reverse.
  */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <event2/thread.h>
+
+#include "log.h"
+#include "objstore_async.h"
+#include "reconciler.h"
+#include "url.h"
+
+#define LOCK_NAME ".ferry-reconciler.lock"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: ferry-reconciler --volume VOLUME --staging-dir DIR --socket PATH [options]\n"
+		"\n"
+		"Takes closed staging files from ferry-mountd over the Unix socket PATH, uploads\n"
+		"their bytes into the volume's object store as slices (storage URL and block\n"
+		"size come from the volume record) and commits the slices and the new length\n"
+		"in one metadata transaction per file. Every job handed over is journaled in\n"
+		"DIR as <name>.job by the sender; at start-up each journaled job is finished,\n"
+		"in sequence order, and jobs given up before (<name>.orphan) are tried again.\n"
+		"A job that keeps failing is kept as <name>.orphan, never deleted.\n"
+		"\n"
+		"  --volume VOLUME         a volume directory or sqlite:///abs/path/meta.db\n"
+		"  --staging-dir DIR       the staging directory ferry-mountd hands files from\n"
+		"  --socket PATH           listen here (mode 0600; peers must run as our uid or root)\n"
+		"  --max-uploads N         objects being stored at once (default 8)\n"
+		"  --buffer-mib N          memory for object buffers; uploads wait for room\n"
+		"                          (default 64)\n"
+		"  --metrics ADDR:PORT     Prometheus text at http://ADDR:PORT/metrics; ADDR is an\n"
+		"                          IP address (e.g. 127.0.0.1:9464, [::1]:9464); port 0 picks\n"
+		"                          one and logs it\n"
+		"  --retries N             attempts before a job is kept as .orphan (default 5)\n"
+		"  --retry-delay MS        wait after the first failed attempt; each next wait is\n"
+		"                          4 times longer, at most 300 s (default 1000)\n"
+		"  --shutdown-timeout SEC  on SIGTERM/SIGINT, give up after SEC seconds without\n"
+		"                          progress; what is left stays journaled (default 60)\n"
+		"  -f, --foreground        stay attached (otherwise return once serving)\n"
+		"  -d, --debug             debug logging\n"
+		"  -h, --help              this text\n"
+		"  -V, --version           print the version\n"
+		"\n"
+		"Exit status: 0 after a clean stop, 1 if it could not start or gave up at a stop\n"
+		"(the log lists the unfinished jobs), 2 for a usage error.\n");
+}
+
+static struct rec rec_;
+static int ready_fd = -1;
+
+/* Tells the parent (not in the foreground) how the start went, once. */
+static void ready_report(const char *msg)
+{
+	if (ready_fd < 0)
+		return;
+	dprintf(ready_fd, "%s\n", msg);
+	close(ready_fd);
+	ready_fd = -1;
+}
+
+static _Noreturn void start_failed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void start_failed(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_warnx("error: %s", msg);
+	ready_report(msg);
+	exit(1);
+}
+
+static unsigned long parse_num(const char *opt, const char *s, unsigned long lo, unsigned long hi)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || *s == '-' || v < lo || v > hi) {
+		fprintf(stderr, "ferry-reconciler: %s %s: give a number from %lu to %lu\n", opt, s,
+			lo, hi);
+		exit(2);
+	}
+	return v;
+}
+
+/* ADDR:PORT with ADDR an IPv4 literal, or [IPv6]:PORT. */
+static void parse_metrics(struct rec_config *cfg, const char *s)
+{
+	char addr[64];
+	const char *colon;
+	unsigned char tmp[16];
+	size_t n;
+
+	if (s[0] == '[') {
+		const char *rb = strchr(s, ']');
+		if (!rb || rb[1] != ':')
+			goto bad;
+		n = (size_t)(rb - s - 1);
+		if (n >= sizeof(addr))
+			goto bad;
+		memcpy(addr, s + 1, n);
+		addr[n] = '\0';
+		colon = rb + 1;
+		if (inet_pton(AF_INET6, addr, tmp) != 1)
+			goto bad;
+	} else {
+		colon = strrchr(s, ':');
+		if (!colon || (size_t)(colon - s) >= sizeof(addr))
+			goto bad;
+		n = (size_t)(colon - s);
+		memcpy(addr, s, n);
+		addr[n] = '\0';
+		if (inet_pton(AF_INET, addr, tmp) != 1)
+			goto bad;
+	}
+	cfg->metrics_port = (int)parse_num("--metrics port", colon + 1, 0, 65535);
+	cfg->metrics_addr = strdup(addr);
+	return;
+bad:
+	fprintf(stderr, "ferry-reconciler: --metrics %s: give IPADDR:PORT (e.g. 127.0.0.1:9464)\n",
+		s);
+	exit(2);
+}
+
+static char *abs_path(const char *p)
+{
+	char *r = realpath(p, NULL);
+	return r ? r : strdup(p);
+}
+
+/* Forks; the parent returns the child's start-up verdict as its exit. */
+static void detach(void)
+{
+	int p[2];
+	pid_t pid;
+	char buf[1100];
+	ssize_t n, got = 0;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		fatal("pipe");
+	pid = fork();
+	if (pid < 0)
+		fatal("fork");
+	if (pid > 0) {
+		close(p[1]);
+		while ((n = read(p[0], buf + got, sizeof(buf) - 1 - (size_t)got)) > 0 ||
+		       (n < 0 && errno == EINTR))
+			if (n > 0)
+				got += n;
+		buf[got] = '\0';
+		if (strcmp(buf, "ok\n") == 0)
+			_exit(0);
+		fprintf(stderr, "ferry-reconciler: %s", got ? buf : "exited while starting\n");
+		_exit(1);
+	}
+	close(p[0]);
+	ready_fd = p[1];
+	setsid();
+}
+
+void rec_progress(struct rec *r)
+{
+	clock_gettime(CLOCK_MONOTONIC, &r->last_progress);
+}
+
+void rec_check_done(struct rec *r)
+{
+	if (r->stopping && r->njobs == 0 && r->tasks_out == 0 && r->uploads_in_flight == 0)
+		event_base_loopexit(r->base, NULL);
+}
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct rec *r = arg;
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (now.tv_sec - r->last_progress.tv_sec < (time_t)r->cfg.shutdown_timeout_s)
+		return;
+	log_warnx("error: no progress for %u s while stopping: giving up with %zu jobs unfinished",
+		  r->cfg.shutdown_timeout_s, r->njobs);
+	jobs_log_left(r);
+	r->exit_code = 1;
+	event_base_loopexit(r->base, NULL);
+}
+
+static struct event *deadline_ev;
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+	struct rec *r = arg;
+	struct timeval sec = { 1, 0 };
+
+	if (r->stopping) {
+		log_warnx("error: signal %d again: stopping now with %zu jobs unfinished", (int)sig,
+			  r->njobs);
+		jobs_log_left(r);
+		r->exit_code = 1;
+		event_base_loopexit(r->base, NULL);
+		return;
+	}
+	r->stopping = true;
+	log_info("signal %d: no new handoffs; finishing %zu jobs (giving up after %u s without "
+		 "progress)", (int)sig, r->njobs, r->cfg.shutdown_timeout_s);
+	control_stop_listening(r);
+	if (r->rescan_ev)
+		event_del(r->rescan_ev);
+	rec_progress(r);
+	deadline_ev = event_new(r->base, -1, EV_PERSIST, deadline_cb, r);
+	if (deadline_ev)
+		event_add(deadline_ev, &sec);
+	rec_check_done(r);
+}
+
+static void rescan_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct rec *r = arg;
+
+	/* Records a sender wrote but never handed over (it died in between);
+	 * young ones are probably on their way. */
+	jobs_scan(r, false, 10);
+}
+
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-		printf("usage: ferry-reconciler [options]\n\n"
-		       "Not functional yet: ferry-mountd uploads and commits writes itself.\n");
-		return 0;
+	static const struct option longopts[] = {
+		{ "volume", required_argument, NULL, 'v' },
+		{ "staging-dir", required_argument, NULL, 's' },
+		{ "socket", required_argument, NULL, 'S' },
+		{ "max-uploads", required_argument, NULL, 'u' },
+		{ "buffer-mib", required_argument, NULL, 'b' },
+		{ "metrics", required_argument, NULL, 'm' },
+		{ "retries", required_argument, NULL, 'r' },
+		{ "retry-delay", required_argument, NULL, 'R' },
+		{ "shutdown-timeout", required_argument, NULL, 't' },
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "debug", no_argument, NULL, 'd' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct rec *r = &rec_;
+	struct rec_config *cfg = &r->cfg;
+	struct store_url surl = { 0 };
+	struct event *sigterm = NULL, *sigint = NULL;
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	struct statfs sfs;
+	char err[512], *volume = NULL;
+	int opt, rc;
+
+	r->staging_fd = r->lock_fd = r->listen_fd = -1;
+	TAILQ_INIT(&r->all);
+	TAILQ_INIT(&r->ready);
+	TAILQ_INIT(&r->feed);
+	TAILQ_INIT(&r->drains);
+	TAILQ_INIT(&r->conns);
+	cfg->max_uploads = 8;
+	cfg->buffer_bytes = 64ull << 20;
+	cfg->retries = 5;
+	cfg->retry_delay_ms = 1000;
+	cfg->shutdown_timeout_s = 60;
+	cfg->max_jobs = 4096;
+	cfg->rescan_s = 30;
+	log_init("ferry-reconciler", LOG_LVL_INFO);
+
+	while ((opt = getopt_long(argc, argv, "fdhV", longopts, NULL)) != -1) {
+		switch (opt) {
+		case 'v': volume = optarg; break;
+		case 's': free(cfg->staging_dir); cfg->staging_dir = abs_path(optarg); break;
+		case 'S': free(cfg->socket_path); cfg->socket_path = abs_path(optarg); break;
+		case 'u': cfg->max_uploads = (unsigned)parse_num("--max-uploads", optarg, 1, 1024); break;
+		case 'b': cfg->buffer_bytes = (uint64_t)parse_num("--buffer-mib", optarg, 1, 1u << 20) << 20; break;
+		case 'm': free(cfg->metrics_addr); parse_metrics(cfg, optarg); break;
+		case 'r': cfg->retries = (unsigned)parse_num("--retries", optarg, 1, 1000); break;
+		case 'R': cfg->retry_delay_ms = (unsigned)parse_num("--retry-delay", optarg, 1, 3600000); break;
+		case 't': cfg->shutdown_timeout_s = (unsigned)parse_num("--shutdown-timeout", optarg, 1, 86400); break;
+		case 'f': cfg->foreground = true; break;
+		case 'd': log_set_level(LOG_LVL_DEBUG); break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("ferry-reconciler 0.1.0\n"); return 0;
+		default: usage(stderr); return 2;
+		}
 	}
-	fprintf(stderr, "ferry-reconciler: not functional yet: ferry-mountd uploads and commits "
-			"writes itself in this version\n");
-	return 1;
+	if (optind != argc || !volume || !cfg->staging_dir || !cfg->socket_path) {
+		fprintf(stderr, "ferry-reconciler: --volume, --staging-dir and --socket are needed%s\n",
+			optind != argc ? " (and no other arguments)" : "");
+		usage(stderr);
+		return 2;
+	}
+	cfg->max_active = cfg->max_uploads * 4 < 64 ? 64 : cfg->max_uploads * 4;
+	if (meta_url_parse(volume, &cfg->db_path, &cfg->vol_dir, err, sizeof(err)) < 0) {
+		fprintf(stderr, "ferry-reconciler: volume %s: %s\n", volume, err);
+		return 2;
+	}
+	if (!cfg->foreground)
+		detach();
+	signal(SIGPIPE, SIG_IGN);
+	raise_nofile();
+
+	/* The volume. */
+	rc = meta_open(cfg->db_path, &r->meta);
+	if (rc == -ENOENT)
+		start_failed("no ferryfs volume at %s (run `ferry format` first)", volume);
+	if (rc < 0)
+		start_failed("cannot open volume %s: %s", cfg->db_path, strerror(-rc));
+	if ((rc = meta_volume_get(r->meta, &r->vol)) < 0)
+		start_failed("cannot read the volume record of %s: %s", cfg->db_path, strerror(-rc));
+	if (store_url_parse(r->vol.storage_url, r->vol.s3_http, &surl, err, sizeof(err)) < 0)
+		start_failed("volume storage %s: %s", r->vol.storage_url, err);
+	if ((rc = objstore_open(&surl, NULL, &r->store, err, sizeof(err))) < 0)
+		start_failed("storage %s: %s", r->vol.storage_url, err);
+	r->async_store = objstore_async_capable(r->store);
+	/* An unreachable store is not fatal: jobs wait and retry. */
+	if ((rc = objstore_check(r->store, surl.kind == STORE_FILE)) < 0)
+		log_warnx("storage %s is not usable now: %s (%s); jobs will retry",
+			  r->vol.storage_url, strerror(-rc), objstore_last_error());
+
+	/* The staging directory, ours alone. */
+	if (mkdir(cfg->staging_dir, 0700) < 0 && errno != EEXIST)
+		start_failed("staging directory %s: %s", cfg->staging_dir, strerror(errno));
+	r->staging_fd = open(cfg->staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (r->staging_fd < 0)
+		start_failed("staging directory %s: %s", cfg->staging_dir, strerror(errno));
+	if (fstatfs(r->staging_fd, &sfs) == 0 && sfs.f_type == 0x65735546 /* FUSE */)
+		start_failed("staging directory %s is on a FUSE filesystem", cfg->staging_dir);
+	r->lock_fd = openat(r->staging_fd, LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (r->lock_fd < 0)
+		start_failed("cannot create %s/%s: %s", cfg->staging_dir, LOCK_NAME, strerror(errno));
+	if (fcntl(r->lock_fd, F_OFD_SETLK, &fl) < 0)
+		start_failed("another ferry-reconciler serves %s", cfg->staging_dir);
+	if (ftruncate(r->lock_fd, 0) == 0)
+		dprintf(r->lock_fd, "%d\n", (int)getpid());
+
+	/* The machinery. */
+	if (evthread_use_pthreads() < 0)
+		start_failed("libevent has no thread support");
+	r->nbuckets = 4096;
+	r->by_name = calloc(r->nbuckets, sizeof(*r->by_name));
+	r->by_ino = calloc(r->nbuckets, sizeof(*r->by_ino));
+	r->base = event_base_new();
+	if (!r->base || !r->by_name || !r->by_ino)
+		start_failed("out of memory");
+	rc = work_start(r, cfg->max_uploads < 2 ? 2 : cfg->max_uploads > 16 ? 16 : cfg->max_uploads);
+	if (rc < 0)
+		start_failed("cannot start worker threads: %s", strerror(-rc));
+	if ((rc = upload_init(r)) < 0)
+		start_failed("cannot set up uploads: %s", strerror(-rc));
+
+	/* What the journal lists comes first. */
+	jobs_scan(r, true, 0);
+
+	if ((rc = control_listen(r)) < 0)
+		start_failed(rc == -EADDRINUSE ? "%s: another reconciler answers there"
+					       : "cannot listen on %s: %s",
+			     cfg->socket_path, strerror(-rc));
+	if ((rc = metrics_start(r)) < 0)
+		start_failed("cannot serve metrics on %s:%d: %s", cfg->metrics_addr,
+			     cfg->metrics_port, strerror(-rc));
+	sigterm = evsignal_new(r->base, SIGTERM, signal_cb, r);
+	sigint = evsignal_new(r->base, SIGINT, signal_cb, r);
+	r->rescan_ev = event_new(r->base, -1, EV_PERSIST, rescan_cb, r);
+	if (!sigterm || !sigint || !r->rescan_ev || evsignal_add(sigterm, NULL) < 0 ||
+	    evsignal_add(sigint, NULL) < 0 ||
+	    event_add(r->rescan_ev, &(struct timeval){ cfg->rescan_s, 0 }) < 0)
+		start_failed("cannot set up signals and timers");
+	log_info("serving volume %s (%s, block size %u) on %s, staging %s, %u uploads, %llu MiB "
+		 "of buffers", r->vol.uuid, r->vol.storage_url, r->vol.block_size, cfg->socket_path,
+		 cfg->staging_dir, cfg->max_uploads, (unsigned long long)(cfg->buffer_bytes >> 20));
+	if (!cfg->foreground) {
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (null >= 0) {
+			dup2(null, STDIN_FILENO);
+			dup2(null, STDOUT_FILENO);
+			close(null);
+		}
+	}
+	ready_report("ok");
+
+	event_base_dispatch(r->base);
+
+	/* Teardown, in reverse. */
+	control_stop_listening(r);
+	work_stop(r);
+	upload_fini(r);
+	control_close_all(r);
+	jobs_free_all(r);
+	metrics_stop(r);
+	if (deadline_ev)
+		event_free(deadline_ev);
+	if (r->rescan_ev)
+		event_free(r->rescan_ev);
+	if (sigterm)
+		event_free(sigterm);
+	if (sigint)
+		event_free(sigint);
+	event_base_free(r->base);
+	free(r->by_name);
+	free(r->by_ino);
+	objstore_close(r->store);
+	store_url_free(&surl);
+	meta_volume_free(&r->vol);
+	meta_close(r->meta);
+	close(r->staging_fd);
+	close(r->lock_fd);
+	log_info("stopped%s", r->exit_code ? " with jobs unfinished (journaled)" : "");
+	free(cfg->db_path);
+	free(cfg->vol_dir);
+	free(cfg->staging_dir);
+	free(cfg->socket_path);
+	free(cfg->metrics_addr);
+	libevent_global_shutdown();
+	return r->exit_code;
 }

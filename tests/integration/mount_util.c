@@ -488,7 +488,13 @@ const char *fm_mount_options(void)
 static void do_mount(bool in_setup)
 {
 	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
-			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
+			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL, NULL };
+
+	if (fm.no_reconciler) {
+		argv[6] = "--no-reconciler";
+		argv[7] = fm.vol;
+		argv[8] = fm.mnt;
+	}
 	int rc = fm_run(argv, NULL, NULL, 60);
 	struct statfs sf;
 

@@ -42,6 +42,7 @@ struct fm {
 	pid_t mountd[8];        /* ferry-mountd pids seen for this fixture */
 	int n_mountd;
 	int n_cache;            /* caches made by fm_remount_cold() */
+	bool no_reconciler;     /* mount with --no-reconciler (commit in ferry-mountd) */
 };
 
 /* The one fixture of this test process. */

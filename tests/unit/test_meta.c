@@ -1410,3 +1410,17 @@ Test(meta_open, commit_seq_table_added_to_older_volumes)
 	cr_assert_eq(meta_write_commit_seq(m, a.ino, 3, &s, 1, 1, NULL, NULL), -EALREADY);
 	cr_assert_eq(raw_int("PRAGMA user_version"), 1);
 }
+
+Test(meta, seq_epochs_increase_across_reopens)
+{
+	uint64_t e1 = 0, e2 = 0, e3 = 0;
+
+	cr_assert_eq(meta_seq_epoch(m, &e1), 0);
+	cr_assert_eq(meta_seq_epoch(m, &e2), 0);
+	cr_assert_eq(e2, e1 + 1);
+	meta_close(m);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_seq_epoch(m, &e3), 0);
+	cr_assert_eq(e3, e2 + 1, "epoch went from %llu to %llu across a reopen",
+		     (unsigned long long)e2, (unsigned long long)e3);
+}

@@ -1,0 +1,566 @@
+/*
+ * The reconciler client: ferry-mountd's side of proto/reconcile.proto.
+ *
+ * When the last user of a staging file goes, ferry-mountd journals the job
+ * (<name>.job beside the staging file), hands the file's fd to
+ * ferry-reconciler and forgets the staging file; the inode stays reserved
+ * (inflight_seq) until the reconciler says the job is committed, and an open
+ * of it waits for that. One reader thread takes every reply: it ends the
+ * reservations, invalidates the kernel's cache of the inode, and passes
+ * stats and drain answers to whoever asked.
+ *
+ * Seqs are epoch << 32 | n, the epoch taken from the volume at start, so
+ * they keep increasing across restarts (the reconciler commits a job only if
+ * its seq is above the inode's last).
+ *
+ * By default ferry-mountd starts ferry-reconciler itself (a child on a socket
+ * in the staging directory) and stops it at unmount, after draining; with
+ * --reconciler SOCKET it uses one started on its own.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mountd.h"
+#include "reconcile_job.h"
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000;
+	if (ts->tv_nsec >= 1000000000) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000;
+	}
+}
+
+/* Ends the reservation of ino for job seq. */
+static void job_committed(struct mountd *md, const struct reconcile_reply *r)
+{
+	struct inode *i = inode_ref_existing(md, r->ino);
+	bool ours = false;
+
+	if (r->error)
+		log_warnx("inode %llu: the reconciler could not commit job %llu (%s): %s; its "
+			  "staging file is kept as .orphan",
+			  (unsigned long long)r->ino, (unsigned long long)r->seq, strerror(-r->error),
+			  r->message);
+	if (!i)
+		return;
+	pthread_mutex_lock(&i->lock);
+	if (i->inflight_seq == r->seq) {
+		i->inflight_seq = 0;
+		ours = true;
+		if (r->error)
+			i->inflight_error = r->error;
+		pthread_cond_broadcast(&i->committed);
+	}
+	pthread_mutex_unlock(&i->lock);
+	atomic_fetch_sub(&md->rc_inflight, ours ? 1 : 0);
+	if (ours) {
+		/* The metadata changed under the kernel's cache: new slices, a
+		 * new size. */
+		fuse_lowlevel_notify_inval_inode(md->se, r->ino, 0, 0);
+		inode_unref(md, i, 0, 1); /* the reservation's reference */
+	}
+	inode_unref(md, i, 0, 1);
+	pthread_mutex_lock(&md->rc_lock);
+	pthread_cond_broadcast(&md->rc_cond);
+	pthread_mutex_unlock(&md->rc_lock);
+}
+
+static void *reader_main(void *arg)
+{
+	struct mountd *md = arg;
+
+	for (;;) {
+		struct reconcile_reply r;
+		int rc = reconcile_recv_reply(md->rc_sock, &r);
+
+		if (rc < 0) {
+			if (!atomic_load(&md->rc_stopping))
+				log_errno(rc, "lost the connection to ferry-reconciler; jobs in flight "
+					  "stay journaled; new ones are committed by ferry-mountd");
+			break;
+		}
+		switch (r.type) {
+		case RECONCILE_REPLY_COMMITTED:
+			job_committed(md, &r);
+			break;
+		case RECONCILE_REPLY_STATS:
+		case RECONCILE_REPLY_DRAINED:
+			pthread_mutex_lock(&md->rc_lock);
+			if (r.type == RECONCILE_REPLY_STATS) {
+				md->rc_stats = r.stats;
+				md->rc_stats_gen++;
+			} else if (r.upto_seq > md->rc_drained) {
+				md->rc_drained = r.upto_seq;
+			}
+			pthread_cond_broadcast(&md->rc_cond);
+			pthread_mutex_unlock(&md->rc_lock);
+			break;
+		case RECONCILE_REPLY_ERROR:
+			log_warnx("ferry-reconciler refused a request: %s", r.message);
+			break;
+		}
+	}
+	atomic_store(&md->rc_up, false);
+	pthread_mutex_lock(&md->rc_lock);
+	pthread_cond_broadcast(&md->rc_cond);
+	pthread_mutex_unlock(&md->rc_lock);
+	return NULL;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+	return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/*
+ * Staging files an earlier run left behind. One with a journal record is
+ * the reconciler's to finish. A passthrough one (".p") without a record
+ * holds a whole file whose last close() may have returned (the record is
+ * written at RELEASE, after close): it gets a record now and is committed.
+ * Any other is a daemon-path file whose close() never returned: kept as
+ * .orphan, never deleted. with_jobs 0: every leftover is kept as .orphan.
+ */
+void staging_recover(struct mountd *md, bool with_jobs)
+{
+	DIR *d = fdopendir(dup(md->staging_dirfd));
+	size_t kept = 0, recovered = 0;
+	struct dirent *de;
+
+	if (!d) {
+		log_warn("cannot list the staging directory %s", md->cfg.staging_dir);
+		return;
+	}
+	while ((de = readdir(d))) {
+		const char *n = de->d_name;
+		char job[NAME_MAX + 8], to[NAME_MAX + 1];
+		struct stat st;
+
+		if (n[0] == '.' || ends_with(n, RECONCILE_JOB_SUFFIX) ||
+		    ends_with(n, STAGING_FLUSH_SUFFIX) || ends_with(n, ".sock") ||
+		    strstr(n, RECONCILE_ORPHAN_SUFFIX) || ends_with(n, ".tmp") ||
+		    fstatat(md->staging_dirfd, n, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+			continue;
+		snprintf(job, sizeof(job), "%s%s", n, RECONCILE_JOB_SUFFIX);
+		if (with_jobs && faccessat(md->staging_dirfd, job, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+			continue;
+		/* A record made at close() (daemon path): it becomes the job. */
+		char fj[NAME_MAX + 8];
+		snprintf(fj, sizeof(fj), "%s%s", n, STAGING_FLUSH_SUFFIX);
+		if (with_jobs && renameat(md->staging_dirfd, fj, md->staging_dirfd, job) == 0) {
+			recovered++;
+			continue;
+		}
+		if (with_jobs && ends_with(n, STAGING_PT_SUFFIX) && reconcile_name_check(n) == 0) {
+			struct reconcile_job j = { .length = (uint64_t)st.st_size, .mtime = st.st_mtim };
+			char *end;
+			j.ino = strtoull(n, &end, 10);
+			snprintf(j.name, sizeof(j.name), "%s", n);
+			j.seq = ++md->rc_next_seq;
+			if (*end == '-' && j.ino && reconcile_job_write(md->staging_dirfd, &j, 0) == 0) {
+				recovered++;
+				continue;
+			}
+		}
+		snprintf(to, sizeof(to), "%.200s.%lld%s", n, (long long)time(NULL),
+			 RECONCILE_ORPHAN_SUFFIX);
+		if (renameat(md->staging_dirfd, n, md->staging_dirfd, to) == 0)
+			kept++;
+	}
+	closedir(d);
+	if (recovered)
+		log_info("recovered %zu staging files of an earlier run for commit",
+			 recovered);
+	if (kept)
+		log_warnx("kept %zu staging files of an earlier run as %s/*%s (writes whose close() "
+			  "never returned)", kept, md->cfg.staging_dir, RECONCILE_ORPHAN_SUFFIX);
+}
+
+static int spawn_reconciler(struct mountd *md)
+{
+	char exe[PATH_MAX], *slash;
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 16);
+	pid_t pid;
+
+	if (n <= 0)
+		return -errno;
+	exe[n] = '\0';
+	slash = strrchr(exe, '/');
+	strcpy(slash + 1, "ferry-reconciler");
+	pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		/* If ferry-mountd dies, the reconciler stops too (finishing what
+		 * it has, the rest stays journaled), so a restarted mount can
+		 * start its own. */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (getppid() != md->pid)
+			_exit(1);
+		/* stderr is the mount's log; the reconciler logs there too. */
+		char vol[PATH_MAX + 16];
+		snprintf(vol, sizeof(vol), "sqlite://%s", md->cfg.db_path);
+		execl(exe, exe, "--volume", vol, "--staging-dir", md->cfg.staging_dir, "--socket",
+		      md->rc_path, "-f", (char *)NULL);
+		fprintf(stderr, "ferry-mountd: cannot run %s: %s\n", exe, strerror(errno));
+		_exit(127);
+	}
+	md->rc_child = pid;
+	return 0;
+}
+
+int rclient_start(struct mountd *md)
+{
+	uint64_t epoch = 0;
+	int rc;
+
+	rc = meta_seq_epoch(md->meta, &epoch);
+	if (rc < 0)
+		return rc;
+	md->rc_next_seq = epoch << 32;
+	md->pid = getpid();
+	/* Before the reconciler starts: it finishes every record it finds. */
+	staging_recover(md, !md->cfg.reconciler);
+	if (!md->cfg.reconciler) {
+		if (asprintf(&md->rc_path, "%s/reconciler.sock", md->cfg.staging_dir) < 0)
+			return -ENOMEM;
+		/* The reconciler of a killed daemon may still be finishing its
+		 * jobs (it got SIGTERM when we died): let it. */
+		for (int tries = 0; tries < 1200; tries++) {
+			int probe;
+			if (reconcile_connect(md->rc_path, &probe) < 0)
+				break;
+			close(probe);
+			if (tries == 0)
+				log_info("waiting for the reconciler of an earlier run to finish");
+			usleep(50 * 1000);
+		}
+		unlink(md->rc_path); /* a socket left by a killed reconciler */
+		rc = spawn_reconciler(md);
+		if (rc < 0)
+			return rc;
+	} else if (!(md->rc_path = strdup(md->cfg.reconciler))) {
+		return -ENOMEM;
+	}
+	/* It needs a moment to listen (and to finish journaled jobs first). */
+	for (int tries = 0;; tries++) {
+		rc = reconcile_connect(md->rc_path, &md->rc_sock);
+		if (rc == 0)
+			break;
+		if (md->rc_child > 0 && waitpid(md->rc_child, NULL, WNOHANG) == md->rc_child) {
+			md->rc_child = 0;
+			return -ECHILD;
+		}
+		if (tries > 600)
+			return rc;
+		usleep(50 * 1000);
+	}
+	atomic_store(&md->rc_up, true);
+	rc = pthread_create(&md->rc_reader, NULL, reader_main, md);
+	if (rc) {
+		close(md->rc_sock);
+		md->rc_sock = -1;
+		atomic_store(&md->rc_up, false);
+		return -rc;
+	}
+	md->rc_reader_live = true;
+	return 0;
+}
+
+bool rclient_up(struct mountd *md)
+{
+	return atomic_load(&md->rc_up);
+}
+
+/* The data extents of fd within [0, size), as job->dirty. More than
+ * RECONCILE_RANGES_MAX of them: none (the whole file). */
+static int data_extents(int fd, uint64_t size, struct reconcile_job *job)
+{
+	size_t cap = 16;
+	off_t at = 0;
+
+	job->dirty = calloc(cap, sizeof(*job->dirty));
+	if (!job->dirty)
+		return -ENOMEM;
+	job->ndirty = 0;
+	while ((uint64_t)at < size) {
+		off_t d = lseek(fd, at, SEEK_DATA), h;
+		if (d < 0) {
+			if (errno == ENXIO)
+				break;
+			return -errno;
+		}
+		if ((uint64_t)d >= size)
+			break;
+		h = lseek(fd, d, SEEK_HOLE);
+		if (h < 0)
+			return -errno;
+		if ((uint64_t)h > size)
+			h = (off_t)size;
+		if (job->ndirty == RECONCILE_RANGES_MAX) {
+			job->ndirty = 0; /* too fragmented: send it all */
+			return 0;
+		}
+		if (job->ndirty == cap) {
+			struct reconcile_range *n = realloc(job->dirty, 2 * cap * sizeof(*n));
+			if (!n)
+				return -ENOMEM;
+			job->dirty = n;
+			cap *= 2;
+		}
+		job->dirty[job->ndirty].start = (uint64_t)d;
+		job->dirty[job->ndirty].end = (uint64_t)h;
+		job->ndirty++;
+		at = h;
+	}
+	return 0;
+}
+
+int rclient_handoff(struct mountd *md, struct inode *i)
+{
+	struct wstate *w = i->w;
+	struct reconcile_job job = { 0 };
+	const char *name = strrchr(w->path, '/') + 1;
+	uint64_t size;
+	int rc;
+
+	if (!rclient_up(md))
+		return -ENOTCONN;
+	rc = wstate_stat(w, &size, &job.mtime);
+	if (rc < 0)
+		return rc;
+	job.ino = i->ino;
+	job.length = size;
+	snprintf(job.name, sizeof(job.name), "%s", name);
+	if (w->passthrough && w->nprints == 0) {
+		/* Nothing of this staging file was committed before (no fsync),
+		 * and the file was empty at open: only its data extents need
+		 * uploading; holes read as zeros without a slice (and stay holes
+		 * for SEEK_HOLE). Past RECONCILE_RANGES_MAX extents, the whole file. */
+		rc = data_extents(w->fd, size, &job);
+		if (rc < 0) {
+			reconcile_job_clear(&job);
+			return rc;
+		}
+		if (job.ndirty == 0 && size > 0)
+			job.size_only = 1;
+	} else if (!w->passthrough) {
+		/* The daemon path knows exactly what changed. The staging file is
+		 * sparse and may end before the file does: give it the file's
+		 * length, as the reconciler reads it against the job's. */
+		struct stat st;
+		if (fstat(w->fd, &st) == 0 && (uint64_t)st.st_size < size &&
+		    ftruncate(w->fd, (off_t)size) < 0)
+			return -errno;
+		size_t n = 0;
+		job.dirty = calloc(w->ndirty ? w->ndirty : 1, sizeof(*job.dirty));
+		if (!job.dirty)
+			return -ENOMEM;
+		for (size_t k = 0; k < w->ndirty; k++) {
+			uint64_t s = w->dirty[k].start, e = w->dirty[k].end < size ? w->dirty[k].end : size;
+			if (s >= e)
+				continue;
+			job.dirty[n].start = s;
+			job.dirty[n].end = e;
+			n++;
+		}
+		job.ndirty = n;
+		if (n == 0) {
+			if (!w->size_changed) {
+				reconcile_job_clear(&job);
+				return -ENODATA; /* nothing to commit */
+			}
+			job.size_only = 1;
+		}
+	}
+	pthread_mutex_lock(&md->rc_lock);
+	job.seq = ++md->rc_next_seq;
+	/* Journal first: from here on a SIGKILL of either side loses nothing. */
+	rc = reconcile_job_write(md->staging_dirfd, &job, 0);
+	if (rc == 0)
+		rc = reconcile_handoff(md->rc_sock, &job, w->fd);
+	pthread_mutex_unlock(&md->rc_lock);
+	if (rc < 0) {
+		/* The caller commits the file itself now; a record left behind
+		 * could later replay these bytes over newer ones. */
+		reconcile_job_remove(md->staging_dirfd, job.name);
+		reconcile_job_clear(&job);
+		return rc;
+	}
+	i->inflight_seq = job.seq;
+	i->inflight_size = size;
+	i->inflight_mtime = job.mtime;
+	i->inflight_error = 0;
+	atomic_fetch_add(&md->rc_inflight, 1);
+	atomic_fetch_add(&md->stats.handoffs, 1);
+	inode_ref(md, i->ino, 0, 1); /* held until the job is committed */
+	/* The staging file is the reconciler's now. */
+	wstate_forget(md, i);
+	reconcile_job_clear(&job);
+	return 0;
+}
+
+int rclient_journal(struct mountd *md, struct inode *i)
+{
+	struct wstate *w = i->w;
+	struct reconcile_job job = { .ino = i->ino };
+	uint64_t size;
+	size_t n = 0;
+	int rc;
+
+	if (!w || w->passthrough || (!w->ndirty && !w->size_changed))
+		return 0;
+	rc = wstate_stat(w, &size, &job.mtime);
+	if (rc < 0)
+		return rc;
+	job.length = size;
+	snprintf(job.name, sizeof(job.name), "%s", strrchr(w->path, '/') + 1);
+	job.dirty = calloc(w->ndirty ? w->ndirty : 1, sizeof(*job.dirty));
+	if (!job.dirty)
+		return -ENOMEM;
+	for (size_t k = 0; k < w->ndirty; k++) {
+		uint64_t e = w->dirty[k].end < size ? w->dirty[k].end : size;
+		if (w->dirty[k].start >= e)
+			continue;
+		job.dirty[n].start = w->dirty[k].start;
+		job.dirty[n].end = e;
+		n++;
+	}
+	job.ndirty = n;
+	job.size_only = n == 0;
+	pthread_mutex_lock(&md->rc_lock);
+	job.seq = ++md->rc_next_seq;
+	pthread_mutex_unlock(&md->rc_lock);
+	/* Kept as <name>.fj, not .job: the reconciler takes up .job records it
+	 * finds, and this file is still open and changing. staging_recover()
+	 * turns it into a .job after a crash; the handoff at release supersedes
+	 * it. */
+	rc = reconcile_job_write(md->staging_dirfd, &job, 0);
+	if (rc == 0) {
+		char from[RECONCILE_NAME_MAX + 16], to[RECONCILE_NAME_MAX + 16];
+		snprintf(from, sizeof(from), "%s%s", job.name, RECONCILE_JOB_SUFFIX);
+		snprintf(to, sizeof(to), "%s%s", job.name, STAGING_FLUSH_SUFFIX);
+		if (renameat(md->staging_dirfd, from, md->staging_dirfd, to) < 0)
+			rc = -errno;
+	}
+	reconcile_job_clear(&job);
+	return rc;
+}
+
+int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
+{
+	struct timespec until;
+
+	deadline_in(&until, timeout_ms);
+	while (i->inflight_seq) {
+		if (!rclient_up(md))
+			return -ENOTCONN;
+		if (pthread_cond_timedwait(&i->committed, &i->lock, &until) == ETIMEDOUT)
+			return i->inflight_seq ? -ETIMEDOUT : 0;
+	}
+	return 0;
+}
+
+int rclient_stats(struct mountd *md, struct reconcile_stats *out)
+{
+	struct timespec until;
+	uint64_t gen;
+	int rc = 0;
+
+	if (!rclient_up(md))
+		return -ENOTCONN;
+	pthread_mutex_lock(&md->rc_lock);
+	gen = md->rc_stats_gen;
+	rc = reconcile_stats_query(md->rc_sock);
+	deadline_in(&until, 2000);
+	while (rc == 0 && md->rc_stats_gen == gen && rclient_up(md))
+		if (pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &until) == ETIMEDOUT)
+			rc = -ETIMEDOUT;
+	if (rc == 0 && md->rc_stats_gen == gen)
+		rc = -ENOTCONN;
+	if (rc == 0)
+		*out = md->rc_stats;
+	pthread_mutex_unlock(&md->rc_lock);
+	return rc;
+}
+
+int rclient_drain(struct mountd *md, int idle_timeout_ms)
+{
+	struct timespec until;
+	uint64_t upto, last_inflight;
+	int rc;
+
+	if (!rclient_up(md))
+		return -ENOTCONN;
+	pthread_mutex_lock(&md->rc_lock);
+	upto = md->rc_next_seq;
+	rc = reconcile_drain(md->rc_sock, upto);
+	last_inflight = atomic_load(&md->rc_inflight);
+	deadline_in(&until, idle_timeout_ms);
+	/* The deadline moves while jobs still complete: a big upload that
+	 * progresses is waited for, a stuck one is not. */
+	while (rc == 0 && md->rc_drained < upto && rclient_up(md)) {
+		if (pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &until) == ETIMEDOUT) {
+			uint64_t now = atomic_load(&md->rc_inflight);
+			if (now >= last_inflight) {
+				rc = -ETIMEDOUT;
+				break;
+			}
+			last_inflight = now;
+			deadline_in(&until, idle_timeout_ms);
+		}
+	}
+	if (rc == 0 && md->rc_drained < upto)
+		rc = -ENOTCONN;
+	pthread_mutex_unlock(&md->rc_lock);
+	return rc;
+}
+
+void rclient_stop(struct mountd *md)
+{
+	int rc;
+
+	if (rclient_up(md)) {
+		rc = rclient_drain(md, 60000);
+		if (rc < 0)
+			log_errno(rc, "ferry-reconciler did not finish every job (they stay journaled "
+				  "in %s and are finished at the next start)", md->cfg.staging_dir);
+	}
+	atomic_store(&md->rc_stopping, true);
+	if (md->rc_sock >= 0)
+		shutdown(md->rc_sock, SHUT_RDWR);
+	if (md->rc_reader_live) {
+		pthread_join(md->rc_reader, NULL);
+		md->rc_reader_live = false;
+	}
+	if (md->rc_sock >= 0) {
+		close(md->rc_sock);
+		md->rc_sock = -1;
+	}
+	if (md->rc_child > 0) {
+		int st;
+		kill(md->rc_child, SIGTERM);
+		if (waitpid(md->rc_child, &st, 0) == md->rc_child && !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+			log_warnx("ferry-reconciler ended with status 0x%x", st);
+		md->rc_child = 0;
+	}
+	free(md->rc_path);
+	md->rc_path = NULL;
+}

@@ -1,0 +1,443 @@
+/*
+ * control: the Unix socket ferry-mountd talks to. Each connection reads
+ * frames with an rpc_reader (non-blocking, fds via SCM_RIGHTS) and answers
+ * through an output buffer. A request that does not decode or check gets
+ * one Error reply, one log line, and the connection is closed after the
+ * reply is written; every other peer is served on. Peers must run as our
+ * uid (or root), checked with SO_PEERCRED when they connect.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+
+#include "log.h"
+#include "reconciler.h"
+
+#define CONN_MAX 256
+#define CONN_OUT_MAX (4u << 20)  /* replies a peer does not read: drop it */
+
+struct conn {
+	struct rec *r;
+	int fd;
+	pid_t pid;
+	uid_t uid;
+	struct event *rev, *wev;
+	struct rpc_reader rd;
+	struct evbuffer *out;
+	int refs;
+	bool dead;      /* closed; the struct lives while jobs or drains hold it */
+	bool closing;   /* close once the output is written */
+	TAILQ_ENTRY(conn) link;
+};
+
+static unsigned nconns;
+
+void conn_ref(struct conn *c)
+{
+	c->refs++;
+}
+
+void conn_unref(struct conn *c)
+{
+	if (c && --c->refs == 0)
+		free(c);
+}
+
+static void conn_close(struct conn *c)
+{
+	struct rec *r = c->r;
+
+	if (c->dead)
+		return;
+	c->dead = true;
+	event_free(c->rev);
+	event_free(c->wev);
+	rpc_reader_reset(&c->rd);
+	evbuffer_free(c->out);
+	c->out = NULL;
+	close(c->fd);
+	c->fd = -1;
+	TAILQ_REMOVE(&r->conns, c, link);
+	nconns--;
+	jobs_conn_gone(r, c);
+	conn_unref(c);
+}
+
+static void write_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+
+	if (evbuffer_write(c->out, c->fd) < 0 && errno != EAGAIN && errno != EINTR) {
+		log_debug("peer pid %d: %s; closing its connection", (int)c->pid, strerror(errno));
+		conn_close(c);
+		return;
+	}
+	if (evbuffer_get_length(c->out) == 0) {
+		event_del(c->wev);
+		if (c->closing)
+			conn_close(c);
+	}
+}
+
+void conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep)
+{
+	uint8_t *buf = NULL, hdr[RPC_FRAME_HDR];
+	size_t len = 0;
+
+	if (!c || c->dead)
+		return;
+	if (reconcile_reply_encode(rep, &buf, &len) < 0) {
+		log_warnx("out of memory for a reply to pid %d; closing its connection", (int)c->pid);
+		conn_close(c);
+		return;
+	}
+	rpc_frame_header(hdr, (uint32_t)len);
+	if (evbuffer_add(c->out, hdr, sizeof(hdr)) < 0 || evbuffer_add(c->out, buf, len) < 0 ||
+	    evbuffer_get_length(c->out) > CONN_OUT_MAX) {
+		log_warnx("peer pid %d does not read its replies; closing its connection", (int)c->pid);
+		free(buf);
+		conn_close(c);
+		return;
+	}
+	free(buf);
+	/* Most replies fit the socket right away. */
+	write_cb(c->fd, EV_WRITE, c);
+	if (!c->dead && evbuffer_get_length(c->out))
+		event_add(c->wev, NULL);
+}
+
+/* A request we refuse: one Error, one log line, then the connection ends. */
+static void conn_error(struct conn *c, int err, const char *msg)
+{
+	struct reconcile_reply rep = { .type = RECONCILE_REPLY_ERROR, .error = err };
+
+	log_warnx("peer pid %d: refused a request: %s (%s); closing its connection", (int)c->pid,
+		  msg, strerror(err < 0 ? -err : err));
+	snprintf(rep.message, sizeof(rep.message), "%s", msg);
+	event_del(c->rev);
+	c->closing = true;
+	conn_reply(c->r, c, &rep);
+	if (!c->dead && evbuffer_get_length(c->out) == 0)
+		conn_close(c);
+}
+
+/* Checks that fd is the staging file the job names, and that it is journaled. */
+static int handoff_check(struct rec *r, const struct reconcile_job *rj, int fd, char *msg,
+			 size_t msglen)
+{
+	struct stat a, b;
+	char rec[RECONCILE_NAME_MAX + 16];
+
+	if (fstat(fd, &a) < 0 || !S_ISREG(a.st_mode)) {
+		snprintf(msg, msglen, "the fd sent with %s is not a regular file", rj->name);
+		return -EINVAL;
+	}
+	if (fstatat(r->staging_fd, rj->name, &b, AT_SYMLINK_NOFOLLOW) < 0) {
+		snprintf(msg, msglen, "no staging file %s in %s", rj->name, r->cfg.staging_dir);
+		return -ENOENT;
+	}
+	if (a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+		snprintf(msg, msglen, "the fd sent is not the staging file %s", rj->name);
+		return -EINVAL;
+	}
+	if ((uint64_t)a.st_size < rj->length) {
+		snprintf(msg, msglen, "staging file %s has %lld bytes, the handoff says %" PRIu64,
+			 rj->name, (long long)a.st_size, rj->length);
+		return -EINVAL;
+	}
+	snprintf(rec, sizeof(rec), "%s%s", rj->name, RECONCILE_JOB_SUFFIX);
+	if (faccessat(r->staging_fd, rec, F_OK, AT_SYMLINK_NOFOLLOW) < 0) {
+		snprintf(msg, msglen, "no journal record %s: write it (reconcile_job_write) before "
+			 "the handoff", rec);
+		return -ENOENT;
+	}
+	return 0;
+}
+
+static void handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *rj, int fd)
+{
+	struct reconcile_reply rep = { .type = RECONCILE_REPLY_COMMITTED, .seq = rj->seq,
+				       .ino = rj->ino };
+	struct job *known;
+	char msg[RECONCILE_MSG_MAX];
+	int rc, err;
+
+	if (r->stopping) {
+		rep.error = -ESHUTDOWN;
+		snprintf(rep.message, sizeof(rep.message), "the reconciler is stopping: the job "
+			 "stays journaled and is finished at its next start");
+		conn_reply(r, c, &rep);
+		close(fd);
+		return;
+	}
+	known = jobs_find_name(r, rj->name);
+	if (known && known->rj.seq == rj->seq) {
+		/* Found by a journal scan first (or handed over again after a
+		 * reconnect): the reply goes to this connection, once the fd
+		 * proves to be that job's file (which may be gone from the
+		 * directory already, being committed). */
+		struct stat a, b;
+		if (fstat(fd, &a) < 0 || !S_ISREG(a.st_mode) ||
+		    (known->fd >= 0 ? fstat(known->fd, &b)
+				    : fstatat(r->staging_fd, known->file, &b, AT_SYMLINK_NOFOLLOW)) < 0 ||
+		    a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+			snprintf(msg, sizeof(msg), "the fd sent is not the staging file %s", rj->name);
+			close(fd);
+			conn_error(c, -EINVAL, msg);
+			return;
+		}
+		conn_ref(c);
+		if (known->conn)
+			conn_unref(known->conn);
+		known->conn = c;
+		close(fd);
+		return;
+	}
+	if (known) {
+		snprintf(msg, sizeof(msg), "staging name %s is already job seq %" PRIu64, rj->name,
+			 known->rj.seq);
+		close(fd);
+		conn_error(c, -EEXIST, msg);
+		return;
+	}
+	if (jobs_recent(r, rj->name, rj->seq, &err)) {
+		rep.error = err;
+		snprintf(rep.message, sizeof(rep.message), "finished already");
+		conn_reply(r, c, &rep);
+		close(fd);
+		return;
+	}
+	rc = handoff_check(r, rj, fd, msg, sizeof(msg));
+	if (rc < 0) {
+		close(fd);
+		conn_error(c, rc, msg);
+		return;
+	}
+	rc = jobs_add(r, rj, fd, rj->name, false, c);
+	if (rc < 0) {
+		close(fd);
+		conn_error(c, rc, "out of memory");
+	}
+}
+
+static void handle_frame(struct rec *r, struct conn *c, const uint8_t *buf, size_t len, int *fds,
+			 size_t nfds)
+{
+	struct reconcile_request q;
+	struct reconcile_reply rep = { 0 };
+	char err[256];
+	int rc;
+
+	rc = reconcile_request_decode(buf, len, nfds, &q, err, sizeof(err));
+	if (rc < 0) {
+		rpc_fds_close(fds, nfds);
+		conn_error(c, rc, err);
+		return;
+	}
+	switch (q.type) {
+	case RECONCILE_REQ_HANDOFF:
+		handle_handoff(r, c, &q.job, fds[0]);
+		break;
+	case RECONCILE_REQ_DRAIN:
+		if (jobs_drain_add(r, c, q.upto_seq) < 0)
+			conn_error(c, -ENOMEM, "out of memory");
+		break;
+	case RECONCILE_REQ_STATS:
+		rep.type = RECONCILE_REPLY_STATS;
+		metrics_snapshot(r, &rep.stats);
+		conn_reply(r, c, &rep);
+		break;
+	}
+	reconcile_request_clear(&q);
+}
+
+static void read_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+	struct rec *r = c->r;
+
+	conn_ref(c); /* handlers may close it */
+	while (!c->dead && !c->closing && !r->throttled) {
+		int fds[RPC_FDS_MAX];
+		uint8_t *buf;
+		size_t len, nfds;
+		int rc = rpc_reader_read(&c->rd, c->fd);
+
+		if (rc == 0)
+			break;
+		if (rc < 0) {
+			if (rc == -EPIPE)
+				log_debug("peer pid %d closed its connection", (int)c->pid);
+			else if (rc == -EMSGSIZE || rc == -ETOOMANYREFS || rc == -EBADMSG)
+				conn_error(c, rc, rc == -EMSGSIZE ? "frame too large" :
+						  rc == -ETOOMANYREFS ? "too many fds with a frame" :
+									"unexpected ancillary data");
+			else
+				log_warnx("peer pid %d: %s; closing its connection", (int)c->pid,
+					  rc == -EPROTO ? "connection closed in the middle of a frame" :
+							  strerror(-rc));
+			if (!c->closing)
+				conn_close(c);
+			break;
+		}
+		rpc_reader_take(&c->rd, &buf, &len, fds, &nfds);
+		handle_frame(r, c, buf, len, fds, nfds);
+		free(buf);
+	}
+	conn_unref(c);
+	rec_check_done(r);
+}
+
+static void accept_cb(evutil_socket_t lfd, short what, void *arg)
+{
+	struct rec *r = arg;
+
+	for (;;) {
+		struct ucred cred;
+		socklen_t clen = sizeof(cred);
+		struct conn *c;
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				log_warn("accept");
+			return;
+		}
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+		    (cred.uid != geteuid() && cred.uid != 0)) {
+			log_warnx("refused a connection from uid %d (pid %d): not our uid",
+				  (int)cred.uid, (int)cred.pid);
+			close(fd);
+			continue;
+		}
+		if (nconns >= CONN_MAX) {
+			log_warnx("refused a connection from pid %d: %d connections already",
+				  (int)cred.pid, CONN_MAX);
+			close(fd);
+			continue;
+		}
+		c = calloc(1, sizeof(*c));
+		if (c) {
+			c->r = r;
+			c->fd = fd;
+			c->pid = cred.pid;
+			c->uid = cred.uid;
+			c->refs = 1;
+			rpc_reader_init(&c->rd, RECONCILE_FRAME_MAX, 1);
+			c->out = evbuffer_new();
+			c->rev = event_new(r->base, fd, EV_READ | EV_PERSIST, read_cb, c);
+			c->wev = event_new(r->base, fd, EV_WRITE | EV_PERSIST, write_cb, c);
+		}
+		if (!c || !c->out || !c->rev || !c->wev) {
+			log_warnx("out of memory for a connection");
+			if (c) {
+				if (c->out)
+					evbuffer_free(c->out);
+				if (c->rev)
+					event_free(c->rev);
+				if (c->wev)
+					event_free(c->wev);
+				free(c);
+			}
+			close(fd);
+			continue;
+		}
+		TAILQ_INSERT_TAIL(&r->conns, c, link);
+		nconns++;
+		if (!r->throttled)
+			event_add(c->rev, NULL);
+		log_debug("connection from pid %d", (int)c->pid);
+		/* A ferry-mountd that died between writing a record and sending
+		 * its handoff reconnects after its restart: pick such jobs up. */
+		jobs_scan(r, false, 0);
+	}
+}
+
+int control_listen(struct rec *r)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	mode_t old;
+	int fd, probe, rc;
+
+	if (strlen(r->cfg.socket_path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, r->cfg.socket_path);
+	/* A socket file left by a dead reconciler: nobody answers on it. */
+	probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+		close(probe);
+		return -EADDRINUSE;
+	}
+	if (probe >= 0)
+		close(probe);
+	if (unlink(r->cfg.socket_path) < 0 && errno != ENOENT)
+		return -errno;
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	old = umask(0077);
+	rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (rc < 0 || listen(fd, 64) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	r->listen_fd = fd;
+	r->listen_ev = event_new(r->base, fd, EV_READ | EV_PERSIST, accept_cb, r);
+	if (!r->listen_ev || event_add(r->listen_ev, NULL) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+void control_stop_listening(struct rec *r)
+{
+	if (r->listen_ev)
+		event_free(r->listen_ev);
+	r->listen_ev = NULL;
+	if (r->listen_fd >= 0) {
+		close(r->listen_fd);
+		unlink(r->cfg.socket_path);
+	}
+	r->listen_fd = -1;
+}
+
+void control_throttle(struct rec *r, bool on)
+{
+	struct conn *c;
+
+	if (r->throttled == on)
+		return;
+	r->throttled = on;
+	if (on)
+		log_warnx("%zu jobs known: not reading requests until some finish", r->njobs);
+	TAILQ_FOREACH(c, &r->conns, link) {
+		if (c->closing)
+			continue;
+		if (on)
+			event_del(c->rev);
+		else
+			event_add(c->rev, NULL);
+	}
+}
+
+void control_close_all(struct rec *r)
+{
+	struct conn *c;
+
+	while ((c = TAILQ_FIRST(&r->conns))) {
+		/* Last replies, best effort. */
+		if (evbuffer_get_length(c->out))
+			evbuffer_write(c->out, c->fd);
+		conn_close(c);
+	}
+}

@@ -1,0 +1,852 @@
+/*
+ * jobs: the life of a reconcile job.
+ *
+ *   queued -> (start: open, plan, allocate slice ids) -> uploading
+ *          -> ready (every object stored) -> committing -> finished
+ *
+ * Jobs start in seq order, at most max_active at once. Commits of one inode
+ * go in seq order: a job commits only at the head of its inode's queue.
+ * A failed attempt (upload or metadata) waits retry_delay * 4^(n-1) and
+ * tries again, re-uploading only the objects not yet stored; after
+ * `retries` attempts the job is kept as <name>.orphan (record
+ * <name>.orphan.job), reported with -EIO, and tried again at the next
+ * start. Replies go to the connection the handoff came on, if still open.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "reconciler.h"
+
+enum finish_kind { FIN_COMMITTED, FIN_DROPPED, FIN_ORPHANED };
+
+static void job_start(struct rec *r, struct job *j);
+static void job_maybe_commit(struct rec *r, struct job *j);
+static void job_attempt_failed(struct rec *r, struct job *j);
+
+/* ---- lookup tables ---- */
+
+static size_t name_hash(const struct rec *r, const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return (size_t)(h & (r->nbuckets - 1));
+}
+
+static size_t ino_hash(const struct rec *r, uint64_t ino)
+{
+	return (size_t)((ino * 0x9E3779B97F4A7C15ull) >> 20) & (r->nbuckets - 1);
+}
+
+struct job *jobs_find_name(struct rec *r, const char *name)
+{
+	for (struct job *j = r->by_name[name_hash(r, name)]; j; j = j->hnext)
+		if (strcmp(j->rj.name, name) == 0)
+			return j;
+	return NULL;
+}
+
+static void name_remove(struct rec *r, struct job *j)
+{
+	struct job **pp = &r->by_name[name_hash(r, j->rj.name)];
+
+	while (*pp && *pp != j)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = j->hnext;
+}
+
+static struct inode_q *iq_get(struct rec *r, uint64_t ino, bool create)
+{
+	struct inode_q **b = &r->by_ino[ino_hash(r, ino)], *q;
+
+	for (q = *b; q; q = q->hnext)
+		if (q->ino == ino)
+			return q;
+	if (!create)
+		return NULL;
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return NULL;
+	q->ino = ino;
+	TAILQ_INIT(&q->jobs);
+	q->hnext = *b;
+	*b = q;
+	return q;
+}
+
+static void iq_drop(struct rec *r, struct inode_q *q)
+{
+	struct inode_q **pp = &r->by_ino[ino_hash(r, q->ino)];
+
+	while (*pp && *pp != q)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = q->hnext;
+	free(q);
+}
+
+/* Finished jobs, so a late handoff of one gets its result, not an error. */
+bool jobs_recent(struct rec *r, const char *name, uint64_t seq, int *err)
+{
+	size_t n = r->nrecent < REC_RECENT ? r->nrecent : REC_RECENT;
+
+	/* Only after a race between a journal scan and a handoff: rare. */
+	for (size_t i = 0; i < n; i++) {
+		const struct recent *e = &r->recent[i];
+		if (e->seq == seq && strcmp(e->name, name) == 0) {
+			*err = e->err;
+			return true;
+		}
+	}
+	return false;
+}
+
+static void recent_add(struct rec *r, const struct job *j, int err)
+{
+	struct recent *e = &r->recent[r->nrecent % REC_RECENT];
+
+	snprintf(e->name, sizeof(e->name), "%s", j->rj.name);
+	e->seq = j->rj.seq;
+	e->err = err;
+	r->nrecent++;
+}
+
+static const char *state_name(enum job_state s)
+{
+	static const char *const n[] = { "queued", "planning", "uploading", "ready",
+					 "committing", "waiting to retry" };
+	return n[s];
+}
+
+/* ---- drains ---- */
+
+static uint64_t orphans_upto(struct rec *r, uint64_t upto)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < r->norphan_seqs; i++)
+		n += r->orphan_seqs[i] <= upto;
+	return n;
+}
+
+static bool drained(struct rec *r, uint64_t upto)
+{
+	/* r->all is in seq order: its head is the oldest unfinished job. */
+	return TAILQ_EMPTY(&r->all) || TAILQ_FIRST(&r->all)->rj.seq > upto;
+}
+
+static void drain_reply(struct rec *r, struct conn *c, uint64_t upto)
+{
+	struct reconcile_reply rep = { .type = RECONCILE_REPLY_DRAINED, .upto_seq = upto,
+				       .failed = orphans_upto(r, upto) };
+	conn_reply(r, c, &rep);
+}
+
+static void drains_check(struct rec *r)
+{
+	struct drain_wait *d, *next;
+
+	for (d = TAILQ_FIRST(&r->drains); d; d = next) {
+		next = TAILQ_NEXT(d, link);
+		if (!drained(r, d->upto))
+			continue;
+		drain_reply(r, d->conn, d->upto);
+		TAILQ_REMOVE(&r->drains, d, link);
+		conn_unref(d->conn);
+		free(d);
+	}
+}
+
+int jobs_drain_add(struct rec *r, struct conn *c, uint64_t upto)
+{
+	struct drain_wait *d;
+
+	if (drained(r, upto)) {
+		drain_reply(r, c, upto);
+		return 0;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->conn = c;
+	d->upto = upto;
+	conn_ref(c);
+	TAILQ_INSERT_TAIL(&r->drains, d, link);
+	return 0;
+}
+
+void jobs_conn_gone(struct rec *r, struct conn *c)
+{
+	struct drain_wait *d, *next;
+
+	for (d = TAILQ_FIRST(&r->drains); d; d = next) {
+		next = TAILQ_NEXT(d, link);
+		if (d->conn != c)
+			continue;
+		TAILQ_REMOVE(&r->drains, d, link);
+		conn_unref(c);
+		free(d);
+	}
+}
+
+/* ---- adding and finishing ---- */
+
+static void job_free(struct job *j)
+{
+	if (!j)
+		return;
+	if (j->timer)
+		event_free(j->timer);
+	if (j->fd >= 0)
+		close(j->fd);
+	reconcile_plan_free(&j->plan);
+	reconcile_job_clear(&j->rj);
+	free(j->done);
+	if (j->conn)
+		conn_unref(j->conn);
+	free(j);
+}
+
+static void try_start(struct rec *r)
+{
+	while (r->nactive < r->cfg.max_active && !TAILQ_EMPTY(&r->ready))
+		job_start(r, TAILQ_FIRST(&r->ready));
+}
+
+static void backoff_cb(evutil_socket_t fd, short what, void *arg);
+
+int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, bool orphan,
+	     struct conn *conn)
+{
+	struct job *j = calloc(1, sizeof(*j)), *p;
+	bool urgent = false;
+
+	if (!j)
+		return -ENOMEM;
+	j->iq = iq_get(r, rj->ino, true);
+	j->timer = evtimer_new(r->base, backoff_cb, j);
+	if (!j->iq || !j->timer) {
+		if (j->iq && TAILQ_EMPTY(&j->iq->jobs))
+			iq_drop(r, j->iq);
+		j->fd = -1;
+		job_free(j);
+		return -ENOMEM;
+	}
+	j->r = r;
+	/* file may point into rj: copy it before rj is taken. */
+	snprintf(j->file, sizeof(j->file), "%s", file);
+	snprintf(j->jobfile, sizeof(j->jobfile), "%s%s", file, RECONCILE_JOB_SUFFIX);
+	j->rj = *rj;
+	memset(rj, 0, sizeof(*rj));
+	j->fd = fd;
+	j->orphan = orphan;
+	j->conn = conn;
+	if (conn)
+		conn_ref(conn);
+	j->blocks = (j->rj.length + REC_GAUGE_BLOCK - 1) / REC_GAUGE_BLOCK;
+	j->bytes = j->rj.length;
+	r->c.staging_blocks += j->blocks;
+	r->c.staging_bytes += j->bytes;
+
+	/* Everything below is kept in seq order; seqs mostly grow, so look
+	 * from the tail. */
+	for (p = TAILQ_LAST(&r->all, job_list); p && p->rj.seq > j->rj.seq;
+	     p = TAILQ_PREV(p, job_list, all_link))
+		;
+	if (p)
+		TAILQ_INSERT_AFTER(&r->all, p, j, all_link);
+	else
+		TAILQ_INSERT_HEAD(&r->all, j, all_link);
+	for (p = TAILQ_LAST(&j->iq->jobs, job_list); p && p->rj.seq > j->rj.seq;
+	     p = TAILQ_PREV(p, job_list, iq_link))
+		urgent |= p->started;
+	if (p)
+		TAILQ_INSERT_AFTER(&j->iq->jobs, p, j, iq_link);
+	else
+		TAILQ_INSERT_HEAD(&j->iq->jobs, j, iq_link);
+	j->hnext = r->by_name[name_hash(r, j->rj.name)];
+	r->by_name[name_hash(r, j->rj.name)] = j;
+	r->njobs++;
+	if (r->njobs >= r->cfg.max_jobs)
+		control_throttle(r, true);
+	log_debug("job %s: inode %" PRIu64 ", seq %" PRIu64 ", %" PRIu64 " bytes, %zu ranges%s",
+		  j->file, j->rj.ino, j->rj.seq, j->rj.length, j->rj.ndirty,
+		  conn ? "" : " (from the journal)");
+	if (urgent) {
+		/* A later job of this inode already started and will wait for this
+		 * one to commit: start it now, or they could wait on each other. */
+		job_start(r, j);
+		return 0;
+	}
+	for (p = TAILQ_LAST(&r->ready, job_list); p && p->rj.seq > j->rj.seq;
+	     p = TAILQ_PREV(p, job_list, ready_link))
+		;
+	if (p)
+		TAILQ_INSERT_AFTER(&r->ready, p, j, ready_link);
+	else
+		TAILQ_INSERT_HEAD(&r->ready, j, ready_link);
+	j->on_ready = true;
+	try_start(r);
+	return 0;
+}
+
+static void job_finish(struct rec *r, struct job *j, int err, const char *msg, enum finish_kind k)
+{
+	struct inode_q *q = j->iq;
+	bool was_head = TAILQ_FIRST(&q->jobs) == j;
+
+	if (j->conn) {
+		struct reconcile_reply rep = { .type = RECONCILE_REPLY_COMMITTED, .seq = j->rj.seq,
+					       .ino = j->rj.ino, .error = err };
+		snprintf(rep.message, sizeof(rep.message), "%s", msg ? msg : "");
+		conn_reply(r, j->conn, &rep);
+	}
+	if (k == FIN_ORPHANED) {
+		/* Still only on local disk: it stays in the staging gauges. */
+		uint64_t *n = realloc(r->orphan_seqs, (r->norphan_seqs + 1) * sizeof(*n));
+		if (n) {
+			n[r->norphan_seqs++] = j->rj.seq;
+			r->orphan_seqs = n;
+		}
+		r->c.orphans++;
+	} else {
+		r->c.staging_blocks -= j->blocks;
+		r->c.staging_bytes -= j->bytes;
+		if (k == FIN_COMMITTED)
+			r->c.committed_total++;
+	}
+	TAILQ_REMOVE(&r->all, j, all_link);
+	TAILQ_REMOVE(&q->jobs, j, iq_link);
+	name_remove(r, j);
+	if (j->on_ready)
+		TAILQ_REMOVE(&r->ready, j, ready_link);
+	if (j->started)
+		r->nactive--;
+	if (j->feeding)
+		TAILQ_REMOVE(&r->feed, j, feed_link);
+	recent_add(r, j, err);
+	r->njobs--;
+	job_free(j);
+	rec_progress(r);
+	if (r->throttled && r->njobs < r->cfg.max_jobs - r->cfg.max_jobs / 4)
+		control_throttle(r, false);
+	if (TAILQ_EMPTY(&q->jobs))
+		iq_drop(r, q);
+	else if (was_head)
+		job_maybe_commit(r, TAILQ_FIRST(&q->jobs));
+	drains_check(r);
+	try_start(r);
+	rec_check_done(r);
+}
+
+/* ---- orphans ---- */
+
+static void job_orphan(struct rec *r, struct job *j)
+{
+	char msg[RECONCILE_MSG_MAX];
+
+	if (!j->orphan) {
+		char file[sizeof(j->file)], rec[sizeof(j->jobfile)];
+
+		/* Record first: a crash between the renames leaves
+		 * <name>.orphan.job next to <name>, which the start-up scan
+		 * completes. */
+		snprintf(file, sizeof(file), "%s%s", j->rj.name, RECONCILE_ORPHAN_SUFFIX);
+		snprintf(rec, sizeof(rec), "%s%s", file, RECONCILE_JOB_SUFFIX);
+		if (renameat(r->staging_fd, j->jobfile, r->staging_fd, rec) < 0 ||
+		    renameat(r->staging_fd, j->file, r->staging_fd, file) < 0)
+			log_warn("job %s: cannot rename it to %s", j->file, file);
+		snprintf(j->file, sizeof(j->file), "%s", file);
+	}
+	log_warnx("error: job %s (inode %" PRIu64 ", seq %" PRIu64 ") failed %u times, last: %s; "
+		  "kept as %s/%s, to be tried again at the next start",
+		  j->rj.name, j->rj.ino, j->rj.seq, j->attempt, j->errmsg, r->cfg.staging_dir, j->file);
+	snprintf(msg, sizeof(msg), "failed %u times (last: %s); kept as %s", j->attempt, j->errmsg,
+		 j->file);
+	job_finish(r, j, -EIO, msg, FIN_ORPHANED);
+}
+
+/* ---- attempts ---- */
+
+static void set_err(struct job *j, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void set_err(struct job *j, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (j->err)
+		return;
+	j->err = err < 0 ? err : -EIO;
+	va_start(ap, fmt);
+	vsnprintf(j->errmsg, sizeof(j->errmsg), fmt, ap);
+	va_end(ap);
+}
+
+static void job_attempt_failed(struct rec *r, struct job *j)
+{
+	uint64_t delay = r->cfg.retry_delay_ms;
+	struct timeval tv;
+
+	r->c.failures_total++;
+	j->attempt++;
+	if (j->feeding) {
+		TAILQ_REMOVE(&r->feed, j, feed_link);
+		j->feeding = false;
+	}
+	if (j->attempt >= r->cfg.retries) {
+		job_orphan(r, j);
+		return;
+	}
+	for (unsigned i = 1; i < j->attempt && delay < 300000; i++)
+		delay *= 4;
+	if (delay > 300000)
+		delay = 300000;
+	log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): attempt %u of %u failed: %s; "
+		  "trying again in %.1f s",
+		  j->file, j->rj.ino, j->rj.seq, j->attempt, r->cfg.retries, j->errmsg,
+		  (double)delay / 1000);
+	j->state = JOB_BACKOFF;
+	tv.tv_sec = (time_t)(delay / 1000);
+	tv.tv_usec = (suseconds_t)(delay % 1000) * 1000;
+	evtimer_add(j->timer, &tv);
+}
+
+struct alloc_task {
+	struct task t;
+	struct rec *r;
+	struct job *j;
+	uint32_t count;
+	uint64_t first;
+	int rc;
+};
+
+static void alloc_run(struct task *t)
+{
+	struct alloc_task *a = (struct alloc_task *)t;
+	a->rc = meta_slice_id_alloc(a->r->meta, a->count, &a->first);
+}
+
+static void feed_job(struct rec *r, struct job *j)
+{
+	j->state = JOB_UPLOADING;
+	j->next_obj = 0;
+	if (j->ndone == j->plan.nobjects) {
+		j->state = JOB_READY;
+		job_maybe_commit(r, j);
+		return;
+	}
+	if (!j->feeding) {
+		TAILQ_INSERT_TAIL(&r->feed, j, feed_link);
+		j->feeding = true;
+	}
+	upload_feed(r);
+}
+
+static void alloc_done(struct task *t)
+{
+	struct alloc_task *a = (struct alloc_task *)t;
+	struct rec *r = a->r;
+	struct job *j = a->j;
+
+	if (t->cancelled) {
+		free(a);
+		return;
+	}
+	if (a->rc < 0) {
+		set_err(j, a->rc, "cannot allocate slice ids: %s", strerror(-a->rc));
+		free(a);
+		job_attempt_failed(r, j);
+		return;
+	}
+	for (size_t k = 0; k < j->plan.nslices; k++)
+		j->plan.slices[k].s.id = a->first + k;
+	free(a);
+	feed_job(r, j);
+}
+
+static void job_plan_ids(struct rec *r, struct job *j)
+{
+	struct alloc_task *a = calloc(1, sizeof(*a));
+
+	if (!a) {
+		set_err(j, -ENOMEM, "out of memory");
+		job_attempt_failed(r, j);
+		return;
+	}
+	j->state = JOB_PLANNING;
+	a->t.run = alloc_run;
+	a->t.done = alloc_done;
+	a->r = r;
+	a->j = j;
+	a->count = (uint32_t)j->plan.nslices;
+	work_submit(r, &a->t);
+}
+
+static bool ids_assigned(const struct job *j)
+{
+	return j->plan.nslices == 0 || j->plan.slices[0].s.id != 0;
+}
+
+static void backoff_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct job *j = arg;
+	struct rec *r = j->r;
+
+	j->err = 0;
+	j->errmsg[0] = '\0';
+	if (j->fd < 0 || (!j->plan.obj_base && !j->rj.size_only)) {
+		job_start(r, j);
+		return;
+	}
+	if (!ids_assigned(j)) {
+		job_plan_ids(r, j);
+		return;
+	}
+	feed_job(r, j);
+}
+
+/* Opens (if from the journal), checks and plans a job, then gets its ids. */
+static void job_start(struct rec *r, struct job *j)
+{
+	struct stat st;
+	int rc;
+
+	if (j->on_ready) {
+		TAILQ_REMOVE(&r->ready, j, ready_link);
+		j->on_ready = false;
+	}
+	if (!j->started) {
+		j->started = true;
+		r->nactive++;
+	}
+	if (j->fd < 0) {
+		j->fd = openat(r->staging_fd, j->file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		if (j->fd < 0 && errno == ENOENT) {
+			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): the staging file is "
+				  "gone; dropping its record", j->file, j->rj.ino, j->rj.seq);
+			reconcile_job_remove(r->staging_fd, j->file);
+			job_finish(r, j, -ENOENT, "the staging file is gone", FIN_DROPPED);
+			return;
+		}
+		if (j->fd < 0) {
+			set_err(j, -errno, "cannot open the staging file: %s", strerror(errno));
+			job_attempt_failed(r, j);
+			return;
+		}
+	}
+	if (fstat(j->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		set_err(j, -EIO, "the staging file is not a regular file");
+		job_attempt_failed(r, j);
+		return;
+	}
+	if ((uint64_t)st.st_size < j->rj.length) {
+		set_err(j, -EIO, "the staging file has %lld bytes, the job says %" PRIu64,
+			(long long)st.st_size, j->rj.length);
+		job_attempt_failed(r, j);
+		return;
+	}
+	if (!j->plan.obj_base && !j->rj.size_only) {
+		rc = reconcile_plan_make(j->rj.length, j->rj.dirty, j->rj.ndirty, r->vol.block_size,
+					 &j->plan);
+		if (rc < 0) {
+			/* The same inputs give the same answer: no point retrying. */
+			j->attempt = r->cfg.retries;
+			set_err(j, rc, "cannot plan it: %s", strerror(-rc));
+			job_orphan(r, j);
+			return;
+		}
+		j->done = calloc((size_t)(j->plan.nobjects + 63) / 64 + 1, sizeof(uint64_t));
+		if (!j->done) {
+			set_err(j, -ENOMEM, "out of memory");
+			job_attempt_failed(r, j);
+			return;
+		}
+	}
+	if (j->plan.nslices == 0) {
+		j->state = JOB_READY;
+		job_maybe_commit(r, j);
+		return;
+	}
+	job_plan_ids(r, j);
+}
+
+void jobs_object_done(struct rec *r, struct job *j, uint64_t obj, int rc, const char *why)
+{
+	j->in_flight--;
+	if (rc == 0) {
+		j->done[obj / 64] |= 1ull << (obj % 64);
+		j->ndone++;
+		rec_progress(r);
+	} else {
+		set_err(j, rc, "%s", why && *why ? why : strerror(-rc));
+		if (j->feeding) {
+			TAILQ_REMOVE(&r->feed, j, feed_link);
+			j->feeding = false;
+		}
+	}
+	if (j->in_flight)
+		return;
+	if (j->err) {
+		job_attempt_failed(r, j);
+	} else if (j->ndone == j->plan.nobjects) {
+		j->state = JOB_READY;
+		job_maybe_commit(r, j);
+	}
+}
+
+/* ---- commit ---- */
+
+struct commit_task {
+	struct task t;
+	struct rec *r;
+	struct job *j;
+	int rc;
+	int unlink_err;
+};
+
+static void commit_run(struct task *t)
+{
+	struct commit_task *c = (struct commit_task *)t;
+	struct rec *r = c->r;
+	struct job *j = c->j;
+
+	c->rc = meta_write_commit_seq(r->meta, j->rj.ino, j->rj.seq, j->plan.slices,
+				      j->plan.nslices, j->rj.length, &j->rj.mtime, NULL);
+	/* Committed (now or before a crash), or its inode is gone: the staging
+	 * file, then its record, go. */
+	if (c->rc == 0 || c->rc == -EALREADY || c->rc == -ENOENT) {
+		if (unlinkat(r->staging_fd, j->file, 0) < 0 && errno != ENOENT)
+			c->unlink_err = errno;
+		if (unlinkat(r->staging_fd, j->jobfile, 0) < 0 && errno != ENOENT && !c->unlink_err)
+			c->unlink_err = errno;
+	}
+}
+
+static void commit_done(struct task *t)
+{
+	struct commit_task *c = (struct commit_task *)t;
+	struct rec *r = c->r;
+	struct job *j = c->j;
+	int rc = c->rc, uerr = c->unlink_err;
+	bool cancelled = t->cancelled;
+
+	free(c);
+	if (cancelled)
+		return;
+	if (uerr)
+		log_errno(uerr, "job %s: committed, but its files stay in %s", j->file,
+			  r->cfg.staging_dir);
+	if (rc == 0) {
+		log_debug("job %s: committed (inode %" PRIu64 ", seq %" PRIu64 ")", j->file,
+			  j->rj.ino, j->rj.seq);
+		job_finish(r, j, 0, NULL, FIN_COMMITTED);
+	} else if (rc == -EALREADY) {
+		log_info("job %s (inode %" PRIu64 ", seq %" PRIu64 "): already committed (a replay, "
+			 "or a newer job of the inode came first)", j->file, j->rj.ino, j->rj.seq);
+		/* Not an error for the data's safety, but the sender should know
+		 * (its seqs may have gone backwards). */
+		job_finish(r, j, -EALREADY, "a job of this inode with this or a higher seq was "
+			   "committed already; nothing changed", FIN_COMMITTED);
+	} else if (rc == -ENOENT) {
+		log_warnx("job %s: inode %" PRIu64 " no longer exists; its data is dropped", j->file,
+			  j->rj.ino);
+		job_finish(r, j, -ENOENT, "the inode no longer exists", FIN_DROPPED);
+	} else {
+		set_err(j, rc, "metadata commit failed: %s", strerror(-rc));
+		job_attempt_failed(r, j);
+	}
+}
+
+static void job_maybe_commit(struct rec *r, struct job *j)
+{
+	struct commit_task *c;
+
+	if (j->state != JOB_READY || TAILQ_FIRST(&j->iq->jobs) != j)
+		return;
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		set_err(j, -ENOMEM, "out of memory");
+		job_attempt_failed(r, j);
+		return;
+	}
+	j->state = JOB_COMMITTING;
+	c->t.run = commit_run;
+	c->t.done = commit_done;
+	c->r = r;
+	c->j = j;
+	work_submit(r, &c->t);
+}
+
+/* ---- the journal scan ---- */
+
+static int cmp_seq(const void *a, const void *b)
+{
+	const struct reconcile_job *x = a, *y = b;
+
+	if (x->seq != y->seq)
+		return x->seq < y->seq ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+struct found {
+	struct reconcile_job rj;
+	bool orphan;
+};
+
+static int cmp_found(const void *a, const void *b)
+{
+	return cmp_seq(&((const struct found *)a)->rj, &((const struct found *)b)->rj);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
+{
+	struct found *f = NULL;
+	size_t n = 0, cap = 0, added = 0, orphans = 0;
+	struct dirent *de;
+	time_t now = time(NULL);
+	int dfd = dup(r->staging_fd);
+	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+	char err[256];
+
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
+		log_warn("cannot list the staging directory %s", r->cfg.staging_dir);
+		return 0;
+	}
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		struct reconcile_job rj;
+		bool orphan;
+		char file[RECONCILE_NAME_MAX + 16];
+		struct stat st;
+		int e;
+
+		if (de->d_name[0] == '.' || !ends_with(de->d_name, RECONCILE_JOB_SUFFIX))
+			continue;
+		orphan = ends_with(de->d_name, RECONCILE_ORPHAN_SUFFIX RECONCILE_JOB_SUFFIX);
+		if (orphan && !at_start)
+			continue;
+		/* Known already? (the name is in the record's file name) */
+		snprintf(file, sizeof(file), "%.*s", (int)(strlen(de->d_name) - strlen(RECONCILE_JOB_SUFFIX)
+							 - (orphan ? strlen(RECONCILE_ORPHAN_SUFFIX) : 0)),
+			 de->d_name);
+		if (jobs_find_name(r, file))
+			continue;
+		if (min_age && (fstatat(r->staging_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+				now - st.st_mtime < min_age))
+			continue;
+		if (reconcile_job_read(r->staging_fd, de->d_name, &rj, err, sizeof(err)) < 0) {
+			if (at_start)
+				log_warnx("error: journal record %s/%s cannot be used (%s); it is left "
+					  "in place", r->cfg.staging_dir, de->d_name, err);
+			continue;
+		}
+		if (jobs_find_name(r, rj.name) || jobs_recent(r, rj.name, rj.seq, &e)) {
+			reconcile_job_clear(&rj);
+			continue;
+		}
+		snprintf(file, sizeof(file), "%s%s", rj.name, orphan ? RECONCILE_ORPHAN_SUFFIX : "");
+		if (fstatat(r->staging_fd, file, &st, AT_SYMLINK_NOFOLLOW) < 0 && orphan &&
+		    renameat(r->staging_fd, rj.name, r->staging_fd, file) == 0) {
+			/* A crash between the two renames of job_orphan(). */
+			log_info("completed the orphaning of %s", file);
+		}
+		if (fstatat(r->staging_fd, file, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			log_info("journal record %s: its staging file is gone (the job finished "
+				 "before a restart); removing the record", de->d_name);
+			unlinkat(r->staging_fd, de->d_name, 0);
+			reconcile_job_clear(&rj);
+			continue;
+		}
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 64;
+			struct found *nf = realloc(f, nc * sizeof(*nf));
+			if (!nf) {
+				reconcile_job_clear(&rj);
+				log_warnx("out of memory listing the journal");
+				break;
+			}
+			f = nf;
+			cap = nc;
+		}
+		f[n].rj = rj;
+		f[n].orphan = orphan;
+		n++;
+	}
+	closedir(d);
+	if (n)
+		qsort(f, n, sizeof(*f), cmp_found);
+	for (size_t i = 0; i < n; i++) {
+		char file[RECONCILE_NAME_MAX + 16];
+		bool orphan = f[i].orphan;
+
+		snprintf(file, sizeof(file), "%s%s", f[i].rj.name, orphan ? RECONCILE_ORPHAN_SUFFIX : "");
+		if (jobs_add(r, &f[i].rj, -1, file, orphan, NULL) == 0) {
+			added++;
+			orphans += orphan;
+		} else {
+			reconcile_job_clear(&f[i].rj);
+		}
+	}
+	free(f);
+	if (added)
+		log_info("journal: %zu job%s to finish from %s%s", added, added == 1 ? "" : "s",
+			 r->cfg.staging_dir, orphans ? " (some kept as .orphan before)" : "");
+	return added;
+}
+
+/* ---- exit ---- */
+
+void jobs_log_left(struct rec *r)
+{
+	struct job *j;
+
+	TAILQ_FOREACH(j, &r->all, all_link)
+		log_warnx("unfinished: job %s (inode %" PRIu64 ", seq %" PRIu64 ", %s, %" PRIu64
+			  " of %" PRIu64 " objects stored) stays journaled in %s",
+			  j->file, j->rj.ino, j->rj.seq, state_name(j->state), j->ndone,
+			  j->plan.nobjects, r->cfg.staging_dir);
+}
+
+void jobs_free_all(struct rec *r)
+{
+	struct job *j;
+	struct drain_wait *d;
+
+	while ((j = TAILQ_FIRST(&r->all))) {
+		TAILQ_REMOVE(&r->all, j, all_link);
+		TAILQ_REMOVE(&j->iq->jobs, j, iq_link);
+		if (TAILQ_EMPTY(&j->iq->jobs))
+			iq_drop(r, j->iq);
+		job_free(j);
+	}
+	TAILQ_INIT(&r->ready);
+	TAILQ_INIT(&r->feed);
+	while ((d = TAILQ_FIRST(&r->drains))) {
+		TAILQ_REMOVE(&r->drains, d, link);
+		conn_unref(d->conn);
+		free(d);
+	}
+	free(r->orphan_seqs);
+	r->orphan_seqs = NULL;
+	r->norphan_seqs = 0;
+	r->njobs = r->nactive = 0;
+}

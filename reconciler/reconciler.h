@@ -1,0 +1,259 @@
+/*
+ * ferry-reconciler: takes closed staging files from ferry-mountd over a Unix
+ * socket (proto/reconcile.proto), uploads their bytes as immutable slice
+ * objects and commits the slices and the new length in one metadata
+ * transaction per job, then removes the staging file and its journal record.
+ *
+ * One libevent loop owns every structure below; worker threads (work.c) run
+ * the blocking parts (staging reads, sealing, file:// puts, metadata
+ * transactions) and hand results back to the loop. s3:// puts run on a
+ * libcurl multi handle driven by the loop (upload.c, after curl's
+ * hiperfifo.c). Files:
+ *   main.c     options, start-up (journal scan), signals, shutdown
+ *   jobs.c     jobs: per-inode order, attempts and backoff, commit, orphans,
+ *              drains, the journal scan
+ *   upload.c   the upload queue: buffer budget, --max-uploads, curl multi
+ *   work.c     the worker thread pool
+ *   control.c  the socket: connections, requests, replies
+ *   metrics.c  figures: Stats replies and Prometheus text over evhttp
+ */
+#ifndef FERRY_RECONCILER_H
+#define FERRY_RECONCILER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <event2/event.h>
+
+#include "meta.h"
+#include "objstore.h"
+#include "reconcile_job.h"
+#include "reconcile_plan.h"
+#include "rpc_frame.h"
+
+#define REC_GAUGE_BLOCK (4ull << 20)  /* passthrough_staging_blocks counts 4 MiB blocks */
+#define REC_LAT_BUCKETS 12
+
+struct rec;
+struct conn;
+struct job;
+
+/* ---- work.c: a pool of threads running tasks for the loop ---- */
+
+struct task {
+	void (*run)(struct task *t);   /* on a worker thread */
+	void (*done)(struct task *t);  /* back on the loop thread */
+	bool cancelled;                /* at exit: done only frees, run may not have run */
+	TAILQ_ENTRY(task) link;
+};
+TAILQ_HEAD(task_list, task);
+
+int work_start(struct rec *r, unsigned nthreads);
+void work_submit(struct rec *r, struct task *t);
+/* Stops the threads once the running tasks end; queued tasks get their
+ * done callback without having run (cancelled is then set). */
+void work_stop(struct rec *r);
+
+/* ---- jobs.c ---- */
+
+enum job_state {
+	JOB_QUEUED,     /* known, waiting for a start slot */
+	JOB_PLANNING,   /* slice ids being allocated */
+	JOB_UPLOADING,  /* objects queued or in flight */
+	JOB_READY,      /* every object stored: waits for its turn on the inode */
+	JOB_COMMITTING, /* metadata transaction running */
+	JOB_BACKOFF,    /* an attempt failed; waiting to try again */
+};
+
+struct inode_q {
+	uint64_t ino;
+	TAILQ_HEAD(, job) jobs;        /* unfinished jobs of ino, by seq */
+	struct inode_q *hnext;
+};
+
+struct job {
+	struct rec *r;
+	struct reconcile_job rj;       /* the record: seq, ino, length, ranges, mtime, name */
+	char file[RECONCILE_NAME_MAX + 16];    /* staging file on disk: name or name.orphan */
+	char jobfile[RECONCILE_NAME_MAX + 24]; /* its record: file.job */
+	bool orphan;                   /* retried from <name>.orphan.job */
+	int fd;                        /* staging file, -1 until opened */
+	struct conn *conn;             /* gets the Committed reply; NULL: from the journal */
+	enum job_state state;
+	bool started;                  /* counted in r->nactive */
+	bool on_ready;                 /* on r->ready */
+	struct reconcile_plan plan;
+	uint64_t *done;                /* bitmap of stored objects */
+	uint64_t ndone;
+	uint64_t next_obj;             /* next object to queue in this attempt */
+	unsigned in_flight;            /* objects of this job queued at workers or curl */
+	unsigned attempt;              /* failed attempts so far */
+	int err;                       /* first error of the current attempt */
+	char errmsg[256];
+	struct event *timer;           /* backoff */
+	uint64_t blocks, bytes;        /* what it adds to the staging gauges */
+	bool feeding;                  /* on r->feed */
+	struct inode_q *iq;
+	TAILQ_ENTRY(job) iq_link;
+	TAILQ_ENTRY(job) all_link;     /* r->all: every unfinished job, by seq */
+	TAILQ_ENTRY(job) ready_link;   /* r->ready: waiting to start, by seq */
+	TAILQ_ENTRY(job) feed_link;    /* r->feed: has objects left to queue */
+	struct job *hnext;             /* r->by_name chain */
+};
+TAILQ_HEAD(job_list, job);
+
+/* Adds a job (from a handoff, conn set, or from the journal). Takes rj's
+ * contents and fd. Returns 0 or -ENOMEM. */
+int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, bool orphan,
+	     struct conn *conn);
+struct job *jobs_find_name(struct rec *r, const char *name);
+/* A job that finished recently (name and seq): its result, or false. */
+bool jobs_recent(struct rec *r, const char *name, uint64_t seq, int *err);
+/* Scans the staging directory for records not yet known; at_start: also
+ * orphans, and no age limit. Returns how many jobs it added. */
+size_t jobs_scan(struct rec *r, bool at_start, time_t min_age);
+/* Called by upload.c when one object of j is done (rc 0: stored). */
+void jobs_object_done(struct rec *r, struct job *j, uint64_t obj, int rc, const char *why);
+/* Drain requests. */
+int jobs_drain_add(struct rec *r, struct conn *c, uint64_t upto);
+void jobs_conn_gone(struct rec *r, struct conn *c);
+/* At exit: frees every job (their records stay on disk). */
+void jobs_free_all(struct rec *r);
+/* Logs each unfinished job (shutdown gave up). */
+void jobs_log_left(struct rec *r);
+
+/* ---- upload.c ---- */
+
+int upload_init(struct rec *r);
+void upload_fini(struct rec *r);
+/* Queues objects of jobs on r->feed while slots and buffer room last. */
+void upload_feed(struct rec *r);
+
+/* ---- control.c ---- */
+
+int control_listen(struct rec *r);
+void control_stop_listening(struct rec *r);
+void control_close_all(struct rec *r);
+void conn_ref(struct conn *c);
+void conn_unref(struct conn *c);
+/* Sends a reply if the connection is still open. */
+void conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep);
+/* Stops/resumes reading requests (too many jobs known). */
+void control_throttle(struct rec *r, bool on);
+
+/* ---- metrics.c ---- */
+
+int metrics_start(struct rec *r);
+void metrics_stop(struct rec *r);
+void metrics_snapshot(struct rec *r, struct reconcile_stats *s);
+void metrics_upload_latency(struct rec *r, uint64_t us);
+
+/* ---- the daemon ---- */
+
+struct rec_config {
+	char *db_path;
+	char *vol_dir;
+	char *staging_dir;
+	char *socket_path;
+	unsigned max_uploads;
+	uint64_t buffer_bytes;
+	char *metrics_addr;          /* NULL: no metrics */
+	int metrics_port;
+	bool foreground;
+	unsigned retries;            /* attempts before a job is kept as .orphan */
+	unsigned retry_delay_ms;     /* first delay; each next one is 4 times longer */
+	unsigned shutdown_timeout_s; /* without progress, before giving up at exit */
+	unsigned max_jobs;           /* stop reading requests above this many */
+	unsigned max_active;         /* jobs started at once */
+	unsigned rescan_s;           /* journal rescan period */
+};
+
+struct rec_counters {
+	uint64_t staging_blocks, staging_bytes;
+	uint64_t failures_total;
+	uint64_t uploads_total, upload_bytes_total;
+	uint64_t committed_total;
+	uint64_t orphans;
+	uint64_t lat_count, lat_sum_us, lat_max_us;
+	uint64_t lat_bucket[REC_LAT_BUCKETS + 1];
+};
+
+struct recent {
+	char name[RECONCILE_NAME_MAX + 1];
+	uint64_t seq;
+	int err;
+};
+#define REC_RECENT 1024
+
+struct drain_wait {
+	struct conn *conn;
+	uint64_t upto;
+	TAILQ_ENTRY(drain_wait) link;
+};
+
+struct rec {
+	struct rec_config cfg;
+	struct event_base *base;
+	struct meta *meta;
+	struct meta_volume vol;
+	struct objstore *store;
+	bool async_store;            /* s3: puts on the curl multi */
+	int staging_fd;
+	int lock_fd;
+
+	/* jobs */
+	struct job_list all, ready, feed;
+	struct job **by_name;        /* hash: name -> job */
+	struct inode_q **by_ino;     /* hash: ino -> queue */
+	size_t nbuckets;
+	size_t njobs, nactive;
+	struct recent recent[REC_RECENT];
+	size_t nrecent;
+	uint64_t *orphan_seqs;       /* seqs of jobs given up this run */
+	size_t norphan_seqs;
+	TAILQ_HEAD(, drain_wait) drains;
+
+	/* uploads */
+	unsigned uploads_in_flight;
+	uint64_t buffer_used;
+	CURLM *multi;
+	struct event *curl_timer;
+	unsigned curl_running;
+
+	/* workers */
+	pthread_t *threads;
+	unsigned nthreads;
+	pthread_mutex_t work_lock;
+	pthread_cond_t work_cond;
+	struct task_list work_q, done_q;
+	bool work_stopping;
+	struct event *work_done_ev;
+	unsigned tasks_out;          /* submitted, done callback not run yet */
+
+	/* control */
+	int listen_fd;
+	struct event *listen_ev;
+	TAILQ_HEAD(, conn) conns;
+	bool throttled;
+
+	/* metrics */
+	struct evhttp *http;
+	struct rec_counters c;
+
+	/* shutdown */
+	bool stopping;
+	struct timespec last_progress;
+	struct event *rescan_ev;
+	int exit_code;
+};
+
+/* Something moved forward (the shutdown deadline restarts from now). */
+void rec_progress(struct rec *r);
+/* Checks whether a stopping daemon is done (then leaves the loop). */
+void rec_check_done(struct rec *r);
+
+#endif
