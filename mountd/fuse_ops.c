@@ -1036,7 +1036,7 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (rclient_up(md)) {
 		/* The upload happens after the last close; what close() promises
 		 * is that the writes survive a killed daemon: journal them. */
-		rc = rclient_journal(md, of->ino);
+		rc = rclient_journal(md, of->ino, 0);
 	} else {
 		/* Without a reconciler, close() reports whether the data reached
 		 * the object store. */
@@ -1044,6 +1044,26 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	pthread_mutex_unlock(&of->ino->lock);
 	fuse_reply_err(req, -rc);
+}
+
+/* The staging file's bytes, its name and (daemon path) its journal record
+ * on stable storage. Caller holds i->lock. */
+static int fsync_local(struct mountd *md, struct inode *i, int datasync)
+{
+	struct wstate *w = i->w;
+	int rc = 0;
+
+	if ((datasync ? fdatasync(w->fd) : fsync(w->fd)) < 0)
+		return -errno;
+	if (!w->passthrough)
+		rc = rclient_journal(md, i, RECONCILE_JOB_SYNC);
+	/* A new staging file's directory entry (and the record's rename). */
+	if (rc == 0 && (!w->dir_synced || !w->passthrough)) {
+		if (fsync(md->staging_dirfd) < 0)
+			return -errno;
+		w->dir_synced = true;
+	}
+	return rc;
 }
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
@@ -1058,9 +1078,16 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 		fuse_reply_err(req, ino == STATS_INO ? 0 : EBADF);
 		return;
 	}
-	/* Objects are durable once put; the commit runs with synchronous=FULL. */
 	pthread_mutex_lock(&of->ino->lock);
-	rc = commit_locked(md, of->ino);
+	if (md->fsync_local && rclient_up(md)) {
+		/* fsync=local: durable on this node; the reconciler uploads
+		 * later, after a crash too (staging_recover()). */
+		rc = of->ino->w ? fsync_local(md, of->ino, datasync) : 0;
+	} else {
+		/* Objects are durable once put; the commit runs with
+		 * synchronous=FULL. */
+		rc = commit_locked(md, of->ino);
+	}
 	pthread_mutex_unlock(&of->ino->lock);
 	fuse_reply_err(req, -rc);
 }

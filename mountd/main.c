@@ -46,7 +46,9 @@ static void usage(FILE *f)
 		"                          (default: 120)\n"
 		"\n"
 		"ferry's own -o options: passthrough=auto|on|off (default auto: FUSE\n"
-		"passthrough writes when the kernel and the registration allow it)\n"
+		"passthrough writes when the kernel and the registration allow it);\n"
+		"fsync=remote|local (default remote: fsync returns once the data is in the\n"
+		"object store; local: once it is on this node's disk, uploaded later)\n"
 		"  -d, --debug             debug logging\n"
 		"  -h, --help              this text\n"
 		"  -V, --version           print the version\n",
@@ -65,7 +67,7 @@ void mountd_ready(struct mountd *md, const char *msg)
 	close(fd);
 }
 
-/* Takes ferry's own options (passthrough=) out of a -o list; the rest
+/* Takes ferry's own options (passthrough=, fsync=) out of a -o list; the rest
  * goes to libfuse, which refuses what it does not know. */
 static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errlen)
 {
@@ -83,6 +85,17 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				md->pt_mode = PT_AUTO;
 			else {
 				snprintf(err, errlen, "-o %s: passthrough takes on, off or auto", o);
+				return -EINVAL;
+			}
+			continue;
+		}
+		if (strncmp(o, "fsync=", 6) == 0) {
+			if (!strcmp(o + 6, "local"))
+				md->fsync_local = true;
+			else if (!strcmp(o + 6, "remote"))
+				md->fsync_local = false;
+			else {
+				snprintf(err, errlen, "-o %s: fsync takes remote or local", o);
 				return -EINVAL;
 			}
 			continue;

@@ -93,6 +93,7 @@ struct wstate {
 	uint64_t size;           /* the file's size with these writes */
 	struct timespec mtime;   /* passthrough: the floor for the staging file's */
 	bool mtime_set;          /* passthrough: mtime set explicitly (utimens) */
+	bool dir_synced;         /* fsync=local: the staging file's name is durable */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
 	/* Passthrough: the kernel writes the staging file directly, so it
@@ -182,7 +183,7 @@ int rclient_wait(struct mountd *md, struct inode *ino, int timeout_ms);
 int rclient_stats(struct mountd *md, struct reconcile_stats *out);
 /* Writes a journal record for the daemon-path writes staged so far, so they
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */
-int rclient_journal(struct mountd *md, struct inode *ino);
+int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
 
 /* ---- file_read.c: assembling reads from slices ---- */
 /* Reads up to len bytes at off of a regular file whose committed size is
@@ -282,6 +283,7 @@ struct mountd {
 	bool pending_thread_live;
 	/* passthrough */
 	enum { PT_OFF, PT_AUTO, PT_ON } pt_mode;
+	bool fsync_local;             /* -o fsync=local: fsync is durable on the node only */
 	_Atomic bool pt_off;          /* latched off (or never on) for this mount */
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */

@@ -289,6 +289,19 @@ bool rclient_up(struct mountd *md)
 	return atomic_load(&md->rc_up);
 }
 
+/* A daemon-path staging file is sparse and may end before the file does:
+ * it gets the file's length, which the reconciler checks against the job's. */
+static int staging_extend(struct wstate *w, uint64_t size)
+{
+	struct stat st;
+
+	if (fstat(w->fd, &st) < 0)
+		return -errno;
+	if ((uint64_t)st.st_size < size && ftruncate(w->fd, (off_t)size) < 0)
+		return -errno;
+	return 0;
+}
+
 /* The data extents of fd within [0, size), as job->dirty. More than
  * RECONCILE_RANGES_MAX of them: none (the whole file). */
 static int data_extents(int fd, uint64_t size, struct reconcile_job *job)
@@ -362,13 +375,10 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		if (job.ndirty == 0 && size > 0)
 			job.size_only = 1;
 	} else if (!w->passthrough) {
-		/* The daemon path knows exactly what changed. The staging file is
-		 * sparse and may end before the file does: give it the file's
-		 * length, as the reconciler reads it against the job's. */
-		struct stat st;
-		if (fstat(w->fd, &st) == 0 && (uint64_t)st.st_size < size &&
-		    ftruncate(w->fd, (off_t)size) < 0)
-			return -errno;
+		/* The daemon path knows exactly what changed. */
+		rc = staging_extend(w, size);
+		if (rc < 0)
+			return rc;
 		size_t n = 0;
 		job.dirty = calloc(w->ndirty ? w->ndirty : 1, sizeof(*job.dirty));
 		if (!job.dirty)
@@ -417,7 +427,7 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	return 0;
 }
 
-int rclient_journal(struct mountd *md, struct inode *i)
+int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 {
 	struct wstate *w = i->w;
 	struct reconcile_job job = { .ino = i->ino };
@@ -432,6 +442,9 @@ int rclient_journal(struct mountd *md, struct inode *i)
 		return rc;
 	job.length = size;
 	snprintf(job.name, sizeof(job.name), "%s", strrchr(w->path, '/') + 1);
+	rc = staging_extend(w, size);
+	if (rc < 0)
+		return rc;
 	job.dirty = calloc(w->ndirty ? w->ndirty : 1, sizeof(*job.dirty));
 	if (!job.dirty)
 		return -ENOMEM;
@@ -452,7 +465,7 @@ int rclient_journal(struct mountd *md, struct inode *i)
 	 * finds, and this file is still open and changing. staging_recover()
 	 * turns it into a .job after a crash; the handoff at release supersedes
 	 * it. */
-	rc = reconcile_job_write(md->staging_dirfd, &job, 0);
+	rc = reconcile_job_write(md->staging_dirfd, &job, flags);
 	if (rc == 0) {
 		char from[RECONCILE_NAME_MAX + 16], to[RECONCILE_NAME_MAX + 16];
 		snprintf(from, sizeof(from), "%s%s", job.name, RECONCILE_JOB_SUFFIX);

@@ -91,6 +91,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 			(unsigned long long)rs.upload_latency_max_us);
 	}
 	fprintf(f, "passthrough_active %d\n", atomic_load(&md->pt_off) ? 0 : 1);
+	fprintf(f, "fsync_local %d\n", md->fsync_local && rclient_up(md) ? 1 : 0);
 	pthread_mutex_lock(&md->pt_reason_lock);
 	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");
 	pthread_mutex_unlock(&md->pt_reason_lock);

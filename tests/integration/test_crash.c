@@ -1,0 +1,227 @@
+/*
+ * Crash safety with the reconciler: SIGKILL of ferry-mountd or of
+ * ferry-reconciler in the middle of a stream of creates loses nothing whose
+ * close() returned; fsync=local is durable on the node (it survives both
+ * processes killed at once) without uploading.
+ */
+#include "mount_util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+TestSuite(crash, .init = fm_setup, .fini = fm_teardown, .timeout = 300);
+
+#define FILE_LEN 70000 /* not a block multiple: a partial last object */
+
+static void content(int n, unsigned char *buf)
+{
+	uint64_t st = 0x1234 + (uint64_t)n;
+
+	fm_fill_random(&st, buf, FILE_LEN);
+}
+
+/*
+ * A child creates f0, f1, ... and writes each completed index (close()
+ * returned 0) to the pipe, until an error. Returns the child's pid.
+ */
+static pid_t start_writer(int wfd)
+{
+	pid_t pid = fork();
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		static unsigned char buf[FILE_LEN];
+		for (int n = 0; n < 100000; n++) {
+			char path[PATH_MAX + 32];
+			int fd;
+
+			snprintf(path, sizeof(path), "%s/s/f%d", fm.mnt, n);
+			content(n, buf);
+			fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+			if (fd < 0)
+				_exit(0);
+			if (write(fd, buf, FILE_LEN) != FILE_LEN) {
+				close(fd);
+				_exit(0);
+			}
+			if (close(fd) != 0)
+				_exit(0);
+			if (write(wfd, &n, sizeof(n)) != sizeof(n))
+				_exit(0);
+		}
+		_exit(0);
+	}
+	return pid;
+}
+
+/* Reads completed indexes until at least want have come; returns the
+ * highest seen. */
+static int wait_completed(int rfd, int want)
+{
+	int n = -1, got = 0, last = -1;
+
+	while (got < want && read(rfd, &n, sizeof(n)) == sizeof(n)) {
+		last = n;
+		got++;
+	}
+	cr_assert_geq(got, want, "the writer stopped after %d files", got);
+	return last;
+}
+
+static int drain_completed(int rfd, int last)
+{
+	int n;
+
+	while (read(rfd, &n, sizeof(n)) == sizeof(n))
+		last = n;
+	return last;
+}
+
+static void check_files(int upto)
+{
+	unsigned char want[FILE_LEN];
+
+	for (int n = 0; n <= upto; n++) {
+		size_t len;
+		unsigned char *got;
+
+		content(n, want);
+		got = fm_read_file(mp("s/f%d", n), &len);
+		cr_assert_eq(len, FILE_LEN, "s/f%d: %zu bytes after the crash", n, len);
+		cr_assert(memcmp(got, want, FILE_LEN) == 0, "s/f%d: wrong bytes after the crash", n);
+		free(got);
+	}
+}
+
+/* Pids of processes named name whose command line mentions the fixture. */
+static int find_procs(const char *name, pid_t *pids, int max)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	int n = 0;
+
+	cr_assert(d);
+	while ((de = readdir(d)) && n < max) {
+		char path[300], cmd[4096];
+		int fd;
+		ssize_t len;
+
+		if (de->d_name[0] < '0' || de->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/cmdline", de->d_name);
+		fd = open(path, O_RDONLY);
+		if (fd < 0)
+			continue;
+		len = read(fd, cmd, sizeof(cmd) - 1);
+		close(fd);
+		if (len <= 0)
+			continue;
+		cmd[len] = '\0';
+		for (ssize_t k = 0; k < len; k++)
+			if (cmd[k] == '\0')
+				cmd[k] = ' ';
+		if (strstr(cmd, name) && strstr(cmd, fm.dir))
+			pids[n++] = (pid_t)atoi(de->d_name);
+	}
+	closedir(d);
+	return n;
+}
+
+Test(crash, sigkill_of_mountd_mid_stream_loses_no_closed_file)
+{
+	int p[2], status, last;
+	pid_t w;
+
+	OK(mkdir(mp("s"), 0755));
+	cr_assert_eq(pipe(p), 0);
+	w = start_writer(p[1]);
+	close(p[1]);
+	last = wait_completed(p[0], 40);
+	fm_crash(); /* SIGKILL ferry-mountd; its reconciler is told to stop */
+	last = drain_completed(p[0], last);
+	close(p[0]);
+	waitpid(w, &status, 0);
+	fm_mount();
+	check_files(last);
+}
+
+Test(crash, sigkill_of_reconciler_mid_stream_loses_no_closed_file)
+{
+	int p[2], status, last;
+	pid_t w, rec[4];
+	int nrec;
+
+	OK(mkdir(mp("s"), 0755));
+	cr_assert_eq(pipe(p), 0);
+	w = start_writer(p[1]);
+	close(p[1]);
+	wait_completed(p[0], 30);
+	nrec = find_procs("ferry-reconciler", rec, 4);
+	cr_assert_eq(nrec, 1, "%d reconcilers for this mount", nrec);
+	kill(rec[0], SIGKILL);
+	/* The writer goes on: ferry-mountd commits by itself now. */
+	last = wait_completed(p[0], 30);
+	kill(w, SIGTERM);
+	last = drain_completed(p[0], last);
+	close(p[0]);
+	waitpid(w, &status, 0);
+	/* Jobs the dead reconciler held stay journaled; the next mount's
+	 * reconciler finishes them. */
+	fm_umount();
+	fm_mount();
+	check_files(last);
+}
+
+Test(crash, fsync_local_is_durable_on_the_node_without_uploading)
+{
+	unsigned char want[FILE_LEN];
+	struct fm_stats s;
+	uint64_t put0;
+	pid_t pids[8];
+	int fd, n;
+
+	fm_umount();
+	setenv("FERRY_IT_MOUNT_OPTIONS", "fsync=local", 1);
+	fm_mount();
+	unsetenv("FERRY_IT_MOUNT_OPTIONS");
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "fsync_local"), 1);
+	put0 = fm_stats_need(&s, "objects_put");
+
+	content(1, want);
+	fd = OK(open(mp("pt"), O_CREAT | O_WRONLY, 0644)); /* passthrough */
+	fm_pwrite_all(fd, want, FILE_LEN, 0);
+	OK(fsync(fd));
+	fm_write_file(mp("old"), "0123456789", 10);
+	int fd2 = OK(open(mp("old"), O_WRONLY)); /* daemon path: not empty at open */
+	fm_pwrite_all(fd2, "ABC", 3, 2);
+	OK(fdatasync(fd2));
+	fm_stats_read(&s);
+	/* fsync=local uploads nothing from ferry-mountd. */
+	cr_assert_eq(fm_stats_need(&s, "objects_put"), put0);
+
+	/* Both processes die, with both files still open: the reconciler,
+	 * then ferry-mountd. */
+	n = find_procs("ferry-reconciler", pids, 8);
+	cr_assert_eq(n, 1, "%d reconcilers for this mount", n);
+	kill(pids[0], SIGKILL);
+	fm_crash();
+	close(fd);
+	close(fd2);
+	fm_mount();
+	size_t len;
+	unsigned char *got = fm_read_file(mp("pt"), &len);
+	cr_assert_eq(len, FILE_LEN);
+	cr_assert(memcmp(got, want, FILE_LEN) == 0, "pt: wrong bytes after the crash");
+	free(got);
+	got = fm_read_file(mp("old"), &len);
+	cr_assert_eq(len, 10);
+	cr_assert(memcmp(got, "01ABC56789", 10) == 0, "old: '%.10s' after the crash", got);
+	free(got);
+}
