@@ -35,6 +35,9 @@
 #define RECONCILE_FRAME_MAX (64u << 10)
 
 #define RECONCILE_JOB_SUFFIX ".job"
+/* In the staging directory: held (OFD write lock) by the one reconciler
+ * serving it. */
+#define RECONCILE_LOCK_NAME ".ferry-reconciler.lock"
 #define RECONCILE_ORPHAN_SUFFIX ".orphan"
 
 struct reconcile_job {

@@ -242,16 +242,20 @@ int rclient_start(struct mountd *md)
 		if (asprintf(&md->rc_path, "%s/reconciler.sock", md->cfg.staging_dir) < 0)
 			return -ENOMEM;
 		/* The reconciler of a killed daemon may still be finishing its
-		 * jobs (it got SIGTERM when we died): let it. */
-		for (int tries = 0; tries < 1200; tries++) {
-			int probe;
-			if (reconcile_connect(md->rc_path, &probe) < 0)
+		 * jobs (it got SIGTERM when we died): let it, while it holds the
+		 * staging directory's lock. */
+		int lfd = openat(md->staging_dirfd, RECONCILE_LOCK_NAME,
+				 O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		for (int tries = 0; lfd >= 0 && tries < 2400; tries++) {
+			struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+			if (fcntl(lfd, F_OFD_GETLK, &fl) < 0 || fl.l_type == F_UNLCK)
 				break;
-			close(probe);
 			if (tries == 0)
 				log_info("waiting for the reconciler of an earlier run to finish");
 			usleep(50 * 1000);
 		}
+		if (lfd >= 0)
+			close(lfd);
 		unlink(md->rc_path); /* a socket left by a killed reconciler */
 		rc = spawn_reconciler(md);
 		if (rc < 0)

@@ -27,7 +27,7 @@
 #include "reconciler.h"
 #include "url.h"
 
-#define LOCK_NAME ".ferry-reconciler.lock"
+#define LOCK_NAME RECONCILE_LOCK_NAME
 
 static void usage(FILE *f)
 {
