@@ -33,6 +33,7 @@ int cmd_mount(int argc, char **argv)
 		{ "log", required_argument, NULL, 'L' },
 		{ "reconciler", required_argument, NULL, 'Q' },
 		{ "no-reconciler", no_argument, NULL, 'N' },
+		{ "metrics", required_argument, NULL, 'P' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -59,10 +60,12 @@ int cmd_mount(int argc, char **argv)
 		case 'd': args[nargs++] = "--debug"; break;
 		case 'Q': args[nargs++] = "--reconciler"; args[nargs++] = optarg; break;
 		case 'N': args[nargs++] = "--no-reconciler"; break;
+		case 'P': args[nargs++] = "--metrics"; args[nargs++] = optarg; break;
 		case 'L': log = strdup(optarg); break;
 		case 'h':
 			printf("usage: ferry mount [-f] [--cache-dir DIR] [--cache-size MiB] "
 			       "[--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] "
+			       "[--metrics ADDR:PORT] "
 			       "[-o OPTS] VOLUME MOUNTPOINT\n");
 			return 0;
 		default:

@@ -42,6 +42,8 @@ static void usage(FILE *f)
 		"      --reconciler SOCKET use a ferry-reconciler started on its own (default:\n"
 		"                          start one, on a socket in the staging directory)\n"
 		"      --no-reconciler     upload and commit in ferry-mountd itself, at close\n"
+		"      --metrics ADDR:PORT the reconciler it starts serves Prometheus text at\n"
+		"                          http://ADDR:PORT/metrics\n"
 		"      --reopen-timeout SEC  how long an open waits for the file's upload\n"
 		"                          (default: 120)\n"
 		"\n"
@@ -242,6 +244,7 @@ int main(int argc, char **argv)
 		{ "staging-min-free", required_argument, NULL, 'M' },
 		{ "reconciler", required_argument, NULL, 'Q' },
 		{ "no-reconciler", no_argument, NULL, 'N' },
+		{ "metrics", required_argument, NULL, 'P' },
 		{ "reopen-timeout", required_argument, NULL, 'W' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
@@ -316,6 +319,7 @@ int main(int argc, char **argv)
 			break;
 		case 'Q': md->cfg.reconciler = strdup(optarg); break;
 		case 'N': md->cfg.no_reconciler = true; break;
+		case 'P': md->cfg.metrics = strdup(optarg); break;
 		case 'W':
 			md->cfg.reopen_timeout_ms = (int)(strtod(optarg, &end) * 1000);
 			if (*end || md->cfg.reopen_timeout_ms <= 0)
@@ -460,5 +464,6 @@ out:
 	free(md->cfg.cache_dir);
 	free(md->cfg.staging_dir);
 	free(md->cfg.reconciler);
+	free(md->cfg.metrics);
 	return exit_code;
 }

@@ -258,6 +258,7 @@ struct mountd_config {
 	double attr_timeout, entry_timeout;
 	char *reconciler;      /* owned: an external reconciler's socket, or NULL to spawn one */
 	bool no_reconciler;    /* commit in ferry-mountd itself */
+	char *metrics;         /* owned: --metrics ADDR:PORT for the spawned reconciler */
 	int reopen_timeout_ms; /* how long an open waits for the inode's job */
 };
 

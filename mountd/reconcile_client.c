@@ -217,8 +217,12 @@ static int spawn_reconciler(struct mountd *md)
 		/* stderr is the mount's log; the reconciler logs there too. */
 		char vol[PATH_MAX + 16];
 		snprintf(vol, sizeof(vol), "sqlite://%s", md->cfg.db_path);
-		execl(exe, exe, "--volume", vol, "--staging-dir", md->cfg.staging_dir, "--socket",
-		      md->rc_path, "-f", (char *)NULL);
+		if (md->cfg.metrics)
+			execl(exe, exe, "--volume", vol, "--staging-dir", md->cfg.staging_dir,
+			      "--socket", md->rc_path, "--metrics", md->cfg.metrics, "-f", (char *)NULL);
+		else
+			execl(exe, exe, "--volume", vol, "--staging-dir", md->cfg.staging_dir,
+			      "--socket", md->rc_path, "-f", (char *)NULL);
 		fprintf(stderr, "ferry-mountd: cannot run %s: %s\n", exe, strerror(errno));
 		_exit(127);
 	}
