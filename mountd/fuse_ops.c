@@ -105,17 +105,11 @@ static bool timespec_later(const struct timespec *a, const struct timespec *b)
 	return a->tv_sec > b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec > b->tv_nsec);
 }
 
-/* Applies pending writes (size, mtime) of a live staging file over a. */
-static void overlay_wstate(struct mountd *md, struct meta_attr *a)
+/* Applies pending writes (size, mtime) of a live staging file or of a job
+ * in flight over a. Caller holds i->lock, and read a under it: a commit
+ * (which ends both) takes that lock too, so a and the overlay agree. */
+static void overlay_locked(struct inode *i, struct meta_attr *a)
 {
-	struct inode *i;
-
-	if (!S_ISREG(a->mode))
-		return;
-	i = inode_ref_existing(md, a->ino);
-	if (!i)
-		return;
-	pthread_mutex_lock(&i->lock);
 	if (i->inflight_seq && !i->w) {
 		/* Handed to the reconciler, not committed yet. */
 		a->size = i->inflight_size;
@@ -134,8 +128,34 @@ static void overlay_wstate(struct mountd *md, struct meta_attr *a)
 			}
 		}
 	}
+}
+
+/* The attributes of ino as a reader sees them: committed metadata plus
+ * what is staged or in flight. */
+static int attr_get(struct mountd *md, uint64_t ino, struct meta_attr *a)
+{
+	struct inode *i = inode_ref_existing(md, ino);
+	int rc;
+
+	if (!i)
+		return meta_getattr(md->meta, ino, a);
+	pthread_mutex_lock(&i->lock);
+	rc = meta_getattr(md->meta, ino, a);
+	if (rc == 0 && S_ISREG(a->mode))
+		overlay_locked(i, a);
 	pthread_mutex_unlock(&i->lock);
 	inode_unref(md, i, 0, 1);
+	return rc;
+}
+
+/* Brings attributes read elsewhere (lookup, link, readdirplus) up to date
+ * with attr_get(). */
+static void overlay_wstate(struct mountd *md, struct meta_attr *a)
+{
+	struct meta_attr fresh;
+
+	if (S_ISREG(a->mode) && inode_find(md, a->ino) && attr_get(md, a->ino, &fresh) == 0)
+		*a = fresh;
 }
 
 static void fill_entry(struct mountd *md, const struct meta_attr *a, struct fuse_entry_param *e)
@@ -250,12 +270,11 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		fuse_reply_attr(req, &st, md->cfg.attr_timeout);
 		return;
 	}
-	rc = meta_getattr(md->meta, ino, &a);
+	rc = attr_get(md, ino, &a);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	overlay_wstate(md, &a);
 	attr_to_stat(&a, &st);
 	fuse_reply_attr(req, &st, md->cfg.attr_timeout);
 }
@@ -401,13 +420,14 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		if (rc == 0)
 			rc = meta_setattr(md->meta, ino, valid, &in, &out);
 	}
+	if (rc == 0 && i && S_ISREG(out.mode))
+		overlay_locked(i, &out);
 	if (i)
 		pthread_mutex_unlock(&i->lock);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	overlay_wstate(md, &out);
 	attr_to_stat(&out, &st);
 	fuse_reply_attr(req, &st, md->cfg.attr_timeout);
 }
