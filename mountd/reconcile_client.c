@@ -172,7 +172,7 @@ void staging_recover(struct mountd *md, bool with_jobs)
 			struct reconcile_job j = { .length = (uint64_t)st.st_size, .mtime = st.st_mtim };
 			char *end;
 			j.ino = strtoull(n, &end, 10);
-			snprintf(j.name, sizeof(j.name), "%s", n);
+			snprintf(j.name, sizeof(j.name), "%.*s", RECONCILE_NAME_MAX, n);
 			j.seq = ++md->rc_next_seq;
 			if (*end == '-' && j.ino && reconcile_job_write(md->staging_dirfd, &j, 0) == 0) {
 				recovered++;
