@@ -208,6 +208,9 @@ struct inode {
 	uint64_t inflight_size;   /* the file's size and mtime in that job */
 	struct timespec inflight_mtime;
 	int inflight_error;       /* the last job failed for good (it is kept as .orphan) */
+	/* Guarded by md->rc_lock: */
+	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
+	struct inode *inext;      /* md->inflight list */
 	uint32_t nwriters;        /* open handles with write access */
 	uint32_t ncached;         /* open handles in the kernel's cached I/O mode */
 	struct wstate *w;         /* pending writes, or NULL */
@@ -304,6 +307,8 @@ struct mountd {
 	struct reconcile_stats rc_stats;
 	uint64_t rc_stats_gen;
 	_Atomic uint64_t rc_inflight;
+	struct inode *inflight;       /* inodes with a job in flight (each holds a reference) */
+	_Atomic bool rc_restarting;   /* the reader is starting a new reconciler */
 };
 
 #endif

@@ -47,6 +47,17 @@ static void deadline_in(struct timespec *ts, int ms)
 	}
 }
 
+static void inflight_remove(struct mountd *md, struct inode *i)
+{
+	pthread_mutex_lock(&md->rc_lock);
+	for (struct inode **pp = &md->inflight; *pp; pp = &(*pp)->inext)
+		if (*pp == i) {
+			*pp = i->inext;
+			break;
+		}
+	pthread_mutex_unlock(&md->rc_lock);
+}
+
 /* Ends the reservation of ino for job seq. */
 static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 {
@@ -64,6 +75,7 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 	if (i->inflight_seq == r->seq) {
 		i->inflight_seq = 0;
 		ours = true;
+		inflight_remove(md, i);
 		if (r->error)
 			i->inflight_error = r->error;
 		pthread_cond_broadcast(&i->committed);
@@ -82,6 +94,72 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 	pthread_mutex_unlock(&md->rc_lock);
 }
 
+static int reconciler_launch(struct mountd *md);
+static int reconciler_connect(struct mountd *md, int *sock);
+
+/*
+ * The reconciler we started is gone: start another and hand it again every
+ * job still in flight (their records and staging files are where they
+ * were; a job the new one already finished from its journal has neither,
+ * and counts as committed). Runs on the reader thread. Returns 0 when the
+ * new reconciler serves.
+ */
+static int reconciler_restart(struct mountd *md)
+{
+	struct reconcile_reply done[64];
+	size_t ndone = 0;
+	int sock = -1, rc, st;
+
+	atomic_store(&md->rc_restarting, true);
+	atomic_store(&md->rc_up, false);
+	if (md->rc_child > 0) {
+		kill(md->rc_child, SIGKILL); /* if it only closed the connection */
+		waitpid(md->rc_child, &st, 0);
+		md->rc_child = 0;
+	}
+	rc = reconciler_launch(md);
+	if (rc == 0)
+		rc = reconciler_connect(md, &sock);
+	if (rc < 0)
+		goto out;
+	pthread_mutex_lock(&md->rc_lock);
+	close(md->rc_sock);
+	md->rc_sock = sock;
+	for (struct inode *i = md->inflight; i && rc == 0; i = i->inext) {
+		struct reconcile_job j;
+		char rec[RECONCILE_NAME_MAX + 16], err[128];
+		int fd;
+
+		snprintf(rec, sizeof(rec), "%s%s", i->inflight_name, RECONCILE_JOB_SUFFIX);
+		fd = openat(md->staging_dirfd, i->inflight_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+		if (fd < 0 || reconcile_job_read(md->staging_dirfd, rec, &j, err, sizeof(err)) < 0) {
+			if (fd >= 0)
+				close(fd);
+			if (ndone < sizeof(done) / sizeof(done[0]))
+				done[ndone++] = (struct reconcile_reply){
+					.type = RECONCILE_REPLY_COMMITTED, .seq = i->inflight_seq,
+					.ino = i->ino };
+			continue;
+		}
+		rc = reconcile_handoff(md->rc_sock, &j, fd);
+		close(fd);
+		reconcile_job_clear(&j);
+	}
+	pthread_mutex_unlock(&md->rc_lock);
+out:
+	if (rc == 0) {
+		atomic_store(&md->rc_up, true);
+		log_info("started a new ferry-reconciler and handed it the jobs in flight again");
+	} else {
+		log_errno(rc, "cannot start a new ferry-reconciler; jobs in flight stay journaled "
+			  "for the next mount; new ones are committed by ferry-mountd");
+	}
+	atomic_store(&md->rc_restarting, false);
+	for (size_t k = 0; k < ndone; k++)
+		job_committed(md, &done[k]);
+	return rc;
+}
+
 static void *reader_main(void *arg)
 {
 	struct mountd *md = arg;
@@ -91,9 +169,11 @@ static void *reader_main(void *arg)
 		int rc = reconcile_recv_reply(md->rc_sock, &r);
 
 		if (rc < 0) {
-			if (!atomic_load(&md->rc_stopping))
-				log_errno(rc, "lost the connection to ferry-reconciler; jobs in flight "
-					  "stay journaled; new ones are committed by ferry-mountd");
+			if (atomic_load(&md->rc_stopping))
+				break;
+			log_errno(rc, "lost the connection to ferry-reconciler");
+			if (!md->cfg.reconciler && reconciler_restart(md) == 0)
+				continue;
 			break;
 		}
 		switch (r.type) {
@@ -230,6 +310,48 @@ static int spawn_reconciler(struct mountd *md)
 	return 0;
 }
 
+/* Starts our reconciler once the staging directory is free of any other. */
+static int reconciler_launch(struct mountd *md)
+{
+	/* The reconciler of a killed daemon (or a killed reconciler still
+	 * exiting) may hold the staging directory's lock: wait for it. */
+	int lfd = openat(md->staging_dirfd, RECONCILE_LOCK_NAME,
+			 O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	for (int tries = 0; lfd >= 0 && tries < 2400; tries++) {
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+		if (fcntl(lfd, F_OFD_GETLK, &fl) < 0 || fl.l_type == F_UNLCK)
+			break;
+		if (tries == 0)
+			log_info("waiting for an earlier reconciler to finish");
+		usleep(50 * 1000);
+	}
+	if (lfd >= 0)
+		close(lfd);
+	unlink(md->rc_path); /* a socket left by a killed reconciler */
+	return spawn_reconciler(md);
+}
+
+/* Connects to the reconciler; it needs a moment to listen (and finishes
+ * journaled jobs first). */
+static int reconciler_connect(struct mountd *md, int *sock)
+{
+	int rc;
+
+	for (int tries = 0;; tries++) {
+		rc = reconcile_connect(md->rc_path, sock);
+		if (rc == 0)
+			return 0;
+		if (md->rc_child > 0 && waitpid(md->rc_child, NULL, WNOHANG) == md->rc_child) {
+			md->rc_child = 0;
+			return -ECHILD;
+		}
+		if (tries > 1200)
+			return rc;
+		usleep(50 * 1000);
+	}
+}
+
 int rclient_start(struct mountd *md)
 {
 	uint64_t epoch = 0;
@@ -245,41 +367,15 @@ int rclient_start(struct mountd *md)
 	if (!md->cfg.reconciler) {
 		if (asprintf(&md->rc_path, "%s/reconciler.sock", md->cfg.staging_dir) < 0)
 			return -ENOMEM;
-		/* The reconciler of a killed daemon may still be finishing its
-		 * jobs (it got SIGTERM when we died): let it, while it holds the
-		 * staging directory's lock. */
-		int lfd = openat(md->staging_dirfd, RECONCILE_LOCK_NAME,
-				 O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-		for (int tries = 0; lfd >= 0 && tries < 2400; tries++) {
-			struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
-			if (fcntl(lfd, F_OFD_GETLK, &fl) < 0 || fl.l_type == F_UNLCK)
-				break;
-			if (tries == 0)
-				log_info("waiting for the reconciler of an earlier run to finish");
-			usleep(50 * 1000);
-		}
-		if (lfd >= 0)
-			close(lfd);
-		unlink(md->rc_path); /* a socket left by a killed reconciler */
-		rc = spawn_reconciler(md);
+		rc = reconciler_launch(md);
 		if (rc < 0)
 			return rc;
 	} else if (!(md->rc_path = strdup(md->cfg.reconciler))) {
 		return -ENOMEM;
 	}
-	/* It needs a moment to listen (and to finish journaled jobs first). */
-	for (int tries = 0;; tries++) {
-		rc = reconcile_connect(md->rc_path, &md->rc_sock);
-		if (rc == 0)
-			break;
-		if (md->rc_child > 0 && waitpid(md->rc_child, NULL, WNOHANG) == md->rc_child) {
-			md->rc_child = 0;
-			return -ECHILD;
-		}
-		if (tries > 600)
-			return rc;
-		usleep(50 * 1000);
-	}
+	rc = reconciler_connect(md, &md->rc_sock);
+	if (rc < 0)
+		return rc;
 	atomic_store(&md->rc_up, true);
 	rc = pthread_create(&md->rc_reader, NULL, reader_main, md);
 	if (rc) {
@@ -414,6 +510,12 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	rc = reconcile_job_write(md->staging_dirfd, &job, 0);
 	if (rc == 0)
 		rc = reconcile_handoff(md->rc_sock, &job, w->fd);
+	if (rc == 0) {
+		/* For a resend, should the reconciler have to be restarted. */
+		snprintf(i->inflight_name, sizeof(i->inflight_name), "%s", job.name);
+		i->inext = md->inflight;
+		md->inflight = i;
+	}
 	pthread_mutex_unlock(&md->rc_lock);
 	if (rc < 0) {
 		/* The caller commits the file itself now; a record left behind
@@ -487,14 +589,19 @@ int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 
 int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 {
-	struct timespec until;
+	struct timespec until, now, slice;
 
 	deadline_in(&until, timeout_ms);
 	while (i->inflight_seq) {
-		if (!rclient_up(md))
+		if (!rclient_up(md) && !atomic_load(&md->rc_restarting))
 			return -ENOTCONN;
-		if (pthread_cond_timedwait(&i->committed, &i->lock, &until) == ETIMEDOUT)
-			return i->inflight_seq ? -ETIMEDOUT : 0;
+		/* Short slices: a reconciler restart does not signal this inode. */
+		deadline_in(&slice, 250);
+		clock_gettime(CLOCK_REALTIME, &now);
+		if (now.tv_sec > until.tv_sec ||
+		    (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))
+			return -ETIMEDOUT;
+		pthread_cond_timedwait(&i->committed, &i->lock, &slice);
 	}
 	return 0;
 }

@@ -165,8 +165,21 @@ Test(crash, sigkill_of_reconciler_mid_stream_loses_no_closed_file)
 	nrec = find_procs("ferry-reconciler", rec, 4);
 	cr_assert_eq(nrec, 1, "%d reconcilers for this mount", nrec);
 	kill(rec[0], SIGKILL);
-	/* The writer goes on: ferry-mountd commits by itself now. */
+	/* The writer goes on, and ferry-mountd starts another reconciler and
+	 * hands it the jobs that were in flight. */
 	last = wait_completed(p[0], 30);
+	pid_t now[4];
+	int nnow = 0;
+	for (int t = 0; t < 200; t++) {
+		nnow = find_procs("ferry-reconciler", now, 4);
+		if (nnow == 1 && now[0] != rec[0])
+			break;
+		usleep(50 * 1000);
+	}
+	cr_assert(nnow == 1 && now[0] != rec[0], "no new reconciler after the old one was killed");
+	/* Every file closed so far opens and reads right without a remount. */
+	int upto = last;
+	check_files(upto);
 	kill(w, SIGTERM);
 	last = drain_completed(p[0], last);
 	close(p[0]);
