@@ -1753,7 +1753,7 @@ static void print_core(struct bench *b)
 
 	printf("\nwhat the rows measure:\n");
 	printf("  seq write: open(O_CREAT|O_TRUNC) + write() 1 MiB blocks + close(); on ferryfs "
-	       "close() uploads to the store and commits the metadata.\n");
+	       "close() hands the file to ferry-reconciler, which uploads and commits after it.\n");
 	if (b->o.fsync_row)
 		printf("  seq write + fsync: the same with fsync() before close() (baseline durable too).\n");
 	printf("  seq read cold: ferryfs remounted with its read cache emptied and the kernel page cache "
@@ -1771,9 +1771,10 @@ static void print_core(struct bench *b)
 	       "written and closed before (so not empty at open: ferryfs\n"
 	       "                takes the daemon write path, one WRITE request per write; baseline: the "
 	       "same offsets, same count); close() timed apart.\n");
-	printf("  durability: a ferryfs close() returns with the data in the object store and the "
-	       "metadata committed (fsync'd); a baseline close() leaves the\n"
-	       "                data in the page cache, except in the 'seq write + fsync' row.\n");
+	printf("  durability: a ferryfs close() returns with the data staged and journaled on the node "
+	       "(uploaded afterwards); fsync() returns with it in the object\n"
+	       "                store and the metadata committed; a baseline close() leaves the data "
+	       "in the page cache, except in the 'seq write + fsync' row.\n");
 	for (size_t i = 0; i < b->nnotes; i++)
 		printf("  %s\n", b->notes[i]);
 
@@ -1802,8 +1803,8 @@ static void print_pt(struct bench *b)
 	printf("  ferry off   = a second ferryfs volume mounted -o passthrough=off (%s)\n", b->pt_state[1]);
 	printf("  staging dir = a plain directory on the filesystem the staging files live on (%s)\n",
 	       b->baseline);
-	printf("  both ferryfs volumes: fsync=remote (fsync/fdatasync/close() upload to the file:// store "
-	       "and commit the metadata before returning)\n");
+	printf("  both ferryfs volumes: fsync=remote (fsync/fdatasync upload to the file:// store and "
+	       "commit the metadata before returning; close() hands over to ferry-reconciler)\n");
 	printf("ratios: pt/dir = ferry pt / staging dir, pt/off = ferry pt / ferry off; for rates higher "
 	       "is better for pt, for times (ms, s, us) lower is better\n\n");
 	printf("%-50s %11s %11s %11s %8s %8s\n", "test", wlabel[0], wlabel[1], wlabel[2], "pt/dir",
@@ -1826,8 +1827,8 @@ static void print_pt(struct bench *b)
 		}
 		printf("%-50s %11s %11s %11s %8s %8s\n", r->label, v[0], v[1], v[2], q1, q2);
 	}
-	printf("fsync=local: not built yet (ferry-mountd has no fsync= mount option; it comes with "
-	       "ferry-reconciler), so there is no fsync=local figure.\n");
+	printf("fsync=local (-o fsync=local) exists but this benchmark does not measure it yet: "
+	       "no fsync=local figure.\n");
 
 	printf("\nissue 3 targets (information only: the benchmark exits 0 whether they are met or "
 	       "not):\n");
@@ -1914,15 +1915,15 @@ static void print_pt(struct bench *b)
 	       "                written in 1 MiB blocks in the same open and sync() (untimed), then 4 KiB "
 	       "pwrite()s at random 4 KiB-aligned offsets for a fixed\n"
 	       "                time per target; IOPS over the pwrite()s; close() timed apart (ferryfs: "
-	       "uploads the whole file and commits).\n");
+	       "hands the file to ferry-reconciler).\n");
 	printf("  rand write + fdatasync: the same file set-up with fdatasync() after the fill (untimed: "
 	       "ferryfs uploads and commits it), then a fixed number of\n"
 	       "                pwrite(4 KiB) + fdatasync() pairs; on ferryfs (fsync=remote) each fdatasync "
 	       "uploads what changed since the last one and commits.\n");
 	printf("  seq write: open(O_CREAT|O_TRUNC) + write() 1 MiB blocks + close(); 'write() calls only' "
-	       "excludes close(), which on ferryfs uploads and commits.\n");
+	       "excludes close(), which on ferryfs hands the file to ferry-reconciler.\n");
 	printf("  small files: openat(O_CREAT|O_EXCL) + write() + close() per file in one new directory, "
-	       "each call timed too; on ferryfs every close() commits.\n");
+	       "each call timed too; on ferryfs every file is committed by ferry-reconciler after its close().\n");
 	printf("  sync() runs (untimed) before each target's turn so that no writeback of the previous "
 	       "one competes; nothing else is flushed: the staging dir's\n"
 	       "                close() leaves data in the page cache, a ferryfs close() returns with it "
