@@ -78,6 +78,14 @@ int meta_open(const char *db_path, struct meta **out);
 void meta_close(struct meta *m); /* accepts NULL */
 int meta_volume_get(struct meta *m, struct meta_volume *out);
 
+/* Batched mode (for the FUSE daemon): a commit is durable against a
+ * killed process at once, and against a power loss only after the next
+ * meta_sync() (fsync, fsyncdir) or a checkpoint; unbatched (the default)
+ * syncs every commit. Set it right after meta_open(). */
+void meta_set_batched(struct meta *m, int batched);
+/* Makes every commit made so far durable (no-op when unbatched). */
+int meta_sync(struct meta *m);
+
 int meta_getattr(struct meta *m, uint64_t ino, struct meta_attr *out);
 int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_attr *out);
 

@@ -29,7 +29,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,6 +208,7 @@ struct conn {
 
 struct meta {
 	char *path;
+	_Atomic int batched;  /* commits not synced one by one (meta_set_batched) */
 	pthread_key_t key;
 	pthread_mutex_t lock; /* guards conns */
 	struct conn *conns;
@@ -354,6 +357,14 @@ static int conn_get(struct meta *m, struct conn **out)
 	rc = conn_open(m->path, &c);
 	if (rc)
 		return rc;
+	/* Batched: WAL commits reach the page cache (they survive a killed
+	 * process) and stable storage at the next meta_sync() or checkpoint. */
+	if (atomic_load(&m->batched) &&
+	    sqlite3_exec(c->db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL) != SQLITE_OK) {
+		sqlite3_close(c->db);
+		free(c);
+		return -EIO;
+	}
 	c->m = m;
 	pthread_mutex_lock(&m->lock);
 	c->next = m->conns;
@@ -2453,6 +2464,39 @@ int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
 	rc = txn(m, do_write_commit_seq, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.commit.out;
+	return rc;
+}
+
+void meta_set_batched(struct meta *m, int batched)
+{
+	atomic_store(&m->batched, batched);
+}
+
+int meta_sync(struct meta *m)
+{
+	char wal[PATH_MAX];
+	int fd, rc = 0;
+
+	if (m == NULL)
+		return -EINVAL;
+	if (!atomic_load(&m->batched))
+		return 0; /* every commit was synced already */
+	/*
+	 * A batched commit has appended its frames to the WAL with write();
+	 * syncing that file makes them (and all before them) durable, which is
+	 * what synchronous=FULL does at each commit. Done here, outside any
+	 * transaction, the sync holds no database lock: other writers go on.
+	 * No WAL: everything was checkpointed into the database, which a
+	 * checkpoint syncs.
+	 */
+	if ((size_t)snprintf(wal, sizeof(wal), "%s-wal", m->path) >= sizeof(wal))
+		return -ENAMETOOLONG;
+	fd = open(wal, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (fdatasync(fd) < 0)
+		rc = -EIO;
+	close(fd);
 	return rc;
 }
 

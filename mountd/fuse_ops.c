@@ -1101,8 +1101,11 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 	pthread_mutex_lock(&of->ino->lock);
 	if (md->fsync_local && rclient_up(md)) {
 		/* fsync=local: durable on this node; the reconciler uploads
-		 * later, after a crash too (staging_recover()). */
+		 * later, after a crash too (staging_recover()). The file's
+		 * metadata (its creation) must be durable for that. */
 		rc = of->ino->w ? fsync_local(md, of->ino, datasync) : 0;
+		if (rc == 0)
+			rc = meta_sync(md->meta);
 	} else {
 		/* Objects are durable once put; the commit runs with
 		 * synchronous=FULL. */
@@ -1397,9 +1400,13 @@ static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	count(req, OP_FSYNCDIR);
-	/* Each namespace change was committed durably (synchronous=FULL)
-	 * before its reply. */
-	fuse_reply_err(req, handle_get(MD(req)->handles, fi->fh, HANDLE_DIR) ? 0 : EBADF);
+	if (!handle_get(MD(req)->handles, fi->fh, HANDLE_DIR)) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	/* Namespace changes are committed at once and synced in batches:
+	 * this is where they all reach stable storage. */
+	fuse_reply_err(req, -meta_sync(MD(req)->meta));
 }
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)

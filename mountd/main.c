@@ -353,6 +353,9 @@ int main(int argc, char **argv)
 		start_failed(md, "no ferryfs volume at %s (run `ferry format` first)", argv[optind]);
 	if (rc < 0)
 		start_failed(md, "cannot open volume %s: %s", md->cfg.db_path, strerror(-rc));
+	/* Namespace changes need not each wait for a disk sync: they are
+	 * synced at fsync/fsyncdir (and every commit of file data is). */
+	meta_set_batched(md->meta, 1);
 	if ((rc = volume_lock(md)) < 0)
 		start_failed(md, "cannot lock volume %s: %s", md->cfg.db_path, strerror(-rc));
 	if ((rc = meta_volume_get(md->meta, &md->vol)) < 0)

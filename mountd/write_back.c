@@ -490,6 +490,15 @@ out:
 	}
 	free(buf);
 	free(sl);
+	/* What a commit promises (fsync, or close without a reconciler) holds
+	 * against a power loss too, and so do the namespace changes before it. */
+	if (rc == 0) {
+		int src = meta_sync(md->meta);
+		if (src < 0) {
+			log_errno(src, "inode %llu: cannot sync the metadata", (unsigned long long)ino->ino);
+			rc = src;
+		}
+	}
 	/* Callers hand this to close()/fsync(): a store that cannot be reached
 	 * is an I/O error to the application; the real cause is logged. */
 	if (rc < 0 && rc != -ENOMEM && rc != -ENOSPC && rc != -EDQUOT && rc != -EINTR)

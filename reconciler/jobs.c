@@ -623,6 +623,9 @@ static void commit_run(struct task *t)
 
 	c->rc = meta_write_commit_seq(r->meta, j->rj.ino, j->rj.seq, j->plan.slices,
 				      j->plan.nslices, j->rj.length, &j->rj.mtime, NULL);
+	/* The staging file may go only once the commit is on stable storage. */
+	if (c->rc == 0)
+		c->rc = meta_sync(r->meta);
 	/* Committed (now or before a crash), or its inode is gone: the staging
 	 * file, then its record, go. */
 	if (c->rc == 0 || c->rc == -EALREADY || c->rc == -ENOENT) {

@@ -337,6 +337,9 @@ int main(int argc, char **argv)
 		start_failed("no ferryfs volume at %s (run `ferry format` first)", volume);
 	if (rc < 0)
 		start_failed("cannot open volume %s: %s", cfg->db_path, strerror(-rc));
+	/* Commits are synced by meta_sync() before a staging file goes, with no
+	 * database lock held during the sync (ferry-mountd's creates go on). */
+	meta_set_batched(r->meta, 1);
 	if ((rc = meta_volume_get(r->meta, &r->vol)) < 0)
 		start_failed("cannot read the volume record of %s: %s", cfg->db_path, strerror(-rc));
 	if (store_url_parse(r->vol.storage_url, r->vol.s3_http, &surl, err, sizeof(err)) < 0)

@@ -1424,3 +1424,26 @@ Test(meta, seq_epochs_increase_across_reopens)
 	cr_assert_eq(e3, e2 + 1, "epoch went from %llu to %llu across a reopen",
 		     (unsigned long long)e2, (unsigned long long)e3);
 }
+
+Test(meta, batched_commits_and_sync)
+{
+	struct meta_attr a;
+
+	meta_set_batched(m, 1);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "batched", S_IFREG | 0644, 1000, 1000, 0, NULL,
+				 &a), 0);
+	/* Visible at once, to this connection and to another one. */
+	struct meta *other;
+	cr_assert_eq(meta_open(db, &other), 0);
+	struct meta_attr b;
+	cr_assert_eq(meta_lookup(other, META_ROOT_INO, "batched", &b), 0);
+	cr_assert_eq(b.ino, a.ino);
+	meta_close(other);
+	cr_assert_eq(meta_sync(m), 0);
+	cr_assert_eq(meta_sync(m), 0);
+	meta_close(m);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "batched", &b), 0);
+	/* Unbatched: meta_sync has nothing to do. */
+	cr_assert_eq(meta_sync(m), 0);
+}
