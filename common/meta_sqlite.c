@@ -209,6 +209,7 @@ struct conn {
 struct meta {
 	char *path;
 	_Atomic int batched;  /* commits not synced one by one (meta_set_batched) */
+	_Atomic int dir_synced; /* meta_sync() synced the directory holding the WAL */
 	pthread_key_t key;
 	pthread_mutex_t lock; /* guards conns */
 	struct conn *conns;
@@ -2497,6 +2498,19 @@ int meta_sync(struct meta *m)
 	if (fdatasync(fd) < 0)
 		rc = -EIO;
 	close(fd);
+	/* Once: the WAL's own name in its directory. */
+	if (rc == 0 && !atomic_load(&m->dir_synced)) {
+		char *slash = strrchr(wal, '/');
+		if (slash) {
+			*slash = '\0';
+			fd = open(slash == wal ? "/" : wal, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			if (fd >= 0) {
+				if (fsync(fd) == 0)
+					atomic_store(&m->dir_synced, 1);
+				close(fd);
+			}
+		}
+	}
 	return rc;
 }
 
