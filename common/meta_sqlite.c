@@ -2395,25 +2395,31 @@ static int slice_valid(const struct meta_slice *s)
 	return s->id == 0 || (s->off <= s->size && s->len <= s->size - s->off);
 }
 
+/* Checks a commit's arguments before any transaction. */
+static int commit_args_check(struct meta *m, const struct commit_args *a)
+{
+	if (m == NULL || (a->slices == NULL && a->n > 0) || (a->mtime != NULL && !ts_valid(a->mtime)))
+		return -EINVAL;
+	if (a->new_size > MAX_FILE_SIZE)
+		return -EFBIG;
+	for (size_t i = 0; i < a->n; i++)
+		if (!slice_valid(&a->slices[i].s))
+			return -EINVAL;
+	if (!ino_ok(a->ino))
+		return -ENOENT;
+	return 0;
+}
+
 int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slice *slices,
 		      size_t n, uint64_t new_size, const struct timespec *mtime,
 		      struct meta_attr *out)
 {
 	struct commit_args a = { .ino = ino, .slices = slices, .n = n, .new_size = new_size,
 				 .mtime = mtime };
-	size_t i;
-	int rc;
+	int rc = commit_args_check(m, &a);
 
-	if (m == NULL || (slices == NULL && n > 0) || (mtime != NULL && !ts_valid(mtime)))
-		return -EINVAL;
-	if (new_size > MAX_FILE_SIZE)
-		return -EFBIG;
-	for (i = 0; i < n; i++)
-		if (!slice_valid(&slices[i].s))
-			return -EINVAL;
-	if (!ino_ok(ino))
-		return -ENOENT;
-	rc = txn(m, do_write_commit, &a);
+	if (rc == 0)
+		rc = txn(m, do_write_commit, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.out;
 	return rc;
@@ -2449,20 +2455,13 @@ int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
 	struct commit_seq_args a = { .commit = { .ino = ino, .slices = slices, .n = n,
 						 .new_size = new_size, .mtime = mtime },
 				     .seq = seq };
-	size_t i;
 	int rc;
 
-	if (m == NULL || (slices == NULL && n > 0) || (mtime != NULL && !ts_valid(mtime)) ||
-	    seq == 0 || seq > INT64_MAX)
+	if (seq == 0 || seq > INT64_MAX)
 		return -EINVAL;
-	if (new_size > MAX_FILE_SIZE)
-		return -EFBIG;
-	for (i = 0; i < n; i++)
-		if (!slice_valid(&slices[i].s))
-			return -EINVAL;
-	if (!ino_ok(ino))
-		return -ENOENT;
-	rc = txn(m, do_write_commit_seq, &a);
+	rc = commit_args_check(m, &a.commit);
+	if (rc == 0)
+		rc = txn(m, do_write_commit_seq, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.commit.out;
 	return rc;
