@@ -934,3 +934,36 @@ void fm_fill_random(uint64_t *state, void *buf, size_t len)
 		memcpy(p + i, &v, len - i);
 	}
 }
+
+void fm_s3_start(struct fm_s3 *v, const char *port)
+{
+	char out[PATH_MAX + 16], errp[PATH_MAX + 16], *text, *hp;
+	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/s3-server", "start", v->dir, NULL };
+	int rc;
+
+	if (port)
+		setenv("FERRY_TEST_S3_PORT", port, 1);
+	snprintf(out, sizeof(out), "%s/start.out", v->dir);
+	snprintf(errp, sizeof(errp), "%s/start.err", v->dir);
+	rc = fm_run(argv, out, errp, 60);
+	unsetenv("FERRY_TEST_S3_PORT");
+	if (rc != 0) {
+		char *e = fm_slurp(errp);
+		cr_assert_fail("scripts/s3-server start: exit %d: %s", rc, e ? e : "");
+	}
+	text = fm_slurp(out);
+	cr_assert(text && (hp = strstr(text, "FERRY_TEST_S3_HOSTPORT=")),
+		  "scripts/s3-server start printed no address");
+	hp += strlen("FERRY_TEST_S3_HOSTPORT=");
+	hp[strcspn(hp, "\n")] = '\0';
+	snprintf(v->hostport, sizeof(v->hostport), "%s", hp);
+	free(text);
+}
+
+void fm_s3_stop(struct fm_s3 *v)
+{
+	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/s3-server", "stop", v->dir, NULL };
+
+	/* fm.log may be gone with the fixture: output goes nowhere. */
+	cr_assert_eq(fm_run(argv, "/dev/null", "/dev/null", 60), 0, "scripts/s3-server stop failed");
+}

@@ -143,6 +143,17 @@ void fm_assert_same_content(const char *a, const char *b);
 uint64_t fm_rand(uint64_t *state);
 void fm_fill_random(uint64_t *state, void *buf, size_t len);
 
+/* A private s3rver (scripts/s3-server) with its data in dir, for tests
+ * that stop the store and start it again on the same port. */
+struct fm_s3 {
+	char dir[PATH_MAX];
+	char hostport[64];      /* 127.0.0.1:PORT once started */
+};
+/* Starts it (on port, if not NULL); asserts on failure with its stderr. */
+void fm_s3_start(struct fm_s3 *v, const char *port);
+/* Stops it; asserts on failure. */
+void fm_s3_stop(struct fm_s3 *v);
+
 /* errno name for messages ("ENOENT"). */
 const char *fm_errname(int e);
 

@@ -191,43 +191,8 @@ Test(faults, damaged_metadata_row_is_eio)
 	OK(stat(mp("bystander"), &st));
 }
 
-/* A private S3 server for the test, so it can be stopped and started again
- * on the same port. */
-struct s3srv {
-	char dir[PATH_MAX];
-	char hostport[64];
-};
-
-static void s3_start(struct s3srv *v, const char *port)
-{
-	char out[PATH_MAX + 16], errp[PATH_MAX + 16], *text, *hp;
-	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/s3-server", "start", v->dir, NULL };
-
-	if (port)
-		setenv("FERRY_TEST_S3_PORT", port, 1);
-	snprintf(out, sizeof(out), "%s/start.out", v->dir);
-	snprintf(errp, sizeof(errp), "%s/start.err", v->dir);
-	int rc = fm_run(argv, out, errp, 60);
-	unsetenv("FERRY_TEST_S3_PORT");
-	if (rc != 0) {
-		char *e = fm_slurp(errp);
-		cr_assert_fail("scripts/s3-server start: exit %d: %s", rc, e ? e : "");
-	}
-	text = fm_slurp(out);
-	cr_assert(text && (hp = strstr(text, "FERRY_TEST_S3_HOSTPORT=")));
-	hp += strlen("FERRY_TEST_S3_HOSTPORT=");
-	hp[strcspn(hp, "\n")] = '\0';
-	snprintf(v->hostport, sizeof(v->hostport), "%s", hp);
-	free(text);
-}
-
-static void s3_stop(struct s3srv *v)
-{
-	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/s3-server", "stop", v->dir, NULL };
-	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0, "scripts/s3-server stop failed");
-}
-
-static struct s3srv srv;
+/* A private S3 server, so it can be stopped and started again. */
+static struct fm_s3 srv;
 
 static void s3_fixture_init(void)
 {
@@ -239,7 +204,7 @@ static void s3_fixture_init(void)
 	setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
 	setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
 	setenv("AWS_REGION", "us-east-1", 1);
-	s3_start(&srv, NULL);
+	fm_s3_start(&srv, NULL);
 	snprintf(url, sizeof(url), "s3://%s/ferry-test/faults", srv.hostport);
 	o.storage = url;
 	fm_setup_opts(&o);
@@ -270,7 +235,7 @@ Test(faults_s3, store_gone_fsync_is_eio_and_data_stays_staged)
 	fm_fill_random(&st, data, len);
 	fm_write_file(mp("before"), "committed", 9);
 	snprintf(port, sizeof(port), "%s", strchr(srv.hostport, ':') + 1);
-	s3_stop(&srv);
+	fm_s3_stop(&srv);
 
 	fd = OK(open(mp("pending"), O_CREAT | O_WRONLY, 0644));
 	fm_pwrite_all(fd, data, len, 0);
@@ -285,7 +250,7 @@ Test(faults_s3, store_gone_fsync_is_eio_and_data_stays_staged)
 		      "nothing is staged while the store is away");
 
 	/* The store comes back: the reconciler's retry commits the data. */
-	s3_start(&srv, port);
+	fm_s3_start(&srv, port);
 	for (int i = 0; i < 600; i++) {
 		fm_stats_read(&s);
 		if (fm_stats_need(&s, "passthrough_staging_blocks") == 0)

@@ -730,42 +730,7 @@ Test(reconciler, sigterm_finishes_what_it_has)
 
 /* ---- an S3 store that goes away and comes back ---- */
 
-struct s3srv {
-	char dir[PATH_MAX];
-	char hostport[64];
-};
-
-static struct s3srv srv;
-
-static void s3_start(struct s3srv *v, const char *port)
-{
-	char out[PATH_MAX + 16], errp[PATH_MAX + 16], *text, *hp;
-	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/s3-server", "start", v->dir, NULL };
-	int rc;
-
-	if (port)
-		setenv("FERRY_TEST_S3_PORT", port, 1);
-	snprintf(out, sizeof(out), "%s/start.out", v->dir);
-	snprintf(errp, sizeof(errp), "%s/start.err", v->dir);
-	rc = fm_run(argv, out, errp, 60);
-	unsetenv("FERRY_TEST_S3_PORT");
-	if (rc != 0) {
-		char *e = fm_slurp(errp);
-		cr_assert_fail("scripts/s3-server start: exit %d: %s", rc, e ? e : "");
-	}
-	text = fm_slurp(out);
-	cr_assert(text && (hp = strstr(text, "FERRY_TEST_S3_HOSTPORT=")));
-	hp += strlen("FERRY_TEST_S3_HOSTPORT=");
-	hp[strcspn(hp, "\n")] = '\0';
-	snprintf(v->hostport, sizeof(v->hostport), "%s", hp);
-	free(text);
-}
-
-static void s3_stop(struct s3srv *v)
-{
-	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/s3-server", "stop", v->dir, NULL };
-	cr_assert_eq(fm_run(argv, "/dev/null", "/dev/null", 60), 0, "scripts/s3-server stop failed");
-}
+static struct fm_s3 srv;
 
 static void s3_setup(void)
 {
@@ -777,7 +742,7 @@ static void s3_setup(void)
 	setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
 	setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
 	setenv("AWS_REGION", "us-east-1", 1);
-	s3_start(&srv, NULL);
+	fm_s3_start(&srv, NULL);
 	snprintf(url, sizeof(url), "s3://%s/ferry-test/rec%d", srv.hostport, (int)getpid());
 	o.storage = url;
 	setup_common(&o);
@@ -814,7 +779,7 @@ Test(reconciler_s3, store_down_jobs_retry_and_commit)
 	rc.extra[3] = "6";
 	rcu_start(&rc);
 	snprintf(port, sizeof(port), "%s", strchr(srv.hostport, ':') + 1);
-	s3_stop(&srv);
+	fm_s3_stop(&srv);
 
 	sock = rcu_connect(&rc);
 	for (int i = 0; i < N; i++) {
@@ -840,7 +805,7 @@ Test(reconciler_s3, store_down_jobs_retry_and_commit)
 	cr_assert_eq(s.staging_blocks, N);
 	cr_assert_eq(s.orphans, 0);
 	/* ...and commit once the store is back on its port. */
-	s3_start(&srv, port);
+	fm_s3_start(&srv, port);
 	rcu_wait_range(sock, 1, N, NULL);
 	close(sock);
 	rcu_stats(&rc, &s);
