@@ -78,11 +78,14 @@ int meta_open(const char *db_path, struct meta **out);
 void meta_close(struct meta *m); /* accepts NULL */
 int meta_volume_get(struct meta *m, struct meta_volume *out);
 
-/* Batched mode (for the FUSE daemon): a commit is durable against a
- * killed process at once, and against a power loss only after the next
- * meta_sync() (fsync, fsyncdir) or a checkpoint; unbatched (the default)
- * syncs every commit. Set it right after meta_open(). */
-void meta_set_batched(struct meta *m, int batched);
+/* Batched mode (for the FUSE daemon and the reconciler): a commit is
+ * durable against a killed process at once, and against a power loss only
+ * after the next meta_sync() (fsync, fsyncdir) or a checkpoint; unbatched
+ * (the default) syncs every commit. Batched mode also moves WAL checkpoints
+ * (page copies and their fsyncs) from the committing thread to a thread of
+ * the meta's own, stopped by meta_close(). Set it right after meta_open();
+ * returns 0 or a negative errno (the thread could not start). */
+int meta_set_batched(struct meta *m, int batched);
 /* Makes every commit made so far durable (no-op when unbatched). */
 int meta_sync(struct meta *m);
 
@@ -173,6 +176,22 @@ int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slic
 int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
 			  const struct meta_chunk_slice *slices, size_t n, uint64_t new_size,
 			  const struct timespec *mtime, struct meta_attr *out);
+/* One reconcile job's commit in meta_write_commit_batch(). */
+struct meta_commit_item {
+	uint64_t ino, seq;
+	const struct meta_chunk_slice *slices; /* the caller's */
+	size_t n;
+	uint64_t new_size;
+	const struct timespec *mtime;          /* NULL: now */
+	int rc;                                /* out: as meta_write_commit_seq() */
+	struct meta_attr out;                  /* out, when rc is 0 */
+};
+/* meta_write_commit_seq() for n jobs in one transaction, so a burst of
+ * small files costs one commit (and one meta_sync()) rather than n. An item
+ * refused before it changed anything (-EALREADY, -ENOENT, -EISDIR, -EINVAL)
+ * fails alone; any other error rolls the whole batch back, and is then
+ * every item's rc and the return value. */
+int meta_write_commit_batch(struct meta *m, struct meta_commit_item *items, size_t n);
 /* A new epoch for this volume's reconcile seqs (1, 2, ...; durable): a
  * daemon takes one at start and numbers its jobs epoch << 32 | n, so seqs
  * keep increasing across restarts whatever the clock does. */

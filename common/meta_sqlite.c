@@ -45,6 +45,7 @@
 #define APPLICATION_ID 0x46455252 /* "FERR" */
 #define BUSY_TIMEOUT_MS 5000
 #define TXN_TRIES 8
+#define CKPT_FRAMES 1000 /* SQLite's own wal_autocheckpoint default */
 #define READDIR_PAGE 128
 #define PURGE_BATCH 64
 #define MAX_DEPTH (1 << 20) /* a longer parent walk means a loop */
@@ -204,6 +205,8 @@ struct conn {
 	sqlite3_stmt *st[ST_COUNT];
 	struct meta *m;
 	struct conn *prev, *next;
+	struct timespec busy_since; /* when the current busy wait began */
+	int batched;                /* synchronous=NORMAL is set on db */
 };
 
 struct meta {
@@ -212,7 +215,16 @@ struct meta {
 	_Atomic int dir_synced; /* meta_sync() synced the directory holding the WAL */
 	pthread_key_t key;
 	pthread_mutex_t lock; /* guards conns */
+	/* Held around every write transaction: threads of one process queue
+	 * here, woken at once, instead of polling SQLite's file lock. */
+	pthread_mutex_t write_lock;
 	struct conn *conns;
+	/* Batched mode checkpoints the WAL on a thread of its own, so no
+	 * commit pays for copying pages and two fsyncs (see ckpt_main). */
+	pthread_mutex_t ckpt_lock;
+	pthread_cond_t ckpt_cond;
+	pthread_t ckpt_thread;
+	int ckpt_started, ckpt_wanted, ckpt_stop; /* under ckpt_lock */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -317,6 +329,33 @@ static void conn_thread_exit(void *p)
 	conn_free(c);
 }
 
+/*
+ * SQLite's own busy_timeout sleeps at least 1 ms per retry, which is longer
+ * than most of our transactions hold the lock (the other process is
+ * typically ferry-reconciler committing one job). Poll from 20 us up,
+ * doubling to 1 ms, for at most BUSY_TIMEOUT_MS in all.
+ */
+static int busy_wait(void *arg, int count)
+{
+	struct conn *c = arg;
+	struct timespec now;
+	long us;
+	int64_t waited_ms;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (count == 0)
+		c->busy_since = now;
+	waited_ms = (int64_t)(now.tv_sec - c->busy_since.tv_sec) * 1000 +
+		    (now.tv_nsec - c->busy_since.tv_nsec) / 1000000;
+	if (waited_ms >= BUSY_TIMEOUT_MS)
+		return 0;
+	us = 20L << (count < 6 ? count : 6);
+	if (us > 1000)
+		us = 1000;
+	nanosleep(&(struct timespec){ 0, us * 1000L }, NULL);
+	return 1;
+}
+
 static int conn_open(const char *path, struct conn **out)
 {
 	struct conn *c;
@@ -332,7 +371,7 @@ static int conn_open(const char *path, struct conn **out)
 			     db_err(rc);
 		goto fail;
 	}
-	sqlite3_busy_timeout(c->db, BUSY_TIMEOUT_MS);
+	sqlite3_busy_handler(c->db, busy_wait, c);
 	rc = sqlite3_exec(c->db, "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;", NULL,
 			  NULL, NULL);
 	if (rc != SQLITE_OK) {
@@ -344,6 +383,93 @@ static int conn_open(const char *path, struct conn **out)
 fail:
 	conn_free(c);
 	return rc;
+}
+
+static int conn_get(struct meta *m, struct conn **out);
+
+/* A commit's WAL hook, on the committing thread: wake the checkpointer
+ * once the WAL is CKPT_FRAMES long. */
+static int wal_grown(void *arg, sqlite3 *db, const char *name, int frames)
+{
+	struct meta *m = arg;
+
+	if (frames >= CKPT_FRAMES) {
+		pthread_mutex_lock(&m->ckpt_lock);
+		m->ckpt_wanted = 1;
+		pthread_cond_signal(&m->ckpt_cond);
+		pthread_mutex_unlock(&m->ckpt_lock);
+	}
+	return SQLITE_OK;
+}
+
+/*
+ * The checkpointer: a PASSIVE checkpoint (it waits for no reader or
+ * writer) when a commit found the WAL long, and once a second anyway so
+ * the other process's commits are copied back too. Errors are left for the
+ * next round: a checkpoint is never needed for correctness, only to keep
+ * the WAL short.
+ */
+static void *ckpt_main(void *arg)
+{
+	struct meta *m = arg;
+	struct conn *c = NULL;
+
+	pthread_mutex_lock(&m->ckpt_lock);
+	while (!m->ckpt_stop) {
+		struct timespec until;
+
+		if (!m->ckpt_wanted) {
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_sec += 1;
+			pthread_cond_timedwait(&m->ckpt_cond, &m->ckpt_lock, &until);
+			if (m->ckpt_stop)
+				break;
+		}
+		m->ckpt_wanted = 0;
+		pthread_mutex_unlock(&m->ckpt_lock);
+		if (c != NULL || conn_get(m, &c) == 0) {
+			int frames = 0, done = 0;
+
+			/* Most pages are copied while writers go on... */
+			sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, &frames,
+						  &done);
+			/* ...but the WAL starts over from its beginning only once
+			 * a checkpoint has caught up with it, which it never does
+			 * while commits keep coming. So finish with this process's
+			 * writers held off for the few frames that came meanwhile. */
+			if (frames > done) {
+				pthread_mutex_lock(&m->write_lock);
+				sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE,
+							  NULL, NULL);
+				pthread_mutex_unlock(&m->write_lock);
+			}
+		}
+		pthread_mutex_lock(&m->ckpt_lock);
+	}
+	pthread_mutex_unlock(&m->ckpt_lock);
+	return NULL;
+}
+
+/*
+ * Batched: WAL commits reach the page cache (they survive a killed process)
+ * and stable storage at the next meta_sync() or checkpoint. Applied by the
+ * thread that owns the connection, before its next write transaction, so a
+ * connection opened before meta_set_batched() (meta_open's own) follows too.
+ */
+static int conn_sync_mode(struct conn *c)
+{
+	int want = atomic_load(&c->m->batched) ? 1 : 0;
+
+	if (c->batched == want)
+		return 0;
+	if (sqlite3_exec(c->db,
+			 want ? "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0" :
+				"PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 1000",
+			 NULL, NULL, NULL) != SQLITE_OK)
+		return -EIO;
+	sqlite3_wal_hook(c->db, want ? wal_grown : NULL, c->m);
+	c->batched = want;
+	return 0;
 }
 
 static int conn_get(struct meta *m, struct conn **out)
@@ -358,14 +484,6 @@ static int conn_get(struct meta *m, struct conn **out)
 	rc = conn_open(m->path, &c);
 	if (rc)
 		return rc;
-	/* Batched: WAL commits reach the page cache (they survive a killed
-	 * process) and stable storage at the next meta_sync() or checkpoint. */
-	if (atomic_load(&m->batched) &&
-	    sqlite3_exec(c->db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL) != SQLITE_OK) {
-		sqlite3_close(c->db);
-		free(c);
-		return -EIO;
-	}
 	c->m = m;
 	pthread_mutex_lock(&m->lock);
 	c->next = m->conns;
@@ -586,6 +704,10 @@ static int txn(struct meta *m, txn_fn fn, void *arg)
 	rc = conn_get(m, &c);
 	if (rc)
 		return rc;
+	rc = conn_sync_mode(c);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&m->write_lock);
 	for (tries = 1;; tries++) {
 		rc = exec_st(c, ST_BEGIN);
 		if (rc == 0) {
@@ -595,13 +717,14 @@ static int txn(struct meta *m, txn_fn fn, void *arg)
 			if (rc != 0 && !sqlite3_get_autocommit(c->db))
 				exec_st(c, ST_ROLLBACK);
 			if (rc == 0)
-				return 0;
+				break;
 		}
 		if (rc != -EAGAIN || tries >= TXN_TRIES)
 			break;
-		/* busy_timeout already waited; back off a little more. */
+		/* busy_wait() already waited; back off a little more. */
 		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
 	}
+	pthread_mutex_unlock(&m->write_lock);
 	return rc == -EAGAIN ? -EIO : rc;
 }
 
@@ -1263,6 +1386,9 @@ int meta_open(const char *db_path, struct meta **out)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&m->lock, NULL);
+	pthread_mutex_init(&m->write_lock, NULL);
+	pthread_mutex_init(&m->ckpt_lock, NULL);
+	pthread_cond_init(&m->ckpt_cond, NULL);
 	rc = conn_get(m, &c);
 	if (rc == 0)
 		rc = check_volume(c);
@@ -1284,6 +1410,12 @@ void meta_close(struct meta *m)
 
 	if (m == NULL)
 		return;
+	pthread_mutex_lock(&m->ckpt_lock);
+	m->ckpt_stop = 1;
+	pthread_cond_signal(&m->ckpt_cond);
+	pthread_mutex_unlock(&m->ckpt_lock);
+	if (m->ckpt_started)
+		pthread_join(m->ckpt_thread, NULL); /* its conn goes with the thread */
 	/* The caller's workers are gone (or never touch m again); no key
 	 * destructor runs for this key after this. */
 	pthread_key_delete(m->key);
@@ -1296,6 +1428,9 @@ void meta_close(struct meta *m)
 		conn_free(c);
 	}
 	pthread_mutex_destroy(&m->lock);
+	pthread_mutex_destroy(&m->write_lock);
+	pthread_mutex_destroy(&m->ckpt_lock);
+	pthread_cond_destroy(&m->ckpt_cond);
 	free(m->path);
 	free(m);
 }
@@ -2448,28 +2583,86 @@ static int do_write_commit_seq(struct conn *c, void *p)
 	return rc;
 }
 
+/* Refusals that do_write_commit_seq() makes before it changes a row: the
+ * item fails alone and the batch's transaction goes on. */
+static int commit_refused_early(int rc)
+{
+	return rc == -EALREADY || rc == -ENOENT || rc == -EISDIR || rc == -EINVAL;
+}
+
+struct commit_batch_args {
+	struct meta_commit_item *items;
+	size_t n;
+};
+
+static int do_write_commit_batch(struct conn *c, void *p)
+{
+	struct commit_batch_args *b = p;
+
+	for (size_t i = 0; i < b->n; i++) {
+		struct meta_commit_item *it = &b->items[i];
+		struct commit_seq_args a = { .commit = { .ino = it->ino, .slices = it->slices,
+							 .n = it->n, .new_size = it->new_size,
+							 .mtime = it->mtime },
+					     .seq = it->seq };
+		int rc;
+
+		if (it->seq == 0 || it->seq > INT64_MAX)
+			rc = -EINVAL;
+		else if ((rc = commit_args_check(c->m, &a.commit)) == 0)
+			rc = do_write_commit_seq(c, &a);
+		if (rc != 0 && !commit_refused_early(rc))
+			return rc; /* the whole transaction goes */
+		it->rc = rc;
+		if (rc == 0)
+			it->out = a.commit.out;
+	}
+	return 0;
+}
+
+int meta_write_commit_batch(struct meta *m, struct meta_commit_item *items, size_t n)
+{
+	struct commit_batch_args b = { .items = items, .n = n };
+	int rc;
+
+	if (m == NULL || (items == NULL && n > 0))
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	rc = txn(m, do_write_commit_batch, &b);
+	if (rc != 0)
+		for (size_t i = 0; i < n; i++)
+			items[i].rc = rc;
+	return rc;
+}
+
 int meta_write_commit_seq(struct meta *m, uint64_t ino, uint64_t seq,
 			  const struct meta_chunk_slice *slices, size_t n, uint64_t new_size,
 			  const struct timespec *mtime, struct meta_attr *out)
 {
-	struct commit_seq_args a = { .commit = { .ino = ino, .slices = slices, .n = n,
-						 .new_size = new_size, .mtime = mtime },
-				     .seq = seq };
-	int rc;
+	struct meta_commit_item it = { .ino = ino, .seq = seq, .slices = slices, .n = n,
+				       .new_size = new_size, .mtime = mtime };
+	int rc = meta_write_commit_batch(m, &it, 1);
 
-	if (seq == 0 || seq > INT64_MAX)
-		return -EINVAL;
-	rc = commit_args_check(m, &a.commit);
 	if (rc == 0)
-		rc = txn(m, do_write_commit_seq, &a);
+		rc = it.rc;
 	if (rc == 0 && out != NULL)
-		*out = a.commit.out;
+		*out = it.out;
 	return rc;
 }
 
-void meta_set_batched(struct meta *m, int batched)
+int meta_set_batched(struct meta *m, int batched)
 {
+	int rc = 0;
+
 	atomic_store(&m->batched, batched);
+	pthread_mutex_lock(&m->ckpt_lock);
+	if (batched && !m->ckpt_started) {
+		rc = -pthread_create(&m->ckpt_thread, NULL, ckpt_main, m);
+		m->ckpt_started = rc == 0;
+	}
+	pthread_mutex_unlock(&m->ckpt_lock);
+	return rc;
 }
 
 int meta_sync(struct meta *m)

@@ -355,7 +355,8 @@ int main(int argc, char **argv)
 		start_failed(md, "cannot open volume %s: %s", md->cfg.db_path, strerror(-rc));
 	/* Namespace changes need not each wait for a disk sync: they are
 	 * synced at fsync/fsyncdir (and every commit of file data is). */
-	meta_set_batched(md->meta, 1);
+	if ((rc = meta_set_batched(md->meta, 1)) < 0)
+		start_failed(md, "cannot start the metadata checkpointer: %s", strerror(-rc));
 	if ((rc = volume_lock(md)) < 0)
 		start_failed(md, "cannot lock volume %s: %s", md->cfg.db_path, strerror(-rc));
 	if ((rc = meta_volume_get(md->meta, &md->vol)) < 0)

@@ -471,14 +471,33 @@ static void alloc_done(struct task *t)
 	}
 	for (size_t k = 0; k < j->plan.nslices; k++)
 		j->plan.slices[k].s.id = a->first + k;
+	/* The rest of the range is the pool for the next jobs. */
+	r->slice_ids_next = a->first + j->plan.nslices;
+	r->slice_ids_end = a->first + a->count;
 	free(a);
 	feed_job(r, j);
 }
 
+/*
+ * Slice ids come from the volume's counter in ranges of SLICE_ID_BATCH, so
+ * that most jobs take theirs from the pool here instead of a metadata
+ * transaction each. Ids a stopped reconciler never used are only a gap.
+ */
+#define SLICE_ID_BATCH 1024u
+
 static void job_plan_ids(struct rec *r, struct job *j)
 {
-	struct alloc_task *a = calloc(1, sizeof(*a));
+	struct alloc_task *a;
+	uint64_t n = j->plan.nslices;
 
+	if (n <= r->slice_ids_end - r->slice_ids_next) {
+		for (uint64_t k = 0; k < n; k++)
+			j->plan.slices[k].s.id = r->slice_ids_next + k;
+		r->slice_ids_next += n;
+		feed_job(r, j);
+		return;
+	}
+	a = calloc(1, sizeof(*a));
 	if (!a) {
 		set_err(j, -ENOMEM, "out of memory");
 		job_attempt_failed(r, j);
@@ -489,7 +508,7 @@ static void job_plan_ids(struct rec *r, struct job *j)
 	a->t.done = alloc_done;
 	a->r = r;
 	a->j = j;
-	a->count = (uint32_t)j->plan.nslices;
+	a->count = (uint32_t)(n > SLICE_ID_BATCH ? n : SLICE_ID_BATCH);
 	work_submit(r, &a->t);
 }
 
@@ -607,46 +626,67 @@ void jobs_object_done(struct rec *r, struct job *j, uint64_t obj, int rc, const 
 
 /* ---- commit ---- */
 
+/*
+ * Commits go in batches, one at a time: while a batch is at a worker, jobs
+ * that finish uploading queue on r->commitq, and the next batch takes them
+ * all (up to COMMIT_BATCH_MAX) in one metadata transaction and one
+ * meta_sync(). A burst of small files then costs a few syncs, not one each.
+ */
+#define COMMIT_BATCH_MAX 64
+
 struct commit_task {
 	struct task t;
 	struct rec *r;
-	struct job *j;
-	int rc;
-	int unlink_err;
+	size_t n;
+	struct job *jobs[COMMIT_BATCH_MAX];
+	struct meta_commit_item items[COMMIT_BATCH_MAX];
+	int unlink_err[COMMIT_BATCH_MAX];
 };
+
+static void commit_kick(struct rec *r);
 
 static void commit_run(struct task *t)
 {
 	struct commit_task *c = (struct commit_task *)t;
 	struct rec *r = c->r;
-	struct job *j = c->j;
+	bool any = false;
+	int rc;
 
-	c->rc = meta_write_commit_seq(r->meta, j->rj.ino, j->rj.seq, j->plan.slices,
-				      j->plan.nslices, j->rj.length, &j->rj.mtime, NULL);
-	/* The staging file may go only once the commit is on stable storage. */
-	if (c->rc == 0)
-		c->rc = meta_sync(r->meta);
+	for (size_t i = 0; i < c->n; i++) {
+		struct job *j = c->jobs[i];
+
+		c->items[i] = (struct meta_commit_item){ .ino = j->rj.ino, .seq = j->rj.seq,
+							 .slices = j->plan.slices,
+							 .n = j->plan.nslices,
+							 .new_size = j->rj.length,
+							 .mtime = &j->rj.mtime };
+	}
+	meta_write_commit_batch(r->meta, c->items, c->n);
+	for (size_t i = 0; i < c->n; i++)
+		any |= c->items[i].rc == 0;
+	/* A staging file may go only once its commit is on stable storage. */
+	if (any && (rc = meta_sync(r->meta)) != 0)
+		for (size_t i = 0; i < c->n; i++)
+			if (c->items[i].rc == 0)
+				c->items[i].rc = rc;
 	/* Committed (now or before a crash), or its inode is gone: the staging
 	 * file, then its record, go. */
-	if (c->rc == 0 || c->rc == -EALREADY || c->rc == -ENOENT) {
+	for (size_t i = 0; i < c->n; i++) {
+		struct job *j = c->jobs[i];
+		int irc = c->items[i].rc;
+
+		if (irc != 0 && irc != -EALREADY && irc != -ENOENT)
+			continue;
 		if (unlinkat(r->staging_fd, j->file, 0) < 0 && errno != ENOENT)
-			c->unlink_err = errno;
-		if (unlinkat(r->staging_fd, j->jobfile, 0) < 0 && errno != ENOENT && !c->unlink_err)
-			c->unlink_err = errno;
+			c->unlink_err[i] = errno;
+		if (unlinkat(r->staging_fd, j->jobfile, 0) < 0 && errno != ENOENT &&
+		    !c->unlink_err[i])
+			c->unlink_err[i] = errno;
 	}
 }
 
-static void commit_done(struct task *t)
+static void commit_one_done(struct rec *r, struct job *j, int rc, int uerr)
 {
-	struct commit_task *c = (struct commit_task *)t;
-	struct rec *r = c->r;
-	struct job *j = c->j;
-	int rc = c->rc, uerr = c->unlink_err;
-	bool cancelled = t->cancelled;
-
-	free(c);
-	if (cancelled)
-		return;
 	if (uerr)
 		log_errno(uerr, "job %s: committed, but its files stay in %s", j->file,
 			  r->cfg.staging_dir);
@@ -671,24 +711,55 @@ static void commit_done(struct task *t)
 	}
 }
 
-static void job_maybe_commit(struct rec *r, struct job *j)
+static void commit_done(struct task *t)
+{
+	struct commit_task *c = (struct commit_task *)t;
+	struct rec *r = c->r;
+
+	if (!t->cancelled) {
+		/* Jobs these make ready join r->commitq for the next batch. */
+		for (size_t i = 0; i < c->n; i++)
+			commit_one_done(r, c->jobs[i], c->items[i].rc, c->unlink_err[i]);
+		r->committing = false;
+		commit_kick(r);
+	}
+	free(c);
+}
+
+static void commit_kick(struct rec *r)
 {
 	struct commit_task *c;
+	struct job *j;
 
-	if (j->state != JOB_READY || TAILQ_FIRST(&j->iq->jobs) != j)
+	if (r->committing || TAILQ_EMPTY(&r->commitq))
 		return;
 	c = calloc(1, sizeof(*c));
 	if (!c) {
-		set_err(j, -ENOMEM, "out of memory");
-		job_attempt_failed(r, j);
+		while ((j = TAILQ_FIRST(&r->commitq))) {
+			TAILQ_REMOVE(&r->commitq, j, commit_link);
+			set_err(j, -ENOMEM, "out of memory");
+			job_attempt_failed(r, j);
+		}
 		return;
 	}
-	j->state = JOB_COMMITTING;
+	while (c->n < COMMIT_BATCH_MAX && (j = TAILQ_FIRST(&r->commitq))) {
+		TAILQ_REMOVE(&r->commitq, j, commit_link);
+		c->jobs[c->n++] = j;
+	}
 	c->t.run = commit_run;
 	c->t.done = commit_done;
 	c->r = r;
-	c->j = j;
+	r->committing = true;
 	work_submit(r, &c->t);
+}
+
+static void job_maybe_commit(struct rec *r, struct job *j)
+{
+	if (j->state != JOB_READY || TAILQ_FIRST(&j->iq->jobs) != j)
+		return;
+	j->state = JOB_COMMITTING;
+	TAILQ_INSERT_TAIL(&r->commitq, j, commit_link);
+	commit_kick(r);
 }
 
 /* ---- the journal scan ---- */
@@ -843,6 +914,7 @@ void jobs_free_all(struct rec *r)
 	}
 	TAILQ_INIT(&r->ready);
 	TAILQ_INIT(&r->feed);
+	TAILQ_INIT(&r->commitq);
 	while ((d = TAILQ_FIRST(&r->drains))) {
 		TAILQ_REMOVE(&r->drains, d, link);
 		conn_unref(d->conn);

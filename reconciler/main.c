@@ -286,6 +286,7 @@ int main(int argc, char **argv)
 	TAILQ_INIT(&r->all);
 	TAILQ_INIT(&r->ready);
 	TAILQ_INIT(&r->feed);
+	TAILQ_INIT(&r->commitq);
 	TAILQ_INIT(&r->drains);
 	TAILQ_INIT(&r->conns);
 	cfg->max_uploads = 8;
@@ -339,7 +340,8 @@ int main(int argc, char **argv)
 		start_failed("cannot open volume %s: %s", cfg->db_path, strerror(-rc));
 	/* Commits are synced by meta_sync() before a staging file goes, with no
 	 * database lock held during the sync (ferry-mountd's creates go on). */
-	meta_set_batched(r->meta, 1);
+	if ((rc = meta_set_batched(r->meta, 1)) < 0)
+		start_failed("cannot start the metadata checkpointer: %s", strerror(-rc));
 	if ((rc = meta_volume_get(r->meta, &r->vol)) < 0)
 		start_failed("cannot read the volume record of %s: %s", cfg->db_path, strerror(-rc));
 	if (store_url_parse(r->vol.storage_url, r->vol.s3_http, &surl, err, sizeof(err)) < 0)

@@ -102,6 +102,7 @@ struct job {
 	TAILQ_ENTRY(job) all_link;     /* r->all: every unfinished job, by seq */
 	TAILQ_ENTRY(job) ready_link;   /* r->ready: waiting to start, by seq */
 	TAILQ_ENTRY(job) feed_link;    /* r->feed: has objects left to queue */
+	TAILQ_ENTRY(job) commit_link;  /* r->commitq: uploaded, waiting for a commit batch */
 	struct job *hnext;             /* r->by_name chain */
 };
 TAILQ_HEAD(job_list, job);
@@ -207,6 +208,9 @@ struct rec {
 
 	/* jobs */
 	struct job_list all, ready, feed;
+	struct job_list commitq;     /* JOB_COMMITTING, not yet in a batch */
+	bool committing;             /* a commit batch is at a worker */
+	uint64_t slice_ids_next, slice_ids_end; /* allocated, not yet used: [next, end) */
 	struct job **by_name;        /* hash: name -> job */
 	struct inode_q **by_ino;     /* hash: ino -> queue */
 	size_t nbuckets;
