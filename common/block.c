@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <xxhash.h>
 #include <zlib.h>
 
 static const unsigned char block_magic[4] = { 'F', 'Y', 'b', '1' };
@@ -49,15 +50,5 @@ int block_verify(const void *buf, size_t stored_len, size_t data_len)
 
 uint64_t block_fingerprint(const void *buf, size_t len)
 {
-	uLong a = adler32(0L, Z_NULL, 0);
-	const unsigned char *p = buf;
-	size_t left = len;
-
-	while (left) {
-		uInt n = left > (1u << 30) ? (1u << 30) : (uInt)left;
-		a = adler32(a, p, n);
-		p += n;
-		left -= n;
-	}
-	return (uint64_t)block_crc(buf, len) << 32 | (uint32_t)a;
+	return XXH3_64bits(buf, len);
 }

@@ -101,12 +101,14 @@ struct wstate {
 	bool passthrough;
 	int backing_id;          /* registered while passthrough opens may come; 0 after */
 	uint32_t npt;            /* open handles sharing backing_id */
-	struct block_print *prints; /* per block: what the last commit stored; owned */
+	struct block_print *prints; /* per PT_UNIT: what the last commit stored; owned */
 	size_t nprints;
 };
 
-/* What a passthrough commit stored for one block, so the next commit (an
- * fsync) uploads only the blocks that changed since. */
+/* What a passthrough commit stored for one PT_UNIT of the file, so the next
+ * commit (an fsync) uploads only the units that changed since. 64 KiB: a
+ * small write costs a 64 KiB upload, and a 64 GiB file 16 MiB of prints. */
+#define PT_UNIT (64u << 10)
 struct block_print {
 	uint64_t print;          /* block_fingerprint() of the bytes */
 	uint32_t len;            /* 0: nothing committed for this block */

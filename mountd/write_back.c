@@ -315,43 +315,52 @@ static bool is_zero(const char *p, size_t len)
 	return true;
 }
 
+/* A run of changed fingerprint units inside one block: one slice. */
+struct pt_run {
+	uint64_t at;  /* file offset */
+	uint32_t len;
+};
+
 /*
- * Commits a passthrough staging file: every block whose fingerprint differs
- * from what the last commit stored becomes a one-object slice; unchanged
- * blocks are left to the slices already committed (an fsync after a small
- * change uploads only what changed).
+ * Commits a passthrough staging file. The kernel wrote it directly, so
+ * there are no dirty ranges: every PT_UNIT of the file is fingerprinted
+ * and compared with what the last commit stored. Each run of changed units
+ * within a block becomes one slice (its own object, or a zero slice), and
+ * unchanged units are left to the slices already committed, so an fsync
+ * after a small write uploads PT_UNIT-sized pieces, not whole blocks.
+ * Called with the inode's lock held: the file may grow meanwhile (the
+ * kernel writes on), never shrink (truncates come through us).
  */
 static int commit_passthrough(struct mountd *md, struct inode *ino)
 {
 	struct wstate *w = ino->w;
 	uint32_t bs = md->vol.block_size;
+	uint32_t unit = PT_UNIT < bs ? PT_UNIT : bs;
 	struct meta_chunk_slice *sl = NULL;
 	struct block_print *np = NULL;
+	struct pt_run *runs = NULL;
 	struct timespec mtime = { 0 };
 	uint64_t size = 0, first = 0;
-	size_t nblocks, nsl = 0;
+	size_t nunits, nruns = 0, nsl = 0, u = 0;
 	char *buf = NULL;
 	int rc;
 
 	rc = wstate_stat(w, &size, &mtime);
 	if (rc < 0)
 		return rc;
-	nblocks = (size + bs - 1) / bs;
-	np = calloc(nblocks ? nblocks : 1, sizeof(*np));
-	sl = calloc(nblocks ? nblocks : 1, sizeof(*sl));
+	nunits = (size + unit - 1) / unit;
+	np = calloc(nunits ? nunits : 1, sizeof(*np));
+	runs = calloc(nunits ? nunits : 1, sizeof(*runs)); /* at most one per unit */
 	buf = malloc((size_t)bs + BLOCK_TRAILER);
-	if (!np || !sl || !buf) {
+	if (!np || !runs || !buf) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	/* One id per block; the ids of unchanged blocks go unused. */
-	if (nblocks && (rc = meta_slice_id_alloc(md->meta, (uint32_t)nblocks, &first)) < 0)
-		goto out;
-	for (size_t b = 0; b < nblocks; b++) {
-		uint64_t at = (uint64_t)b * bs;
+	/* Pass 1: fingerprints, block by block, and the runs that changed. */
+	for (uint64_t at = 0; at < size; at += bs) {
 		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
-		char key[SLICE_KEY_MAX];
 		ssize_t n = pread(w->fd, buf, len, (off_t)at);
+		bool block_changed = false, in_run = false;
 
 		if (n < 0) {
 			rc = -errno;
@@ -361,32 +370,71 @@ static int commit_passthrough(struct mountd *md, struct inode *ino)
 			rc = -EAGAIN;
 			goto out;
 		}
-		np[b].print = block_fingerprint(buf, len);
-		np[b].len = len;
-		if (b < w->nprints && w->prints[b].len == len && w->prints[b].print == np[b].print) {
-			atomic_fetch_add(&md->stats.blocks_unchanged, 1);
-			continue;
+		for (uint32_t off = 0; off < len; off += unit, u++) {
+			uint32_t ulen = len - off < unit ? len - off : unit;
+			bool same;
+
+			np[u].print = block_fingerprint(buf + off, ulen);
+			np[u].len = ulen;
+			same = u < w->nprints && w->prints[u].len == ulen &&
+			       w->prints[u].print == np[u].print;
+			if (same) {
+				in_run = false;
+				continue;
+			}
+			block_changed = true;
+			if (in_run) {
+				runs[nruns - 1].len += ulen;
+			} else {
+				runs[nruns++] = (struct pt_run){ .at = at + off, .len = ulen };
+				in_run = true;
+			}
 		}
-		sl[nsl].chunk = (uint32_t)(at / META_CHUNK_SIZE);
-		if (is_zero(buf, len)) {
+		if (!block_changed)
+			atomic_fetch_add(&md->stats.blocks_unchanged, 1);
+	}
+	sl = calloc(nruns ? nruns : 1, sizeof(*sl));
+	if (!sl) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* One id per run; the ids of zero runs go unused. */
+	if (nruns && (rc = meta_slice_id_alloc(md->meta, (uint32_t)nruns, &first)) < 0)
+		goto out;
+	/* Pass 2: store what changed. */
+	for (size_t k = 0; k < nruns; k++) {
+		struct pt_run *r = &runs[k];
+		char key[SLICE_KEY_MAX];
+		ssize_t n = pread(w->fd, buf, r->len, (off_t)r->at);
+
+		if (n < 0) {
+			rc = -errno;
+			goto out;
+		}
+		if ((uint32_t)n != r->len) {
+			rc = -EAGAIN;
+			goto out;
+		}
+		sl[nsl].chunk = (uint32_t)(r->at / META_CHUNK_SIZE);
+		sl[nsl].s = (struct meta_slice){ .id = 0, .size = r->len, .off = 0,
+						 .pos = (uint32_t)(r->at % META_CHUNK_SIZE),
+						 .len = r->len };
+		if (is_zero(buf, r->len)) {
 			/* A hole (or zeros): a zero slice, nothing to upload, and
 			 * SEEK_HOLE still finds it. */
-			sl[nsl].s = (struct meta_slice){ .id = 0, .size = len, .off = 0,
-							 .pos = (uint32_t)(at % META_CHUNK_SIZE), .len = len };
 			nsl++;
 			continue;
 		}
-		slice_object_key(first + b, 0, len, bs, key, sizeof(key));
-		rc = objstore_put(md->store, key, buf, block_seal(buf, len));
+		sl[nsl].s.id = first + k;
+		slice_object_key(first + k, 0, r->len, bs, key, sizeof(key));
+		rc = objstore_put(md->store, key, buf, block_seal(buf, r->len));
 		if (rc < 0) {
 			log_errno(rc, "upload of %s failed: %s", key, objstore_last_error());
 			goto out;
 		}
 		atomic_fetch_add(&md->stats.objects_put, 1);
-		atomic_fetch_add(&md->stats.bytes_uploaded, len);
-		read_cache_insert(md->cache, key, buf, len);
-		sl[nsl].s = (struct meta_slice){ .id = first + b, .size = len, .off = 0,
-						 .pos = (uint32_t)(at % META_CHUNK_SIZE), .len = len };
+		atomic_fetch_add(&md->stats.bytes_uploaded, r->len);
+		read_cache_insert(md->cache, key, buf, r->len);
 		nsl++;
 	}
 	if (nsl == 0 && !w->size_changed && size == w->size)
@@ -400,13 +448,14 @@ static int commit_passthrough(struct mountd *md, struct inode *ino)
 done:
 	free(w->prints);
 	w->prints = np;
-	w->nprints = nblocks;
+	w->nprints = nunits;
 	np = NULL;
 	w->size = size;
 	w->mtime = mtime;
 	w->size_changed = false;
 out:
 	free(np);
+	free(runs);
 	free(sl);
 	free(buf);
 	return rc;

@@ -21,8 +21,10 @@
  * plain directory on the filesystem the staging files live on):
  *   - 4 KiB random pwrite() IOPS into a file opened empty (O_CREAT|O_TRUNC,
  *     then filled in the same open, untimed), buffered; close() timed apart
- *   - the same with fdatasync() after every write (a fixed count; ferryfs:
- *     fsync=remote, every fdatasync uploads the changed block and commits)
+ *   - the same with fdatasync() after every write (a fixed count), with the
+ *     volumes mounted fsync=remote (every fdatasync uploads the changed
+ *     block and commits) and then again remounted fsync=local (fdatasync of
+ *     the staging file and a journal record; uploaded after close)
  *   - sequential write in 1 MiB blocks, write() calls and close() apart
  *   - the create + write(2 KiB) + close() loop
  *   with the ratios passthrough/directory and passthrough/passthrough=off,
@@ -419,6 +421,7 @@ enum { T_CORE, T_PT, T_OFF, NTGT };
 struct target {
 	const char *tag;        /* core, pt, off */
 	const char *mount_o;    /* -o for `ferry mount`, or NULL */
+	char *mount_o_local;    /* mount_o plus fsync=local, once remounted so */
 	char *volume, *mnt, *cache_dir, *staging_dir, *pidfile;
 	bool mounted;
 	struct snap overhead;   /* what reading .stats itself costs */
@@ -1402,8 +1405,10 @@ static int small_remove(struct bench *b, const char *dir)
 	return 0;
 }
 
-static int pt_rand(struct bench *b, bool sync_each)
+/* fsync: for the label of the write+fdatasync rows, "remote" or "local". */
+static int pt_rand(struct bench *b, bool sync_each, const char *fsync)
 {
+	char label[96];
 	uint64_t bytes = (uint64_t)(sync_each ? b->o.sync_mib : b->o.rand_mib) * MIB;
 	struct row3 *ri, *rl = NULL, *rc, *rq, *ru = NULL, *rb = NULL;
 	struct snap sopen, s0, smid, s1;
@@ -1414,7 +1419,8 @@ static int pt_rand(struct bench *b, bool sync_each)
 		rc = row3_add(b, "  close() after it (ms)", "%.1f", true);
 		rq = row3_add(b, "  FUSE requests per write", "%.3f", false);
 	} else {
-		ri = row3_add(b, "rand write 4 KiB + fdatasync, fsync=remote (IOPS)", "%.0f", true);
+		snprintf(label, sizeof(label), "rand write 4 KiB + fdatasync, fsync=%s (IOPS)", fsync);
+		ri = row3_add(b, label, "%.0f", true);
 		rl = row3_add(b, "  per write + fdatasync (ms)", "%.2f", true);
 		rc = row3_add(b, "  close() after it (ms)", "%.1f", true);
 		rq = row3_add(b, "  FUSE requests per write+fdatasync", "%.3f", false);
@@ -1586,8 +1592,29 @@ static int suite_pt(struct bench *b)
 			     "passthrough_active %s, passthrough_off_reason %s", act, why) < 0)
 			b->pt_state[k - T_PT][0] = '\0';
 	}
-	if (pt_rand(b, false) < 0 || pt_rand(b, true) < 0 || pt_seq(b) < 0 || pt_small(b) < 0)
+	if (pt_rand(b, false, NULL) < 0 || pt_rand(b, true, "remote") < 0 || pt_seq(b) < 0 ||
+	    pt_small(b) < 0)
 		return -1;
+	if (b->o.fsync_row) {
+		/* Both volumes again, remounted -o fsync=local. */
+		for (int k = T_PT; k <= T_OFF; k++) {
+			struct target *t = &b->t[k];
+			char *o = NULL;
+
+			progress("remounting %s with fsync=local", t->mnt);
+			if (ferry_umount(b, t, &tu) < 0)
+				return -1;
+			if (asprintf(&o, "%s%sfsync=local", t->mount_o ? t->mount_o : "",
+				     t->mount_o ? "," : "") < 0)
+				return -1;
+			t->mount_o_local = o; /* owned by the target, freed with it */
+			t->mount_o = o;
+			if (ferry_mount(b, t) < 0)
+				return -1;
+		}
+		if (pt_rand(b, true, "local") < 0)
+			return -1;
+	}
 	for (int k = T_PT; k <= T_OFF; k++) {
 		progress("unmounting %s", b->t[k].mnt);
 		if (ferry_umount(b, &b->t[k], &tu) < 0)
@@ -1804,7 +1831,9 @@ static void print_pt(struct bench *b)
 	printf("  staging dir = a plain directory on the filesystem the staging files live on (%s)\n",
 	       b->baseline);
 	printf("  both ferryfs volumes: fsync=remote (fsync/fdatasync upload to the file:// store and "
-	       "commit the metadata before returning; close() hands over to ferry-reconciler)\n");
+	       "commit the metadata before returning; close() hands over to ferry-reconciler),\n"
+	       "  except the fsync=local row, for which both are remounted -o fsync=local (fdatasync "
+	       "syncs the staging file and a journal record on this node; the upload follows close())\n");
 	printf("ratios: pt/dir = ferry pt / staging dir, pt/off = ferry pt / ferry off; for rates higher "
 	       "is better for pt, for times (ms, s, us) lower is better\n\n");
 	printf("%-50s %11s %11s %11s %8s %8s\n", "test", wlabel[0], wlabel[1], wlabel[2], "pt/dir",
@@ -1827,8 +1856,6 @@ static void print_pt(struct bench *b)
 		}
 		printf("%-50s %11s %11s %11s %8s %8s\n", r->label, v[0], v[1], v[2], q1, q2);
 	}
-	printf("fsync=local (-o fsync=local) exists but this benchmark does not measure it yet: "
-	       "no fsync=local figure.\n");
 
 	printf("\nissue 3 targets (information only: the benchmark exits 0 whether they are met or "
 	       "not):\n");
@@ -2166,6 +2193,7 @@ out:
 		free(b->t[k].staging_dir);
 		free(b->t[k].mnt);
 		free(b->t[k].pidfile);
+		free(b->t[k].mount_o_local);
 	}
 	free(b->baseline);
 	free(b->buf);

@@ -236,7 +236,7 @@ Test(passthrough, mmap_write_then_close)
 Test(passthrough, fsync_uploads_only_changed_blocks)
 {
 	unsigned char buf[MiB];
-	uint64_t put0, put1, same0;
+	uint64_t put0, put1, same0, up0;
 	int fd = OK(open(mp("c"), O_CREAT | O_RDWR, 0644));
 
 	for (int i = 0; i < 16; i++) { /* 16 MiB: four 4 MiB blocks */
@@ -249,10 +249,21 @@ Test(passthrough, fsync_uploads_only_changed_blocks)
 	cr_assert_eq(put1 - put0, 4, "first fsync put %llu objects, want 4",
 		     (unsigned long long)(put1 - put0));
 	same0 = stat_of("blocks_unchanged");
+	up0 = stat_of("bytes_uploaded");
 	fm_pwrite_all(fd, "X", 1, 9 * MiB); /* in block 2 */
 	OK(fsync(fd));
 	cr_assert_eq(stat_of("objects_put") - put1, 1, "a one-byte change re-uploaded more than its block");
 	cr_assert_eq(stat_of("blocks_unchanged") - same0, 3);
+	/* Only the 64 KiB fingerprint unit around it, not its 4 MiB block. */
+	cr_assert_eq(stat_of("bytes_uploaded") - up0, 64 << 10);
+	/* Two changes in one unit and one in the next: one 128 KiB run. */
+	put1 = stat_of("objects_put");
+	up0 = stat_of("bytes_uploaded");
+	fm_pwrite_all(fd, "YY", 2, 5 * MiB + 10);
+	fm_pwrite_all(fd, "Z", 1, 5 * MiB + (64 << 10) + 7);
+	OK(fsync(fd));
+	cr_assert_eq(stat_of("objects_put") - put1, 1);
+	cr_assert_eq(stat_of("bytes_uploaded") - up0, 128 << 10);
 	OK(close(fd));
 	/* The fsync'ed content survives a daemon killed before any more commit. */
 	fm_crash();
@@ -261,6 +272,10 @@ Test(passthrough, fsync_uploads_only_changed_blocks)
 	unsigned char c;
 	fm_pread_all(fd, &c, 1, 9 * MiB);
 	cr_assert_eq(c, 'X');
+	unsigned char yz[3];
+	fm_pread_all(fd, yz, 2, 5 * MiB + 10);
+	fm_pread_all(fd, yz + 2, 1, 5 * MiB + (64 << 10) + 7);
+	cr_assert(memcmp(yz, "YYZ", 3) == 0);
 	fm_pread_all(fd, buf, sizeof(buf), 12 * MiB);
 	unsigned char want[MiB];
 	fill(5, want, sizeof(want), 12 * MiB);
