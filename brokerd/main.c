@@ -1,18 +1,368 @@
 /*
- * ferry-brokerd: will mount for unprivileged peers and register FUSE
- * passthrough backing files for them (issue "ferry-brokerd"). Until then it
- * refuses to run, saying so; root can mount with `ferry mount` directly.
+ * ferry-brokerd main: options -> (-n: check the policy; --ping: ask a
+ * running broker) -> stray fds closed -> policy, state directory, socket ->
+ * privileges dropped to CAP_SYS_ADMIN -> fusectl, mount table rebuilt ->
+ * loop; SIGTERM/SIGINT end it. Mounts outlive the broker: their records
+ * stay in the state directory and a restarted broker takes them up again.
+ * Torn down in reverse.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <grp.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "brokerd.h"
+#include "log.h"
+
+struct options {
+	const char *socket;
+	const char *policy;
+	const char *state_dir;
+	mode_t socket_mode;
+	const char *socket_group;
+	bool check;
+	bool ping;
+	bool verbose;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: ferry-brokerd --policy FILE [--socket PATH] [--state-dir DIR] [options]\n"
+		"       ferry-brokerd -n --policy FILE\n"
+		"       ferry-brokerd --ping [--socket PATH]\n"
+		"\n"
+		"Mounts FUSE file systems for unprivileged peers (ferry-mountd, ferry) and\n"
+		"registers their FUSE passthrough backing files, as a policy file allows.\n"
+		"It keeps CAP_SYS_ADMIN (with CAP_SETUID/CAP_SETGID held back to act with\n"
+		"a peer's fsuid) and drops every other privilege; run it as root.\n"
+		"\n"
+		"  --socket PATH        listen here (default %s)\n"
+		"  --socket-mode MODE   octal mode of the socket (default 0666: the policy\n"
+		"                       decides who may do what; narrow it with a group)\n"
+		"  --socket-group GROUP group of the socket (name or number)\n"
+		"  --policy FILE        the policy: lines like\n"
+		"                       allow uid=65534 root=/srv/ferry/pods max_mounts=16\n"
+		"  --state-dir DIR      where the mount table is kept, so a restarted broker\n"
+		"                       knows its live mounts (default %s)\n"
+		"  -n                   check the policy file (and that each root is a\n"
+		"                       directory), print ok or the bad line, exit 0 or 1\n"
+		"  --ping               ask the broker at --socket for its status; exit 0 if\n"
+		"                       it answers (a liveness probe)\n"
+		"  -v, --verbose        debug logging (every request)\n"
+		"  -h, --help           this text\n",
+		BROKER_DEFAULT_SOCKET, BROKER_STATE_DIR_DEFAULT);
+}
+
+static int parse_args(int argc, char **argv, struct options *o)
+{
+	enum { OPT_SOCKET = 256, OPT_MODE, OPT_GROUP, OPT_POLICY, OPT_STATE, OPT_PING };
+	static const struct option longopts[] = {
+		{ "socket", required_argument, NULL, OPT_SOCKET },
+		{ "socket-mode", required_argument, NULL, OPT_MODE },
+		{ "socket-group", required_argument, NULL, OPT_GROUP },
+		{ "policy", required_argument, NULL, OPT_POLICY },
+		{ "state-dir", required_argument, NULL, OPT_STATE },
+		{ "ping", no_argument, NULL, OPT_PING },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int ch;
+
+	*o = (struct options){
+		.socket = BROKER_DEFAULT_SOCKET,
+		.state_dir = BROKER_STATE_DIR_DEFAULT,
+		.socket_mode = 0666,
+	};
+	while ((ch = getopt_long(argc, argv, "nvh", longopts, NULL)) != -1) {
+		switch (ch) {
+		case OPT_SOCKET: o->socket = optarg; break;
+		case OPT_POLICY: o->policy = optarg; break;
+		case OPT_STATE: o->state_dir = optarg; break;
+		case OPT_GROUP: o->socket_group = optarg; break;
+		case OPT_PING: o->ping = true; break;
+		case 'n': o->check = true; break;
+		case 'v': o->verbose = true; break;
+		case OPT_MODE: {
+			char *end;
+			unsigned long m = strtoul(optarg, &end, 8);
+
+			if (!*optarg || *end || m > 0777) {
+				fprintf(stderr, "ferry-brokerd: --socket-mode %s: not an octal mode\n",
+					optarg);
+				return 2;
+			}
+			o->socket_mode = (mode_t)m;
+			break;
+		}
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "ferry-brokerd: unexpected argument %s\n", argv[optind]);
+		return 2;
+	}
+	if (!o->ping && !o->policy) {
+		fprintf(stderr, "ferry-brokerd: --policy FILE is required\n");
+		return 2;
+	}
+	return 0;
+}
+
+/* -n: the policy parses, and each root is an existing directory. */
+static int check_policy(const char *path)
+{
+	struct policy *p = NULL;
+	char err[512];
+	int rc = policy_load(path, &p, err, sizeof(err));
+
+	if (rc < 0) {
+		printf("%s\n", err);
+		return 1;
+	}
+	for (size_t i = 0; i < p->n; i++) {
+		struct stat st;
+
+		if (stat(p->rules[i].root, &st) < 0) {
+			printf("%s:%u: root %s: %s\n", path, p->rules[i].line, p->rules[i].root,
+			       strerror(errno));
+			policy_free(p);
+			return 1;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			printf("%s:%u: root %s: not a directory\n", path, p->rules[i].line,
+			       p->rules[i].root);
+			policy_free(p);
+			return 1;
+		}
+	}
+	printf("%s: ok (%zu rule%s)\n", path, p->n, p->n == 1 ? "" : "s");
+	policy_free(p);
+	return 0;
+}
+
+static int ping(const char *socket)
+{
+	struct broker_conn *c;
+	struct broker_status st;
+	int rc = broker_connect(socket, &c);
+
+	if (rc == 0) {
+		broker_set_timeout(c, 5000);
+		rc = broker_status(c, &st);
+		broker_close(c);
+	}
+	if (rc < 0) {
+		fprintf(stderr, "ferry-brokerd: %s: %s\n", socket, strerror(-rc));
+		return 1;
+	}
+	printf("ok: connections %llu peers %llu mounts %llu backing_ids %llu fds %llu "
+	       "requests %llu refusals %llu\n",
+	       (unsigned long long)st.connections, (unsigned long long)st.peers,
+	       (unsigned long long)st.mounts, (unsigned long long)st.backing_ids,
+	       (unsigned long long)st.fds, (unsigned long long)st.requests,
+	       (unsigned long long)st.refusals);
+	return 0;
+}
+
+/* mkdir -p for the directory that will hold path (the socket's parent). */
+static int mkdir_parents(const char *path, mode_t mode)
+{
+	char buf[PATH_MAX];
+	size_t len = strlen(path);
+
+	if (len >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, len + 1);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(buf, mode) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return 0;
+}
+
+static int open_state_dir(const char *dir)
+{
+	char probe[PATH_MAX];
+	struct stat st;
+	int fd, rc;
+
+	snprintf(probe, sizeof(probe), "%s/", dir);
+	rc = mkdir_parents(probe, 0700);
+	if (rc < 0)
+		return rc;
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	/* Only root may write records that decide what we unmount. */
+	if (fstat(fd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 022)) {
+		close(fd);
+		return -EPERM;
+	}
+	return fd;
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct broker *b = arg;
+
+	(void)what;
+	log_info("signal %d: stopping; mounts stay, with their records", (int)sig);
+	event_base_loopbreak(b->base);
+}
+
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	mount_reap(arg);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	closer_watch(arg);
+	server_tick(arg);
+}
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-		printf("usage: ferry-brokerd --socket PATH --policy FILE\n\n"
-		       "Not functional yet: mount as root with `ferry mount`.\n");
-		return 0;
+	struct broker b = { .state_fd = -1, .fusectl_fd = -1, .listen_fd = -1 };
+	struct event *ev_term = NULL, *ev_int = NULL, *ev_reap = NULL, *ev_tick = NULL;
+	struct timeval reap_tv = { .tv_sec = BROKER_REAP_INTERVAL_S }, tick_tv = { .tv_sec = 1 };
+	struct options o;
+	gid_t group = (gid_t)-1;
+	char err[512];
+	int rc, status = 1;
+
+	rc = parse_args(argc, argv, &o);
+	if (rc)
+		return rc;
+	if (o.check)
+		return check_policy(o.policy);
+	if (o.ping)
+		return ping(o.socket);
+
+	privs_close_stray_fds();
+	log_init("ferry-brokerd", o.verbose ? LOG_LVL_DEBUG : LOG_LVL_INFO);
+	signal(SIGPIPE, SIG_IGN);
+	if (privs_check(err, sizeof(err)) < 0)
+		fatalx("%s", err);
+	rc = policy_load(o.policy, &b.policy, err, sizeof(err));
+	if (rc < 0)
+		fatalx("%s", err);
+	if (o.socket_group) {
+		struct group *gr = getgrnam(o.socket_group);
+		char *end;
+		unsigned long g = strtoul(o.socket_group, &end, 10);
+
+		if (gr)
+			group = gr->gr_gid;
+		else if (*o.socket_group && !*end && g < UINT_MAX)
+			group = (gid_t)g;
+		else
+			fatalx("--socket-group %s: no such group", o.socket_group);
 	}
-	fprintf(stderr, "ferry-brokerd: not functional yet: mount as root with `ferry mount`\n");
-	return 1;
+	rc = boot_id_read(b.boot_id, sizeof(b.boot_id));
+	if (rc < 0)
+		fatalx("cannot read the boot id: %s", strerror(-rc));
+	b.socket_path = o.socket;
+	b.state_dir = o.state_dir;
+	TAILQ_INIT(&b.conns);
+	TAILQ_INIT(&b.owners);
+	TAILQ_INIT(&b.mounts);
+	b.state_fd = open_state_dir(o.state_dir);
+	if (b.state_fd < 0) {
+		log_errno(b.state_fd, "state directory %s (it must be root's and not writable by "
+			  "others)", o.state_dir);
+		goto out;
+	}
+	b.base = event_base_new();
+	if (!b.base) {
+		log_warnx("cannot make the event loop");
+		goto out;
+	}
+	rc = mkdir_parents(o.socket, 0755);
+	if (rc == 0)
+		rc = server_listen(&b, o.socket, o.socket_mode, group);
+	if (rc < 0) {
+		log_errno(rc, "cannot listen on %s%s", o.socket,
+			  rc == -EADDRINUSE ? " (another broker answers there)" : "");
+		goto out;
+	}
+	rc = privs_drop(err, sizeof(err));
+	if (rc < 0) {
+		log_warnx("%s", err);
+		goto out;
+	}
+	privs_describe(err, sizeof(err));
+	log_info("capabilities now: %s; no_new_privs set", err);
+	rc = fsprobe_init(&b);
+	if (rc < 0)
+		log_errno(rc, "cannot mount a private fusectl: files in other mount namespaces "
+			  "will be refused as backing files");
+	rc = closer_start(&b);
+	if (rc < 0) {
+		log_errno(rc, "cannot start the closer thread");
+		goto out;
+	}
+	rc = mount_table_load(&b);
+	if (rc < 0) {
+		log_errno(rc, "cannot load the mount table from %s", o.state_dir);
+		goto out;
+	}
+	ev_term = evsignal_new(b.base, SIGTERM, on_signal, &b);
+	ev_int = evsignal_new(b.base, SIGINT, on_signal, &b);
+	ev_reap = event_new(b.base, -1, EV_PERSIST, on_reap, &b);
+	ev_tick = event_new(b.base, -1, EV_PERSIST, on_tick, &b);
+	if (!ev_term || !ev_int || !ev_reap || !ev_tick || event_add(ev_term, NULL) < 0 ||
+	    event_add(ev_int, NULL) < 0 || event_add(ev_reap, &reap_tv) < 0 ||
+	    event_add(ev_tick, &tick_tv) < 0) {
+		log_warnx("cannot set up signals and timers");
+		goto out;
+	}
+	log_info("serving on %s: %zu policy rules, %u mounts known, state in %s", o.socket,
+		 b.policy->n, b.nmounts, o.state_dir);
+	if (event_base_dispatch(b.base) < 0)
+		log_warnx("event loop failed");
+	else
+		status = 0;
+out:
+	server_close_all(&b);
+	if (ev_term)
+		event_free(ev_term);
+	if (ev_int)
+		event_free(ev_int);
+	if (ev_reap)
+		event_free(ev_reap);
+	if (ev_tick)
+		event_free(ev_tick);
+	mount_table_free(&b);
+	closer_stop(&b);
+	fsprobe_fini(&b);
+	if (b.state_fd >= 0)
+		close(b.state_fd);
+	policy_free(b.policy);
+	if (b.base)
+		event_base_free(b.base);
+	privs_fini();
+	return status;
 }

@@ -17,8 +17,8 @@ static const struct command {
 	const char *help;
 } commands[] = {
 	{ "format", cmd_format, "format [--storage URL] [--block-size BYTES] [--s3-http] [--force] VOLUME" },
-	{ "mount", cmd_mount, "mount [-f] [--cache-dir DIR] [--cache-size MiB] [--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] [--metrics ADDR:PORT] [-o OPTS] VOLUME MOUNTPOINT" },
-	{ "umount", cmd_umount, "umount [--lazy] [--timeout SEC] MOUNTPOINT" },
+	{ "mount", cmd_mount, "mount [-f] [--cache-dir DIR] [--cache-size MiB] [--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] [--metrics ADDR:PORT] [--broker SOCKET] [-o OPTS] VOLUME MOUNTPOINT" },
+	{ "umount", cmd_umount, "umount [--lazy] [--timeout SEC] [--broker SOCKET] MOUNTPOINT" },
 	{ "status", cmd_status, "status [--json] MOUNTPOINT" },
 };
 

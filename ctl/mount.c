@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker_client.h"
 #include "ctl.h"
 #include "url.h"
 
@@ -34,6 +35,7 @@ int cmd_mount(int argc, char **argv)
 		{ "reconciler", required_argument, NULL, 'Q' },
 		{ "no-reconciler", no_argument, NULL, 'N' },
 		{ "metrics", required_argument, NULL, 'P' },
+		{ "broker", required_argument, NULL, 'B' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -61,11 +63,12 @@ int cmd_mount(int argc, char **argv)
 		case 'Q': args[nargs++] = "--reconciler"; args[nargs++] = optarg; break;
 		case 'N': args[nargs++] = "--no-reconciler"; break;
 		case 'P': args[nargs++] = "--metrics"; args[nargs++] = optarg; break;
+		case 'B': args[nargs++] = "--broker"; args[nargs++] = optarg; break;
 		case 'L': log = strdup(optarg); break;
 		case 'h':
 			printf("usage: ferry mount [-f] [--cache-dir DIR] [--cache-size MiB] "
 			       "[--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] "
-			       "[--metrics ADDR:PORT] "
+			       "[--metrics ADDR:PORT] [--broker SOCKET] "
 			       "[-o OPTS] VOLUME MOUNTPOINT\n");
 			return 0;
 		default:
@@ -200,16 +203,80 @@ static int run_fusermount(const char *mp, int lazy)
 	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EBUSY;
 }
 
+/*
+ * The mountpoint as an absolute path. A dead FUSE mount (its daemon gone)
+ * fails every lookup with ENOTCONN: then the parent is resolved and the
+ * last name kept, so such a mount can still be named and ended.
+ */
+static int mountpoint_path(const char *arg, char *out)
+{
+	char *copy, *slash, parent[PATH_MAX];
+	const char *base;
+	int n;
+
+	if (realpath(arg, out))
+		return 0;
+	if (errno != ENOTCONN)
+		return -errno;
+	copy = strdup(arg);
+	if (!copy)
+		return -ENOMEM;
+	slash = strrchr(copy, '/');
+	if (slash) {
+		*slash = '\0';
+		base = slash + 1;
+	} else {
+		base = copy;
+	}
+	if (!realpath(slash ? (*copy ? copy : "/") : ".", parent)) {
+		free(copy);
+		return -errno;
+	}
+	n = snprintf(out, PATH_MAX, "%s/%s", strcmp(parent, "/") ? parent : "", base);
+	free(copy);
+	return n < PATH_MAX ? 0 : -ENAMETOOLONG;
+}
+
+/* Asks ferry-brokerd to unmount mp, a mount it made for this uid. */
+static int broker_unmount(const char *sock, const char *mp)
+{
+	struct broker_conn *c = NULL;
+	struct broker_status st;
+	char *name = NULL;
+	int rc;
+
+	rc = broker_connect(sock, &c);
+	if (rc < 0) {
+		ctl_err("cannot reach ferry-brokerd at %s: %s", sock, strerror(-rc));
+		return rc;
+	}
+	rc = broker_status(c, &st);
+	if (rc == 0 && !*st.root)
+		rc = -EPERM;
+	if (rc == 0)
+		rc = broker_mount_name(st.root, mp, &name);
+	if (rc == 0)
+		rc = broker_umount(c, name, 0);
+	if (rc < 0)
+		ctl_err("ferry-brokerd at %s could not unmount %s: %s%s%s", sock, mp, strerror(-rc),
+			*broker_last_message() ? ": " : "", broker_last_message());
+	free(name);
+	broker_close(c);
+	return rc;
+}
+
 int cmd_umount(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{ "lazy", no_argument, NULL, 'l' },
 		{ "timeout", required_argument, NULL, 't' },
+		{ "broker", required_argument, NULL, 'B' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	char *stats = NULL, pidbuf[32];
-	int opt, lazy = 0, code = 1;
+	char *stats = NULL, pidbuf[32], sock[PATH_MAX] = "";
+	const char *broker = NULL;
+	int opt, lazy = 0, rc;
 	long timeout = 600;
 	pid_t pid = 0;
 	char mp[PATH_MAX];
@@ -219,8 +286,10 @@ int cmd_umount(int argc, char **argv)
 		switch (opt) {
 		case 'l': lazy = 1; break;
 		case 't': timeout = atol(optarg); break;
+		case 'B': broker = optarg; break;
 		case 'h':
-			printf("usage: ferry umount [--lazy] [--timeout SEC] MOUNTPOINT\n");
+			printf("usage: ferry umount [--lazy] [--timeout SEC] [--broker SOCKET] "
+			       "MOUNTPOINT\n");
 			return 0;
 		default:
 			return 2;
@@ -230,17 +299,34 @@ int cmd_umount(int argc, char **argv)
 		ctl_err("umount takes one MOUNTPOINT");
 		return 2;
 	}
-	if (!realpath(argv[optind], mp)) {
-		ctl_err("%s: %s", argv[optind], strerror(errno));
+	if ((rc = mountpoint_path(argv[optind], mp)) < 0) {
+		ctl_err("%s: %s", argv[optind], strerror(-rc));
 		return 1;
 	}
-	if (ctl_read_stats(mp, &stats) < 0) {
-		ctl_err("%s is not a ferryfs mount", mp);
+	if (ctl_read_stats(mp, &stats) == 0) {
+		if (ctl_stats_value(stats, "pid", pidbuf, sizeof(pidbuf)) == 0)
+			pid = (pid_t)atoi(pidbuf);
+		ctl_stats_value(stats, "broker_socket", sock, sizeof(sock));
+		free(stats);
+	} else if (!broker) {
+		ctl_err("%s is not a ferryfs mount (a dead mount made through ferry-brokerd: "
+			"--broker SOCKET)", mp);
 		return 1;
 	}
-	if (ctl_stats_value(stats, "pid", pidbuf, sizeof(pidbuf)) == 0)
-		pid = (pid_t)atoi(pidbuf);
-	free(stats);
+	if (*sock && pid > 0) {
+		/* Made through the broker: ferry-mountd commits what is
+		 * staged, then has the broker unmount, and exits. */
+		if (kill(pid, SIGTERM) < 0) {
+			ctl_err("cannot stop ferry-mountd pid %d: %s", (int)pid, strerror(errno));
+			return 1;
+		}
+		goto wait;
+	}
+	if (broker) {
+		if (broker_unmount(broker, mp) < 0)
+			return 1;
+		goto wait;
+	}
 	if (umount2(mp, lazy ? MNT_DETACH : 0) < 0) {
 		int err = errno;
 		if (err == EPERM && run_fusermount(mp, lazy) == 0)
@@ -268,6 +354,5 @@ wait:
 			usleep(20000);
 		}
 	}
-	code = 0;
-	return code;
+	return 0;
 }

@@ -1,11 +1,12 @@
 /*
  * Backing-file registration for FUSE passthrough: the one place that turns
- * a staging fd into a kernel backing id and back. Today it issues the ioctls
- * on the session's /dev/fuse fd itself (which needs CAP_SYS_ADMIN); the
- * broker path slots in behind the same two calls.
+ * a staging fd into a kernel backing id and back. Without --broker it
+ * issues the ioctls on the session's /dev/fuse fd itself (which needs
+ * CAP_SYS_ADMIN); with it, ferry-brokerd does (broker_link.c).
  *
  * The first EPERM latches passthrough off for the mount, logged once with
- * what to do; any other error fails only the open that asked.
+ * what to do; any other error (a broker that is away, a limit) fails only
+ * the open that asked, which then takes the daemon path.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -51,22 +52,33 @@ void passthrough_set_reason(struct mountd *md, const char *code, const char *why
 int backing_open(struct mountd *md, int fd)
 {
 	struct ferry_backing_map map = { .fd = fd };
-	int id = ioctl(fuse_session_fd(md->se), FERRY_DEV_IOC_BACKING_OPEN, &map);
+	int id;
 
+	if (md->cfg.broker) {
+		id = broker_link_backing_open(md, fd);
+	} else {
+		id = ioctl(fuse_session_fd(md->se), FERRY_DEV_IOC_BACKING_OPEN, &map);
+		if (id < 0)
+			id = -errno;
+		else if (id == 0)
+			id = -EIO;
+	}
 	if (id > 0) {
 		atomic_fetch_add(&md->stats.backing_open, 1);
 		return id;
 	}
-	if (id == 0)
-		return -EIO;
-	if (errno == EPERM) {
-		passthrough_latch_off(md, "eperm_needs_CAP_SYS_ADMIN",
-				      "registering a backing file needs CAP_SYS_ADMIN "
-				      "(give ferry-mountd the capability, or mount through "
-				      "ferry-brokerd)");
-		return -EPERM;
+	if (id == -EPERM) {
+		if (md->cfg.broker)
+			passthrough_latch_off(md, "eperm_from_broker",
+					      "ferry-brokerd refused to register a backing file "
+					      "(see its log; its policy decides)");
+		else
+			passthrough_latch_off(md, "eperm_needs_CAP_SYS_ADMIN",
+					      "registering a backing file needs CAP_SYS_ADMIN "
+					      "(give ferry-mountd the capability, or mount through "
+					      "ferry-brokerd)");
 	}
-	return -errno;
+	return id;
 }
 
 void backing_close(struct mountd *md, int id)
@@ -75,6 +87,14 @@ void backing_close(struct mountd *md, int id)
 
 	if (id <= 0)
 		return;
+	if (md->cfg.broker) {
+		int rc = broker_link_backing_close(md, id);
+		if (rc < 0)
+			log_errno(rc, "cannot close backing id %d through ferry-brokerd", id);
+		else
+			atomic_fetch_add(&md->stats.backing_close, 1);
+		return;
+	}
 	if (ioctl(fuse_session_fd(md->se), FERRY_DEV_IOC_BACKING_CLOSE, &bid) < 0)
 		log_warn("cannot close backing id %d", id);
 	else

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker_client.h"
 #include "log.h"
 #include "mountd.h"
 #include "url.h"
@@ -46,6 +47,9 @@ static void usage(FILE *f)
 		"                          http://ADDR:PORT/metrics\n"
 		"      --reopen-timeout SEC  how long an open waits for the file's upload\n"
 		"                          (default: 120)\n"
+		"      --broker SOCKET     as an unprivileged user: ferry-brokerd at SOCKET mounts\n"
+		"                          (MOUNTPOINT beneath the root its policy gives this uid)\n"
+		"                          and registers passthrough backing files\n"
 		"\n"
 		"ferry's own -o options: passthrough=auto|on|off (default auto: FUSE\n"
 		"passthrough writes when the kernel and the registration allow it);\n"
@@ -211,8 +215,8 @@ static int mountpoint_check(struct mountd *md)
 	char up[PATH_MAX];
 
 	/* Existence only: an unprivileged daemon gets its /dev/fuse fd from
-	 * fusermount3 (or the broker), not by opening it. */
-	if (stat("/dev/fuse", &st) < 0 || !S_ISCHR(st.st_mode))
+	 * fusermount3, not by opening it; through the broker it needs none. */
+	if (!md->cfg.broker && (stat("/dev/fuse", &st) < 0 || !S_ISCHR(st.st_mode)))
 		start_failed(md, "/dev/fuse is missing (load the fuse module or give the "
 			     "container the device)");
 	if (stat(md->cfg.mountpoint, &st) < 0)
@@ -223,6 +227,25 @@ static int mountpoint_check(struct mountd *md)
 	if (stat(up, &parent) == 0 && parent.st_dev != st.st_dev)
 		start_failed(md, "mountpoint %s is busy: something is already mounted there",
 			     md->cfg.mountpoint);
+	return 0;
+}
+
+/*
+ * Splits the kernel mount options (libfuse's -o string, without "-o") into
+ * the broker's list: bopts[0..] gets pointers into opts, which it cuts at
+ * commas; NULL-terminated. -E2BIG if there are more than max.
+ */
+static int broker_options(char *opts, char **bopts, size_t max)
+{
+	size_t n = 0;
+	char *save = NULL;
+
+	for (char *o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+		if (n == max)
+			return -E2BIG;
+		bopts[n++] = o;
+	}
+	bopts[n] = NULL;
 	return 0;
 }
 
@@ -246,6 +269,7 @@ int main(int argc, char **argv)
 		{ "no-reconciler", no_argument, NULL, 'N' },
 		{ "metrics", required_argument, NULL, 'P' },
 		{ "reopen-timeout", required_argument, NULL, 'W' },
+		{ "broker", required_argument, NULL, 'B' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -256,6 +280,7 @@ int main(int argc, char **argv)
 	struct fuse_loop_config *loop_cfg = NULL;
 	struct store_url surl = { 0 };
 	char err[512], *user_opts = NULL, *fopts = NULL, *cache_vol = NULL;
+	char *bopts[BROKER_OPTIONS_MAX + 1];
 	uint64_t cache_mib = DEFAULT_CACHE_MIB, purged = 0;
 	bool mounted = false, handlers = false;
 	int opt, rc, exit_code = 1;
@@ -276,6 +301,7 @@ int main(int argc, char **argv)
 	pthread_mutex_init(&md->pt_reason_lock, NULL);
 	pthread_mutex_init(&md->pending_lock, NULL);
 	pthread_cond_init(&md->pending_cond, NULL);
+	pthread_mutex_init(&md->broker_lock, NULL);
 	log_init("ferry-mountd", LOG_LVL_INFO);
 
 	while ((opt = getopt_long(argc, argv, "fo:dhV", longopts, NULL)) != -1) {
@@ -324,6 +350,11 @@ int main(int argc, char **argv)
 			md->cfg.reopen_timeout_ms = (int)(strtod(optarg, &end) * 1000);
 			if (*end || md->cfg.reopen_timeout_ms <= 0)
 				fatalx("--reopen-timeout: not a number of seconds: %s", optarg);
+			break;
+		case 'B':
+			if (!*optarg || strpbrk(optarg, " \t\r\n"))
+				fatalx("--broker: not a socket path: %s", optarg);
+			md->cfg.broker = strdup(optarg);
 			break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;
 		case 'h': usage(stdout); return 0;
@@ -404,8 +435,27 @@ int main(int argc, char **argv)
 	if (fuse_set_signal_handlers(md->se) != 0)
 		start_failed(md, "cannot install signal handlers");
 	handlers = true;
-	if (fuse_session_mount(md->se, md->cfg.mountpoint) != 0)
+	if (md->cfg.broker) {
+		/* The broker mounts, with the options the kernel would get from
+		 * libfuse; we serve the fd it returns. */
+		char devfd[32];
+		int fuse_fd = -1;
+
+		if (broker_options(fopts + 2, bopts, BROKER_OPTIONS_MAX) < 0)
+			start_failed(md, "too many mount options for ferry-brokerd (at most %u)",
+				     BROKER_OPTIONS_MAX);
+		if (broker_link_mount(md, (const char *const *)bopts, &fuse_fd, err, sizeof(err)) < 0)
+			start_failed(md, "%s", err);
+		snprintf(devfd, sizeof(devfd), "/dev/fd/%d", fuse_fd);
+		if (fuse_session_mount(md->se, devfd) != 0) {
+			close(fuse_fd);
+			broker_link_umount(md);
+			start_failed(md, "cannot serve the mount ferry-brokerd made on %s",
+				     md->cfg.mountpoint);
+		}
+	} else if (fuse_session_mount(md->se, md->cfg.mountpoint) != 0) {
 		start_failed(md, "cannot mount on %s (see the lines above)", md->cfg.mountpoint);
+	}
 	mounted = true;
 	if ((rc = write_back_start(md)) < 0) {
 		log_errno(rc, "cannot start the write-back thread");
@@ -431,13 +481,18 @@ int main(int argc, char **argv)
 	fuse_loop_cfg_set_clone_fd(loop_cfg, 0);
 	fuse_loop_cfg_set_max_threads(loop_cfg, 16);
 	rc = fuse_session_loop_mt(md->se, loop_cfg);
-	exit_code = rc == 0 ? 0 : 1;
-	if (rc != 0 && rc != -ENODEV)
+	/* libfuse ends the loop with the number of the signal that stopped
+	 * it (SIGTERM: `ferry umount` of a mount made through the broker). */
+	exit_code = rc >= 0 ? 0 : 1;
+	if (rc > 0)
+		log_info("stopping on signal %d", rc);
+	else if (rc != 0 && rc != -ENODEV)
 		log_warnx("the FUSE loop ended with %d", rc);
 out:
 	write_back_stop(md);
 	if (mounted)
-		fuse_session_unmount(md->se);
+		fuse_session_unmount(md->se); /* nothing for a brokered mount: */
+	broker_link_umount(md);               /* the broker unmounts that */
 	if (handlers)
 		fuse_remove_signal_handlers(md->se);
 	if (md->se)
@@ -468,6 +523,8 @@ out:
 	free(md->cfg.cache_dir);
 	free(md->cfg.staging_dir);
 	free(md->cfg.reconciler);
+	broker_link_close(md);
+	free(md->cfg.broker);
 	free(md->cfg.metrics);
 	return exit_code;
 }

@@ -58,6 +58,7 @@ struct stats {
 	_Atomic uint64_t commits, commit_failures;
 	_Atomic uint64_t io_errors;
 	_Atomic uint64_t passthrough_opens, backing_open, backing_close;
+	_Atomic uint64_t broker_relinks;     /* reconnections to ferry-brokerd */
 	_Atomic uint64_t blocks_unchanged;   /* passthrough commits that skipped a block */
 	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
 	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
@@ -147,6 +148,20 @@ int write_back_start(struct mountd *md);
 void write_back_stop(struct mountd *md);
 /* Commits every pending inode now (unmount). Returns the number left. */
 size_t write_back_flush_all(struct mountd *md);
+
+/* ---- broker_link.c: ferry-brokerd, for a mount by an unprivileged user ---- */
+/* Connects, learns the policy root, and has the broker mount the mountpoint
+ * with options (NULL-terminated); *fuse_fd is the new mount's /dev/fuse fd.
+ * On error, a negative errno and a message for the user in err. */
+int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_fd, char *err,
+		      size_t errlen);
+/* backing_open()/backing_close() through the broker, relinking after a
+ * broker restart; -ENOTCONN while the broker is away. */
+int broker_link_backing_open(struct mountd *md, int fd);
+int broker_link_backing_close(struct mountd *md, int id);
+/* Asks the broker to unmount (at exit; nothing if it is gone already). */
+void broker_link_umount(struct mountd *md);
+void broker_link_close(struct mountd *md); /* accepts a mount without a broker */
 
 /* ---- backing.c: passthrough backing files ---- */
 /* Registers fd as a backing file; returns the id (> 0) or a negative errno.
@@ -265,6 +280,7 @@ struct mountd_config {
 	bool no_reconciler;    /* commit in ferry-mountd itself */
 	char *metrics;         /* owned: --metrics ADDR:PORT for the spawned reconciler */
 	int reopen_timeout_ms; /* how long an open waits for the inode's job */
+	char *broker;          /* owned: ferry-brokerd's socket (--broker), or NULL */
 };
 
 struct mountd {
@@ -294,6 +310,13 @@ struct mountd {
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
+	/* ferry-brokerd (broker_link.c), with --broker */
+	struct broker_conn *broker;   /* owned */
+	char *broker_name;            /* owned: the mount's name beneath the policy root */
+	_Atomic uint64_t broker_mount_id; /* 0: not mounted through the broker */
+	_Atomic bool broker_up;       /* the link works; else opens take the daemon path */
+	pthread_mutex_t broker_lock;  /* one relink at a time */
+	time_t broker_retry_at;       /* CLOCK_MONOTONIC seconds of the last relink */
 	/* reconciler client (reconcile_client.c) */
 	char *rc_path;                /* owned */
 	int rc_sock;

@@ -95,6 +95,15 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	pthread_mutex_lock(&md->pt_reason_lock);
 	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");
 	pthread_mutex_unlock(&md->pt_reason_lock);
+	if (md->cfg.broker) {
+		/* `ferry umount` reads these: a brokered mount is ended by us. */
+		fprintf(f, "broker_socket %s\n", md->cfg.broker);
+		fprintf(f, "broker_mount_id %llu\n",
+			(unsigned long long)atomic_load(&md->broker_mount_id));
+		fprintf(f, "broker_up %d\n", atomic_load(&md->broker_up) ? 1 : 0);
+		fprintf(f, "broker_relinks %llu\n",
+			(unsigned long long)atomic_load(&st->broker_relinks));
+	}
 	fprintf(f, "cache_bytes %llu\n", (unsigned long long)read_cache_bytes(md->cache));
 	fprintf(f, "open_handles %u\n", handle_count(md->handles));
 	fprintf(f, "inodes_cached %zu\n", inode_table_count(md->inodes));

@@ -1,0 +1,218 @@
+/*
+ * backing: BACKING_OPEN and BACKING_CLOSE, the confused-deputy end of the
+ * broker.
+ *
+ * The kernel keeps the credentials of whoever issues
+ * FUSE_DEV_IOC_BACKING_OPEN and, for every passthrough open, opens the
+ * backing file again with the FUSE file's open flags and does its I/O with
+ * those credentials (fs/fuse/passthrough.c, backing_file_open). Registered
+ * by a root broker, a file the peer could only read would become writable
+ * with root's rights. So a backing fd must be: a regular file, owned by the
+ * peer, with one link, open read-write (not O_PATH), not on FUSE or
+ * overlayfs; and the ioctl runs with fsuid/fsgid switched to the peer's and
+ * no supplementary groups (privs.c), so the I/O is the peer's. The checks
+ * never reach a FUSE server (fsprobe.c).
+ *
+ * Bookkeeping: each mount holds the set of ids registered through it (an
+ * idset), counted against the owner's max_backing. BACKING_CLOSE takes only
+ * an id in that set -- except on a mount adopted after a broker restart,
+ * whose earlier ids the broker cannot know: there an id of that mount's own
+ * connection may be closed too, so a reconnected ferry-mountd can release
+ * what it registered before (it is the owner's connection either way).
+ * When a peer disconnects nothing is forgotten: the ids stay registered in
+ * the kernel and in the mount's set (mountd may reconnect and close them);
+ * they go when the mount goes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include "brokerd.h"
+#include "log.h"
+
+/* The kernel ABI (include/uapi/linux/fuse.h, Linux >= 6.9), as in
+ * mountd/backing.c; Debian 12's headers predate it. */
+struct ferry_backing_map {
+	int32_t fd;
+	uint32_t flags;
+	uint64_t padding;
+};
+#define FERRY_DEV_IOC_MAGIC 229
+#define FERRY_DEV_IOC_BACKING_OPEN _IOW(FERRY_DEV_IOC_MAGIC, 1, struct ferry_backing_map)
+#define FERRY_DEV_IOC_BACKING_CLOSE _IOW(FERRY_DEV_IOC_MAGIC, 2, uint32_t)
+
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x00004000U
+#endif
+
+static const char *kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFDIR: return "a directory";
+	case S_IFCHR: return "a character device";
+	case S_IFBLK: return "a block device";
+	case S_IFSOCK: return "a socket";
+	case S_IFIFO: return "a pipe";
+	case S_IFLNK: return "a symlink";
+	default: return "not a regular file";
+	}
+}
+
+/* Is fd a file the peer may have registered? 0, or a refusal with why. */
+static int backing_fd_check(struct broker *b, const struct peer *p, int fd, char *err,
+			    size_t errlen)
+{
+	struct statx sx;
+	uint64_t mnt_id;
+	int fl;
+
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC,
+		  STATX_TYPE | STATX_UID | STATX_NLINK | STATX_MNT_ID_UNIQUE, &sx) < 0) {
+		int rc = -errno;
+		/* A FUSE mount that does not admit us says so without asking. */
+		snprintf(err, errlen, "cannot examine the file: %s%s", strerror(-rc),
+			 rc == -EACCES ? " (a file on a FUSE mount?)" : "");
+		return rc;
+	}
+	if (!S_ISREG(sx.stx_mode)) {
+		snprintf(err, errlen, "the fd is %s, not a regular file", kind(sx.stx_mode));
+		return -EINVAL;
+	}
+	if (sx.stx_uid != p->uid) {
+		snprintf(err, errlen, "the file is owned by uid %u, not by the peer's uid %d",
+			 sx.stx_uid, (int)p->uid);
+		return -EPERM;
+	}
+	if (sx.stx_nlink != 1) {
+		snprintf(err, errlen, "the file has %u links, not 1", sx.stx_nlink);
+		return -EMLINK;
+	}
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || (fl & O_PATH) || (fl & O_ACCMODE) != O_RDWR) {
+		snprintf(err, errlen, "the fd is not open read-write");
+		return -EBADF;
+	}
+	mnt_id = (sx.stx_mask & STATX_MNT_ID_UNIQUE) ? sx.stx_mnt_id : 0;
+	return fsprobe_fs_forbidden(b, fd, makedev(sx.stx_dev_major, sx.stx_dev_minor), mnt_id, err,
+				    errlen);
+}
+
+/* The peer's mount id: the mount, or a refusal. */
+static int peer_mount(struct broker *b, const struct peer *p, uint64_t id, struct bmount **out,
+		      char *err, size_t errlen)
+{
+	struct bmount *m = mount_find_id(b, id);
+
+	*out = NULL;
+	if (!m) {
+		snprintf(err, errlen, "no mount %" PRIu64, id);
+		return -ENOENT;
+	}
+	if (m->owner != p->owner) {
+		snprintf(err, errlen, "mount %" PRIu64 " belongs to another peer", id);
+		return -EPERM;
+	}
+	if (m->fuse_fd < 0) {
+		snprintf(err, errlen, "the broker holds no /dev/fuse fd for mount %" PRIu64 " (it "
+			 "restarted): ATTACH the mount's fd first", id);
+		return -EBADFD;
+	}
+	*out = m;
+	return 0;
+}
+
+int handle_backing_open(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+			struct broker_rep *rep)
+{
+	const struct peer *p = conn_peer(c);
+	char *err = rep->message;
+	const size_t errlen = sizeof(rep->message);
+	struct ferry_backing_map map = { .fd = fd };
+	struct bmount *m;
+	int id, rc, e;
+
+	rc = peer_mount(b, p, q->mount_id, &m, err, errlen);
+	if (rc < 0)
+		return rc;
+	if (p->owner->nbacking >= p->rule->max_backing) {
+		snprintf(err, errlen, "uid %d has %u live backing ids, its limit (policy line %u)",
+			 (int)p->uid, p->owner->nbacking, p->rule->line);
+		return -EDQUOT;
+	}
+	rc = backing_fd_check(b, p, fd, err, errlen);
+	if (rc < 0)
+		return rc;
+	rep->fd_safe = true; /* a regular file on neither FUSE nor overlayfs */
+	rc = privs_become(p->uid, p->gid);
+	if (rc < 0) {
+		snprintf(err, errlen, "cannot take the peer's file-system identity: %s",
+			 strerror(-rc));
+		return rc;
+	}
+	id = ioctl(m->fuse_fd, FERRY_DEV_IOC_BACKING_OPEN, &map);
+	e = errno;
+	privs_restore();
+	if (id <= 0) {
+		rc = id == 0 ? -EIO : -e;
+		snprintf(err, errlen, "FUSE_DEV_IOC_BACKING_OPEN: %s%s", strerror(-rc),
+			 rc == -EPERM ? " (did the FUSE server enable passthrough at INIT?)" : "");
+		return rc;
+	}
+	rc = idset_add(&m->ids, (uint32_t)id);
+	if (rc < 0) {
+		uint32_t bid = (uint32_t)id;
+
+		/* Not kept track of: not kept at all. */
+		if (ioctl(m->fuse_fd, FERRY_DEV_IOC_BACKING_CLOSE, &bid) < 0)
+			log_warn("mount %" PRIu64 ": cannot close backing id %d again", m->id, id);
+		snprintf(err, errlen, "%s", rc == -EEXIST ? "the kernel returned a live id twice"
+							  : strerror(-rc));
+		return rc == -EEXIST ? -EIO : rc;
+	}
+	p->owner->nbacking++;
+	b->nbacking++;
+	rep->backing_id = (uint32_t)id;
+	return 0;
+}
+
+int handle_backing_close(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+			 struct broker_rep *rep)
+{
+	const struct peer *p = conn_peer(c);
+	char *err = rep->message;
+	const size_t errlen = sizeof(rep->message);
+	uint32_t bid = q->backing_id;
+	struct bmount *m;
+	bool known;
+	int rc;
+
+	(void)fd;
+	rc = peer_mount(b, p, q->mount_id, &m, err, errlen);
+	if (rc < 0)
+		return rc;
+	known = idset_has(&m->ids, bid);
+	if (!known && !m->adopted) {
+		snprintf(err, errlen, "backing id %" PRIu32 " was not registered by this peer on "
+			 "mount %" PRIu64, bid, m->id);
+		return -ENOENT;
+	}
+	if (ioctl(m->fuse_fd, FERRY_DEV_IOC_BACKING_CLOSE, &bid) < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "FUSE_DEV_IOC_BACKING_CLOSE %" PRIu32 ": %s", bid,
+			 strerror(-rc));
+		if (rc != -ENOENT || !known)
+			return rc;
+		/* The kernel no longer has it: neither do we. */
+	}
+	if (known) {
+		idset_del(&m->ids, bid);
+		m->owner->nbacking--;
+		b->nbacking--;
+	}
+	return rc;
+}

@@ -1,0 +1,405 @@
+/*
+ * ferry-brokerd: the one privileged process of a node (DESIGN.md, "Processes
+ * and trust"). It keeps CAP_SYS_ADMIN (and, permitted but effective only
+ * while it switches its fsuid/fsgid to a peer's, CAP_SETUID/CAP_SETGID) and
+ * serves a narrow request set (proto/broker.proto) over a Unix socket:
+ * MOUNT and UMOUNT of FUSE file systems beneath the peer's policy root,
+ * ATTACH of a peer's /dev/fuse fd, BACKING_OPEN/BACKING_CLOSE of
+ * passthrough backing files, STATUS.
+ *
+ * One libevent loop, one thread, owns every structure below (the closer
+ * thread owns only its queue of fds to close). So a handler must never
+ * block on anything a peer controls: the broker never looks inside a FUSE
+ * mount (no stat that may reach a FUSE server, no statfs of a peer's file
+ * that may be on one), never closes on the loop an fd that may be a FUSE
+ * file (close sends FLUSH and waits), and never waits for a peer to read.
+ *
+ * Files, and who owns what:
+ *   main.c        options, -n, --ping, start-up, the loop, shutdown
+ *   privs.c       capabilities at start; the switch to a peer's fsuid/fsgid
+ *   server.c      the socket, connections, frames, the dispatch table,
+ *                 replies and their output queue
+ *   request.c     pure: decoding and checking requests (names, options),
+ *                 encoding replies -- what the fuzzer drives
+ *   peer.c        a peer's identity when it connects; owners
+ *   mount.c       MOUNT, UMOUNT, ATTACH: resolution beneath the root, the
+ *                 new mount API
+ *   backing.c     BACKING_OPEN, BACKING_CLOSE: the checks of the file fd and
+ *                 the ioctls
+ *   mount_table.c the mounts in memory and on disk (--state-dir), rebuilt
+ *                 against /proc/self/mountinfo at start and from time to time
+ *   fsprobe.c     what a file or mount is, asked without reaching a FUSE
+ *                 server: mount identity, file system type, mountinfo
+ *   closer.c      letting go of fds peers sent: a close that may wait for
+ *                 a FUSE server happens on a thread of its own
+ *   idset.c       pure: a set of backing ids
+ *
+ * Ownership: struct broker owns the connections, owners and mounts. An
+ * owner (a uid and its policy root: what the policy tells apart) owns its
+ * mounts; a mount owns its /dev/fuse fd and its set of backing ids. A
+ * connection points at its owner (counted) and owns its pending output. All
+ * internal functions return 0 or a negative errno.
+ */
+#ifndef FERRY_BROKERD_H
+#define FERRY_BROKERD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/types.h>
+
+#include <event2/event.h>
+
+#include "broker_client.h"
+#include "policy.h"
+#include "rpc_frame.h"
+
+#define BROKER_STATE_DIR_DEFAULT "/run/ferryfs/brokerd"
+#define BROKER_CONN_MAX 1024u        /* connections in all */
+#define BROKER_CONN_PER_UID 64u      /* connections of one uid */
+#define BROKER_CONN_OUT_MAX 64u      /* replies queued before we stop reading a peer */
+#define BROKER_FRAMES_PER_WAKE 32u   /* frames taken from one peer before others go */
+#define BROKER_FRAME_TIMEOUT_S 10    /* a frame started must be whole by then */
+#define BROKER_REAP_INTERVAL_S 30    /* mounts checked against mountinfo */
+#define BROKER_MOUNT_HASH 64u
+#define BROKER_CLOSE_STALL_S 5       /* a close stuck this long: abort its FUSE connection */
+#define BROKER_CLOSE_PENDING_MAX 8u  /* closes aside per uid before its peers are paused */
+
+#define FUSE_SUPER_MAGIC_ 0x65735546u
+#define OVERLAYFS_SUPER_MAGIC_ 0x794c7630u
+
+struct broker;
+struct conn;
+struct owner;
+struct bmount;
+
+/* ---- idset.c: a set of backing ids (open addressing) ---- */
+
+struct idset {
+	uint32_t *slots;       /* 0: empty */
+	size_t cap;            /* a power of two, or 0 */
+	size_t n;
+};
+
+/* 0, or -ENOMEM; -EEXIST if id (> 0) is there already. */
+int idset_add(struct idset *s, uint32_t id);
+bool idset_has(const struct idset *s, uint32_t id);
+/* true if it was there. */
+bool idset_del(struct idset *s, uint32_t id);
+void idset_free(struct idset *s);  /* empties it; the struct may be reused */
+
+/* ---- request.c: pure decoding and checking ---- */
+
+struct mount_opts {
+	bool allow_other;
+	bool default_permissions;
+	bool ro, noexec, noatime, nodiratime;
+	uint32_t max_read;              /* 0: not given */
+	char fsname[129];               /* "" : not given */
+	char subtype[33];
+};
+
+struct broker_req {
+	enum broker_msg type;
+	uint64_t id;
+	char name[BROKER_NAME_MAX + 1]; /* MOUNT, ATTACH; UMOUNT if has_name */
+	bool has_name;
+	struct mount_opts opts;         /* MOUNT */
+	uint64_t mount_id;              /* UMOUNT (if !has_name), BACKING_* */
+	uint32_t backing_id;            /* BACKING_CLOSE */
+};
+
+/* 0 if name is a valid mount name (see proto Mount.name); else -EINVAL and
+ * why in err. */
+int broker_name_check(const char *name, char *err, size_t errlen);
+/* Parses one option into o (which collects them); -EINVAL with why. */
+int broker_option_parse(const char *opt, struct mount_opts *o, unsigned *seen, char *err,
+			size_t errlen);
+/*
+ * Decodes and checks one request frame that came with nfds fds. On success
+ * *out holds it. On failure returns -EBADMSG (does not decode),
+ * -EPROTONOSUPPORT (version), -EOPNOTSUPP (no known body), -EBADF (wrong
+ * number of fds), -EINVAL (bad name, option or field), with why in err;
+ * out->id is the request's id if it got that far, else 0. Every failure
+ * here ends the connection.
+ */
+int broker_request_parse(const uint8_t *buf, size_t len, size_t nfds, struct broker_req *out,
+			 char *err, size_t errlen);
+/* What the policy rule says of a parsed request (MOUNT: allow_other). 0 or
+ * -EPERM with why. rule may be NULL (no rule: only STATUS passes). */
+int broker_request_permitted(const struct policy_rule *rule, const struct broker_req *q,
+			     char *err, size_t errlen);
+const char *broker_msg_name(enum broker_msg t);
+
+/* A reply, before encoding. */
+struct broker_rep {
+	uint64_t id;
+	int error;                     /* 0 or -errno */
+	bool closing;
+	char message[BROKER_MSG_MAX];
+	enum broker_msg type;          /* which body, if error == 0 */
+	uint64_t mount_id;             /* MOUNT, ATTACH */
+	uint32_t backing_id;           /* BACKING_OPEN */
+	struct broker_status status;   /* STATUS */
+	int fd;                        /* MOUNT: rides with the reply; owned; -1 */
+	bool fd_safe;                  /* the handler showed the request's fd cannot
+	                                  reach a FUSE server: close it in place */
+};
+
+/* Encodes rep (without its fd) as a frame payload into buf (room for
+ * BROKER_FRAME_MAX); *len gets its size. */
+int broker_reply_encode(const struct broker_rep *rep, uint8_t *buf, size_t *len);
+
+/* ---- privs.c ---- */
+
+/* Closes every fd above 2 (the first thing at start). */
+void privs_close_stray_fds(void);
+/* Are the capabilities privs_drop() keeps there at all? -EPERM with a
+ * message naming the missing one. */
+int privs_check(char *err, size_t errlen);
+/* At start, as root: keeps CAP_SYS_ADMIN effective, CAP_SETUID/CAP_SETGID
+ * permitted only, drops the rest (bounding set too), clears ambient and
+ * inheritable caps and supplementary groups (for good), sets no_new_privs. Errors say
+ * what is missing in err. */
+int privs_drop(char *err, size_t errlen);
+/* fsuid/fsgid become the peer's (groups are empty already); verified. Until
+ * privs_restore(), CAP_SETUID/CAP_SETGID stay raised. */
+int privs_become(uid_t uid, gid_t gid);
+/* Back to our own fsuid/fsgid and capabilities; verified. A failure here is
+ * fatal: the process cannot trust its own credentials any more. */
+void privs_restore(void);
+/* Frees what privs_drop() prepared (at exit). */
+void privs_fini(void);
+/* The capability sets as text, for logs. */
+void privs_describe(char *buf, size_t len);
+
+/* ---- peer.c ---- */
+
+struct owner {
+	uid_t uid;
+	char *root;                    /* the policy root; owned */
+	unsigned nconns;
+	unsigned nmounts;
+	unsigned nbacking;             /* live ids over its mounts */
+	TAILQ_HEAD(, bmount) mounts;
+	TAILQ_ENTRY(owner) link;
+};
+
+struct peer {
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	char *cgroup;                  /* NULL: unknown; owned */
+	const struct policy_rule *rule;/* NULL: not in the policy */
+	struct owner *owner;           /* with rule: counted reference */
+};
+
+/* SO_PEERCRED, then the cgroup (v2 line of /proc/PID/cgroup, trusted only if
+ * the pidfd shows the same process still alive after the read). */
+int peer_identify(struct broker *b, int sock, struct peer *p);
+void peer_clear(struct broker *b, struct peer *p);
+/* The owner for (uid, root), made if need be. */
+struct owner *owner_get(struct broker *b, uid_t uid, const char *root);
+/* Frees it if nothing refers to it any more. */
+void owner_put(struct broker *b, struct owner *o);
+
+/* ---- fsprobe.c ---- */
+
+struct mnt_ident {
+	uint64_t id;                   /* unique mount id (0: kernel cannot tell) */
+	uint32_t old_id;               /* mountinfo's */
+	uint64_t dev;                  /* st_dev of its root, makedev() */
+	bool is_root;                  /* fd is the root of its mount */
+};
+
+/* Identity of the mount fd is on, without reaching its file system. */
+int fsprobe_mount_ident(int fd, struct mnt_ident *m);
+/*
+ * Is the regular file fd (whose statx gave dev and mnt_id) on a FUSE or
+ * overlay file system? 0: no; -EXDEV: yes; other: cannot tell. Uses
+ * statmount(), then the fusectl mount; fstatfs() only once FUSE is ruled
+ * out.
+ */
+int fsprobe_fs_forbidden(struct broker *b, int fd, uint64_t dev, uint64_t mnt_id, char *err,
+			 size_t errlen);
+/* Is the mount with unique id (and that mountinfo id) still in our mount
+ * namespace? 1 yes, 0 no, -EOPNOTSUPP: the kernel cannot tell (statmount). */
+int fsprobe_mount_alive(uint64_t id, uint32_t old_id);
+/* Without asking the file system: 0 if dev/mnt_id is known to be neither
+ * FUSE nor overlayfs, else -EXDEV or -EOPNOTSUPP. */
+int fsprobe_fs_known_safe(struct broker *b, uint64_t dev, uint64_t mnt_id, char *err,
+			  size_t errlen);
+/* A private fusectl mount (detached), for fsprobe_fs_forbidden. */
+int fsprobe_init(struct broker *b);
+void fsprobe_fini(struct broker *b);
+
+struct mountinfo_ent {
+	uint32_t id;
+	uint64_t dev;
+	char fstype[32];
+	bool user_id_set;
+	uid_t user_id;                 /* from the super options (FUSE) */
+};
+/* Reads /proc/self/mountinfo: *out (malloc'ed, caller frees), *n. */
+int mountinfo_read(struct mountinfo_ent **out, size_t *n);
+const struct mountinfo_ent *mountinfo_find(const struct mountinfo_ent *v, size_t n, uint32_t id,
+					   uint64_t dev);
+int boot_id_read(char *buf, size_t len);
+
+/* ---- closer.c ---- */
+
+int closer_start(struct broker *b);
+/* At exit; does not wait for a close stuck on a FUSE server. */
+void closer_stop(struct broker *b);
+/* Closes fd, sent by a peer of uid: in place if it cannot reach a FUSE
+ * server, else on the closer thread. */
+void peer_fd_drop(struct broker *b, uid_t uid, int fd);
+void peer_fds_drop(struct broker *b, uid_t uid, int *fds, size_t n);
+/* fds of uid's peers waiting to be closed aside. */
+unsigned closer_pending(struct broker *b, uid_t uid);
+/* Every second: a close stuck too long gets its FUSE connection aborted. */
+void closer_watch(struct broker *b);
+
+/* ---- mount_table.c ---- */
+
+struct bmount {
+	uint64_t id;                   /* unique mount id: the protocol's mount id */
+	uint32_t old_id;
+	uint64_t dev;
+	struct owner *owner;
+	char *name;                    /* beneath owner->root; owned */
+	char *cgroup;                  /* of the peer that made it; owned, may be NULL */
+	gid_t gid;
+	int fuse_fd;                   /* the broker's own; -1 until attached after a restart */
+	bool made;                     /* made by this broker (on disk) or only attached */
+	bool adopted;                  /* known from disk after a restart: ids from
+	                                  before it are not in ids */
+	time_t created;
+	struct idset ids;              /* backing ids registered through us */
+	TAILQ_ENTRY(bmount) olink;     /* owner->mounts */
+	TAILQ_ENTRY(bmount) link;      /* b->mounts */
+	struct bmount *hnext;          /* b->by_id chain */
+};
+
+/* Loads the records under the state directory, keeps those whose mount is
+ * still there (mountinfo and its name beneath the root agree), drops the
+ * rest. */
+int mount_table_load(struct broker *b);
+/* Writes m's record atomically (temp, fsync, rename, fsync dir). */
+int mount_table_write(struct broker *b, const struct bmount *m);
+/* Adds m (filled by the caller) to the in-memory table. */
+void mount_table_add(struct broker *b, struct bmount *m);
+struct bmount *mount_find_id(struct broker *b, uint64_t id);
+struct bmount *mount_find_name(struct owner *o, const char *name);
+/* Forgets m: closes its fd, drops its ids from the counts, removes its
+ * record (if made), frees it. The kernel keeps whatever it keeps. */
+void mount_forget(struct broker *b, struct bmount *m, const char *why);
+/* 1 if m is still mounted (mountinfo, and statmount where it can tell), 0
+ * if not, or a negative errno. */
+int mount_is_live(const struct bmount *m);
+/* Forgets every mount that is gone from /proc/self/mountinfo. */
+void mount_reap(struct broker *b);
+void mount_table_free(struct broker *b);
+
+/* ---- mount.c ---- */
+
+/*
+ * Opens name beneath root (O_PATH, O_CLOEXEC) with the file-system identity
+ * uid/gid, never following a symlink or a magic link and never leaving
+ * root. mount_root false: the directory itself, on root's own mount (no
+ * mount crossed, none on it): the target of a new mount. true: the parent
+ * likewise, then the last component may step onto what is mounted on it:
+ * the root of an existing mount. Nothing here reaches a FUSE server.
+ */
+int resolve_beneath(const char *root, uid_t uid, gid_t gid, const char *name, bool mount_root,
+		    int *out, char *err, size_t errlen);
+/* Is the mount at m's name still m? 0 with *fd (O_PATH on its root) if so;
+ * -ESTALE if something else is there; other errors from resolution. */
+int mount_verify(const struct bmount *m, gid_t gid, int *fd, char *err, size_t errlen);
+
+/* ---- the handlers (mount.c, backing.c, server.c) ---- */
+
+typedef int (*broker_handler)(struct broker *b, struct conn *c, const struct broker_req *q,
+			      int fd, struct broker_rep *rep);
+int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+		 struct broker_rep *rep);
+int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+		  struct broker_rep *rep);
+int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+		  struct broker_rep *rep);
+int handle_backing_open(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+			struct broker_rep *rep);
+int handle_backing_close(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+			 struct broker_rep *rep);
+int handle_status(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+		  struct broker_rep *rep);
+
+/* ---- server.c ---- */
+
+struct out_frame {
+	TAILQ_ENTRY(out_frame) link;
+	int fd;                        /* rides with the first byte; owned; -1 */
+	size_t len, off;
+	uint8_t data[];                /* header + payload */
+};
+
+/* The frame being read: bounded before allocation, and fds kept in our
+ * custody (rpc_reader would close surplus ones itself, on the loop). */
+struct frame_in {
+	uint8_t hdr[RPC_FRAME_HDR];
+	size_t hdr_got;
+	uint8_t *buf;
+	uint32_t len, got;
+	int fds[BROKER_FDS_MAX];
+	size_t nfds;
+};
+
+struct conn {
+	struct broker *b;
+	int sock;
+	struct peer peer;
+	struct event *rev, *wev, *tmo;
+	struct frame_in in;
+	TAILQ_HEAD(, out_frame) out;
+	unsigned nout;
+	bool paused;                   /* not reading: too many replies queued */
+	bool throttled;                /* not reading: its uid has fds closing aside */
+	bool closing;                  /* close once the output is written */
+	TAILQ_ENTRY(conn) link;
+};
+
+/* The peer of a connection, for handlers. */
+const struct peer *conn_peer(const struct conn *c);
+int server_listen(struct broker *b, const char *path, mode_t mode, gid_t gid);
+/* Every second: resumes peers throttled while their fds were closing. */
+void server_tick(struct broker *b);
+void server_close_all(struct broker *b);
+
+/* ---- main.c: the broker ---- */
+
+struct broker {
+	struct event_base *base;
+	struct policy *policy;
+	const char *socket_path;
+	const char *state_dir;
+	int state_fd;                  /* the state directory */
+	int fusectl_fd;                /* a detached fusectl mount, or -1 */
+	struct closer *closer;         /* closer.c; NULL: close in place */
+	char boot_id[64];
+	int listen_fd;
+	struct event *listen_ev;
+	TAILQ_HEAD(, conn) conns;
+	unsigned nconns;
+	TAILQ_HEAD(, owner) owners;
+	TAILQ_HEAD(, bmount) mounts;
+	unsigned nmounts;
+	uint64_t nbacking;
+	struct bmount *by_id[BROKER_MOUNT_HASH];
+	uint64_t requests, refusals;
+};
+
+/* Open fds of this process (/proc/self/fd). */
+uint64_t broker_count_fds(void);
+
+#endif

@@ -1,0 +1,188 @@
+/*
+ * broker_link: ferry-mountd's side of ferry-brokerd, for a mount run by an
+ * unprivileged user (`ferry mount --broker SOCKET`). The broker mounts the
+ * FUSE file system for us (we serve the fd it returns through libfuse's
+ * "/dev/fd/N" mountpoint form), registers our staging files as passthrough
+ * backing files, and unmounts at the end.
+ *
+ * The connection (md->broker) is shared by every FUSE worker: the client
+ * pipelines their calls. If the broker goes away (a restart), a failed call
+ * reconnects, at most once a second, and attaches our /dev/fuse fd again so
+ * the broker can register backing files for the mount it no longer holds an
+ * fd of; until that works, new opens take the daemon path. Backing ids
+ * registered before stay valid in the kernel.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "broker_client.h"
+#include "log.h"
+#include "mountd.h"
+
+/* What the broker says when it cannot be reached or lost our connection. */
+static bool broker_gone(int rc)
+{
+	return rc == -EPIPE || rc == -ENOTCONN || rc == -ETIMEDOUT || rc == -ECONNRESET;
+}
+
+static const char *refusal(void)
+{
+	return broker_last_message();
+}
+
+int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_fd, char *err,
+		      size_t errlen)
+{
+	struct broker_status st;
+	uint64_t id = 0;
+	char *name = NULL;
+	int rc;
+
+	rc = broker_connect(md->cfg.broker, &md->broker);
+	if (rc < 0) {
+		snprintf(err, errlen, "cannot reach ferry-brokerd at %s: %s", md->cfg.broker,
+			 strerror(-rc));
+		return rc;
+	}
+	rc = broker_status(md->broker, &st);
+	if (rc < 0) {
+		snprintf(err, errlen, "ferry-brokerd at %s: %s%s%s", md->cfg.broker, strerror(-rc),
+			 *refusal() ? ": " : "", refusal());
+		return rc;
+	}
+	if (!*st.root) {
+		snprintf(err, errlen, "ferry-brokerd at %s has no policy rule for uid %d (the node's "
+			 "operator adds an `allow uid=%d root=...` line)", md->cfg.broker,
+			 (int)getuid(), (int)getuid());
+		return -EPERM;
+	}
+	rc = broker_mount_name(st.root, md->cfg.mountpoint, &name);
+	if (rc < 0) {
+		if (rc == -EXDEV)
+			snprintf(err, errlen, "mountpoint %s is not beneath %s, where ferry-brokerd "
+				 "mounts for uid %d", md->cfg.mountpoint, st.root, (int)getuid());
+		else
+			snprintf(err, errlen, "out of memory");
+		return rc;
+	}
+	rc = broker_mount(md->broker, name, options, fuse_fd, &id);
+	if (rc < 0) {
+		snprintf(err, errlen, "ferry-brokerd refused to mount %s: %s%s%s",
+			 md->cfg.mountpoint, strerror(-rc), *refusal() ? ": " : "", refusal());
+		free(name);
+		return rc;
+	}
+	md->broker_name = name; /* owned by md, freed in broker_link_close() */
+	atomic_store(&md->broker_mount_id, id);
+	atomic_store(&md->broker_up, true);
+	log_info("ferry-brokerd at %s mounted %s (mount id %llu)", md->cfg.broker,
+		 md->cfg.mountpoint, (unsigned long long)id);
+	return 0;
+}
+
+/* After a failed call: reconnect and attach our fd again, at most once a
+ * second whoever asks. Returns 0 if the link works now. */
+static int relink(struct mountd *md)
+{
+	struct timespec now;
+	uint64_t id = 0;
+	int rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	pthread_mutex_lock(&md->broker_lock);
+	if (atomic_load(&md->broker_up)) {
+		pthread_mutex_unlock(&md->broker_lock);
+		return 0; /* another thread relinked meanwhile */
+	}
+	if (now.tv_sec - md->broker_retry_at < 1) {
+		pthread_mutex_unlock(&md->broker_lock);
+		return -ENOTCONN;
+	}
+	md->broker_retry_at = now.tv_sec;
+	rc = broker_reconnect(md->broker);
+	if (rc == 0)
+		rc = broker_attach(md->broker, md->broker_name, fuse_session_fd(md->se), &id);
+	if (rc == 0) {
+		if (id != atomic_load(&md->broker_mount_id))
+			log_info("ferry-brokerd knows the mount as id %llu now (was %llu)",
+				 (unsigned long long)id,
+				 (unsigned long long)atomic_load(&md->broker_mount_id));
+		atomic_store(&md->broker_mount_id, id);
+		atomic_store(&md->broker_up, true);
+		atomic_fetch_add(&md->stats.broker_relinks, 1);
+		log_info("ferry-brokerd at %s is back: passthrough opens go on", md->cfg.broker);
+	}
+	pthread_mutex_unlock(&md->broker_lock);
+	return rc;
+}
+
+static void link_lost(struct mountd *md, int rc)
+{
+	if (atomic_exchange(&md->broker_up, false))
+		log_warnx("lost ferry-brokerd at %s (%s): new opens take the daemon path until it "
+			  "is back", md->cfg.broker, strerror(-rc));
+}
+
+int broker_link_backing_open(struct mountd *md, int fd)
+{
+	int rc;
+
+	if (!atomic_load(&md->broker_up) && relink(md) < 0)
+		return -ENOTCONN;
+	rc = broker_backing_open(md->broker, atomic_load(&md->broker_mount_id), fd);
+	if (rc > 0 || !broker_gone(rc))
+		return rc;
+	link_lost(md, rc);
+	if (relink(md) < 0)
+		return -ENOTCONN;
+	rc = broker_backing_open(md->broker, atomic_load(&md->broker_mount_id), fd);
+	if (broker_gone(rc)) {
+		link_lost(md, rc);
+		return -ENOTCONN;
+	}
+	return rc;
+}
+
+/* Sent without waiting for the reply (a refusal is only logged by the
+ * broker): a passthrough file then costs one round trip, at its open. */
+int broker_link_backing_close(struct mountd *md, int id)
+{
+	int rc = broker_backing_close_nowait(md->broker, atomic_load(&md->broker_mount_id), id);
+
+	if (broker_gone(rc)) {
+		link_lost(md, rc);
+		if (relink(md) == 0)
+			rc = broker_backing_close_nowait(md->broker,
+							 atomic_load(&md->broker_mount_id), id);
+	}
+	return rc;
+}
+
+void broker_link_umount(struct mountd *md)
+{
+	int rc;
+
+	if (!md->broker || !atomic_load(&md->broker_mount_id))
+		return;
+	rc = broker_umount(md->broker, NULL, atomic_load(&md->broker_mount_id));
+	if (broker_gone(rc) && relink(md) == 0)
+		rc = broker_umount(md->broker, NULL, atomic_load(&md->broker_mount_id));
+	/* Already gone: `ferry umount` asked the broker first. */
+	if (rc < 0 && rc != -ENOENT)
+		log_errno(rc, "ferry-brokerd could not unmount %s%s%s", md->cfg.mountpoint,
+			  *refusal() ? ": " : "", refusal());
+	atomic_store(&md->broker_mount_id, 0);
+}
+
+void broker_link_close(struct mountd *md)
+{
+	broker_close(md->broker);
+	md->broker = NULL;
+	free(md->broker_name);
+	md->broker_name = NULL;
+}

@@ -1,0 +1,1936 @@
+/*
+ * ferry-brokerd, the real binary (FERRY_BIN_DIR), driven over its socket.
+ *
+ * Every test gets /tmp/ferry-broker.XXXXXX (mode 0755) with a policy, a
+ * state directory, a socket and mount roots:
+ *   root/        policy root of uid 65534 (root's, 0755), holding m1..m3
+ *                (65534's), rootowned/ (root's), other/ (uid 1234's),
+ *                link -> ../outside, mid -> real (real/x is 65534's)
+ *   root2/       policy root of uid 65533 (allow_other=1, max_backing=2)
+ *   outside/     65534's, beneath no root
+ * Peers are made by a child that drops to the peer's uid/gid, connects a
+ * socket the test process holds, proves the broker took it (a STATUS round
+ * trip, so the broker saw the peer alive) and exits: SO_PEERCRED is what
+ * connect(2) recorded, so the test process then speaks as that peer.
+ * Operations the peer must do itself (open a file as 65534, use its FUSE
+ * mount) run in children (fm_as_user) on the same connection.
+ *
+ * Teardown stops the broker, detaches whatever is mounted beneath the
+ * directory and removes it. Mounts get a FUSE server only where a test
+ * needs one (rawfuse_util.h); otherwise nothing ever touches them.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "broker.pb-c.h"
+#include "broker_client.h"
+#include "mount_util.h"
+#include "rawfuse_util.h"
+#include "rpc_frame.h"
+
+#define PEER 65534          /* uid and gid of the main peer */
+#define PEER2 65533         /* the second peer (allow_other, max_backing=2) */
+#define STRANGER 1234       /* in no rule */
+
+struct ferry_backing_map {
+	int32_t fd;
+	uint32_t flags;
+	uint64_t padding;
+};
+#define DEV_IOC_BACKING_OPEN _IOW(229, 1, struct ferry_backing_map)
+#define DEV_IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
+
+static struct {
+	char dir[64];
+	char sock[96], state[96], policy[96], log[96];
+	char root[96], root2[96], outside[96];
+	pid_t pid;
+	uint64_t fds0;          /* the broker's fds when idle, with one connection */
+	bool new_mount_ns;      /* start the broker in a mount namespace of its own */
+} bk;
+
+/* ---- small helpers ---- */
+
+static const char *bp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *bp(const char *fmt, ...)
+{
+	static char ring[16][PATH_MAX];
+	static int next;
+	char *out = ring[next++ % 16], rel[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(rel, sizeof(rel), fmt, ap);
+	va_end(ap);
+	snprintf(out, PATH_MAX, "%s/%s", bk.dir, rel);
+	return out;
+}
+
+static void mkdir_owned(const char *path, uid_t uid, mode_t mode)
+{
+	cr_assert(mkdir(path, mode) == 0, "mkdir %s: %s", path, strerror(errno));
+	cr_assert(chown(path, uid, uid) == 0);
+	cr_assert(chmod(path, mode) == 0);
+}
+
+static void write_text(const char *path, const char *text, uid_t uid, mode_t mode)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+
+	cr_assert(fd >= 0, "%s: %s", path, strerror(errno));
+	cr_assert(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+	cr_assert(fchown(fd, uid, uid) == 0);
+	cr_assert(fchmod(fd, mode) == 0);
+	close(fd);
+}
+
+static void log_tail(void)
+{
+	char *t = fm_slurp(bk.log);
+
+	if (t) {
+		size_t n = strlen(t);
+		fprintf(stderr, "---- broker log (tail) ----\n%s\n",
+			n > 6000 ? t + n - 6000 : t);
+		free(t);
+	}
+}
+
+/* ---- the broker process ---- */
+
+static int try_status(const char *path, struct broker_status *st)
+{
+	struct broker_conn *c;
+	int rc = broker_connect(path, &c);
+
+	if (rc < 0)
+		return rc;
+	broker_set_timeout(c, 5000);
+	rc = broker_status(c, st);
+	broker_close(c);
+	return rc;
+}
+
+static void broker_start(void)
+{
+	struct broker_status st;
+	int i, rc = -1;
+	pid_t pid = fork();
+
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		int log = open(bk.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		/* A stray fd the broker must close at start. */
+		int stray = open("/dev/null", O_RDONLY);
+
+		if (log < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0 || dup2(stray, 50) < 0)
+			_exit(126);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		/* FERRY_IT_BROKER_DEBUG=1: every request in the log. */
+		if (bk.new_mount_ns)
+			execl("/usr/bin/unshare", "unshare", "--mount", "--propagation", "unchanged",
+			      fm_bin("ferry-brokerd"), "--socket", bk.sock, "--policy", bk.policy,
+			      "--state-dir", bk.state,
+			      getenv("FERRY_IT_BROKER_DEBUG") ? "-v" : (char *)NULL, (char *)NULL);
+		execl(fm_bin("ferry-brokerd"), "ferry-brokerd", "--socket", bk.sock, "--policy",
+		      bk.policy, "--state-dir", bk.state,
+		      getenv("FERRY_IT_BROKER_DEBUG") ? "-v" : (char *)NULL, (char *)NULL);
+		_exit(127);
+	}
+	bk.pid = pid;
+	for (i = 0; i < 500; i++) {
+		if (waitpid(pid, NULL, WNOHANG) == pid) {
+			bk.pid = 0;
+			log_tail();
+			cr_assert_fail("ferry-brokerd exited at start");
+		}
+		rc = try_status(bk.sock, &st);
+		if (rc == 0)
+			break;
+		usleep(10000);
+	}
+	if (rc != 0)
+		log_tail();
+	cr_assert_eq(rc, 0, "ferry-brokerd does not answer on %s: %s", bk.sock, strerror(-rc));
+}
+
+static void broker_kill(int sig)
+{
+	int status;
+
+	if (bk.pid <= 0)
+		return;
+	kill(bk.pid, sig);
+	for (int i = 0; i < 500; i++) {
+		if (waitpid(bk.pid, &status, WNOHANG) == bk.pid) {
+			bk.pid = 0;
+			return;
+		}
+		usleep(10000);
+	}
+	kill(bk.pid, SIGKILL);
+	waitpid(bk.pid, &status, 0);
+	bk.pid = 0;
+}
+
+static void write_policy(const char *text)
+{
+	FILE *f = fopen(bk.policy, "w");
+
+	cr_assert(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static void default_policy(void)
+{
+	char text[4096];
+
+	snprintf(text, sizeof(text),
+		 "# test policy\n"
+		 "allow uid=%d root=%s max_mounts=3 max_backing=256\n"
+		 "allow uid=%d root=%s max_mounts=2 max_backing=2 allow_other=1\n",
+		 PEER, bk.root, PEER2, bk.root2);
+	write_policy(text);
+}
+
+static void make_tree(void)
+{
+	snprintf(bk.dir, sizeof(bk.dir), "/tmp/ferry-broker.XXXXXX");
+	cr_assert(mkdtemp(bk.dir), "mkdtemp: %s", strerror(errno));
+	cr_assert(chmod(bk.dir, 0755) == 0);
+	snprintf(bk.sock, sizeof(bk.sock), "%s/broker.sock", bk.dir);
+	snprintf(bk.state, sizeof(bk.state), "%s/state", bk.dir);
+	snprintf(bk.policy, sizeof(bk.policy), "%s/policy", bk.dir);
+	snprintf(bk.log, sizeof(bk.log), "%s/broker.log", bk.dir);
+	snprintf(bk.root, sizeof(bk.root), "%s/root", bk.dir);
+	snprintf(bk.root2, sizeof(bk.root2), "%s/root2", bk.dir);
+	snprintf(bk.outside, sizeof(bk.outside), "%s/outside", bk.dir);
+	mkdir_owned(bk.root, 0, 0755);
+	mkdir_owned(bk.root2, 0, 0755);
+	mkdir_owned(bk.outside, PEER, 0755);
+	mkdir_owned(bp("root/m1"), PEER, 0755);
+	mkdir_owned(bp("root/m2"), PEER, 0755);
+	mkdir_owned(bp("root/m3"), PEER, 0755);
+	mkdir_owned(bp("root/m4"), PEER, 0755);
+	mkdir_owned(bp("root/rootowned"), 0, 0755);
+	mkdir_owned(bp("root/other"), STRANGER, 0755);
+	mkdir_owned(bp("root/real"), PEER, 0755);
+	mkdir_owned(bp("root/real/x"), PEER, 0755);
+	mkdir_owned(bp("root2/n1"), PEER2, 0755);
+	mkdir_owned(bp("root2/n2"), PEER2, 0755);
+	cr_assert(symlink("../outside", bp("root/link")) == 0);
+	cr_assert(symlink("real", bp("root/mid")) == 0);
+	cr_assert(symlink(bp("root/m1"), bp("root/abslink")) == 0); /* inside, still refused */
+}
+
+static int rm_cb(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)type;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+/* Detaches everything mounted beneath bk.dir (deepest first). */
+static int unmount_all(void)
+{
+	char *mi = fm_slurp("/proc/self/mountinfo"), *line, *save = NULL;
+	char points[64][PATH_MAX];
+	int n = 0;
+
+	if (!mi)
+		return 0;
+	for (line = strtok_r(mi, "\n", &save); line && n < 64; line = strtok_r(NULL, "\n", &save)) {
+		char point[PATH_MAX];
+
+		if (sscanf(line, "%*u %*u %*u:%*u %*s %4095s", point) == 1 &&
+		    !strncmp(point, bk.dir, strlen(bk.dir)) && point[strlen(bk.dir)] == '/')
+			snprintf(points[n++], PATH_MAX, "%s", point);
+	}
+	free(mi);
+	for (int i = n - 1; i >= 0; i--)
+		umount2(points[i], MNT_DETACH);
+	return n;
+}
+
+/* Aborts the FUSE connection of every mount beneath bk.dir (a private
+ * fusectl mount), so nothing can stay stuck waiting for a test's server. */
+static void abort_fuse_beneath(void)
+{
+	char *mi = fm_slurp("/proc/self/mountinfo"), *line, *save = NULL;
+	int fs = fsopen("fusectl", FSOPEN_CLOEXEC), ctl = -1;
+
+	if (fs >= 0 && fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0)
+		ctl = fsmount(fs, FSMOUNT_CLOEXEC, 0);
+	for (line = mi ? strtok_r(mi, "\n", &save) : NULL; line && ctl >= 0;
+	     line = strtok_r(NULL, "\n", &save)) {
+		char point[PATH_MAX], path[64];
+		unsigned ma, mi_;
+		int fd;
+
+		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &ma, &mi_, point) != 3 ||
+		    strncmp(point, bk.dir, strlen(bk.dir)) || !strstr(line, " - fuse"))
+			continue;
+		snprintf(path, sizeof(path), "%u/abort", (ma << 20) | mi_);
+		fd = openat(ctl, path, O_WRONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			(void)!write(fd, "1", 1);
+			close(fd);
+		}
+	}
+	if (ctl >= 0)
+		close(ctl);
+	if (fs >= 0)
+		close(fs);
+	free(mi);
+}
+
+static void bk_setup(void)
+{
+	struct broker_status st;
+
+	memset(&bk, 0, sizeof(bk));
+	make_tree();
+	default_policy();
+	broker_start();
+	cr_assert_eq(try_status(bk.sock, &st), 0);
+	bk.fds0 = st.fds;
+}
+
+static void bk_teardown(void)
+{
+	if (bk.dir[0])
+		abort_fuse_beneath();
+	broker_kill(SIGTERM);
+	unmount_all();
+	if (bk.dir[0])
+		nftw(bk.dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(broker, .init = bk_setup, .fini = bk_teardown, .timeout = 120);
+
+/* ---- peers ---- */
+
+static int connect_raw(uid_t uid, gid_t gid)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), status;
+	pid_t pid;
+
+	cr_assert(sock >= 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", bk.sock);
+	pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		struct broker_conn *c;
+		struct broker_status st;
+
+		if (setgroups(0, NULL) || setresgid(gid, gid, gid) || setresuid(uid, uid, uid))
+			_exit(2);
+		if (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+			_exit(3);
+		/* Once this is answered the broker has taken us, alive. */
+		if (broker_adopt(dup(sock), &c) < 0 || broker_status(c, &st) < 0)
+			_exit(4);
+		broker_close(c);
+		_exit(0);
+	}
+	cr_assert(waitpid(pid, &status, 0) == pid);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		  "connecting as uid %d failed (status 0x%x)", (int)uid, status);
+	return sock;
+}
+
+static struct broker_conn *connect_as(uid_t uid, gid_t gid)
+{
+	struct broker_conn *c;
+
+	cr_assert_eq(broker_adopt(connect_raw(uid, gid), &c), 0);
+	return c;
+}
+
+static void status(struct broker_status *st)
+{
+	int rc = try_status(bk.sock, st);
+
+	cr_assert_eq(rc, 0, "STATUS: %s", strerror(-rc));
+}
+
+/* Waits until the broker has one connection (ours) and no backing ids,
+ * then checks its fds are what they were at the start (+ extra). */
+static void assert_no_leaks(int extra_fds)
+{
+	struct broker_status st;
+
+	for (int i = 0; i < 200; i++) {
+		status(&st);
+		if (st.connections == 1 && st.fds == bk.fds0 + (uint64_t)extra_fds)
+			break;
+		usleep(10000);
+	}
+	cr_assert_eq(st.connections, 1, "connections: %" PRIu64, st.connections);
+	cr_assert_eq(st.fds, bk.fds0 + (uint64_t)extra_fds, "broker fds: %" PRIu64 ", expected %"
+		     PRIu64, st.fds, bk.fds0 + (uint64_t)extra_fds);
+	cr_assert_eq(st.backing_ids, 0, "live backing ids: %" PRIu64, st.backing_ids);
+}
+
+static bool is_dead(struct broker_conn *c)
+{
+	struct broker_status st;
+	int rc = broker_status(c, &st);
+
+	return rc == -EPIPE || rc == -ENOTCONN;
+}
+
+/* Mountinfo line of the mount at path (its last one), or NULL. */
+static char *mountinfo_of(const char *path)
+{
+	char *mi = fm_slurp("/proc/self/mountinfo"), *line, *save = NULL, *found = NULL;
+
+	cr_assert(mi);
+	for (line = strtok_r(mi, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char point[PATH_MAX];
+
+		if (sscanf(line, "%*u %*u %*u:%*u %*s %4095s", point) == 1 && !strcmp(point, path)) {
+			free(found);
+			found = strdup(line);
+		}
+	}
+	free(mi);
+	return found;
+}
+
+static uint64_t mount_ok(struct broker_conn *c, const char *name, const char *const *opts,
+			 int *fuse_fd)
+{
+	uint64_t id = 0;
+	int fd = -1, rc = broker_mount(c, name, opts, &fd, &id);
+
+	if (rc < 0)
+		log_tail();
+	cr_assert_eq(rc, 0, "MOUNT %s: %s: %s", name, strerror(-rc), broker_last_message());
+	cr_assert(fd >= 0 && id != 0);
+	if (fuse_fd)
+		*fuse_fd = fd;
+	else
+		close(fd);
+	return id;
+}
+
+#define REFUSED(expr, err)                                                               \
+	do {                                                                             \
+		int r_ = (expr);                                                         \
+		cr_assert_eq(r_, -(err), "%s: expected %s, got %d (%s): %s", #expr,     \
+			     fm_errname(err), r_, r_ < 0 ? fm_errname(-r_) : "-",       \
+			     broker_last_message());                                     \
+	} while (0)
+
+/* ---- MOUNT / UMOUNT ---- */
+
+Test(broker, mount_and_umount)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	const char *opts[] = { "default_permissions", "max_read=131072", "fsname=ferry:t",
+			       "subtype=ferryfs", "nosuid", NULL };
+	struct broker_status st;
+	struct stat sb;
+	uint64_t id, id2;
+	char *mi;
+	int fd;
+
+	id = mount_ok(c, "m1", opts, &fd);
+	cr_assert(fstat(fd, &sb) == 0);
+	cr_assert(S_ISCHR(sb.st_mode) && major(sb.st_rdev) == 10 && minor(sb.st_rdev) == 229,
+		  "the fd is not /dev/fuse");
+	cr_assert(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	mi = mountinfo_of(bp("root/m1"));
+	cr_assert(mi, "nothing mounted at root/m1");
+	cr_assert(strstr(mi, " - fuse.ferryfs ferry:t "), "type/source: %s", mi);
+	cr_assert(strstr(mi, "nosuid") && strstr(mi, "nodev"), "not nosuid,nodev: %s", mi);
+	cr_assert(strstr(mi, "user_id=65534,group_id=65534"), "user_id: %s", mi);
+	cr_assert(strstr(mi, "default_permissions") && strstr(mi, "max_read=131072"), "%s", mi);
+	cr_assert(!strstr(mi, "allow_other"), "%s", mi);
+	free(mi);
+	status(&st);
+	cr_assert_eq(st.mounts, 1);
+	cr_assert_eq(st.peers, 1);
+	/* The same name again: busy. */
+	REFUSED(broker_mount(c, "m1", NULL, &fd, &id2), EBUSY);
+
+	/* By name. */
+	cr_assert_eq(broker_umount(c, "m1", 0), 0, "%s", broker_last_message());
+	cr_assert(!fm_is_mounted(bp("root/m1")));
+	close(fd);
+	/* By id, and a nested name. */
+	id = mount_ok(c, "real/x", NULL, NULL);
+	cr_assert(fm_is_mounted(bp("root/real/x")));
+	cr_assert_eq(broker_umount(c, NULL, id), 0, "%s", broker_last_message());
+	cr_assert(!fm_is_mounted(bp("root/real/x")));
+	REFUSED(broker_umount(c, NULL, id), ENOENT);
+	status(&st);
+	cr_assert_eq(st.mounts, 0);
+	cr_assert(st.refusals >= 2);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+Test(broker, refuses_peer_not_in_policy)
+{
+	struct broker_conn *c = connect_as(STRANGER, STRANGER);
+	struct broker_status st;
+	int fd;
+	uint64_t id;
+
+	/* STATUS is for everyone; anything else ends the connection. */
+	cr_assert_eq(broker_status(c, &st), 0);
+	REFUSED(broker_mount(c, "m1", NULL, &fd, &id), EPERM);
+	cr_assert(strstr(broker_last_message(), "no policy rule"), "%s", broker_last_message());
+	cr_assert(is_dead(c), "the connection stayed open");
+	cr_assert(!fm_is_mounted(bp("root/m1")));
+	broker_close(c);
+	/* Root is in no rule either. */
+	c = connect_as(0, 0);
+	REFUSED(broker_mount(c, "m1", NULL, &fd, &id), EPERM);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+/* Each of these names is malformed: an error and a closed connection. */
+Test(broker, refuses_names_outside_the_root)
+{
+	static const char *const bad[] = {
+		"..", "../outside", "m1/../../outside", "./m1", "m1/", "m1//x", "",
+		"/tmp", "/", "m 1", "m1\\x",
+	};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct broker_conn *c = connect_as(PEER, PEER);
+		int fd;
+		uint64_t id;
+
+		REFUSED(broker_mount(c, bad[i], NULL, &fd, &id), EINVAL);
+		cr_assert(is_dead(c), "connection open after name \"%s\"", bad[i]);
+		broker_close(c);
+	}
+	cr_assert(!fm_is_mounted(bk.outside));
+	cr_assert(!fm_is_mounted(bk.root));
+	assert_no_leaks(0);
+}
+
+Test(broker, refuses_symlinks)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	int fd;
+	uint64_t id;
+
+	/* At the last component, in the middle, and even one that stays inside. */
+	REFUSED(broker_mount(c, "link", NULL, &fd, &id), ELOOP);
+	REFUSED(broker_mount(c, "mid/x", NULL, &fd, &id), ELOOP);
+	REFUSED(broker_mount(c, "abslink", NULL, &fd, &id), ELOOP);
+	REFUSED(broker_mount(c, "link/sub", NULL, &fd, &id), ELOOP);
+	/* Refusals on the merits keep the connection. */
+	cr_assert(!is_dead(c));
+	cr_assert(!fm_is_mounted(bk.outside));
+	cr_assert(!fm_is_mounted(bp("root/real/x")));
+	/* The real path works. */
+	id = mount_ok(c, "real/x", NULL, NULL);
+	cr_assert_eq(broker_umount(c, NULL, id), 0);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+static volatile sig_atomic_t swap_stop;
+
+/* Swaps root/race/x (a directory) and root/race/y (a symlink out of the
+ * root) with RENAME_EXCHANGE, as fast as it can. */
+static void swapper(void)
+{
+	while (!swap_stop)
+		renameat2(AT_FDCWD, bp("root/race/x"), AT_FDCWD, bp("root/race/y"),
+			  RENAME_EXCHANGE);
+	_exit(0);
+}
+
+static void on_term(int sig)
+{
+	(void)sig;
+	swap_stop = 1;
+}
+
+Test(broker, symlink_swapped_in_after_resolution)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	int ok = 0, loop = 0, other = 0, moved = 0, wstatus;
+	pid_t pid;
+
+	mkdir_owned(bp("root/race"), PEER, 0755);
+	mkdir_owned(bp("root/race/x"), PEER, 0755);
+	cr_assert(symlink(bk.outside, bp("root/race/y")) == 0);
+	/* First, unraced: it resolves and mounts. */
+	cr_assert_eq(broker_umount(c, NULL, mount_ok(c, "race/x", NULL, NULL)), 0);
+
+	pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		signal(SIGTERM, on_term);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		alarm(60);
+		swapper();
+	}
+	for (int i = 0; i < 400; i++) {
+		uint64_t id;
+		int fd, rc = broker_mount(c, "race/x", NULL, &fd, &id);
+
+		if (rc == 0) {
+			char *at_x, *at_y;
+
+			ok++;
+			close(fd);
+			/* On the directory, wherever the swap has moved it by now
+			 * (a mountpoint cannot be renamed any more): beneath the
+			 * root, never where the symlink points. */
+			cr_assert(!fm_is_mounted(bk.outside), "the swapped symlink was followed");
+			at_x = mountinfo_of(bp("root/race/x"));
+			at_y = mountinfo_of(bp("root/race/y"));
+			cr_assert(at_x || at_y, "mount %d landed somewhere else", i);
+			if (at_x) {
+				cr_assert_eq(broker_umount(c, NULL, id), 0, "%s",
+					     broker_last_message());
+			} else {
+				/* Its name now leads to the symlink: the broker
+				 * refuses to unmount by it; take it down here. */
+				REFUSED(broker_umount(c, NULL, id), ELOOP);
+				moved++;
+				cr_assert(umount2(bp("root/race/y"), MNT_DETACH) == 0);
+			}
+			free(at_x);
+			free(at_y);
+		} else if (rc == -ELOOP || rc == -ENOENT) {
+			loop++;
+		} else {
+			other++;
+			cr_assert(rc == -ENOTDIR || rc == -EAGAIN, "MOUNT race/x: %s: %s",
+				  strerror(-rc), broker_last_message());
+		}
+		cr_assert(!fm_is_mounted(bk.outside), "the swapped symlink was followed");
+	}
+	kill(pid, SIGTERM);
+	waitpid(pid, &wstatus, 0);
+	cr_log_info("race: %d mounted on the directory (%d of them moved with it), %d refused "
+		    "as a symlink, %d other", ok, moved, loop, other);
+	cr_assert(loop > 0, "the swap never won the race: the test proves nothing");
+	cr_assert(!fm_is_mounted(bk.outside));
+	/* A mount taken down by hand above stays known until the broker looks:
+	 * mounting the name again makes it look, and forget it. */
+	{
+		struct stat st;
+		struct broker_status bs;
+
+		if (lstat(bp("root/race/x"), &st) == 0 && S_ISLNK(st.st_mode))
+			cr_assert(renameat2(AT_FDCWD, bp("root/race/x"), AT_FDCWD, bp("root/race/y"),
+					    RENAME_EXCHANGE) == 0);
+		cr_assert_eq(broker_umount(c, NULL, mount_ok(c, "race/x", NULL, NULL)), 0);
+		status(&bs);
+		cr_assert_eq(bs.mounts, 0);
+	}
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+Test(broker, refuses_target_not_the_peers)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	int fd;
+	uint64_t id;
+
+	REFUSED(broker_mount(c, "rootowned", NULL, &fd, &id), EPERM);
+	REFUSED(broker_mount(c, "other", NULL, &fd, &id), EPERM);
+	REFUSED(broker_mount(c, "nonexistent", NULL, &fd, &id), ENOENT);
+	cr_assert(!fm_is_mounted(bp("root/rootowned")));
+	cr_assert(!fm_is_mounted(bp("root/other")));
+	/* Mounting onto a mount: not through the broker. */
+	id = mount_ok(c, "m1", NULL, NULL);
+	cr_assert(!is_dead(c));
+	cr_assert_eq(broker_umount(c, NULL, id), 0);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+Test(broker, refuses_options)
+{
+	static const char *const bad[] = {
+		"suid", "dev", "fd=3", "rootmode=40000", "user_id=0", "group_id=0", "foo",
+		"foo=bar", "max_read=0", "max_read=x", "max_read", "subtype=a.b", "fsname=a,b",
+		"default_permissions=1", "blksize=4096",
+	};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct broker_conn *c = connect_as(PEER, PEER);
+		const char *opts[] = { bad[i], NULL };
+		int fd;
+		uint64_t id;
+
+		REFUSED(broker_mount(c, "m1", opts, &fd, &id), EINVAL);
+		cr_assert(is_dead(c), "connection open after option \"%s\"", bad[i]);
+		broker_close(c);
+	}
+	{
+		struct broker_conn *c = connect_as(PEER, PEER);
+		const char *twice[] = { "noexec", "noexec", NULL };
+		const char *clash[] = { "ro", "rw", NULL };
+		int fd;
+		uint64_t id;
+
+		REFUSED(broker_mount(c, "m1", twice, &fd, &id), EINVAL);
+		broker_close(c);
+		c = connect_as(PEER, PEER);
+		REFUSED(broker_mount(c, "m1", clash, &fd, &id), EINVAL);
+		broker_close(c);
+	}
+	cr_assert(!fm_is_mounted(bp("root/m1")));
+	assert_no_leaks(0);
+}
+
+Test(broker, allow_other_only_where_the_policy_allows)
+{
+	struct broker_conn *c = connect_as(PEER, PEER), *c2 = connect_as(PEER2, PEER2);
+	const char *opts[] = { "allow_other", "ro", "noexec", NULL };
+	uint64_t id;
+	char *mi;
+	int fd;
+
+	REFUSED(broker_mount(c, "m1", opts, &fd, &id), EPERM);
+	cr_assert(strstr(broker_last_message(), "allow_other"), "%s", broker_last_message());
+	cr_assert(!fm_is_mounted(bp("root/m1")));
+	cr_assert(!is_dead(c));
+	id = mount_ok(c2, "n1", opts, NULL);
+	mi = mountinfo_of(bp("root2/n1"));
+	cr_assert(mi && strstr(mi, "allow_other") && strstr(mi, "user_id=65533"), "%s", mi);
+	cr_assert(strstr(mi, " ro,") && strstr(mi, "noexec"), "%s", mi);
+	free(mi);
+	cr_assert_eq(broker_umount(c2, NULL, id), 0);
+	broker_close(c);
+	broker_close(c2);
+	assert_no_leaks(0);
+}
+
+Test(broker, max_mounts)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	uint64_t a, b, d;
+	int fd;
+
+	a = mount_ok(c, "m1", NULL, NULL);
+	b = mount_ok(c, "m2", NULL, NULL);
+	d = mount_ok(c, "m3", NULL, NULL);
+	REFUSED(broker_mount(c, "m4", NULL, &fd, &a), EDQUOT);
+	cr_assert(!fm_is_mounted(bp("root/m4")));
+	cr_assert_eq(broker_umount(c, NULL, b), 0);
+	b = mount_ok(c, "m4", NULL, NULL);
+	/* A mount someone else took away does not count any more. */
+	cr_assert(umount2(bp("root/m4"), MNT_DETACH) == 0);
+	b = mount_ok(c, "m2", NULL, NULL);
+	(void)d;
+	broker_close(c);
+	c = connect_as(PEER, PEER);
+	/* Limits are the peer's, not the connection's. */
+	REFUSED(broker_mount(c, "m4", NULL, &fd, &a), EDQUOT);
+	cr_assert_eq(broker_umount(c, "m1", 0), 0);
+	cr_assert_eq(broker_umount(c, "m2", 0), 0);
+	cr_assert_eq(broker_umount(c, "m3", 0), 0);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+Test(broker, umount_of_another_peers_mount)
+{
+	struct broker_conn *a = connect_as(PEER, PEER), *b = connect_as(PEER2, PEER2);
+	uint64_t id = mount_ok(a, "m1", NULL, NULL);
+
+	REFUSED(broker_umount(b, NULL, id), EPERM);
+	REFUSED(broker_umount(b, "m1", 0), ENOENT); /* b's m1 would be beneath root2 */
+	cr_assert(fm_is_mounted(bp("root/m1")));
+	/* Not even another uid of the same root, nor a stranger. */
+	broker_close(b);
+	b = connect_as(STRANGER, STRANGER);
+	REFUSED(broker_umount(b, NULL, id), EPERM);
+	broker_close(b);
+	cr_assert(fm_is_mounted(bp("root/m1")));
+	cr_assert_eq(broker_umount(a, NULL, id), 0);
+	broker_close(a);
+	assert_no_leaks(0);
+}
+
+/* ---- BACKING_OPEN / BACKING_CLOSE ---- */
+
+static struct broker_conn *g_conn;
+static uint64_t g_mount;
+static const char *g_path;
+static int g_flags;
+
+/* As the peer: open g_path with g_flags and ask for a backing id. */
+static long peer_backing_open(void *arg)
+{
+	int fd, rc;
+
+	(void)arg;
+	fd = open(g_path, g_flags | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	rc = broker_backing_open(g_conn, g_mount, fd);
+	close(fd);
+	if (rc < 0) {
+		errno = -rc;
+		return -1;
+	}
+	return rc;
+}
+
+static long peer_write(void *arg)
+{
+	int fd = open(g_path, O_RDWR | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = write(fd, arg, strlen(arg));
+	close(fd);
+	return n;
+}
+
+/* A mount of uid's with a FUSE server that took passthrough at INIT. */
+static uint64_t served_mount(struct broker_conn *c, const char *name, uid_t uid,
+			     const char *const *opts, struct rawfuse *rf, int *fuse_fd)
+{
+	int fd;
+	uint64_t id = mount_ok(c, name, opts, &fd);
+
+	rawfuse_start(rf, fd, uid, uid);
+	cr_assert(rawfuse_wait_init(rf, 5000), "no INIT on the brokered mount");
+	cr_assert(atomic_load(&rf->passthrough), "the kernel did not take FUSE_PASSTHROUGH");
+	if (fuse_fd)
+		*fuse_fd = fd;
+	else
+		close(fd);
+	return id;
+}
+
+Test(broker, backing_open_and_close)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct broker_status st;
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "m1", PEER, NULL, &rf, NULL);
+	int fd, id, id2;
+
+	write_text(bp("data"), "", PEER, 0600);
+	fd = open(bp("data"), O_RDWR | O_CLOEXEC);
+	cr_assert(fd >= 0);
+	id = broker_backing_open(c, mid, fd);
+	cr_assert(id > 0, "BACKING_OPEN: %s: %s", strerror(-id), broker_last_message());
+	id2 = broker_backing_open(c, mid, fd);
+	cr_assert(id2 > 0 && id2 != id);
+	close(fd);
+	status(&st);
+	cr_assert_eq(st.backing_ids, 2);
+	cr_assert_eq(broker_backing_close(c, mid, id), 0, "%s", broker_last_message());
+	REFUSED(broker_backing_close(c, mid, id), ENOENT);
+	REFUSED(broker_backing_close(c, mid, 9999), ENOENT);
+	REFUSED(broker_backing_close(c, mid + 1, id2), ENOENT);
+	/* A peer that goes away leaves its ids: a reconnecting mountd closes them. */
+	broker_close(c);
+	c = connect_as(PEER, PEER);
+	status(&st);
+	cr_assert_eq(st.backing_ids, 1);
+	cr_assert_eq(broker_backing_close(c, mid, id2), 0, "%s", broker_last_message());
+
+	/* Closing without waiting: more than BROKER_NOWAIT_MAX at once, and one
+	 * refused; the next call takes the replies. */
+	{
+		int ids[BROKER_NOWAIT_MAX + 8];
+
+		fd = open(bp("data"), O_RDWR | O_CLOEXEC);
+		for (size_t i = 0; i < BROKER_NOWAIT_MAX + 8; i++) {
+			ids[i] = broker_backing_open(c, mid, fd);
+			cr_assert(ids[i] > 0, "%s", broker_last_message());
+		}
+		close(fd);
+		for (size_t i = 0; i < BROKER_NOWAIT_MAX + 8; i++)
+			cr_assert_eq(broker_backing_close_nowait(c, mid, ids[i]), 0);
+		cr_assert_eq(broker_backing_close_nowait(c, mid, ids[0]), 0); /* refused later */
+		cr_assert_eq(broker_status(c, &st), 0);
+		cr_assert_eq(st.backing_ids, 0);
+		cr_assert_eq(broker_async_failures(c), 1);
+	}
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+Test(broker, refuses_backing_fds_of_the_wrong_kind)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "m1", PEER, NULL, &rf, NULL);
+	int sv[2], fd;
+
+	write_text(bp("peerfile"), "x", PEER, 0600);
+	write_text(bp("rootfile"), "x", 0, 0600);
+	write_text(bp("twolinks"), "x", PEER, 0600);
+	cr_assert(link(bp("twolinks"), bp("twolinks2")) == 0);
+
+	fd = open(bk.outside, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EINVAL);
+	close(fd);
+	fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EINVAL);
+	cr_assert(strstr(broker_last_message(), "character device"), "%s", broker_last_message());
+	close(fd);
+	cr_assert(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+	REFUSED(broker_backing_open(c, mid, sv[0]), EINVAL);
+	close(sv[0]);
+	close(sv[1]);
+	fd = open(bp("peerfile"), O_RDONLY | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EBADF);
+	close(fd);
+	fd = open(bp("peerfile"), O_WRONLY | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EBADF);
+	close(fd);
+	fd = open(bp("peerfile"), O_PATH | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EBADF);
+	close(fd);
+	fd = open(bp("rootfile"), O_RDWR | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EPERM);
+	close(fd);
+	fd = open(bp("twolinks"), O_RDWR | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EMLINK);
+	close(fd);
+	/* A mount id that is not there. */
+	fd = open(bp("peerfile"), O_RDWR | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid + 1000, fd), ENOENT);
+	close(fd);
+	/* Refused on the merits: the connection goes on. */
+	cr_assert(!is_dead(c));
+
+	/* A file on a FUSE mount (this very one), opened by the peer. It is
+	 * refused without the broker asking the FUSE server anything. */
+	atomic_store(&rf.watch_pid, bk.pid);
+	g_conn = c;
+	g_mount = mid;
+	g_path = bp("root/m1/f");
+	g_flags = O_RDWR;
+	errno = 0;
+	cr_assert_eq(fm_as_user(PEER, PEER, peer_backing_open, NULL), -1);
+	cr_assert(errno == EACCES || errno == EXDEV, "FUSE file: %s", strerror(errno));
+	cr_assert_eq(atomic_load(&rf.n_from_watched), 0, "the broker sent the FUSE server %u "
+		     "requests", atomic_load(&rf.n_from_watched));
+
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+/* A FUSE mount that admits the broker (allow_other) and never answers
+ * STATFS: a broker that asked would hang; it must refuse at once. */
+Test(broker, refuses_a_fuse_file_without_asking_its_server)
+{
+	struct broker_conn *c = connect_as(PEER2, PEER2);
+	const char *opts[] = { "allow_other", NULL };
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "n1", PEER2, opts, &rf, NULL);
+	struct timespec t0, t1;
+
+	atomic_store(&rf.stall_statfs, true);
+	atomic_store(&rf.watch_pid, bk.pid);
+	g_conn = c;
+	g_mount = mid;
+	g_path = bp("root2/n1/f");
+	g_flags = O_RDWR;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(fm_as_user(PEER2, PEER2, peer_backing_open, NULL), -1);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	cr_assert_eq(errno, EXDEV, "FUSE file: %s", strerror(errno));
+	cr_assert(t1.tv_sec - t0.tv_sec < 5);
+	cr_assert_eq(atomic_load(&rf.n_from_watched), 0);
+	cr_assert_eq(atomic_load(&rf.n_statfs), 0);
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+/*
+ * close() of a FUSE file's fd sends FLUSH and waits for it, uninterruptibly.
+ * A peer whose server never answers sends the broker such an fd (here with
+ * a refused BACKING_OPEN): the broker must go on serving everyone, and after
+ * a while abort that FUSE connection to get its closer back.
+ */
+Test(broker, fuse_fd_whose_server_never_answers_flush)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct broker_status st;
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "m1", PEER, NULL, &rf, NULL);
+	struct timespec t0, t1;
+	int p[2], wstatus, err = 0;
+	bool aborted = false;
+	pid_t pid;
+
+	atomic_store(&rf.stall_flush, true);
+	cr_assert(pipe2(p, O_CLOEXEC) == 0);
+	pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		int fd, rc = -1;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (setgroups(0, NULL) == 0 && setresgid(PEER, PEER, PEER) == 0 &&
+		    setresuid(PEER, PEER, PEER) == 0 &&
+		    (fd = open(bp("root/m1/f"), O_RDWR | O_CLOEXEC)) >= 0)
+			rc = broker_backing_open(c, mid, fd);
+		(void)!write(p[1], &rc, sizeof(rc));
+		_exit(0); /* its own close waits for FLUSH too, until the abort */
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], &err, sizeof(err)), (ssize_t)sizeof(err));
+	close(p[0]);
+	cr_assert(err < 0, "a FUSE file was registered");
+	/* The broker's close of its copy is stuck; it serves on. */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	status(&st);
+	cr_assert_eq(broker_status(c, &st), 0);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	cr_assert(t1.tv_sec - t0.tv_sec < 2, "the broker waited for the FUSE server");
+	/* Within a few seconds it aborts that connection. */
+	for (int i = 0; i < 200 && !aborted; i++) {
+		char *log = fm_slurp(bk.log);
+
+		aborted = log && strstr(log, "aborted that FUSE connection");
+		free(log);
+		if (!aborted)
+			usleep(100000);
+	}
+	if (!aborted)
+		log_tail();
+	cr_assert(aborted, "the stuck FUSE connection was not aborted");
+	cr_assert(atomic_load(&rf.n_flush) >= 1);
+	cr_assert(waitpid(pid, &wstatus, 0) == pid);
+	cr_assert_eq(broker_umount(c, NULL, mid), 0, "%s", broker_last_message());
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+Test(broker, max_backing)
+{
+	struct broker_conn *c = connect_as(PEER2, PEER2);
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "n1", PEER2, NULL, &rf, NULL);
+	int fd, a, b;
+
+	write_text(bp("p2file"), "", PEER2, 0600);
+	fd = open(bp("p2file"), O_RDWR | O_CLOEXEC);
+	a = broker_backing_open(c, mid, fd);
+	b = broker_backing_open(c, mid, fd);
+	cr_assert(a > 0 && b > 0, "%s", broker_last_message());
+	REFUSED(broker_backing_open(c, mid, fd), EDQUOT);
+	cr_assert_eq(broker_backing_close(c, mid, a), 0);
+	a = broker_backing_open(c, mid, fd);
+	cr_assert(a > 0);
+	close(fd);
+	/* Unmounting takes the mount's ids with it. */
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+	(void)b;
+}
+
+/*
+ * The confused deputy. Root's file, mode 0644, known content; the peer can
+ * only read it. If the broker registered the peer's read-only fd, the peer's
+ * FUSE server could answer an O_RDWR open of its own file with passthrough
+ * to it, and the kernel would write with the broker's (root's) credentials.
+ * First a control: a file of the peer's own, registered, does take a write
+ * through the FUSE mount without the server seeing it. Then the attack: the
+ * registration is refused, and every way the peer's server could still try
+ * (no backing id, or guessing ids) leaves the file untouched.
+ */
+Test(broker, confused_deputy)
+{
+	static const char content[] = "root's file: nobody else may write here\n";
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "m1", PEER, NULL, &rf, NULL);
+	struct stat before, after;
+	char *text;
+	long id;
+	int fd;
+
+	write_text(bp("secret"), content, 0, 0644);
+	cr_assert(stat(bp("secret"), &before) == 0);
+	write_text(bp("mine"), "", PEER, 0600);
+	g_conn = c;
+	g_mount = mid;
+
+	/* Control: the path works for a file the peer owns. */
+	g_path = bp("mine");
+	g_flags = O_RDWR;
+	id = fm_as_user(PEER, PEER, peer_backing_open, NULL);
+	cr_assert(id > 0, "registering the peer's own file: %s", strerror(errno));
+	atomic_store(&rf.backing_id, (int)id);
+	g_path = bp("root/m1/f");
+	cr_assert_eq(fm_as_user(PEER, PEER, peer_write, "through passthrough"), 19,
+		     "write through the mount: %s", strerror(errno));
+	text = fm_slurp(bp("mine"));
+	cr_assert_str_eq(text, "through passthrough");
+	free(text);
+	cr_assert_eq(atomic_load(&rf.n_write), 0, "the write went to the server, not passthrough");
+	atomic_store(&rf.backing_id, 0);
+	cr_assert_eq(broker_backing_close(c, mid, (int)id), 0);
+
+	/* The attack: the peer's read-only fd of root's file. */
+	g_path = bp("secret");
+	g_flags = O_RDONLY;
+	cr_assert(fm_as_user(PEER, PEER, peer_backing_open, NULL) == -1 && errno == EPERM,
+		  "registering root's file from a read-only fd: %ld/%s", id, strerror(errno));
+	/* Nor with a read-write fd of it (root's, handed to the peer). */
+	fd = open(bp("secret"), O_RDWR | O_CLOEXEC);
+	REFUSED(broker_backing_open(c, mid, fd), EPERM);
+	close(fd);
+	/* Without an id the server has no passthrough to give: the write comes
+	 * up as a WRITE request and goes nowhere. */
+	g_path = bp("root/m1/f");
+	cr_assert_eq(fm_as_user(PEER, PEER, peer_write, "pwned"), 5);
+	cr_assert(atomic_load(&rf.n_write) >= 1);
+	/* Guessing ids: nothing is registered on this connection. */
+	for (int guess = 1; guess <= 16; guess++) {
+		atomic_store(&rf.backing_id, guess);
+		fm_as_user(PEER, PEER, peer_write, "pwned");
+	}
+	atomic_store(&rf.backing_id, 0);
+	text = fm_slurp(bp("secret"));
+	cr_assert_str_eq(text, content, "root's file changed");
+	free(text);
+	cr_assert(stat(bp("secret"), &after) == 0);
+	cr_assert(after.st_size == before.st_size &&
+		  after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+		  after.st_mtim.tv_nsec == before.st_mtim.tv_nsec, "root's file was written");
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+Test(broker, backing_close_of_another_peers_id)
+{
+	struct broker_conn *a = connect_as(PEER, PEER), *b = connect_as(PEER2, PEER2);
+	struct rawfuse rfa, rfb;
+	uint64_t ma = served_mount(a, "m1", PEER, NULL, &rfa, NULL);
+	uint64_t mb = served_mount(b, "n1", PEER2, NULL, &rfb, NULL);
+	int fd, ida, idb;
+
+	write_text(bp("fa"), "", PEER, 0600);
+	write_text(bp("fb"), "", PEER2, 0600);
+	fd = open(bp("fa"), O_RDWR | O_CLOEXEC);
+	ida = broker_backing_open(a, ma, fd);
+	cr_assert(ida > 0, "%s", broker_last_message());
+	/* b cannot use a's mount with its own file, nor a's file on its own. */
+	REFUSED(broker_backing_open(b, mb, fd), EPERM);
+	close(fd);
+	fd = open(bp("fb"), O_RDWR | O_CLOEXEC);
+	REFUSED(broker_backing_open(b, ma, fd), EPERM);
+	idb = broker_backing_open(b, mb, fd);
+	cr_assert(idb > 0, "%s", broker_last_message());
+	close(fd);
+	/* a's id, on a's mount or on b's own. */
+	REFUSED(broker_backing_close(b, ma, ida), EPERM);
+	REFUSED(broker_backing_close(b, mb, ida == idb ? ida + 1 : ida), ENOENT);
+	REFUSED(broker_backing_close(a, mb, idb), EPERM);
+	cr_assert_eq(broker_backing_close(a, ma, ida), 0);
+	cr_assert_eq(broker_backing_close(b, mb, idb), 0);
+	cr_assert_eq(broker_umount(a, NULL, ma), 0);
+	cr_assert_eq(broker_umount(b, NULL, mb), 0);
+	rawfuse_stop(&rfa);
+	rawfuse_stop(&rfb);
+	broker_close(a);
+	broker_close(b);
+	assert_no_leaks(0);
+}
+
+/* ---- ATTACH ---- */
+
+Test(broker, attach)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	uint64_t id, again = 0;
+	int fuse_fd, fd;
+
+	id = mount_ok(c, "m1", NULL, &fuse_fd);
+	/* Not the FUSE device. */
+	fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	REFUSED(broker_attach(c, "m1", fd, &again), EINVAL);
+	close(fd);
+	write_text(bp("plain"), "", PEER, 0600);
+	fd = open(bp("plain"), O_RDWR | O_CLOEXEC);
+	REFUSED(broker_attach(c, "m1", fd, &again), EINVAL);
+	close(fd);
+	/* /dev/fuse, but nothing mounted at the name. */
+	fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+	REFUSED(broker_attach(c, "m2", fd, &again), EINVAL);
+	close(fd);
+	/* The real one: the same mount. */
+	cr_assert_eq(broker_attach(c, "m1", fuse_fd, &again), 0, "%s", broker_last_message());
+	cr_assert_eq(again, id);
+	cr_assert_eq(broker_umount(c, NULL, id), 0);
+	close(fuse_fd);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+/* A FUSE mount the peer made by other means (here: root mounts it for the
+ * peer, as fusermount3 would) can be attached, but not unmounted. */
+Test(broker, attach_a_mount_made_elsewhere)
+{
+	struct broker_conn *c = connect_as(PEER, PEER), *c2;
+	char opts[128];
+	uint64_t id = 0;
+	int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+
+	cr_assert(fd >= 0);
+	snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=%d,group_id=%d", fd, PEER,
+		 PEER);
+	cr_assert(mount("elsewhere", bp("root/m2"), "fuse", MS_NOSUID | MS_NODEV, opts) == 0,
+		  "mount: %s", strerror(errno));
+	cr_assert_eq(broker_attach(c, "m2", fd, &id), 0, "%s", broker_last_message());
+	cr_assert(id != 0);
+	REFUSED(broker_umount(c, NULL, id), EPERM);
+	cr_assert(strstr(broker_last_message(), "not made by this broker"), "%s",
+		  broker_last_message());
+	/* Another peer cannot attach it: it is not beneath that peer's root. */
+	c2 = connect_as(PEER2, PEER2);
+	REFUSED(broker_attach(c2, "n1", fd, &id), EINVAL);
+	broker_close(c2);
+	cr_assert(fm_is_mounted(bp("root/m2")));
+	cr_assert(umount2(bp("root/m2"), MNT_DETACH) == 0);
+	close(fd);
+	/* A FUSE mount beneath the peer's root that is not the peer's (root's
+	 * here): not attachable. */
+	fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+	snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=0,group_id=0", fd);
+	cr_assert(mount("notyours", bp("root/m3"), "fuse", MS_NOSUID | MS_NODEV, opts) == 0);
+	REFUSED(broker_attach(c, "m3", fd, &id), EPERM);
+	cr_assert(umount2(bp("root/m3"), MNT_DETACH) == 0);
+	close(fd);
+	broker_close(c);
+	/* The broker notices the mount went when it checks (limit or timer);
+	 * counted mounts must not block: m1..m3 still fit. */
+	c = connect_as(PEER, PEER);
+	cr_assert_eq(broker_umount(c, NULL, mount_ok(c, "m1", NULL, NULL)), 0);
+	broker_close(c);
+}
+
+/* ---- malformed frames ---- */
+
+static void send_raw(int sock, const void *buf, size_t len)
+{
+	cr_assert(send(sock, buf, len, MSG_NOSIGNAL) == (ssize_t)len);
+}
+
+/* Reads one reply (5 s at most): its error, closing flag and id. */
+static void read_reply(int sock, uint32_t *error, bool *closing, uint64_t *id)
+{
+	struct timeval tv = { .tv_sec = 5 };
+	uint8_t *buf = NULL;
+	size_t len = 0, nfds = 0;
+	int fds[RPC_FDS_MAX];
+	Ferry__Broker__Reply *r;
+	int rc;
+
+	setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	rc = rpc_frame_recv(sock, BROKER_FRAME_MAX, 1, &buf, &len, fds, &nfds);
+	cr_assert_eq(rc, 0, "no reply: %s", strerror(-rc));
+	cr_assert_eq(nfds, 0);
+	r = ferry__broker__reply__unpack(NULL, len, buf);
+	cr_assert(r, "undecodable reply");
+	cr_assert_eq(r->version, BROKER_PROTO_VERSION);
+	*error = r->error;
+	*closing = r->has_closing && r->closing;
+	*id = r->id;
+	ferry__broker__reply__free_unpacked(r, NULL);
+	free(buf);
+}
+
+/* After a fatal error, the broker closes: EOF. */
+static void expect_eof(int sock)
+{
+	struct timeval tv = { .tv_sec = 5 };
+	char ch;
+	ssize_t n;
+
+	setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	n = recv(sock, &ch, 1, 0);
+	cr_assert(n == 0 || (n < 0 && errno == ECONNRESET), "the connection stayed open (%zd, %s)",
+		  n, n < 0 ? strerror(errno) : "-");
+}
+
+static void send_with_fd(int sock, const void *data, size_t len, int fd)
+{
+	union {
+		struct cmsghdr align;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} ctl;
+	struct iovec iov = { .iov_base = (void *)data, .iov_len = len };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+			      .msg_controllen = sizeof(ctl.buf) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+
+	memset(&ctl, 0, sizeof(ctl));
+	cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	cr_assert(sendmsg(sock, &msg, MSG_NOSIGNAL) == (ssize_t)len);
+}
+
+static size_t pack_request(Ferry__Broker__Request *q, uint8_t *buf)
+{
+	return ferry__broker__request__pack(q, buf);
+}
+
+static void expect_fatal(int sock, uint32_t err, uint64_t id)
+{
+	uint32_t e;
+	bool closing;
+	uint64_t rid;
+
+	read_reply(sock, &e, &closing, &rid);
+	cr_assert_eq(e, err, "error %u (%s), expected %u (%s)", e, strerror((int)e), err,
+		     strerror((int)err));
+	cr_assert(closing, "reply without closing");
+	cr_assert_eq(rid, id);
+	expect_eof(sock);
+	close(sock);
+}
+
+Test(broker, malformed_frames)
+{
+	uint8_t buf[BROKER_FRAME_MAX + 64], hdr[4];
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__StatusQuery sq = FERRY__BROKER__STATUS_QUERY__INIT;
+	Ferry__Broker__BackingOpen bo = FERRY__BROKER__BACKING_OPEN__INIT;
+	uint64_t seed = 42;
+	size_t len;
+	int s, fds[2];
+
+	/* Random bytes, three times. */
+	for (int i = 0; i < 3; i++) {
+		uint32_t e;
+		bool closing;
+		uint64_t id;
+
+		s = connect_raw(PEER, PEER);
+		fm_fill_random(&seed, buf, 200);
+		cr_assert_eq(rpc_frame_send(s, buf, 200, NULL, 0), 0);
+		read_reply(s, &e, &closing, &id);
+		cr_assert(e != 0 && closing, "random bytes: error %u closing %d", e, closing);
+		expect_eof(s);
+		close(s);
+	}
+	/* A length past the limit: refused before anything is read. */
+	s = connect_raw(PEER, PEER);
+	rpc_frame_header(hdr, 1u << 30);
+	send_raw(s, hdr, 4);
+	expect_fatal(s, EMSGSIZE, 0);
+	s = connect_raw(PEER, PEER);
+	rpc_frame_header(hdr, BROKER_FRAME_MAX + 1);
+	send_raw(s, hdr, 4);
+	expect_fatal(s, EMSGSIZE, 0);
+	/* Empty frame. */
+	s = connect_raw(PEER, PEER);
+	cr_assert_eq(rpc_frame_send(s, NULL, 0, NULL, 0), 0);
+	expect_fatal(s, EBADMSG, 0);
+	/* Wrong version. */
+	q.version = 2;
+	q.id = 7;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_STATUS;
+	q.status = &sq;
+	len = pack_request(&q, buf);
+	s = connect_raw(PEER, PEER);
+	cr_assert_eq(rpc_frame_send(s, buf, len, NULL, 0), 0);
+	expect_fatal(s, EPROTONOSUPPORT, 7);
+	/* Unknown type: a body field this broker does not know (99). */
+	q.version = BROKER_PROTO_VERSION;
+	q.id = 8;
+	q.body_case = FERRY__BROKER__REQUEST__BODY__NOT_SET;
+	len = pack_request(&q, buf);
+	buf[len++] = 0x98; /* field 99, varint */
+	buf[len++] = 0x06;
+	buf[len++] = 0x01;
+	s = connect_raw(PEER, PEER);
+	cr_assert_eq(rpc_frame_send(s, buf, len, NULL, 0), 0);
+	expect_fatal(s, EOPNOTSUPP, 8);
+	/* Missing fd. */
+	q.id = 9;
+	bo.mount_id = 1;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN;
+	q.backing_open = &bo;
+	len = pack_request(&q, buf);
+	s = connect_raw(PEER, PEER);
+	cr_assert_eq(rpc_frame_send(s, buf, len, NULL, 0), 0);
+	expect_fatal(s, EBADF, 9);
+	/* An fd where none belongs. */
+	q.id = 10;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_STATUS;
+	q.status = &sq;
+	len = pack_request(&q, buf);
+	fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	fds[1] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	s = connect_raw(PEER, PEER);
+	cr_assert_eq(rpc_frame_send(s, buf, len, fds, 1), 0);
+	expect_fatal(s, EBADF, 10);
+	/* Two fds with a BACKING_OPEN: more than a frame may carry. */
+	q.id = 11;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN;
+	q.backing_open = &bo;
+	len = pack_request(&q, buf);
+	s = connect_raw(PEER, PEER);
+	cr_assert_eq(rpc_frame_send(s, buf, len, fds, 2), 0);
+	expect_fatal(s, ETOOMANYREFS, 0);
+	/* A stranger's well-formed MOUNT: not permitted at all. */
+	{
+		Ferry__Broker__Mount m = FERRY__BROKER__MOUNT__INIT;
+
+		m.name = "m1";
+		q.id = 12;
+		q.body_case = FERRY__BROKER__REQUEST__BODY_MOUNT;
+		q.mount = &m;
+		len = pack_request(&q, buf);
+		s = connect_raw(STRANGER, STRANGER);
+		cr_assert_eq(rpc_frame_send(s, buf, len, NULL, 0), 0);
+		expect_fatal(s, EPERM, 12);
+	}
+	/* Vanishing in the middle of a frame, with an fd already sent: the
+	 * header says 100 bytes, 10 come, then the peer is gone. */
+	s = connect_raw(PEER, PEER);
+	rpc_frame_header(buf, 100);
+	send_with_fd(s, buf, 14, fds[0]);
+	close(s);
+	close(fds[0]);
+	close(fds[1]);
+	/* The broker goes on serving, and kept nothing. */
+	assert_no_leaks(0);
+	{
+		struct broker_conn *c = connect_as(PEER, PEER);
+		cr_assert_eq(broker_umount(c, NULL, mount_ok(c, "m1", NULL, NULL)), 0);
+		broker_close(c);
+	}
+	assert_no_leaks(0);
+}
+
+/* A peer that sends and never reads holds up no one else. */
+Test(broker, slow_reader_blocks_no_one)
+{
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__StatusQuery sq = FERRY__BROKER__STATUS_QUERY__INIT;
+	uint8_t buf[64], frame[68];
+	struct broker_status st;
+	struct timespec t0, t1;
+	size_t len, sent = 0;
+	int s = connect_raw(PEER, PEER);
+
+	q.version = BROKER_PROTO_VERSION;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_STATUS;
+	q.status = &sq;
+	q.id = 1;
+	len = pack_request(&q, buf);
+	rpc_frame_header(frame, (uint32_t)len);
+	memcpy(frame + 4, buf, len);
+	/* Send until the socket takes no more: the broker stopped reading us. */
+	for (int i = 0; i < 200000; i++) {
+		ssize_t n = send(s, frame, len + 4, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0) {
+			cr_assert(errno == EAGAIN, "send: %s", strerror(errno));
+			break;
+		}
+		cr_assert_eq(n, (ssize_t)(len + 4));
+		sent++;
+	}
+	cr_assert(sent > 64);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	status(&st);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	cr_assert(t1.tv_sec - t0.tv_sec < 2, "a slow reader delayed another peer");
+	close(s);
+	assert_no_leaks(0);
+}
+
+/* ---- many threads, one connection ---- */
+
+#define THREADS 8
+#define HELD 16
+#define ROUNDS 100
+
+struct worker {
+	struct broker_conn *c;
+	uint64_t mid;
+	int fd;
+	int ids[HELD];
+	int failures;
+	char msg[BROKER_MSG_MAX];
+};
+
+static pthread_barrier_t barrier;
+
+static void *worker_run(void *arg)
+{
+	struct worker *w = arg;
+
+	for (int i = 0; i < HELD; i++) {
+		w->ids[i] = broker_backing_open(w->c, w->mid, w->fd);
+		if (w->ids[i] <= 0) {
+			w->failures++;
+			snprintf(w->msg, sizeof(w->msg), "%s", broker_last_message());
+		}
+	}
+	pthread_barrier_wait(&barrier); /* all held at once: checked for duplicates */
+	pthread_barrier_wait(&barrier);
+	for (int i = 0; i < HELD; i++)
+		if (w->ids[i] > 0 && broker_backing_close(w->c, w->mid, w->ids[i]) < 0)
+			w->failures++;
+	for (int r = 0; r < ROUNDS; r++) {
+		int id = broker_backing_open(w->c, w->mid, w->fd);
+
+		if (id <= 0 || broker_backing_close(w->c, w->mid, id) < 0)
+			w->failures++;
+	}
+	return NULL;
+}
+
+static double now_us(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+Test(broker, threads_share_one_connection)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct worker w[THREADS];
+	pthread_t th[THREADS];
+	struct rawfuse rf;
+	int fuse_fd;
+	uint64_t mid = served_mount(c, "m1", PEER, NULL, &rf, &fuse_fd);
+	double t0, direct, brokered;
+	const int n = 2000;
+
+	cr_assert_eq(pthread_barrier_init(&barrier, NULL, THREADS + 1), 0);
+	for (int i = 0; i < THREADS; i++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "t%d", i);
+		write_text(bp("%s", name), "", PEER, 0600);
+		w[i] = (struct worker){ .c = c, .mid = mid,
+					.fd = open(bp("%s", name), O_RDWR | O_CLOEXEC) };
+		cr_assert(pthread_create(&th[i], NULL, worker_run, &w[i]) == 0);
+	}
+	pthread_barrier_wait(&barrier);
+	for (int i = 0; i < THREADS; i++)
+		for (int j = 0; j < HELD; j++)
+			for (int k = 0; k < THREADS; k++)
+				for (int l = 0; l < HELD; l++)
+					cr_assert(!(w[i].ids[j] > 0 && (i != k || j != l) &&
+						    w[i].ids[j] == w[k].ids[l]),
+						  "backing id %d handed out twice", w[i].ids[j]);
+	pthread_barrier_wait(&barrier);
+	for (int i = 0; i < THREADS; i++) {
+		pthread_join(th[i], NULL);
+		cr_assert_eq(w[i].failures, 0, "thread %d: %d failures: %s", i, w[i].failures,
+			     w[i].msg);
+	}
+
+	/* The cost of a registration: the ioctl itself vs through the broker
+	 * (the close not waited for, as ferry-mountd's RELEASE does). */
+	t0 = now_us();
+	for (int i = 0; i < n; i++) {
+		struct ferry_backing_map map = { .fd = w[0].fd };
+		int id = ioctl(fuse_fd, DEV_IOC_BACKING_OPEN, &map);
+		uint32_t bid = (uint32_t)id;
+
+		cr_assert(id > 0, "direct ioctl: %s", strerror(errno));
+		cr_assert(ioctl(fuse_fd, DEV_IOC_BACKING_CLOSE, &bid) == 0);
+	}
+	direct = (now_us() - t0) / n;
+	t0 = now_us();
+	for (int i = 0; i < n; i++) {
+		int id = broker_backing_open(c, mid, w[0].fd);
+
+		cr_assert(id > 0);
+		cr_assert_eq(broker_backing_close_nowait(c, mid, id), 0);
+	}
+	brokered = (now_us() - t0) / n;
+	{
+		struct broker_status st;
+		cr_assert_eq(broker_status(c, &st), 0);
+		cr_assert_eq(st.backing_ids, 0);
+		cr_assert_eq(broker_async_failures(c), 0);
+	}
+	cr_log_info("backing open+close: direct ioctl %.1f us, through the broker %.1f us",
+		    direct, brokered);
+	fprintf(stderr, "backing open+close: direct ioctl %.1f us, through the broker %.1f us "
+		"(one round trip)\n", direct, brokered);
+
+	for (int i = 0; i < THREADS; i++)
+		close(w[i].fd);
+	pthread_barrier_destroy(&barrier);
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	close(fuse_fd);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+/* ---- restart ---- */
+
+Test(broker, restart_keeps_live_mounts)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct broker_status st;
+	struct rawfuse rf;
+	int fuse_fd, fd, old_id, id;
+	uint64_t mid = served_mount(c, "m1", PEER, NULL, &rf, &fuse_fd), again = 0;
+	uint64_t gone = mount_ok(c, "m2", NULL, NULL);
+	char rec[64];
+
+	write_text(bp("data"), "", PEER, 0600);
+	fd = open(bp("data"), O_RDWR | O_CLOEXEC);
+	old_id = broker_backing_open(c, mid, fd);
+	cr_assert(old_id > 0);
+	snprintf(rec, sizeof(rec), "state/%" PRIu64 ".mount", mid);
+	cr_assert(access(bp("%s", rec), F_OK) == 0, "no record %s", rec);
+
+	broker_kill(SIGKILL);
+	broker_close(c);
+	/* While it is away: m1 lives on (our fd), m2 is taken down by hand. */
+	cr_assert(fm_is_mounted(bp("root/m1")));
+	cr_assert(umount2(bp("root/m2"), MNT_DETACH) == 0);
+	broker_start();
+
+	status(&st);
+	cr_assert_eq(st.mounts, 1, "mounts after the restart: %" PRIu64, st.mounts);
+	snprintf(rec, sizeof(rec), "state/%" PRIu64 ".mount", gone);
+	cr_assert(access(bp("%s", rec), F_OK) != 0, "the record of the vanished mount stayed");
+	c = connect_as(PEER, PEER);
+	/* It has no /dev/fuse fd for m1 until mountd attaches it again. */
+	REFUSED(broker_backing_open(c, mid, fd), EBADFD);
+	cr_assert_eq(broker_attach(c, "m1", fuse_fd, &again), 0, "%s", broker_last_message());
+	cr_assert_eq(again, mid);
+	id = broker_backing_open(c, mid, fd);
+	cr_assert(id > 0, "%s", broker_last_message());
+	cr_assert_eq(broker_backing_close(c, mid, id), 0);
+	/* The id from before the restart is still valid and can be closed. */
+	cr_assert_eq(broker_backing_close(c, mid, old_id), 0, "%s", broker_last_message());
+	REFUSED(broker_backing_close(c, mid, old_id), ENOENT);
+	/* Another peer cannot attach or unmount it. */
+	{
+		struct broker_conn *o = connect_as(PEER2, PEER2);
+		REFUSED(broker_umount(o, NULL, mid), EPERM);
+		broker_close(o);
+	}
+	cr_assert_eq(broker_umount(c, "m1", 0), 0, "%s", broker_last_message());
+	cr_assert(!fm_is_mounted(bp("root/m1")));
+	status(&st);
+	cr_assert_eq(st.mounts, 0);
+	snprintf(rec, sizeof(rec), "state/%" PRIu64 ".mount", mid);
+	cr_assert(access(bp("%s", rec), F_OK) != 0, "the record stayed after UMOUNT");
+	close(fd);
+	close(fuse_fd);
+	rawfuse_stop(&rf);
+	broker_close(c);
+}
+
+/* Restarted without the peer's fd at all: UMOUNT still works. */
+Test(broker, restart_then_umount_without_attach)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	int fuse_fd, fd2;
+	uint64_t mid = mount_ok(c, "m1", NULL, &fuse_fd), id2;
+
+	broker_close(c);
+	broker_kill(SIGKILL);
+	broker_start();
+	c = connect_as(PEER, PEER);
+	REFUSED(broker_mount(c, "m1", NULL, &fd2, &id2), EBUSY);
+	cr_assert_eq(broker_umount(c, NULL, mid), 0, "%s", broker_last_message());
+	cr_assert(!fm_is_mounted(bp("root/m1")));
+	close(fuse_fd);
+	broker_close(c);
+}
+
+/* Restarted in a new mount namespace (a new container): its mounts are
+ * copies there, with new ids. The broker finds them at their names (same
+ * super block) and goes on with the new ids. */
+Test(broker, restart_in_a_new_mount_namespace)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct broker_status st;
+	int fuse_fd;
+	uint64_t mid = mount_ok(c, "m1", NULL, &fuse_fd), again = 0;
+
+	broker_close(c);
+	broker_kill(SIGKILL);
+	bk.new_mount_ns = true;
+	broker_start();
+	status(&st);
+	cr_assert_eq(st.mounts, 1, "the mount was not found in the new namespace");
+	c = connect_as(PEER, PEER);
+	cr_assert_eq(broker_attach(c, "m1", fuse_fd, &again), 0, "%s", broker_last_message());
+	cr_assert_neq(again, mid, "a copy in another namespace has an id of its own");
+	cr_assert(access(bp("state/%" PRIu64 ".mount", again), F_OK) == 0);
+	cr_assert(access(bp("state/%" PRIu64 ".mount", mid), F_OK) != 0);
+	cr_assert_eq(broker_umount(c, NULL, again), 0, "%s", broker_last_message());
+	status(&st);
+	cr_assert_eq(st.mounts, 0);
+	broker_close(c);
+	/* Ours (no propagation between the two) is for us to take down. */
+	cr_assert(umount2(bp("root/m1"), MNT_DETACH) == 0);
+	close(fuse_fd);
+}
+
+/* ---- the client when the broker goes ---- */
+
+Test(broker, client_sees_a_vanished_broker)
+{
+	struct broker_conn *c;
+	struct broker_status st;
+	int rc;
+
+	cr_assert_eq(broker_connect(bk.sock, &c), 0);
+	cr_assert_eq(broker_status(c, &st), 0);
+	broker_kill(SIGKILL);
+	/* No SIGPIPE (default action would end this process), an error. */
+	signal(SIGPIPE, SIG_DFL);
+	rc = broker_status(c, &st);
+	cr_assert(rc == -EPIPE || rc == -ENOTCONN, "%d", rc);
+	cr_assert_eq(broker_status(c, &st), -ENOTCONN);
+	cr_assert(broker_reconnect(c) < 0);
+	broker_start();
+	cr_assert_eq(broker_reconnect(c), 0);
+	cr_assert_eq(broker_status(c, &st), 0);
+	broker_close(c);
+}
+
+/* ---- identity ---- */
+
+/* Moves the calling process into the cgroup v2 group dir. */
+static bool cgroup_join(const char *dir)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	if (write(fd, "0", 1) != 1) {
+		close(fd);
+		return false;
+	}
+	close(fd);
+	return true;
+}
+
+static const char *cgroup2_mount(void)
+{
+	static const char *const where[] = { "/sys/fs/cgroup/unified", "/sys/fs/cgroup" };
+	char *mi = fm_slurp("/proc/self/mountinfo");
+	const char *found = NULL;
+
+	for (size_t i = 0; mi && i < 2 && !found; i++) {
+		char pat[128];
+
+		snprintf(pat, sizeof(pat), " %s rw", where[i]);
+		if (strstr(mi, pat) && strstr(strstr(mi, pat), " - cgroup2 "))
+			found = where[i];
+	}
+	free(mi);
+	return found;
+}
+
+static int connect_in_cgroup(uid_t uid, const char *cg_dir)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), status;
+	pid_t pid;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", bk.sock);
+	pid = fork();
+	if (pid == 0) {
+		struct broker_conn *c;
+		struct broker_status st;
+
+		if (!cgroup_join(cg_dir))
+			_exit(5);
+		if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid))
+			_exit(2);
+		if (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+			_exit(3);
+		if (broker_adopt(dup(sock), &c) < 0 || broker_status(c, &st) < 0)
+			_exit(4);
+		broker_close(c);
+		_exit(0);
+	}
+	waitpid(pid, &status, 0);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: 0x%x", status);
+	return sock;
+}
+
+/* Two pods with one uid, told apart by their cgroups. */
+Test(broker, cgroup_tells_peers_apart)
+{
+	const char *cg = cgroup2_mount();
+	char a[PATH_MAX], b[PATH_MAX], text[4096];
+	struct broker_conn *ca, *cb, *cn;
+	uint64_t ida, idb;
+	int fd;
+
+	if (!cg)
+		cr_skip_test("no writable cgroup2 hierarchy");
+	snprintf(a, sizeof(a), "%s/ferry-bt-%d-a", cg, (int)getpid());
+	snprintf(b, sizeof(b), "%s/ferry-bt-%d-b", cg, (int)getpid());
+	if (mkdir(a, 0755) < 0 || mkdir(b, 0755) < 0) {
+		rmdir(a);
+		cr_skip_test("cannot make cgroups: %s", strerror(errno));
+	}
+	mkdir_owned(bp("podA"), 0, 0755);
+	mkdir_owned(bp("podB"), 0, 0755);
+	mkdir_owned(bp("podA/vol"), PEER, 0755);
+	mkdir_owned(bp("podB/vol"), PEER, 0755);
+	snprintf(text, sizeof(text),
+		 "allow uid=%d cgroup=%s root=%s\nallow uid=%d cgroup=%s root=%s\n", PEER,
+		 a + strlen(cg), bp("podA"), PEER, b + strlen(cg), bp("podB"));
+	write_policy(text);
+	broker_kill(SIGTERM);
+	broker_start();
+
+	cr_assert_eq(broker_adopt(connect_in_cgroup(PEER, a), &ca), 0);
+	cr_assert_eq(broker_adopt(connect_in_cgroup(PEER, b), &cb), 0);
+	ida = mount_ok(ca, "vol", NULL, NULL);
+	idb = mount_ok(cb, "vol", NULL, NULL);
+	cr_assert(fm_is_mounted(bp("podA/vol")) && fm_is_mounted(bp("podB/vol")));
+	REFUSED(broker_umount(cb, NULL, ida), EPERM);
+	REFUSED(broker_umount(ca, NULL, idb), EPERM);
+	/* The same uid outside both cgroups matches no rule. */
+	cn = connect_as(PEER, PEER);
+	REFUSED(broker_mount(cn, "vol", NULL, &fd, &ida), EPERM);
+	broker_close(cn);
+	cr_assert_eq(broker_umount(ca, "vol", 0), 0);
+	cr_assert_eq(broker_umount(cb, "vol", 0), 0);
+	broker_close(ca);
+	broker_close(cb);
+	rmdir(a);
+	rmdir(b);
+}
+
+/* ---- privileges and the command line ---- */
+
+static uint64_t status_field(pid_t pid, const char *key)
+{
+	char path[64], *text, *at;
+	uint64_t v = UINT64_MAX;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	text = fm_slurp(path);
+	cr_assert(text);
+	at = strstr(text, key);
+	cr_assert(at, "no %s", key);
+	sscanf(at + strlen(key), " %" SCNx64, &v);
+	free(text);
+	return v;
+}
+
+Test(broker, keeps_only_cap_sys_admin)
+{
+	const uint64_t sys_admin = 1ull << 21, setid = (1ull << 6) | (1ull << 7);
+	char path[64];
+
+	cr_assert_eq(status_field(bk.pid, "CapEff:"), sys_admin);
+	cr_assert_eq(status_field(bk.pid, "CapPrm:"), sys_admin | setid);
+	cr_assert_eq(status_field(bk.pid, "CapBnd:"), sys_admin | setid);
+	cr_assert_eq(status_field(bk.pid, "CapInh:"), 0);
+	cr_assert_eq(status_field(bk.pid, "CapAmb:"), 0);
+	cr_assert_eq(status_field(bk.pid, "NoNewPrivs:"), 1);
+	/* The stray fd 50 the test left open across exec was closed. */
+	snprintf(path, sizeof(path), "/proc/%d/fd/50", (int)bk.pid);
+	cr_assert(access(path, F_OK) != 0, "fd 50 stayed open in the broker");
+}
+
+Test(broker, refuses_to_run_without_cap_sys_admin)
+{
+	const char *argv[] = { "/usr/bin/setpriv", "--inh-caps=-all", "--bounding-set=-sys_admin",
+			       fm_bin("ferry-brokerd"), "--socket", bp("other.sock"), "--policy",
+			       bk.policy, "--state-dir", bp("state2"), NULL };
+	char *err;
+
+	cr_assert_eq(fm_run(argv, bp("out"), bp("err"), 30), 1);
+	err = fm_slurp(bp("err"));
+	cr_assert(err && strstr(err, "CAP_SYS_ADMIN"), "%s", err ? err : "");
+	free(err);
+}
+
+Test(broker, check_mode_and_ping)
+{
+	const char *ok[] = { fm_bin("ferry-brokerd"), "-n", "--policy", bk.policy, NULL };
+	const char *bad[] = { fm_bin("ferry-brokerd"), "-n", "--policy", bp("bad"), NULL };
+	const char *noroot[] = { fm_bin("ferry-brokerd"), "-n", "--policy", bp("noroot"), NULL };
+	const char *ping[] = { fm_bin("ferry-brokerd"), "--ping", "--socket", bk.sock, NULL };
+	const char *noping[] = { fm_bin("ferry-brokerd"), "--ping", "--socket", bp("nope"), NULL };
+	char *out;
+
+	cr_assert_eq(fm_run(ok, bp("out"), bp("err"), 30), 0);
+	out = fm_slurp(bp("out"));
+	cr_assert(out && strstr(out, "ok"), "%s", out);
+	free(out);
+	write_text(bp("bad"), "allow uid=1 root=/tmp\nallow uid=x root=/tmp\n", 0, 0644);
+	cr_assert_eq(fm_run(bad, bp("out"), bp("err"), 30), 1);
+	out = fm_slurp(bp("out"));
+	cr_assert(out && strstr(out, ":2:"), "%s", out);
+	free(out);
+	write_text(bp("noroot"), "allow uid=1 root=/nonexistent/ferry\n", 0, 0644);
+	cr_assert_eq(fm_run(noroot, bp("out"), bp("err"), 30), 1);
+	out = fm_slurp(bp("out"));
+	cr_assert(out && strstr(out, ":1:") && strstr(out, "/nonexistent/ferry"), "%s", out);
+	free(out);
+	cr_assert_eq(fm_run(ping, bp("out"), bp("err"), 30), 0);
+	cr_assert_neq(fm_run(noping, bp("out"), bp("err"), 30), 0);
+}

@@ -1,0 +1,383 @@
+/*
+ * End to end through ferry-brokerd: the broker runs as root; `ferry format`,
+ * `ferry mount --broker`, ferry-mountd, ferry-reconciler and every file
+ * operation run as uid 65534 (setpriv, or a forked child that dropped to
+ * it). The mount works, passthrough is engaged (no WRITE requests), files
+ * survive unmount and remount, and a broker restart under a live mount
+ * breaks nothing.
+ *
+ * Each test has its own directory /tmp/ferry-bke.XXXXXX:
+ *   pods/      the policy root (root's), pods/m the mountpoint (nobody's)
+ *   home/      nobody's: the volume, its staging and cache directories
+ *   state/     the broker's mount table
+ *   broker.sock, broker.policy, brokerd.log, ferry.log
+ */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mount_util.h"
+
+static char top[64];
+static pid_t brokerd = -1;
+
+static const char *tp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *tp(const char *fmt, ...)
+{
+	static char ring[8][PATH_MAX];
+	static int k;
+	char *b = ring[k++ % 8];
+	va_list ap;
+	int n = snprintf(b, PATH_MAX, "%s/", top);
+
+	va_start(ap, fmt);
+	vsnprintf(b + n, PATH_MAX - (size_t)n, fmt, ap);
+	va_end(ap);
+	return b;
+}
+
+/* Runs a command as nobody (setpriv), output to ferry.log. Exit status. */
+static int run_nobody(const char *const *cmd)
+{
+	const char *argv[24] = { "/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+				 "--clear-groups", "--" };
+	int n = 5;
+
+	for (int i = 0; cmd[i] && n < 23; i++)
+		argv[n++] = cmd[i];
+	argv[n] = NULL;
+	return fm_run(argv, tp("ferry.log"), tp("ferry.log.err"), 120);
+}
+
+static void log_tail(const char *what, const char *path)
+{
+	char *s = fm_slurp(path);
+
+	cr_log_error("---- %s (%s) ----\n%s", what, path, s ? s : "(none)");
+	free(s);
+}
+
+static void brokerd_start(void)
+{
+	int fd;
+
+	brokerd = fork();
+	cr_assert(brokerd >= 0);
+	if (brokerd == 0) {
+		fd = open(tp("brokerd.log"), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		if (fd >= 0)
+			dup2(fd, 2);
+		execl(fm_bin("ferry-brokerd"), "ferry-brokerd", "--socket", tp("broker.sock"),
+		      "--socket-mode", "0666", "--policy", tp("broker.policy"), "--state-dir",
+		      tp("state"), (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 200; i++) {
+		const char *ping[] = { fm_bin("ferry-brokerd"), "--ping", "--socket",
+				       tp("broker.sock"), NULL };
+		if (fm_run(ping, "/dev/null", "/dev/null", 10) == 0)
+			return;
+		if (waitpid(brokerd, NULL, WNOHANG) == brokerd) {
+			brokerd = -1;
+			log_tail("brokerd", tp("brokerd.log"));
+			cr_assert_fail("ferry-brokerd exited at start");
+		}
+		usleep(25 * 1000);
+	}
+	log_tail("brokerd", tp("brokerd.log"));
+	cr_assert_fail("ferry-brokerd did not answer --ping");
+}
+
+static void brokerd_kill(int sig)
+{
+	if (brokerd <= 0)
+		return;
+	kill(brokerd, sig);
+	waitpid(brokerd, NULL, 0);
+	brokerd = -1;
+}
+
+static void mkdir_owned(const char *path, uid_t uid, mode_t mode)
+{
+	cr_assert(mkdir(path, mode) == 0, "mkdir %s: %s", path, strerror(errno));
+	cr_assert(chown(path, uid, uid) == 0);
+	cr_assert(chmod(path, mode) == 0);
+}
+
+static void setup(void)
+{
+	FILE *f;
+
+	strcpy(top, "/tmp/ferry-bke.XXXXXX");
+	cr_assert_not_null(mkdtemp(top));
+	cr_assert(chmod(top, 0755) == 0);
+	mkdir_owned(tp("pods"), 0, 0755);
+	mkdir_owned(tp("pods/m"), FM_NOBODY_UID, 0755);
+	mkdir_owned(tp("home"), FM_NOBODY_UID, 0755);
+	mkdir_owned(tp("state"), 0, 0700);
+	f = fopen(tp("broker.policy"), "we");
+	cr_assert_not_null(f);
+	fprintf(f, "# test policy\nallow uid=%d root=%s max_mounts=4 max_backing=4096\n",
+		FM_NOBODY_UID, tp("pods"));
+	fclose(f);
+	brokerd_start();
+	const char *fmt[] = { fm_bin("ferry"), "format", tp("home/vol"), NULL };
+	cr_assert_eq(run_nobody(fmt), 0, "ferry format as nobody failed");
+}
+
+static bool mounted(void)
+{
+	return fm_is_mounted(tp("pods/m"));
+}
+
+static void do_mount(void)
+{
+	const char *cmd[] = { fm_bin("ferry"), "mount", "--broker", tp("broker.sock"),
+			      "--staging-dir", tp("home/staging"), "--cache-dir", tp("home/cache"),
+			      tp("home/vol"), tp("pods/m"), NULL };
+	int rc = run_nobody(cmd);
+
+	if (rc != 0) {
+		log_tail("ferry", tp("ferry.log.err"));
+		log_tail("ferry-mountd", tp("home/vol/ferry-mountd.log"));
+		log_tail("brokerd", tp("brokerd.log"));
+	}
+	cr_assert_eq(rc, 0, "ferry mount --broker as nobody failed");
+	cr_assert(mounted());
+}
+
+static void do_umount(void)
+{
+	const char *cmd[] = { fm_bin("ferry"), "umount", tp("pods/m"), NULL };
+	int rc = run_nobody(cmd);
+
+	if (rc != 0) {
+		log_tail("ferry", tp("ferry.log.err"));
+		log_tail("ferry-mountd", tp("home/vol/ferry-mountd.log"));
+	}
+	cr_assert_eq(rc, 0, "ferry umount as nobody failed");
+	cr_assert(!mounted(), "still mounted after ferry umount");
+}
+
+static void rm_rf(const char *path)
+{
+	const char *argv[] = { "/bin/rm", "-rf", "--one-file-system", path, NULL };
+
+	fm_run(argv, "/dev/null", "/dev/null", 60);
+}
+
+static void teardown(void)
+{
+	/* Whatever a failed test left: the mount, the daemons, the broker. */
+	if (*top && mounted()) {
+		umount2(tp("pods/m"), MNT_DETACH);
+	}
+	const char *pk[] = { "/usr/bin/pkill", "-KILL", "-f", top, NULL };
+	if (*top)
+		fm_run(pk, "/dev/null", "/dev/null", 10);
+	brokerd_kill(SIGTERM);
+	if (*top && !getenv("FERRY_IT_KEEP")) /* keep it to read the logs */
+		rm_rf(top);
+}
+
+TestSuite(broker_e2e, .init = setup, .fini = teardown, .timeout = 300);
+
+/* ---- file work as nobody ---- */
+
+struct job {
+	char dir[PATH_MAX];
+	int nfiles;
+	size_t big;
+	uint64_t seed;
+};
+
+static long write_files(void *arg)
+{
+	struct job *j = arg;
+	char path[PATH_MAX + 16];
+	uint64_t st = j->seed;
+	char *buf = malloc(j->big ? j->big : 1);
+
+	if (!buf)
+		return -1;
+	for (int i = 0; i < j->nfiles; i++) {
+		size_t len = i == 0 ? j->big : 2048 + (size_t)i;
+		snprintf(path, sizeof(path), "%s/f%03d", j->dir, i);
+		fm_fill_random(&st, buf, len);
+		int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0644);
+		if (fd < 0 || write(fd, buf, len) != (ssize_t)len || close(fd) < 0) {
+			free(buf);
+			return -1;
+		}
+	}
+	free(buf);
+	return 0;
+}
+
+static long check_files(void *arg)
+{
+	struct job *j = arg;
+	char path[PATH_MAX + 16];
+	uint64_t st = j->seed;
+	char *want = malloc(j->big ? j->big : 1), *got = malloc(j->big ? j->big + 1 : 2);
+
+	if (!want || !got)
+		return -1;
+	for (int i = 0; i < j->nfiles; i++) {
+		size_t len = i == 0 ? j->big : 2048 + (size_t)i;
+		snprintf(path, sizeof(path), "%s/f%03d", j->dir, i);
+		fm_fill_random(&st, want, len);
+		int fd = open(path, O_RDONLY);
+		ssize_t n = 0, r = 0;
+		while (fd >= 0 && (size_t)n <= len && (r = read(fd, got + n, len + 1 - (size_t)n)) > 0)
+			n += r;
+		if (fd < 0 || r < 0)
+			n = -1;
+		if (fd >= 0)
+			close(fd);
+		if (n != (ssize_t)len || memcmp(want, got, len) != 0) {
+			/* For the assertion message (the parent reads it). */
+			FILE *f = fopen(tp("home/check.err"), "we");
+			size_t d = 0;
+			while (n > 0 && d < (size_t)n && d < len && want[d] == got[d])
+				d++;
+			if (f) {
+				fprintf(f, "%s: read %zd bytes, want %zu; first difference at %zu",
+					path, n, len, d);
+				fclose(f);
+			}
+			errno = EIO;
+			free(want);
+			free(got);
+			return -1;
+		}
+	}
+	free(want);
+	free(got);
+	return 0;
+}
+
+static long mk_dir(void *path)
+{
+	return mkdir(path, 0755);
+}
+
+/* The mount is nobody's (no allow_other): even root may not read it, so a
+ * child as nobody copies .stats to a file for us. */
+static long copy_stats(void *arg)
+{
+	char *s = fm_slurp(tp("pods/m/.stats"));
+	FILE *f;
+
+	(void)arg;
+	if (!s)
+		return -1;
+	f = fopen(tp("home/stats.copy"), "we");
+	if (!f || fputs(s, f) < 0 || fclose(f) != 0) {
+		free(s);
+		return -1;
+	}
+	free(s);
+	return 0;
+}
+
+static uint64_t stat_of(const char *name)
+{
+	char *s, key[128];
+	const char *p;
+	uint64_t v;
+
+	cr_assert_eq(fm_as_nobody(copy_stats, NULL), 0, ".stats unreadable as nobody: %s",
+		     strerror(errno));
+	s = fm_slurp(tp("home/stats.copy"));
+	cr_assert_not_null(s);
+	snprintf(key, sizeof(key), "\n%s ", name);
+	p = strstr(s, key);
+	cr_assert_not_null(p, "no %s in .stats", name);
+	v = strtoull(p + strlen(key), NULL, 10);
+	free(s);
+	return v;
+}
+
+static const char *check_err(void)
+{
+	static char msg[PATH_MAX + 128];
+	char *s = fm_slurp(tp("home/check.err"));
+
+	snprintf(msg, sizeof(msg), "%s", s ? s : "");
+	free(s);
+	return msg;
+}
+
+#define AS_NOBODY(fn, arg, what)                                                        \
+	cr_assert_eq(fm_as_nobody(fn, arg), 0, "%s as nobody: %s %s", what, strerror(errno), \
+		     check_err())
+
+Test(broker_e2e, unprivileged_mount_with_passthrough_survives_remount)
+{
+	struct job j = { .nfiles = 40, .big = 8u << 20, .seed = 42 };
+	uint64_t w0, opens0;
+
+	snprintf(j.dir, sizeof(j.dir), "%s", tp("pods/m"));
+	do_mount();
+	cr_assert_eq(stat_of("passthrough_active"), 1, "passthrough is off under the broker");
+	cr_assert_eq(stat_of("broker_up"), 1);
+	w0 = stat_of("fuse_requests_write");
+	opens0 = stat_of("backing_open");
+	AS_NOBODY(write_files, &j, "writing");
+	cr_assert_eq(stat_of("fuse_requests_write") - w0, 0,
+		     "WRITE requests reached ferry-mountd: passthrough is not engaged");
+	cr_assert_geq(stat_of("backing_open") - opens0, (uint64_t)j.nfiles,
+		      "each new file should have been registered through the broker");
+	AS_NOBODY(check_files, &j, "reading back before unmount");
+	do_umount();
+	do_mount();
+	AS_NOBODY(check_files, &j, "reading back after remount");
+	do_umount();
+}
+
+Test(broker_e2e, broker_restart_under_a_live_mount)
+{
+	struct job a = { .nfiles = 5, .big = 1u << 20, .seed = 7 };
+	struct job b = { .nfiles = 5, .big = 1u << 20, .seed = 8 };
+
+	snprintf(a.dir, sizeof(a.dir), "%s", tp("pods/m"));
+	snprintf(b.dir, sizeof(b.dir), "%s", tp("pods/m/after"));
+
+	do_mount();
+	AS_NOBODY(write_files, &a, "writing");
+	brokerd_kill(SIGKILL);
+	cr_assert(mounted(), "the mount went with the broker");
+	/* While the broker is away, new files take the daemon path. */
+	AS_NOBODY(mk_dir, (void *)tp("pods/m/after"), "mkdir with the broker away");
+	brokerd_start();
+	AS_NOBODY(write_files, &b, "writing after the broker came back");
+	AS_NOBODY(check_files, &a, "reading");
+	AS_NOBODY(check_files, &b, "reading");
+	/* The next passthrough open relinks: the broker knows the mount again. */
+	uint64_t w0 = stat_of("fuse_requests_write");
+	struct job c = { .nfiles = 1, .big = 4096, .seed = 9 };
+	snprintf(c.dir, sizeof(c.dir), "%s", tp("pods/m/c"));
+	AS_NOBODY(mk_dir, c.dir, "mkdir");
+	AS_NOBODY(write_files, &c, "writing");
+	cr_assert_geq(stat_of("broker_relinks"), 1);
+	cr_assert_eq(stat_of("broker_up"), 1);
+	cr_assert_eq(stat_of("fuse_requests_write") - w0, 0, "passthrough did not come back");
+	do_umount();
+	do_mount();
+	AS_NOBODY(check_files, &a, "reading");
+	AS_NOBODY(check_files, &b, "reading");
+	do_umount();
+}
