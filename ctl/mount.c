@@ -274,7 +274,7 @@ int cmd_umount(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	char *stats = NULL, pidbuf[32], sock[PATH_MAX] = "";
+	char *stats = NULL, pidbuf[32], sock[PATH_MAX] = "", handles[32] = "";
 	const char *broker = NULL;
 	int opt, lazy = 0, rc;
 	long timeout = 600;
@@ -307,6 +307,7 @@ int cmd_umount(int argc, char **argv)
 		if (ctl_stats_value(stats, "pid", pidbuf, sizeof(pidbuf)) == 0)
 			pid = (pid_t)atoi(pidbuf);
 		ctl_stats_value(stats, "broker_socket", sock, sizeof(sock));
+		ctl_stats_value(stats, "open_handles", handles, sizeof(handles));
 		free(stats);
 	} else if (!broker) {
 		ctl_err("%s is not a ferryfs mount (a dead mount made through ferry-brokerd: "
@@ -315,7 +316,23 @@ int cmd_umount(int argc, char **argv)
 	}
 	if (*sock && pid > 0) {
 		/* Made through the broker: ferry-mountd commits what is
-		 * staged, then has the broker unmount, and exits. */
+		 * staged, then has the broker unmount (lazily), and exits.
+		 * Open files make that EBUSY, as umount(2) would, unless
+		 * --lazy (a process's working directory does not count). */
+		/* The kernel releases a closed file asynchronously: give a
+		 * close() that just returned a moment to reach ferry-mountd. */
+		for (int i = 0; !lazy && atoi(handles) > 0 && i < 20; i++) {
+			usleep(50 * 1000);
+			if (ctl_read_stats(mp, &stats) == 0) {
+				ctl_stats_value(stats, "open_handles", handles, sizeof(handles));
+				free(stats);
+			}
+		}
+		if (!lazy && atoi(handles) > 0) {
+			ctl_err("%s is busy: %s files are open there (close them, or use --lazy)",
+				mp, handles);
+			return 1;
+		}
 		if (kill(pid, SIGTERM) < 0) {
 			ctl_err("cannot stop ferry-mountd pid %d: %s", (int)pid, strerror(errno));
 			return 1;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -169,6 +170,33 @@ static void do_umount(void)
 	}
 	cr_assert_eq(rc, 0, "ferry umount as nobody failed");
 	cr_assert(!mounted(), "still mounted after ferry umount");
+}
+
+/* A process of nobody's that holds path open until killed. */
+static pid_t hold_open(const char *path)
+{
+	int p[2];
+	char c = 0;
+	pid_t pid;
+
+	cr_assert(pipe(p) == 0);
+	pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		close(p[0]);
+		if (setgroups(0, NULL) || setresgid(FM_NOBODY_GID, FM_NOBODY_GID, FM_NOBODY_GID) ||
+		    setresuid(FM_NOBODY_UID, FM_NOBODY_UID, FM_NOBODY_UID) ||
+		    open(path, O_RDONLY) < 0)
+			_exit(1);
+		if (write(p[1], "x", 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], &c, 1), 1, "could not open %s as nobody", path);
+	close(p[0]);
+	return pid;
 }
 
 static void rm_rf(const char *path)
@@ -342,6 +370,13 @@ Test(broker_e2e, unprivileged_mount_with_passthrough_survives_remount)
 	cr_assert_geq(stat_of("backing_open") - opens0, (uint64_t)j.nfiles,
 		      "each new file should have been registered through the broker");
 	AS_NOBODY(check_files, &j, "reading back before unmount");
+	/* A file open there: ferry umount says busy and leaves the mount. */
+	pid_t holder = hold_open(tp("pods/m/f001"));
+	const char *um[] = { fm_bin("ferry"), "umount", tp("pods/m"), NULL };
+	cr_assert_neq(run_nobody(um), 0, "ferry umount succeeded with a file open");
+	cr_assert(mounted());
+	kill(holder, SIGKILL);
+	waitpid(holder, NULL, 0);
 	do_umount();
 	do_mount();
 	AS_NOBODY(check_files, &j, "reading back after remount");
