@@ -33,18 +33,9 @@
 #include <sys/sysmacros.h>
 
 #include "brokerd.h"
+#include "fuse_backing.h"
 #include "log.h"
 
-/* The kernel ABI (include/uapi/linux/fuse.h, Linux >= 6.9), as in
- * mountd/backing.c; Debian 12's headers predate it. */
-struct ferry_backing_map {
-	int32_t fd;
-	uint32_t flags;
-	uint64_t padding;
-};
-#define FERRY_DEV_IOC_MAGIC 229
-#define FERRY_DEV_IOC_BACKING_OPEN _IOW(FERRY_DEV_IOC_MAGIC, 1, struct ferry_backing_map)
-#define FERRY_DEV_IOC_BACKING_CLOSE _IOW(FERRY_DEV_IOC_MAGIC, 2, uint32_t)
 
 #ifndef STATX_MNT_ID_UNIQUE
 #define STATX_MNT_ID_UNIQUE 0x00004000U

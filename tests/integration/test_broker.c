@@ -47,6 +47,7 @@
 
 #include "broker.pb-c.h"
 #include "broker_client.h"
+#include "fuse_backing.h"
 #include "mount_util.h"
 #include "rawfuse_util.h"
 #include "rpc_frame.h"
@@ -55,13 +56,6 @@
 #define PEER2 65533         /* the second peer (allow_other, max_backing=2) */
 #define STRANGER 1234       /* in no rule */
 
-struct ferry_backing_map {
-	int32_t fd;
-	uint32_t flags;
-	uint64_t padding;
-};
-#define DEV_IOC_BACKING_OPEN _IOW(229, 1, struct ferry_backing_map)
-#define DEV_IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
 
 static struct {
 	char dir[64];
@@ -1584,11 +1578,11 @@ Test(broker, threads_share_one_connection)
 	t0 = now_us();
 	for (int i = 0; i < n; i++) {
 		struct ferry_backing_map map = { .fd = w[0].fd };
-		int id = ioctl(fuse_fd, DEV_IOC_BACKING_OPEN, &map);
+		int id = ioctl(fuse_fd, FERRY_DEV_IOC_BACKING_OPEN, &map);
 		uint32_t bid = (uint32_t)id;
 
 		cr_assert(id > 0, "direct ioctl: %s", strerror(errno));
-		cr_assert(ioctl(fuse_fd, DEV_IOC_BACKING_CLOSE, &bid) == 0);
+		cr_assert(ioctl(fuse_fd, FERRY_DEV_IOC_BACKING_CLOSE, &bid) == 0);
 	}
 	direct = (now_us() - t0) / n;
 	t0 = now_us();
