@@ -31,27 +31,51 @@
  *   issue 3's targets marked PASS or MISS (information only), and the FUSE
  *   requests per write and per created file.
  *
+ * broker (issue 4; the cost of registering backing files through
+ * ferry-brokerd, one round trip per passthrough open): the create + write(2
+ * KiB) + close() loop on three targets: a volume mounted by root with its
+ * defaults (ferry-mountd registers its staging files with the ioctl on its
+ * own /dev/fuse fd), a volume mounted by uid 65534 through a ferry-brokerd
+ * we start ourselves (policy, socket, state directory and log in
+ * SCRATCH/broker; policy root MNT-ROOT/broker-root, mountpoint
+ * MNT-ROOT/broker-root/mnt-broker), and the plain directory. The loop on the
+ * broker's mount runs in a child that dropped to uid 65534 (a mount without
+ * allow_other is its owner's alone, .stats included): it takes the .stats
+ * snapshots, times the loop with its own clock and sends everything back
+ * through a pipe. Each volume is unmounted after its turn (`ferry umount`
+ * waits for every upload), so no upload of one target runs under the next.
+ * Reported: time per file (and per call), the ratio broker/direct against
+ * issue 4's target (<= 1.3, information only), FUSE requests, backing_open
+ * and backing_close per file on both volumes, and the broker's own request
+ * count per file; whether passthrough was engaged on both (passthrough_active
+ * 1, no WRITE request in the loop) is checked and printed.
+ *
  * For every ferryfs phase the per-opcode FUSE request counts are taken from
  * MOUNTPOINT/.stats before and after (minus what reading .stats costs).
  *
  * The program mounts and unmounts the volumes itself (`ferry mount`, `ferry
- * umount`); scripts/bench makes the scratch filesystem, formats the volumes
- * (SCRATCH/vol-{core,pt,off}) and cleans up. It reports; it asserts nothing
- * about timings. It fails (non-zero exit) on I/O errors and on data that does
+ * umount`) and starts and stops ferry-brokerd; scripts/bench makes the
+ * scratch filesystem, formats the volumes (SCRATCH/vol-{core,pt,off,direct,
+ * broker}; vol-broker, objects-broker, cache-broker and staging-broker owned
+ * by uid 65534, which formatted it) and cleans up. It reports; it asserts
+ * nothing about timings. It fails (non-zero exit) on I/O errors and on data that does
  * not read back exactly as written.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/types.h>
@@ -65,10 +89,15 @@
 #define STAMP_MAGIC 0x66657272796231ull /* "ferryb1" */
 #define MAX_FIGS 160
 
-enum { SUITE_CORE = 1, SUITE_PT = 2, SUITE_ALL = 3 };
+enum { SUITE_CORE = 1, SUITE_PT = 2, SUITE_BROKER = 4, SUITE_ALL = 7 };
+
+/* Who mounts through the broker (and owns that mount). */
+#define NOBODY_UID 65534
+#define NOBODY_GID 65534
 
 struct opts {
 	const char *ferry, *scratch, *mnt_root, *pidfile_prefix;
+	const char *brokerd, *brokerd_pidfile;
 	const char *scratch_desc, *command, *source_desc;
 	unsigned long cache_mib;
 	unsigned long size_mib, rand_mib, files, file_size, sync_ops, sync_mib;
@@ -210,7 +239,17 @@ static long check_body(const unsigned char *buf)
 
 /* ---- system actions ----------------------------------------------------- */
 
-static int run_cmd(char *const argv[], bool quiet)
+/* In a forked child: become uid/gid 65534 with no supplementary groups, in /. */
+static int drop_to_nobody(void)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(NOBODY_GID, NOBODY_GID, NOBODY_GID) < 0 ||
+	    setresuid(NOBODY_UID, NOBODY_UID, NOBODY_UID) < 0 || chdir("/") < 0)
+		return -1;
+	return 0;
+}
+
+/* Runs argv (argv[0] a path; as uid 65534 if nobody); its exit status, or -1. */
+static int run_cmd_as(char *const argv[], bool quiet, bool nobody)
 {
 	pid_t pid = fork();
 	int st;
@@ -224,6 +263,11 @@ static int run_cmd(char *const argv[], bool quiet)
 			int fd = open("/dev/null", O_WRONLY);
 			if (fd >= 0)
 				dup2(fd, STDOUT_FILENO);
+		}
+		if (nobody && drop_to_nobody() < 0) {
+			fprintf(stderr, "ferry_bench: cannot drop to uid %d for %s: %s\n", NOBODY_UID,
+				argv[0], strerror(errno));
+			_exit(126);
 		}
 		execv(argv[0], argv);
 		fprintf(stderr, "ferry_bench: exec %s: %s\n", argv[0], strerror(errno));
@@ -239,6 +283,60 @@ static int run_cmd(char *const argv[], bool quiet)
 		return WEXITSTATUS(st);
 	errf("%s %s killed by signal %d", argv[0], argv[1], WTERMSIG(st));
 	return -1;
+}
+
+/* Runs argv with its stdout into out (NUL-terminated, truncated to len - 1
+ * bytes; stderr goes to /dev/null). Exit status, or -1. */
+static int run_capture(char *const argv[], char *out, size_t len)
+{
+	int p[2], st, dn;
+	size_t got = 0;
+	ssize_t n;
+	pid_t pid;
+
+	out[0] = '\0';
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		errf("pipe: %s", strerror(errno));
+		return -1;
+	}
+	pid = fork();
+	if (pid < 0) {
+		errf("fork for %s: %s", argv[0], strerror(errno));
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		dn = open("/dev/null", O_WRONLY | O_CLOEXEC);
+		if (dup2(p[1], STDOUT_FILENO) < 0 || dn < 0 || dup2(dn, STDERR_FILENO) < 0)
+			_exit(127);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	close(p[1]);
+	for (;;) {
+		char sink[256];
+
+		if (got + 1 < len)
+			n = read(p[0], out + got, len - 1 - got);
+		else
+			n = read(p[0], sink, sizeof(sink));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		if (got + 1 < len)
+			got += (size_t)n;
+	}
+	out[got] = '\0';
+	close(p[0]);
+	while (waitpid(pid, &st, 0) < 0) {
+		if (errno != EINTR) {
+			errf("waitpid %s: %s", argv[0], strerror(errno));
+			return -1;
+		}
+	}
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /*
@@ -416,13 +514,18 @@ struct phase {
 	struct snap d;
 };
 
-enum { T_CORE, T_PT, T_OFF, NTGT };
+enum { T_CORE, T_PT, T_OFF, T_DIRECT, T_BROKER, NTGT };
+
+/* The broker suite's columns (row3's three values). */
+enum { B_DIRECT, B_BROKER, B_DIR };
 
 struct target {
-	const char *tag;        /* core, pt, off */
+	const char *tag;        /* core, pt, off, direct, broker */
 	const char *mount_o;    /* -o for `ferry mount`, or NULL */
 	char *mount_o_local;    /* mount_o plus fsync=local, once remounted so */
 	char *volume, *mnt, *cache_dir, *staging_dir, *pidfile;
+	const char *broker;     /* `ferry mount --broker` socket, or NULL */
+	bool nobody;            /* mounted (and only readable) by uid 65534 */
 	bool mounted;
 	struct snap overhead;   /* what reading .stats itself costs */
 };
@@ -454,6 +557,19 @@ struct bench {
 	/* for the targets */
 	double rand_iops[NW], small_us[NW];
 	bool has_rand[NW], has_small[NW];
+	/* the broker suite */
+	bool ran_broker;
+	struct row3 rowsb[MAX_ROWS];
+	size_t nrowsb;
+	char notesb[MAX_NOTES][384];
+	size_t nnotesb;
+	int bsmall_phase[2];    /* phases[] index of the loop, direct and broker (-1: none) */
+	char bstate[2][200];    /* passthrough state at mount, direct and broker */
+	bool bengaged[2];       /* passthrough engaged for the whole loop */
+	double bsmall_us[NW];
+	bool has_bsmall[NW];
+	char *broker_dir, *broker_sock, *broker_policy, *broker_log, *broker_root;
+	pid_t brokerd;          /* ferry-brokerd, while it runs (0: not running) */
 	unsigned char *buf;     /* BLOCK bytes, aligned */
 };
 
@@ -471,19 +587,31 @@ static struct row *row_add(struct bench *b, const char *label, const char *fmt)
 	return r;
 }
 
-static struct row3 *row3_add(struct bench *b, const char *label, const char *fmt, bool ratios)
+static struct row3 *row3_push(struct row3 *rows, size_t *n, const char *label, const char *fmt,
+			      bool ratios)
 {
 	static struct row3 spare;
 	struct row3 *r;
 
-	if (b->nrows3 == MAX_ROWS)
+	if (*n == MAX_ROWS)
 		return &spare;
-	r = &b->rows3[b->nrows3++];
+	r = &rows[(*n)++];
 	memset(r, 0, sizeof(*r));
 	snprintf(r->label, sizeof(r->label), "%s", label);
 	r->fmt = fmt;
 	r->ratios = ratios;
 	return r;
+}
+
+static struct row3 *row3_add(struct bench *b, const char *label, const char *fmt, bool ratios)
+{
+	return row3_push(b->rows3, &b->nrows3, label, fmt, ratios);
+}
+
+/* A broker-suite row (columns B_DIRECT, B_BROKER, B_DIR). */
+static struct row3 *rowb_add(struct bench *b, const char *label, const char *fmt, bool ratios)
+{
+	return row3_push(b->rowsb, &b->nrowsb, label, fmt, ratios);
 }
 
 static void row3_set(struct row3 *r, int w, double v)
@@ -516,6 +644,16 @@ static void note3(struct bench *b, const char *fmt, ...)
 
 	va_start(ap, fmt);
 	vnote(b->notes3, &b->nnotes3, fmt, ap);
+	va_end(ap);
+}
+
+static void noteb(struct bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void noteb(struct bench *b, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vnote(b->notesb, &b->nnotesb, fmt, ap);
 	va_end(ap);
 }
 
@@ -571,18 +709,132 @@ static void stats_str(const char *mnt, const char *name, char *out, size_t len)
 	fclose(f);
 }
 
+/* ---- as uid 65534 ----------------------------------------------------------- */
+
+struct child_hdr {
+	int rc;                 /* fn's return value */
+	int data_errors;        /* what fn added to b->data_errors */
+};
+
+/*
+ * Runs fn(b, arg, out) in a forked child that dropped to uid/gid 65534 (no
+ * groups; killed should we die) and copies the child's out (outlen bytes)
+ * back through a pipe. Returns fn's return value, or -1 when the child could
+ * not run it to the end. The data errors the child counted are added to ours.
+ */
+static int as_nobody(struct bench *b, int (*fn)(struct bench *b, void *arg, void *out), void *arg,
+		     void *out, size_t outlen)
+{
+	struct child_hdr h = { .rc = -1 };
+	pid_t parent = getpid(), pid;
+	int p[2], st;
+
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		errf("pipe: %s", strerror(errno));
+		return -1;
+	}
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0) {
+		errf("fork: %s", strerror(errno));
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		close(p[0]);
+		if (drop_to_nobody() < 0) {
+			fprintf(stderr, "ferry_bench: cannot drop to uid %d: %s\n", NOBODY_UID,
+				strerror(errno));
+			_exit(126);
+		}
+		/* Set after the uid change, which clears it. */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+			_exit(125);
+		b->data_errors = 0;
+		h.rc = fn(b, arg, out);
+		h.data_errors = b->data_errors;
+		if (write_full(p[1], &h, sizeof(h)) < 0 || write_full(p[1], out, outlen) < 0)
+			_exit(124);
+		_exit(0);
+	}
+	close(p[1]);
+	if (read_full(p[0], &h, sizeof(h)) != (ssize_t)sizeof(h) ||
+	    read_full(p[0], out, outlen) != (ssize_t)outlen)
+		h = (struct child_hdr){ .rc = -1 };
+	close(p[0]);
+	while (waitpid(pid, &st, 0) < 0) {
+		if (errno != EINTR) {
+			errf("waitpid: %s", strerror(errno));
+			return -1;
+		}
+	}
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		errf("the child running as uid %d %s %d", NOBODY_UID,
+		     WIFEXITED(st) ? "exited with status" : "was killed by signal",
+		     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+		h.rc = -1;
+	}
+	b->data_errors += h.data_errors;
+	return h.rc;
+}
+
+static int child_snap(struct bench *b, void *mnt, void *out)
+{
+	return snap_take(mnt, out);
+}
+
+struct stats_q {
+	const char *mnt, *name;
+	char val[160];
+};
+
+static int child_stats_str(struct bench *b, void *arg, void *out)
+{
+	struct stats_q *q = arg;
+
+	stats_str(q->mnt, q->name, out, sizeof(q->val));
+	return 0;
+}
+
+/* snap_take and stats_str as whoever may read the target's .stats. */
+static int tsnap(struct bench *b, const struct target *t, struct snap *s)
+{
+	if (!t->nobody)
+		return snap_take(t->mnt, s);
+	return as_nobody(b, child_snap, t->mnt, s, sizeof(*s));
+}
+
+static void tstats_str(struct bench *b, const struct target *t, const char *name, char *out,
+		       size_t len)
+{
+	struct stats_q q = { .mnt = t->mnt, .name = name };
+
+	if (!t->nobody) {
+		stats_str(t->mnt, name, out, len);
+		return;
+	}
+	if (as_nobody(b, child_stats_str, &q, q.val, sizeof(q.val)) < 0)
+		snprintf(q.val, sizeof(q.val), "?");
+	snprintf(out, len, "%s", q.val);
+}
+
 /* ---- mounting -------------------------------------------------------------- */
 
 static int ferry_mount(struct bench *b, struct target *t)
 {
 	char cache_mib[32];
 	struct snap s0, s1;
-	char *argv[16];
+	char *argv[18];
 	int n = 0, rc;
 
 	snprintf(cache_mib, sizeof(cache_mib), "%lu", b->o.cache_mib);
 	argv[n++] = (char *)b->o.ferry;
 	argv[n++] = "mount";
+	if (t->broker) {
+		argv[n++] = "--broker";
+		argv[n++] = (char *)t->broker;
+	}
 	argv[n++] = "--cache-dir";
 	argv[n++] = t->cache_dir;
 	argv[n++] = "--cache-size";
@@ -596,11 +848,12 @@ static int ferry_mount(struct bench *b, struct target *t)
 	argv[n++] = t->volume;
 	argv[n++] = t->mnt;
 	argv[n] = NULL;
-	rc = run_cmd(argv, true);
+	rc = run_cmd_as(argv, true, t->nobody);
 	if (rc != 0) {
-		errf("`ferry mount%s%s %s %s` failed (exit %d); see the lines above and %s/ferry-mountd.log",
-		     t->mount_o ? " -o " : "", t->mount_o ? t->mount_o : "", t->volume, t->mnt, rc,
-		     t->volume);
+		errf("`ferry mount%s%s%s%s %s %s`%s failed (exit %d); see the lines above and "
+		     "%s/ferry-mountd.log", t->broker ? " --broker " : "", t->broker ? t->broker : "",
+		     t->mount_o ? " -o " : "", t->mount_o ? t->mount_o : "", t->volume, t->mnt,
+		     t->nobody ? " as uid 65534" : "", rc, t->volume);
 		return -1;
 	}
 	t->mounted = true;
@@ -609,7 +862,7 @@ static int ferry_mount(struct bench *b, struct target *t)
 		char pid[32];
 		FILE *pf;
 
-		stats_str(t->mnt, "pid", pid, sizeof(pid));
+		tstats_str(b, t, "pid", pid, sizeof(pid));
 		pf = fopen(t->pidfile, "we");
 		if (pf) {
 			fprintf(pf, "%s\n", pid);
@@ -617,7 +870,7 @@ static int ferry_mount(struct bench *b, struct target *t)
 		}
 	}
 	/* Two snapshots with nothing between: the cost of one .stats read. */
-	if (snap_take(t->mnt, &s0) < 0 || snap_take(t->mnt, &s1) < 0)
+	if (tsnap(b, t, &s0) < 0 || tsnap(b, t, &s1) < 0)
 		return -1;
 	snap_diff(&s1, &s0, NULL, &t->overhead);
 	return 0;
@@ -629,11 +882,12 @@ static int ferry_umount(struct bench *b, struct target *t, double *secs)
 	double t0 = now_s();
 	int rc;
 
-	rc = run_cmd(argv, true);
+	rc = run_cmd_as(argv, true, t->nobody);
 	if (secs)
 		*secs = now_s() - t0;
 	if (rc != 0) {
-		errf("`ferry umount %s` failed (exit %d)", t->mnt, rc);
+		errf("`ferry umount %s`%s failed (exit %d)", t->mnt, t->nobody ? " as uid 65534" : "",
+		     rc);
 		return -1;
 	}
 	t->mounted = false;
@@ -1624,6 +1878,312 @@ static int suite_pt(struct bench *b)
 	return 0;
 }
 
+/* ---- the broker suite (issue 4) ------------------------------------------------ */
+
+static const char *const blabel[NW] = { "ferry direct", "ferry broker", "staging dir" };
+
+/* ferry-brokerd's own counters (`ferry-brokerd --ping`). */
+struct bstat {
+	uint64_t connections, peers, mounts, backing_ids, fds, requests, refusals;
+};
+
+static int brokerd_status(struct bench *b, struct bstat *st)
+{
+	char *argv[] = { (char *)b->o.brokerd, "--ping", "--socket", b->broker_sock, NULL };
+	unsigned long long v[7];
+	char out[512];
+
+	if (run_capture(argv, out, sizeof(out)) != 0 ||
+	    sscanf(out, "ok: connections %llu peers %llu mounts %llu backing_ids %llu fds %llu "
+		   "requests %llu refusals %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+		   &v[6]) != 7)
+		return -1;
+	*st = (struct bstat){ .connections = v[0], .peers = v[1], .mounts = v[2],
+			      .backing_ids = v[3], .fds = v[4], .requests = v[5],
+			      .refusals = v[6] };
+	return 0;
+}
+
+/* mkdir that accepts an existing directory, then owner and mode. */
+static int mkdir_as(const char *path, uid_t uid, gid_t gid, mode_t mode)
+{
+	if (mkdir(path, mode) < 0 && errno != EEXIST) {
+		errf("mkdir %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (chown(path, uid, gid) < 0 || chmod(path, mode) < 0) {
+		errf("chown/chmod %s: %s", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Starts ferry-brokerd as root on SCRATCH/broker/broker.sock (mode 0666),
+ * with a policy that lets uid 65534 mount beneath MNT-ROOT/broker-root, its
+ * mount table in SCRATCH/broker/state and its log in SCRATCH/broker/
+ * brokerd.log; writes its pid to --brokerd-pidfile and waits until it
+ * answers --ping.
+ */
+static int brokerd_start(struct bench *b)
+{
+	const struct target *t = &b->t[T_BROKER];
+	struct bstat st;
+	char *state = NULL;
+	int rc = -1, fd;
+	FILE *f;
+
+	if (!(state = path_join(b->broker_dir, "state"))) {
+		errf("out of memory");
+		goto out;
+	}
+	if (mkdir_as(b->broker_dir, 0, 0, 0755) < 0 || mkdir_as(b->broker_root, 0, 0, 0755) < 0 ||
+	    mkdir_as(t->mnt, NOBODY_UID, NOBODY_GID, 0755) < 0)
+		goto out;
+	f = fopen(b->broker_policy, "we");
+	if (!f || fprintf(f, "# ferry_bench, broker suite\nallow uid=%d root=%s max_mounts=16 "
+			  "max_backing=4096\n", NOBODY_UID, b->broker_root) < 0 || fclose(f) != 0) {
+		errf("writing %s: %s", b->broker_policy, strerror(errno));
+		goto out;
+	}
+	fflush(stdout);
+	b->brokerd = fork();
+	if (b->brokerd < 0) {
+		errf("fork: %s", strerror(errno));
+		b->brokerd = 0;
+		goto out;
+	}
+	if (b->brokerd == 0) {
+		fd = open(b->broker_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)
+			_exit(127);
+		execl(b->o.brokerd, "ferry-brokerd", "--socket", b->broker_sock, "--socket-mode",
+		      "0666", "--policy", b->broker_policy, "--state-dir", state, (char *)NULL);
+		fprintf(stderr, "ferry_bench: exec %s: %s\n", b->o.brokerd, strerror(errno));
+		_exit(127);
+	}
+	/* So that scripts/bench can end it should we die. */
+	if (b->o.brokerd_pidfile) {
+		f = fopen(b->o.brokerd_pidfile, "we");
+		if (f) {
+			fprintf(f, "%d\n", (int)b->brokerd);
+			fclose(f);
+		}
+	}
+	for (int i = 0; i < 400; i++) {
+		int wst;
+
+		if (brokerd_status(b, &st) == 0) {
+			rc = 0;
+			goto out;
+		}
+		if (waitpid(b->brokerd, &wst, WNOHANG) == b->brokerd) {
+			b->brokerd = 0;
+			errf("ferry-brokerd exited at start (see %s)", b->broker_log);
+			goto out;
+		}
+		usleep(25 * 1000);
+	}
+	errf("ferry-brokerd did not answer --ping within 10 s (see %s)", b->broker_log);
+out:
+	free(state);
+	return rc;
+}
+
+/* SIGTERM, 10 s, then SIGKILL. Mounts it made stay (they are ours to end). */
+static void brokerd_stop(struct bench *b)
+{
+	int st;
+
+	if (b->brokerd <= 0)
+		return;
+	kill(b->brokerd, SIGTERM);
+	for (int i = 0; i < 500; i++) {
+		if (waitpid(b->brokerd, &st, WNOHANG) == b->brokerd) {
+			b->brokerd = 0;
+			return;
+		}
+		usleep(20 * 1000);
+	}
+	errf("ferry-brokerd (pid %d) ignored SIGTERM for 10 s; killing it", (int)b->brokerd);
+	kill(b->brokerd, SIGKILL);
+	waitpid(b->brokerd, &st, 0);
+	b->brokerd = 0;
+}
+
+struct small_job {
+	const char *mnt;        /* .stats snapshots around the loop, or NULL */
+	const char *dir;        /* made by the loop, removed after it */
+};
+
+struct small_out {
+	struct small_res sr;
+	struct snap s0, s1;
+};
+
+/*
+ * One target's turn, as the user who may read the mount: a .stats snapshot,
+ * the create + write + close loop, another snapshot, then every file read
+ * back and removed (untimed). Fits as_nobody().
+ */
+static int small_round(struct bench *b, void *arg, void *out)
+{
+	const struct small_job *j = arg;
+	struct small_out *r = out;
+
+	memset(r, 0, sizeof(*r));
+	if (j->mnt && snap_take(j->mnt, &r->s0) < 0)
+		return -1;
+	if (small_files(b, j->dir, &r->sr) < 0)
+		return -1;
+	if (j->mnt && snap_take(j->mnt, &r->s1) < 0)
+		return -1;
+	if (small_verify(b, j->dir, 1) < 0 || small_remove(b, j->dir) < 0)
+		return -1;
+	return 0;
+}
+
+static int suite_broker(struct bench *b)
+{
+	struct row3 *rf = rowb_add(b, "small files create+write+close (files/s)", "%.0f", true);
+	struct row3 *rt = rowb_add(b, "  whole loop (ms)", "%.0f", true);
+	struct row3 *ru = rowb_add(b, "  per file (us)", "%.1f", true);
+	struct row3 *ro = rowb_add(b, "    openat(O_CREAT|O_EXCL) (us)", "%.1f", true);
+	struct row3 *rw = rowb_add(b, "    write() 2 KiB (us)", "%.1f", true);
+	struct row3 *rc = rowb_add(b, "    close() (us)", "%.1f", true);
+	struct row3 *rq = rowb_add(b, "  FUSE requests per file", "%.3f", false);
+	struct row3 *rbo = rowb_add(b, "  backing_open per file", "%.3f", false);
+	struct row3 *rbc = rowb_add(b, "  backing_close per file", "%.3f", false);
+	struct row3 *rbr = rowb_add(b, "  ferry-brokerd requests per file", "%.3f", false);
+	struct row3 *rum = rowb_add(b, "  `ferry umount` after the loop (s)", "%.2f", false);
+	double n = (double)b->o.files;
+	char dir[PATH_MAX], name[64];
+
+	b->ran_broker = true;
+	for (int w = 0; w < NW; w++) {
+		struct target *t = w == B_DIRECT ? &b->t[T_DIRECT] : w == B_BROKER ? &b->t[T_BROKER] : NULL;
+		struct bstat bs0 = { 0 }, bs1 = { 0 }, bsa, bsb, bsend;
+		uint64_t ping_cost = 0;
+		struct small_job job;
+		struct small_out r;
+		double tu;
+		int k = w == B_DIRECT ? 0 : 1, rv;
+
+		if (w == B_BROKER) {
+			progress("broker suite: starting ferry-brokerd on %s (policy %s)", b->broker_sock,
+				 b->broker_policy);
+			if (brokerd_start(b) < 0)
+				return -1;
+			/* Two pings with nothing between: what one costs in its request count. */
+			if (brokerd_status(b, &bsa) < 0 || brokerd_status(b, &bsb) < 0) {
+				errf("ferry-brokerd stopped answering --ping (see %s)", b->broker_log);
+				return -1;
+			}
+			ping_cost = bsb.requests - bsa.requests;
+		}
+		if (t) {
+			char act[16], why[128], up[16] = "";
+
+			progress("broker suite: mounting %s at %s%s", t->volume, t->mnt,
+				 t->nobody ? " as uid 65534 through ferry-brokerd" : " as root");
+			if (ferry_mount(b, t) < 0)
+				return -1;
+			tstats_str(b, t, "passthrough_active", act, sizeof(act));
+			tstats_str(b, t, "passthrough_off_reason", why, sizeof(why));
+			if (t->broker)
+				tstats_str(b, t, "broker_up", up, sizeof(up));
+			snprintf(b->bstate[k], sizeof(b->bstate[0]),
+				 "passthrough_active %s, passthrough_off_reason %s%s%s", act, why,
+				 *up ? ", broker_up " : "", up);
+		}
+		snprintf(dir, sizeof(dir), "%s/bk-small", t ? t->mnt : b->baseline);
+		job = (struct small_job){ .mnt = t ? t->mnt : NULL, .dir = dir };
+		progress("%s: %lu x create + write(%lu) + close%s, then read back and removed",
+			 blabel[w], b->o.files, b->o.file_size,
+			 t && t->nobody ? " (in a child as uid 65534)" : "");
+		sync();
+		if (w == B_BROKER && brokerd_status(b, &bs0) < 0) {
+			errf("ferry-brokerd stopped answering --ping (see %s)", b->broker_log);
+			return -1;
+		}
+		if (t && t->nobody)
+			rv = as_nobody(b, small_round, &job, &r, sizeof(r));
+		else
+			rv = small_round(b, &job, &r);
+		if (rv < 0)
+			return -1;
+		if (w == B_BROKER && brokerd_status(b, &bs1) < 0) {
+			errf("ferry-brokerd stopped answering --ping (see %s)", b->broker_log);
+			return -1;
+		}
+		row3_set(rf, w, n / r.sr.total);
+		row3_set(rt, w, r.sr.total * 1e3);
+		row3_set(ru, w, r.sr.total * 1e6 / n);
+		row3_set(ro, w, r.sr.topen * 1e6 / n);
+		row3_set(rw, w, r.sr.twrite * 1e6 / n);
+		row3_set(rc, w, r.sr.tclose * 1e6 / n);
+		b->bsmall_us[w] = r.sr.total * 1e6 / n;
+		b->has_bsmall[w] = true;
+		if (!t)
+			continue;
+
+		snprintf(name, sizeof(name), "%s: small files", t->tag);
+		b->bsmall_phase[k] = phase_add(b, SUITE_BROKER, t, name, &r.s0, &r.s1, n, "file");
+		if (b->bsmall_phase[k] >= 0) {
+			const struct snap *d = &b->phases[b->bsmall_phase[k]].d;
+			uint64_t wr = snap_get(d, "fuse_requests_write");
+			uint64_t opens = snap_get(d, "passthrough_opens");
+			uint64_t bo = snap_get(d, "backing_open");
+			char act0[16], act1[16];
+
+			row3_set(rq, w, (double)snap_requests(d) / n);
+			row3_set(rbo, w, (double)bo / n);
+			row3_set(rbc, w, (double)snap_get(d, "backing_close") / n);
+			/* passthrough_active right after mount (in bstate) and now */
+			if (sscanf(b->bstate[k], "passthrough_active %15[^,]", act0) != 1)
+				snprintf(act0, sizeof(act0), "?");
+			tstats_str(b, t, "passthrough_active", act1, sizeof(act1));
+			b->bengaged[k] = !strcmp(act0, "1") && !strcmp(act1, "1") && wr == 0 &&
+					 opens >= b->o.files && bo >= b->o.files;
+			noteb(b, "%s: passthrough %s: passthrough_active %s at mount and %s after the "
+			      "loop; passthrough_opens +%" PRIu64 ", backing_open +%" PRIu64
+			      " for %lu files; %" PRIu64 " WRITE requests for %lu write() calls.",
+			      blabel[w], b->bengaged[k] ? "ENGAGED" : "NOT ENGAGED", act0, act1, opens,
+			      bo, b->o.files, wr, b->o.files);
+		}
+		if (w == B_BROKER) {
+			uint64_t req = bs1.requests - bs0.requests;
+
+			req = req >= ping_cost ? req - ping_cost : 0;
+			row3_set(rbr, w, (double)req / n);
+			noteb(b, "ferry-brokerd: %" PRIu64 " requests during the loop, its read-back and "
+			      "removal (%.3f per file; one --ping costs %" PRIu64 "); refusals +%" PRIu64
+			      "; %" PRIu64 " live backing ids and %" PRIu64 " fds just after.",
+			      req, (double)req / n, ping_cost, bs1.refusals - bs0.refusals,
+			      bs1.backing_ids, bs1.fds);
+		}
+		progress("broker suite: unmounting %s (waits for every upload)", t->mnt);
+		if (ferry_umount(b, t, &tu) < 0)
+			return -1;
+		row3_set(rum, w, tu);
+		if (w == B_BROKER) {
+			if (brokerd_status(b, &bsend) < 0) {
+				errf("ferry-brokerd stopped answering --ping (see %s)", b->broker_log);
+				return -1;
+			}
+			noteb(b, "ferry-brokerd after the unmount: %" PRIu64 " mounts, %" PRIu64
+			      " live backing ids, %" PRIu64 " fds (%" PRIu64 " before the mount), %"
+			      PRIu64 " refusals in all.", bsend.mounts, bsend.backing_ids, bsend.fds,
+			      bsb.fds, bsend.refusals);
+			progress("broker suite: stopping ferry-brokerd");
+			brokerd_stop(b);
+		}
+	}
+	noteb(b, "data check: every small file read back (content and size) on each target, then "
+	      "removed.");
+	return 0;
+}
+
 /* ---- output -------------------------------------------------------------- */
 
 static void fmt_val(char *out, size_t len, const char *fmt, bool has, double v)
@@ -1821,6 +2381,70 @@ static void print_target(const char *what, bool has, double q, bool at_least, do
 	       !has ? "n/a" : (at_least ? q >= goal : q <= goal) ? "PASS" : "MISS", unit_note);
 }
 
+/*
+ * The small-file loop's .stats delta per created file, for two ferryfs
+ * targets side by side (phase[] indexes phases[], -1 for none).
+ */
+static void print_per_file(struct bench *b, const int phase[2], const char *const label[])
+{
+	const char *names[MAX_FIGS];
+	size_t nn = 0;
+
+	if (phase[0] < 0 && phase[1] < 0)
+		return;
+	printf("\nsmall-file loop: FUSE requests and store work per created file (.stats delta / "
+	       "%lu files):\n", b->o.files);
+	printf("  %-22s %11s %11s\n", "", label[0], label[1]);
+	for (int w = 0; w < 2; w++) {
+		const struct phase *p;
+
+		if (phase[w] < 0)
+			continue;
+		p = &b->phases[phase[w]];
+		for (size_t k = 0; k < p->d.n; k++) {
+			bool seen = false;
+			if (p->d.val[k] == 0 || strcmp(p->d.name[k], "fuse_requests_interrupted") == 0)
+				continue;
+			for (size_t j = 0; j < nn; j++)
+				if (strcmp(names[j], p->d.name[k]) == 0)
+					seen = true;
+			if (!seen && nn < MAX_FIGS)
+				names[nn++] = p->d.name[k];
+		}
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		for (size_t j = 0; j < nn; j++) {
+			bool req = strncmp(names[j], "fuse_requests_", 14) == 0;
+			if (req != (pass == 0))
+				continue;
+			printf("  %-22s", req ? names[j] + 14 : names[j]);
+			for (int w = 0; w < 2; w++) {
+				char val[32] = "-";
+				if (phase[w] >= 0)
+					snprintf(val, sizeof(val), "%.3f",
+						 (double)snap_get(&b->phases[phase[w]].d,
+								  names[j]) / (double)b->o.files);
+				printf(" %11s", val);
+			}
+			printf("\n");
+		}
+		if (pass == 0) {
+			printf("  %-22s", "= FUSE requests");
+			for (int w = 0; w < 2; w++) {
+				char val[32] = "-";
+				if (phase[w] >= 0)
+					snprintf(val, sizeof(val), "%.3f",
+						 (double)snap_requests(&b->phases[phase[w]].d) /
+							 (double)b->o.files);
+				printf(" %11s", val);
+			}
+			printf("\n");
+		}
+	}
+	printf("  (lookup and getattr may include one from reading .stats when the kernel's entry "
+	       "for it expired: +-1 in total, not per file)\n");
+}
+
 static void print_pt(struct bench *b)
 {
 	char v[NW][32], q1[32], q2[32];
@@ -1879,62 +2503,7 @@ static void print_pt(struct bench *b)
 		     b->has_small[W_DIR] ? b->small_us[W_PT] / b->small_us[W_DIR] : 0, false, 3, "");
 
 	/* The upcalls one created file costs. */
-	if (b->small_phase[0] >= 0 || b->small_phase[1] >= 0) {
-		const char *names[MAX_FIGS];
-		size_t nn = 0;
-
-		printf("\nsmall-file loop: FUSE requests and store work per created file (.stats delta / "
-		       "%lu files):\n", b->o.files);
-		printf("  %-22s %11s %11s\n", "", wlabel[0], wlabel[1]);
-		for (int w = 0; w < 2; w++) {
-			const struct phase *p;
-
-			if (b->small_phase[w] < 0)
-				continue;
-			p = &b->phases[b->small_phase[w]];
-			for (size_t k = 0; k < p->d.n; k++) {
-				bool seen = false;
-				if (p->d.val[k] == 0 || strcmp(p->d.name[k], "fuse_requests_interrupted") == 0)
-					continue;
-				for (size_t j = 0; j < nn; j++)
-					if (strcmp(names[j], p->d.name[k]) == 0)
-						seen = true;
-				if (!seen && nn < MAX_FIGS)
-					names[nn++] = p->d.name[k];
-			}
-		}
-		for (int pass = 0; pass < 2; pass++) {
-			for (size_t j = 0; j < nn; j++) {
-				bool req = strncmp(names[j], "fuse_requests_", 14) == 0;
-				if (req != (pass == 0))
-					continue;
-				printf("  %-22s", req ? names[j] + 14 : names[j]);
-				for (int w = 0; w < 2; w++) {
-					char val[32] = "-";
-					if (b->small_phase[w] >= 0)
-						snprintf(val, sizeof(val), "%.3f",
-							 (double)snap_get(&b->phases[b->small_phase[w]].d,
-									  names[j]) / (double)b->o.files);
-					printf(" %11s", val);
-				}
-				printf("\n");
-			}
-			if (pass == 0) {
-				printf("  %-22s", "= FUSE requests");
-				for (int w = 0; w < 2; w++) {
-					char val[32] = "-";
-					if (b->small_phase[w] >= 0)
-						snprintf(val, sizeof(val), "%.3f",
-							 (double)snap_requests(&b->phases[b->small_phase[w]].d) /
-								 (double)b->o.files);
-					printf(" %11s", val);
-				}
-				printf("\n");
-			}
-		}
-		printf("  (lookup and getattr may include one from reading .stats when the kernel's entry "
-		       "for it expired: +-1 in total, not per file)\n");
-	}
+	print_per_file(b, b->small_phase, wlabel);
 
 	printf("\nwhat the rows measure:\n");
 	printf("  rand write buffered: open(O_RDWR|O_CREAT|O_TRUNC) -- empty at open, so ferryfs gives it "
@@ -1966,6 +2535,80 @@ static void print_pt(struct bench *b)
 	print_phases(b, SUITE_PT);
 }
 
+static void print_broker(struct bench *b)
+{
+	char v[NW][32], q1[32], q2[32], q3[32];
+	bool both = b->bengaged[0] && b->bengaged[1];
+
+	printf("\n== suite broker (issue 4): passthrough registration through ferry-brokerd vs the "
+	       "direct ioctl ==\n");
+	printf("  ferry direct = ferryfs volume mounted by root with its defaults: ferry-mountd "
+	       "registers each staging file itself (FUSE_DEV_IOC_BACKING_OPEN\n"
+	       "                 on its /dev/fuse fd) (%s)\n", b->bstate[0]);
+	printf("  ferry broker = ferryfs volume mounted by uid 65534 with `ferry mount --broker`: "
+	       "ferry-brokerd mounts it and registers each staging file\n"
+	       "                 (one round trip per passthrough open) (%s)\n", b->bstate[1]);
+	printf("  staging dir  = a plain directory on the filesystem the staging files live on (%s)\n",
+	       b->baseline);
+	printf("  the loop on ferry broker runs in a child of ferry_bench that dropped to uid 65534 "
+	       "(timed there, sent back through a pipe); the others as root\n");
+	printf("ratios: brk/dct = ferry broker / ferry direct, brk/dir = ferry broker / staging dir, "
+	       "dct/dir = ferry direct / staging dir; for rates higher is\n"
+	       "better for the first, for times lower is better\n\n");
+	printf("%-44s %12s %12s %12s %8s %8s %8s\n", "test", blabel[0], blabel[1], blabel[2],
+	       "brk/dct", "brk/dir", "dct/dir");
+	for (size_t i = 0; i < b->nrowsb; i++) {
+		struct row3 *r = &b->rowsb[i];
+
+		for (int w = 0; w < NW; w++)
+			fmt_val(v[w], sizeof(v[w]), r->fmt, r->has[w], r->v[w]);
+		if (r->ratios) {
+			fmt_q(q1, sizeof(q1), r->has[B_BROKER] && r->has[B_DIRECT], r->v[B_BROKER],
+			      r->v[B_DIRECT]);
+			fmt_q(q2, sizeof(q2), r->has[B_BROKER] && r->has[B_DIR], r->v[B_BROKER],
+			      r->v[B_DIR]);
+			fmt_q(q3, sizeof(q3), r->has[B_DIRECT] && r->has[B_DIR], r->v[B_DIRECT],
+			      r->v[B_DIR]);
+		} else {
+			q1[0] = q2[0] = q3[0] = '\0';
+		}
+		printf("%-44s %12s %12s %12s %8s %8s %8s\n", r->label, v[0], v[1], v[2], q1, q2, q3);
+	}
+
+	printf("\nissue 4 target (information only: the benchmark exits 0 whether it is met or not):\n");
+	print_target("small-file loop, time per file: broker / direct",
+		     both && b->has_bsmall[B_BROKER] && b->has_bsmall[B_DIRECT],
+		     b->has_bsmall[B_DIRECT] ? b->bsmall_us[B_BROKER] / b->bsmall_us[B_DIRECT] : 0,
+		     false, 1.3,
+		     both ? "" : " (passthrough was not engaged on both volumes: no comparison)");
+	printf("passthrough: %s on ferry direct, %s on ferry broker (passthrough_active 1 at mount "
+	       "and after the loop, no WRITE request in it, a backing file per created file)\n",
+	       b->bengaged[0] ? "engaged" : "NOT ENGAGED", b->bengaged[1] ? "engaged" : "NOT ENGAGED");
+
+	print_per_file(b, b->bsmall_phase, blabel);
+
+	printf("\nwhat the rows measure:\n");
+	printf("  small files: openat(O_CREAT|O_EXCL) + write() + close() per file in one new "
+	       "directory, each call timed too (the same loop as the passthrough suite's);\n"
+	       "                on ferryfs CREATE opens a staging file and registers it as the "
+	       "passthrough backing file (ferry broker: a BACKING_OPEN round trip to\n"
+	       "                ferry-brokerd inside the CREATE request), the write goes to it "
+	       "without an upcall, and RELEASE closes the backing id (ferry broker:\n"
+	       "                a BACKING_CLOSE round trip; RELEASE is asynchronous to close()) and "
+	       "hands the file to ferry-reconciler, which uploads and commits it.\n");
+	printf("  ferry-brokerd requests: its own request count (`ferry-brokerd --ping`) before the "
+	       "loop and after its read-back and removal, minus the pings.\n");
+	printf("  each volume is unmounted after its turn (`ferry umount` returns once every upload "
+	       "is committed), so no upload of one target runs under the next;\n"
+	       "                sync() runs (untimed) before each turn.\n");
+	for (size_t i = 0; i < b->nnotesb; i++)
+		printf("  %s\n", b->notesb[i]);
+
+	printf("\nferryfs FUSE requests per phase, direct and broker volumes (.stats after - before, "
+	       "minus one .stats read; +-1 lookup or getattr from the .stats read itself):\n");
+	print_phases(b, SUITE_BROKER);
+}
+
 static void print_report(struct bench *b, int argc, char **argv)
 {
 	print_header(b, argc, argv);
@@ -1973,6 +2616,8 @@ static void print_report(struct bench *b, int argc, char **argv)
 		print_core(b);
 	if (b->ran_pt)
 		print_pt(b);
+	if (b->ran_broker)
+		print_broker(b);
 	if (b->data_errors)
 		printf("\nDATA ERRORS: %d (see the messages above); the figures are not trustworthy\n",
 		       b->data_errors);
@@ -1985,11 +2630,13 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: ferry_bench --ferry PATH --scratch DIR --mnt-root DIR [options]\n"
-		"Mounts the formatted volumes SCRATCH/vol-{core,pt,off} at MNT-ROOT/mnt-{core,pt,off}\n"
-		"with `ferry mount` (cache SCRATCH/cache-TAG, staging SCRATCH/staging-TAG), measures\n"
-		"against the plain directory SCRATCH/baseline, unmounts. Normally run by scripts/bench,\n"
-		"which makes the scratch filesystem and formats the volumes.\n"
-		"  --suite core|passthrough|all  which rows (default all)\n"
+		"Mounts the formatted volumes SCRATCH/vol-TAG at MNT-ROOT/mnt-TAG (TAG: core, pt, off,\n"
+		"direct) with `ferry mount` (cache SCRATCH/cache-TAG, staging SCRATCH/staging-TAG),\n"
+		"and SCRATCH/vol-broker (uid 65534's) at MNT-ROOT/broker-root/mnt-broker as uid 65534\n"
+		"through a ferry-brokerd it starts (files in SCRATCH/broker); measures against the\n"
+		"plain directory SCRATCH/baseline, unmounts. Normally run by scripts/bench, which\n"
+		"makes the scratch filesystem and formats the volumes.\n"
+		"  --suite core|passthrough|broker|all  which rows (default all)\n"
 		"  --cache-size MIB     ferryfs read cache limit (default 4096)\n"
 		"  --size-mib N         sequential file size (default 1024)\n"
 		"  --rand-size-mib N    random-write file size (default 256)\n"
@@ -2002,6 +2649,8 @@ static void usage(FILE *f)
 		"  --no-fsync-row       skip the core suite's write+fsync row\n"
 		"  --seed N             random offsets seed\n"
 		"  --pidfile-prefix P   write ferry-mountd's pid to P.TAG.pid after each mount\n"
+		"  --brokerd PATH       ferry-brokerd (default: next to --ferry)\n"
+		"  --brokerd-pidfile F  write ferry-brokerd's pid to F once started\n"
 		"  --scratch-desc TEXT  --command TEXT  --source-desc TEXT   printed in the header\n");
 }
 
@@ -2037,6 +2686,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "no-fsync-row", no_argument, NULL, 'N' },
 		{ "seed", required_argument, NULL, 'S' },
 		{ "pidfile-prefix", required_argument, NULL, 'P' },
+		{ "brokerd", required_argument, NULL, 'B' },
+		{ "brokerd-pidfile", required_argument, NULL, 'b' },
 		{ "scratch-desc", required_argument, NULL, 'D' },
 		{ "command", required_argument, NULL, 'c' },
 		{ "source-desc", required_argument, NULL, 'G' },
@@ -2057,6 +2708,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case 'X': o->scratch = optarg; break;
 		case 'M': o->mnt_root = optarg; break;
 		case 'P': o->pidfile_prefix = optarg; break;
+		case 'B': o->brokerd = optarg; break;
+		case 'b': o->brokerd_pidfile = optarg; break;
 		case 'D': o->scratch_desc = optarg; break;
 		case 'c': o->command = optarg; break;
 		case 'G': o->source_desc = optarg; break;
@@ -2066,10 +2719,12 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 				o->suite = SUITE_CORE;
 			else if (!strcmp(optarg, "passthrough"))
 				o->suite = SUITE_PT;
+			else if (!strcmp(optarg, "broker"))
+				o->suite = SUITE_BROKER;
 			else if (!strcmp(optarg, "all"))
 				o->suite = SUITE_ALL;
 			else {
-				errf("--suite is core, passthrough or all, not %s", optarg);
+				errf("--suite is core, passthrough, broker or all, not %s", optarg);
 				return -1;
 			}
 			break;
@@ -2127,9 +2782,38 @@ static int target_init(struct bench *b, int k, const char *tag, const char *moun
 	return 0;
 }
 
+/* The broker suite's paths: the volume mounted by uid 65534 beneath the
+ * policy root MNT-ROOT/broker-root, and the broker's files in SCRATCH/broker. */
+static int broker_init(struct bench *b, char **brokerd_bin)
+{
+	struct target *t = &b->t[T_BROKER];
+	const char *slash;
+
+	if (!b->o.brokerd) {
+		slash = strrchr(b->o.ferry, '/');
+		if (asprintf(brokerd_bin, "%.*sferry-brokerd", slash ? (int)(slash - b->o.ferry + 1) : 0,
+			     b->o.ferry) < 0)
+			return -1;
+		b->o.brokerd = *brokerd_bin;
+	}
+	free(t->mnt);
+	t->mnt = NULL;
+	if (asprintf(&b->broker_root, "%s/broker-root", b->o.mnt_root) < 0 ||
+	    asprintf(&t->mnt, "%s/mnt-broker", b->broker_root) < 0 ||
+	    asprintf(&b->broker_dir, "%s/broker", b->o.scratch) < 0 ||
+	    asprintf(&b->broker_sock, "%s/broker.sock", b->broker_dir) < 0 ||
+	    asprintf(&b->broker_policy, "%s/broker.policy", b->broker_dir) < 0 ||
+	    asprintf(&b->broker_log, "%s/brokerd.log", b->broker_dir) < 0)
+		return -1;
+	t->broker = b->broker_sock;
+	t->nobody = true;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct bench *b = calloc(1, sizeof(*b));
+	char *brokerd_bin = NULL;
 	int rc = 1;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2142,9 +2826,12 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	b->small_phase[0] = b->small_phase[1] = -1;
+	b->bsmall_phase[0] = b->bsmall_phase[1] = -1;
 	if (target_init(b, T_CORE, "core", NULL) < 0 ||
 	    target_init(b, T_PT, "pt", "passthrough=auto") < 0 ||
 	    target_init(b, T_OFF, "off", "passthrough=off") < 0 ||
+	    target_init(b, T_DIRECT, "direct", NULL) < 0 ||
+	    target_init(b, T_BROKER, "broker", NULL) < 0 || broker_init(b, &brokerd_bin) < 0 ||
 	    !(b->baseline = path_join(b->o.scratch, "baseline"))) {
 		errf("out of memory");
 		goto out;
@@ -2175,6 +2862,8 @@ int main(int argc, char **argv)
 		goto out;
 	if ((b->o.suite & SUITE_PT) && suite_pt(b) < 0)
 		goto out;
+	if ((b->o.suite & SUITE_BROKER) && suite_broker(b) < 0)
+		goto out;
 	rc = b->data_errors ? 1 : 0;
 out:
 	for (int k = 0; k < NTGT; k++) {
@@ -2183,7 +2872,11 @@ out:
 			ferry_umount(b, &b->t[k], NULL);
 		}
 	}
-	if (b->ran_core || b->ran_pt)
+	if (b->brokerd > 0) {
+		progress("stopping ferry-brokerd after an error");
+		brokerd_stop(b);
+	}
+	if (b->ran_core || b->ran_pt || b->ran_broker)
 		print_report(b, argc, argv);
 	if (rc != 0)
 		errf("benchmark FAILED (see the errors above); the tables show what was measured before");
@@ -2196,6 +2889,12 @@ out:
 		free(b->t[k].mount_o_local);
 	}
 	free(b->baseline);
+	free(b->broker_root);
+	free(b->broker_dir);
+	free(b->broker_sock);
+	free(b->broker_policy);
+	free(b->broker_log);
+	free(brokerd_bin);
 	free(b->buf);
 	free(g_tmpl);
 	free(b);
