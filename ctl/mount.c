@@ -40,7 +40,7 @@ int cmd_mount(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	char *args[MAX_ARGS], daemon[PATH_MAX], fdarg[16], msg[1024] = "";
+	char *args[MAX_ARGS], daemon[PATH_MAX], fdarg[16], msg[1024] = "", mpabs[PATH_MAX];
 	char *db = NULL, *dir = NULL, *log = NULL, err[512];
 	int nargs = 0, opt, foreground = 0, pipefd[2] = { -1, -1 }, code = 1;
 	pid_t pid;
@@ -88,6 +88,10 @@ int cmd_mount(int argc, char **argv)
 		ctl_err("no ferryfs volume at %s (run `ferry format` first)", argv[optind]);
 		goto out;
 	}
+	/* The daemon gets the mountpoint absolute: `ferry umount` finds it by
+	 * its command line. (An unresolvable one is left for it to report.) */
+	if (realpath(argv[optind + 1], mpabs))
+		argv[optind + 1] = mpabs;
 	if (foreground) {
 		args[nargs++] = "-f";
 		args[nargs++] = argv[optind];
@@ -185,6 +189,34 @@ static bool process_running(pid_t pid)
 		running = p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
 	fclose(f);
 	return running;
+}
+
+/* Is pid the ferry-mountd serving mp, as seen from here? (.stats gives the
+ * pid in the daemon's own pid namespace, which need not be ours.) */
+static bool is_mountd_of(pid_t pid, const char *mp)
+{
+	char path[64], buf[8192];
+	ssize_t n;
+	int fd;
+	bool exe = false, arg = false;
+
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	for (char *a = buf; a < buf + n; a += strlen(a) + 1) {
+		const char *slash = strrchr(a, '/');
+		if (a == buf)
+			exe = !strcmp(slash ? slash + 1 : a, "ferry-mountd");
+		else if (!strcmp(a, mp))
+			arg = true;
+	}
+	return exe && arg;
 }
 
 static int run_fusermount(const char *mp, int lazy)
@@ -332,6 +364,17 @@ int cmd_umount(int argc, char **argv)
 			ctl_err("%s is busy: %s files are open there (close them, or use --lazy)",
 				mp, handles);
 			return 1;
+		}
+		if (!is_mountd_of(pid, mp)) {
+			/* Another pid namespace (another container of the pod):
+			 * the broker can unmount, but the drain that follows
+			 * cannot be awaited from here. */
+			if (broker_unmount(sock, mp) < 0)
+				return 1;
+			fprintf(stderr, "ferry: unmounted %s through ferry-brokerd; its ferry-mountd "
+				"(pid %d in another pid namespace) commits what is staged and exits "
+				"on its own: wait for it where it runs\n", mp, (int)pid);
+			return 0;
 		}
 		if (kill(pid, SIGTERM) < 0) {
 			ctl_err("cannot stop ferry-mountd pid %d: %s", (int)pid, strerror(errno));

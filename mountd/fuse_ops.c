@@ -731,7 +731,7 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		} else if (rc == -ENODATA) {
 			wstate_drop(md, i);
 		} else {
-			if (rc != -ENOTCONN) {
+			if (rc != -ENOTCONN && rc != -E2BIG) {
 				atomic_fetch_add(&md->stats.handoff_failures, 1);
 				log_errno(rc, "inode %llu: cannot hand the staging file to "
 					  "ferry-reconciler; committing here", (unsigned long long)i->ino);
@@ -1055,8 +1055,12 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	pthread_mutex_lock(&of->ino->lock);
 	if (rclient_up(md)) {
 		/* The upload happens after the last close; what close() promises
-		 * is that the writes survive a killed daemon: journal them. */
+		 * is that the writes survive a killed daemon: journal them. A
+		 * file changed in more places than a record holds is committed
+		 * here instead, which promises more. */
 		rc = rclient_journal(md, of->ino, 0);
+		if (rc == -E2BIG)
+			rc = commit_locked(md, of->ino);
 	} else {
 		/* Without a reconciler, close() reports whether the data reached
 		 * the object store. */
@@ -1075,8 +1079,11 @@ static int fsync_local(struct mountd *md, struct inode *i, int datasync)
 
 	if ((datasync ? fdatasync(w->fd) : fsync(w->fd)) < 0)
 		return -errno;
-	if (!w->passthrough)
+	if (!w->passthrough) {
 		rc = rclient_journal(md, i, RECONCILE_JOB_SYNC);
+		if (rc == -E2BIG) /* too fragmented for a record: to the store */
+			return commit_locked(md, i);
+	}
 	/* A new staging file's directory entry (and the record's rename). */
 	if (rc == 0 && (!w->dir_synced || !w->passthrough)) {
 		if (fsync(md->staging_dirfd) < 0)

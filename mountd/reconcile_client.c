@@ -479,7 +479,10 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		if (job.ndirty == 0 && size > 0)
 			job.size_only = 1;
 	} else if (!w->passthrough) {
-		/* The daemon path knows exactly what changed. */
+		/* The daemon path knows exactly what changed: past what one
+		 * record holds, the caller commits the file itself. */
+		if (w->ndirty > RECONCILE_RANGES_MAX)
+			return -E2BIG;
 		rc = staging_extend(w, size);
 		if (rc < 0)
 			return rc;
@@ -547,6 +550,8 @@ int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 
 	if (!w || w->passthrough || (!w->ndirty && !w->size_changed))
 		return 0;
+	if (w->ndirty > RECONCILE_RANGES_MAX)
+		return -E2BIG; /* more than a record holds: the caller commits now */
 	rc = wstate_stat(w, &size, &job.mtime);
 	if (rc < 0)
 		return rc;

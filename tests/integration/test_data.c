@@ -1133,3 +1133,33 @@ Test(data, large_xattr_values)
 		cr_assert_eq(count, 201, "listxattr lists %d names", count);
 	}
 }
+
+/* A file changed in more places than one journal record holds (3000
+ * disjoint writes on the daemon path): close() commits it in ferry-mountd
+ * instead of handing it over, and every byte is there after a cold
+ * remount. */
+Test(data, close_after_thousands_of_scattered_writes)
+{
+	const size_t len = 3000 * 8192;
+	unsigned char *want = calloc(1, len), *got;
+	size_t n = 0;
+	int fd;
+
+	cr_assert_not_null(want);
+	for (size_t i = 0; i < len; i++)
+		want[i] = (unsigned char)(i * 7);
+	fm_write_file(mp("scattered"), want, len); /* not empty at the next open */
+	fd = OK(open(mp("scattered"), O_WRONLY));
+	for (size_t i = 0; i < 3000; i++) {
+		size_t at = i * 8192 + (i % 4096);
+		want[at] = 0xA5;
+		fm_pwrite_all(fd, &want[at], 1, (off_t)at);
+	}
+	OK(close(fd));
+	fm_remount_cold();
+	got = fm_read_file(mp("scattered"), &n);
+	cr_assert_eq(n, len);
+	cr_assert(memcmp(got, want, len) == 0, "content differs after the commit");
+	free(got);
+	free(want);
+}
