@@ -816,7 +816,11 @@ static void tstats_str(struct bench *b, const struct target *t, const char *name
 	}
 	if (as_nobody(b, child_stats_str, &q, q.val, sizeof(q.val)) < 0)
 		snprintf(q.val, sizeof(q.val), "?");
-	snprintf(out, len, "%s", q.val);
+	if (len) { /* cut to fit, as stats_str() does */
+		size_t n = strnlen(q.val, len - 1);
+		memcpy(out, q.val, n);
+		out[n] = '\0';
+	}
 }
 
 /* ---- mounting -------------------------------------------------------------- */
