@@ -294,7 +294,16 @@ static int spawn_reconciler(struct mountd *md)
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		if (getppid() != md->pid)
 			_exit(1);
-		/* stderr is the mount's log; the reconciler logs there too. */
+		/* stderr is the mount's log; the reconciler logs there too. Its
+		 * stdin and stdout are not the caller's: a `$(ferry mount ...)`
+		 * would otherwise wait for as long as the mount lives. */
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (null >= 0) {
+			dup2(null, STDIN_FILENO);
+			dup2(null, STDOUT_FILENO);
+			if (null > STDERR_FILENO)
+				close(null);
+		}
 		char vol[PATH_MAX + 16];
 		snprintf(vol, sizeof(vol), "sqlite://%s", md->cfg.db_path);
 		if (md->cfg.metrics)

@@ -8,10 +8,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -509,4 +511,44 @@ Test(cli, sqlite_url_file_storage_and_block_size)
 	/* a checksum trailer may add a few bytes */
 	cr_assert_leq(max_obj_size, MiB + 64, "an object of %lld bytes with --block-size 1048576",
 		      max_obj_size);
+}
+
+/* `out=$(ferry mount ...)` returns: once ferry mount has, nothing it
+ * started (ferry-mountd, ferry-reconciler) still holds its stdout. */
+Test(stats, mount_leaves_the_callers_stdout_alone)
+{
+	struct pollfd pf;
+	char buf[512];
+	int p[2], st = 0;
+	pid_t pid;
+
+	fm_umount();
+	cr_assert_eq(pipe(p), 0);
+	pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		dup2(p[1], STDOUT_FILENO);
+		close(p[0]);
+		close(p[1]);
+		execl(fm_bin("ferry"), "ferry", "mount", "--cache-dir", fm.cache, "-o",
+		      fm_mount_options(), fm.vol, fm.mnt, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	fm.mounted = fm_is_mounted(fm.mnt);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "ferry mount failed");
+	pf = (struct pollfd){ .fd = p[0], .events = POLLIN };
+	for (;;) {
+		int r = poll(&pf, 1, 10000);
+		cr_assert_gt(r, 0, "the daemons still hold ferry mount's stdout 10 s after it "
+			     "returned");
+		ssize_t n = read(p[0], buf, sizeof(buf));
+		cr_assert_geq(n, 0);
+		if (n == 0)
+			break; /* EOF: every writer is gone */
+	}
+	close(p[0]);
+	cr_assert(fm.mounted);
+	fm_umount();
 }
