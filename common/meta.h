@@ -86,6 +86,11 @@ int meta_volume_get(struct meta *m, struct meta_volume *out);
  * the meta's own, stopped by meta_close(). Set it right after meta_open();
  * returns 0 or a negative errno (the thread could not start). */
 int meta_set_batched(struct meta *m, int batched);
+/* For tests: the checkpointer thread skips its work, so that the WAL's
+ * bound is shown to hold without it; and how many times a commit had to
+ * checkpoint itself to keep that bound. */
+void meta_ckpt_pause(struct meta *m, int paused);
+uint64_t meta_ckpt_inline(struct meta *m);
 /* Makes every commit made so far durable (no-op when unbatched). */
 int meta_sync(struct meta *m);
 

@@ -46,6 +46,11 @@
 #define BUSY_TIMEOUT_MS 5000
 #define TXN_TRIES 8
 #define CKPT_FRAMES 1000 /* SQLite's own wal_autocheckpoint default */
+/* The WAL's bound, whatever the load: a commit that finds it this long
+ * checkpoints itself (see wal_grown). ~33 MB with 4 KiB pages. */
+#define WAL_FRAMES_MAX (8 * CKPT_FRAMES)
+/* After a WAL restart its file is cut back to this (journal_size_limit). */
+#define WAL_SIZE_LIMIT "33554432"
 #define READDIR_PAGE 128
 #define PURGE_BATCH 64
 #define MAX_DEPTH (1 << 20) /* a longer parent walk means a loop */
@@ -225,6 +230,8 @@ struct meta {
 	pthread_cond_t ckpt_cond;
 	pthread_t ckpt_thread;
 	int ckpt_started, ckpt_wanted, ckpt_stop; /* under ckpt_lock */
+	_Atomic int ckpt_paused;  /* tests: the thread skips its checkpoints */
+	_Atomic uint64_t ckpt_inline; /* checkpoints commits had to make */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -372,8 +379,10 @@ static int conn_open(const char *path, struct conn **out)
 		goto fail;
 	}
 	sqlite3_busy_handler(c->db, busy_wait, c);
-	rc = sqlite3_exec(c->db, "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;", NULL,
-			  NULL, NULL);
+	rc = sqlite3_exec(c->db,
+			  "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF; "
+			  "PRAGMA journal_size_limit = " WAL_SIZE_LIMIT ";",
+			  NULL, NULL, NULL);
 	if (rc != SQLITE_OK) {
 		rc = db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
 		goto fail;
@@ -387,13 +396,25 @@ fail:
 
 static int conn_get(struct meta *m, struct conn **out);
 
-/* A commit's WAL hook, on the committing thread: wake the checkpointer
- * once the WAL is CKPT_FRAMES long. */
+/*
+ * A commit's WAL hook, on the committing thread: wake the checkpointer
+ * once the WAL is CKPT_FRAMES long. If it has not kept up (a storm of
+ * commits never lets a PASSIVE checkpoint catch up, and it shares two
+ * cores with the writers), the commit that finds WAL_FRAMES_MAX frames
+ * checkpoints itself: every write transaction runs under write_lock, which
+ * this commit still holds, so nothing of this process writes meanwhile, the
+ * checkpoint catches up and the next write starts the WAL over (cut back to
+ * journal_size_limit). So the WAL stays below WAL_FRAMES_MAX plus one
+ * transaction, unless another process's reader pins an old snapshot.
+ */
 static int wal_grown(void *arg, sqlite3 *db, const char *name, int frames)
 {
 	struct meta *m = arg;
 
-	if (frames >= CKPT_FRAMES) {
+	if (frames >= WAL_FRAMES_MAX) {
+		sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+		atomic_fetch_add(&m->ckpt_inline, 1);
+	} else if (frames >= CKPT_FRAMES) {
 		pthread_mutex_lock(&m->ckpt_lock);
 		m->ckpt_wanted = 1;
 		pthread_cond_signal(&m->ckpt_cond);
@@ -427,7 +448,7 @@ static void *ckpt_main(void *arg)
 		}
 		m->ckpt_wanted = 0;
 		pthread_mutex_unlock(&m->ckpt_lock);
-		if (c != NULL || conn_get(m, &c) == 0) {
+		if (!atomic_load(&m->ckpt_paused) && (c != NULL || conn_get(m, &c) == 0)) {
 			int frames = 0, done = 0;
 
 			/* Most pages are copied while writers go on... */
@@ -2663,6 +2684,16 @@ int meta_set_batched(struct meta *m, int batched)
 	}
 	pthread_mutex_unlock(&m->ckpt_lock);
 	return rc;
+}
+
+void meta_ckpt_pause(struct meta *m, int paused)
+{
+	atomic_store(&m->ckpt_paused, paused);
+}
+
+uint64_t meta_ckpt_inline(struct meta *m)
+{
+	return atomic_load(&m->ckpt_inline);
 }
 
 int meta_sync(struct meta *m)
