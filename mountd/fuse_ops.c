@@ -724,7 +724,11 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		int rc = -ENOTCONN;
 		bool unlinked = inode_is_unlinked(md, i);
 
-		if (unlinked) {
+		if (unlinked && i->ncached > 0) {
+			/* Unlinked, but readers still hold it open: POSIX keeps
+			 * the contents until the last of them closes, and they
+			 * read through the staging file (op_read's overlay). */
+		} else if (unlinked) {
 			wstate_drop(md, i); /* nobody can see these bytes again */
 		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
 			/* the reconciler has it; the inode waits for its commit */
@@ -776,7 +780,9 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 	rc = inflight_wait(md, i, "open");
 	if (rc < 0) {
 		/* fall through to the unlock below */
-	} else if (writer && (fi->flags & O_TRUNC)) {
+	} else if (fi->flags & O_TRUNC) {
+		/* Even O_RDONLY|O_TRUNC: POSIX leaves it undefined, Linux file
+		 * systems truncate (the kernel checked write permission). */
 		struct meta_attr in = { .size = 0 };
 		unsigned valid = META_SET_SIZE | META_SET_MTIME_NOW;
 		if (i->w && i->w->passthrough && i->w->backing_id > 0) {
