@@ -564,7 +564,7 @@ struct bench {
 	char notesb[MAX_NOTES][384];
 	size_t nnotesb;
 	int bsmall_phase[2];    /* phases[] index of the loop, direct and broker (-1: none) */
-	char bstate[2][200];    /* passthrough state at mount, direct and broker */
+	char bstate[2][256];    /* passthrough state at mount, direct and broker */
 	bool bengaged[2];       /* passthrough engaged for the whole loop */
 	double bsmall_us[NW];
 	bool has_bsmall[NW];
