@@ -69,8 +69,8 @@ ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size
 		size_t nsl = 0, nx = 0;
 		int rc;
 
-		if (req && fuse_req_interrupted(req) && pos == (uint64_t)off)
-			return -EINTR;
+		if (caller_dying(req))
+			return -EINTR; /* nobody will read the reply (caller.c) */
 		rc = meta_chunk_slices(md->meta, ino, chunk, &sl, &nsl);
 		if (rc == 0)
 			rc = slice_resolve(sl, nsl, cpos, clen, &xs, &nx);

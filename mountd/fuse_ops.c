@@ -52,24 +52,15 @@ static bool name_ok(const char *name)
 	return strlen(name) <= META_NAME_MAX;
 }
 
-/* FUSE_INTERRUPT: a request may end with EINTR only before it changed
- * anything, so handlers ask this just before they apply a change. */
-static bool interrupted(fuse_req_t req)
-{
-	if (!fuse_req_interrupted(req))
-		return false;
-	count(req, OP_INTERRUPT_EINTR);
-	return true;
-}
-
 /* Checks a name about to be created under parent: 0 or the errno. */
 static int new_name_check(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+	(void)req;
 	if (!name_ok(name))
 		return ENAMETOOLONG;
 	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0)
 		return EEXIST;
-	return interrupted(req) ? EINTR : 0;
+	return 0;
 }
 
 static void attr_to_stat(const struct meta_attr *a, struct stat *st)
@@ -354,10 +345,6 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	 * asks for it only for ftruncate. */
 	if ((valid & META_SET_SIZE) && !(valid & (META_SET_MTIME | META_SET_MTIME_NOW)))
 		valid |= META_SET_MTIME_NOW;
-	if (interrupted(req)) {
-		fuse_reply_err(req, EINTR);
-		return;
-	}
 	/* HANDLE_KILLPRIV_V2: the kernel leaves clearing set-id bits to us, on
 	 * chown of a non-directory and when it asks (truncate by a caller
 	 * without CAP_FSETID). */
@@ -506,10 +493,6 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_err(req, EACCES);
 		return;
 	}
-	if (interrupted(req)) {
-		fuse_reply_err(req, EINTR);
-		return;
-	}
 	rc = meta_unlink(md->meta, parent, name, &v);
 	if (rc == 0 && v.nlink == 0)
 		last_link_gone(md, v.ino);
@@ -523,10 +506,6 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	int rc;
 
 	count(req, OP_RMDIR);
-	if (interrupted(req)) {
-		fuse_reply_err(req, EINTR);
-		return;
-	}
 	rc = meta_rmdir(md->meta, parent, name, &v);
 	if (rc == 0)
 		last_link_gone(md, v.ino);
@@ -559,10 +538,6 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 		mflags |= META_RENAME_NOREPLACE;
 	if (flags & RENAME_EXCHANGE)
 		mflags |= META_RENAME_EXCHANGE;
-	if (interrupted(req)) {
-		fuse_reply_err(req, EINTR);
-		return;
-	}
 	rc = meta_rename(md->meta, parent, name, newparent, newname, mflags, &v);
 	if (rc == 0 && v.ino && v.nlink == 0)
 		last_link_gone(md, v.ino);

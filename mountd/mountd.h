@@ -202,6 +202,11 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out);
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */
 int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
 
+/* ---- caller.c: what a signal may do (FUSE_INTERRUPT) ---- */
+/* Was req interrupted because its caller is being killed (or is gone)?
+ * Only then may a wait that changed nothing end early (with EINTR). */
+bool caller_dying(fuse_req_t req);
+
 /* ---- file_read.c: assembling reads from slices ---- */
 /* Reads up to len bytes at off of a regular file whose committed size is
  * size into buf; returns the byte count or a negative errno. */
