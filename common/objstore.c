@@ -13,6 +13,21 @@
 #include "objstore_internal.h"
 
 static _Thread_local char last_error[512];
+static _Thread_local bool (*cancel_fn)(void *);
+static _Thread_local void *cancel_arg;
+
+void
+objstore_set_cancel(bool (*fn)(void *arg), void *arg)
+{
+	cancel_fn = fn;
+	cancel_arg = arg;
+}
+
+bool
+objstore_cancelled(void)
+{
+	return cancel_fn && cancel_fn(cancel_arg);
+}
 
 int
 objstore_seterr(int err, const char *fmt, ...)

@@ -10,12 +10,14 @@
  *   -EIO        the store failed (after retries for transient errors), or the
  *               object is damaged (short, wrong size)
  *   -EHOSTUNREACH / -ECONNREFUSED / -ETIMEDOUT  the store cannot be reached
+ *   -EINTR      given up early (objstore_set_cancel)
  * Nothing here logs; objstore_last_error() gives a one-line description of
  * the calling thread's last failure for the caller's log line.
  */
 #ifndef FERRY_OBJSTORE_H
 #define FERRY_OBJSTORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -33,6 +35,17 @@ struct objstore_opts {
 	int max_retries;        /* transient failures (5xx, timeouts); 0 = default (5) */
 	long timeout_ms;        /* per request; 0 = default (30 s) */
 };
+
+/*
+ * A blocking call of this thread may be given up early: while it waits (a
+ * transfer, a backoff between tries), fn(arg) is asked every so often, and
+ * true ends the call with -EINTR (never retried, nothing half-applied is
+ * left: objects are written whole or not at all). NULL: never. For a read
+ * whose caller is being killed (ferry-mountd's caller.c).
+ */
+void objstore_set_cancel(bool (*fn)(void *arg), void *arg);
+/* Is this thread's call to be given up now? */
+bool objstore_cancelled(void);
 
 /* Opens a store. Returns 0 or a negative errno with the reason in err. For
  * s3:// it does not contact the server; objstore_check() does. */

@@ -36,6 +36,8 @@
 #define S3_DEFAULT_TIMEOUT_MS 30000L
 #define S3_BACKOFF_FIRST_MS 100L
 #define S3_BACKOFF_MAX_MS 5000L
+#define S3_RETRY_AFTER_MAX_MS 20000L /* a server's Retry-After is heeded up to this */
+#define S3_CANCEL_POLL_MS 50L
 #define S3_ERRBODY_MAX 1024
 #define S3_RESP_MAX (64u << 20)   /* listing pages are ~300 KiB */
 #define EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -137,6 +139,7 @@ struct xfer {
 	int ranged_full;        /* the 200 answer to a ranged GET */
 	char errbody[S3_ERRBODY_MAX + 1];
 	size_t errlen;
+	long retry_after_ms;    /* the last response's Retry-After, or -1 */
 };
 
 static size_t
@@ -184,6 +187,15 @@ on_header(char *buf, size_t size, size_t nmemb, void *ud)
 		x->seen = 0;
 		x->errlen = 0;
 		x->ranged_full = 0;
+		x->retry_after_ms = -1;
+	} else if (strncasecmp(line, "retry-after:", 12) == 0) {
+		/* Seconds (an HTTP date is not worth parsing: then the backoff
+		 * alone). */
+		char *end;
+		unsigned long v = strtoul(line + 12, &end, 10);
+		if (end != line + 12)
+			x->retry_after_ms = v > (unsigned long)S3_RETRY_AFTER_MAX_MS / 1000 ?
+						    S3_RETRY_AFTER_MAX_MS : (long)v * 1000;
 	} else if (strncasecmp(line, "content-range:", 14) == 0) {
 		unsigned long long a, b, t;
 		char slash[2];
@@ -358,6 +370,8 @@ map_curl_error(CURL *h, CURLcode rc, int *transient)
 	case CURLE_OPERATION_TIMEDOUT:
 		*transient = 1;
 		return -ETIMEDOUT;
+	case CURLE_ABORTED_BY_CALLBACK:
+		return -EINTR; /* objstore_set_cancel: given up, not failed */
 	case CURLE_SEND_ERROR:
 	case CURLE_RECV_ERROR:
 	case CURLE_GOT_NOTHING:
@@ -372,8 +386,11 @@ map_curl_error(CURL *h, CURLcode rc, int *transient)
 	}
 }
 
-static void
-backoff(int attempt)
+/* Waits before try attempt + 1: exponential, or what the server asked
+ * (Retry-After, capped), whichever is longer. false: given up
+ * (objstore_cancelled) meanwhile. */
+static bool
+backoff(int attempt, long retry_after_ms)
 {
 	long ms = S3_BACKOFF_FIRST_MS;
 	struct timespec ts;
@@ -382,10 +399,33 @@ backoff(int attempt)
 		ms *= 2;
 	if (ms > S3_BACKOFF_MAX_MS)
 		ms = S3_BACKOFF_MAX_MS;
-	ts.tv_sec = ms / 1000;
-	ts.tv_nsec = (ms % 1000) * 1000000L;
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
+	if (retry_after_ms > ms)
+		ms = retry_after_ms;
+	while (ms > 0) {
+		long step = ms < S3_CANCEL_POLL_MS ? ms : S3_CANCEL_POLL_MS;
+
+		if (objstore_cancelled())
+			return false;
+		ts.tv_sec = 0;
+		ts.tv_nsec = step * 1000000L;
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+		ms -= step;
+	}
+	return true;
+}
+
+/* curl's progress callback, asked at least once a second during a
+ * transfer: non-zero aborts it (CURLE_ABORTED_BY_CALLBACK). */
+static int
+on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow)
+{
+	(void)ud;
+	(void)dltotal;
+	(void)dlnow;
+	(void)ultotal;
+	(void)ulnow;
+	return objstore_cancelled() ? 1 : 0;
 }
 
 /*
@@ -513,12 +553,15 @@ s3_request(struct objstore *s, struct s3_req *r)
 	ret = s3_prepare(st, r, x, 1, &h, &hdrs, &url);
 	if (ret < 0)
 		goto out;
+	curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+	curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
 
 	for (tries = 1;; tries++) {
 		CURLcode rc;
 
 		x->sent = x->seen = x->errlen = 0;
 		x->overflow = x->ranged_full = 0;
+		x->retry_after_ms = -1;
 		x->errbody[0] = '\0';
 		r->status = 0;
 		r->out_len = r->resp_len = 0;
@@ -546,6 +589,11 @@ s3_request(struct objstore *s, struct s3_req *r)
 		} else {
 			ret = map_curl_error(h, rc, &transient);
 		}
+		if (ret == -EINTR) {
+			objstore_seterr(ret, "%s %s: given up (the caller is gone)", r->method,
+					req_what(r));
+			goto out;
+		}
 		if (!transient || tries > st->max_retries) {
 			if (rc == CURLE_OK)
 				objstore_seterr(ret, "%s %s: HTTP %ld%s%s%s after %d tries", r->method, req_what(r),
@@ -559,7 +607,11 @@ s3_request(struct objstore *s, struct s3_req *r)
 						curl_easy_strerror(rc), st->endpoint);
 			goto out;
 		}
-		backoff(tries);
+		if (!backoff(tries, x->retry_after_ms)) {
+			ret = objstore_seterr(-EINTR, "%s %s: given up (the caller is gone) while "
+					      "waiting to retry", r->method, req_what(r));
+			goto out;
+		}
 	}
 out:
 	if (ret < 0 || r->out) {

@@ -31,6 +31,8 @@ static ssize_t read_extent(struct mountd *md, uint64_t ino, const struct slice_e
 			n = x->len - done;
 		slice_object_key(x->id, idx, x->slice_size, bs, key, sizeof(key));
 		rc = read_cache_read(md->cache, md->store, &md->stats, key, osize, in, dst + done, n);
+		if (rc == -EINTR)
+			return rc; /* its caller is gone: not a store failure */
 		if (rc < 0) {
 			atomic_fetch_add(&md->stats.io_errors, 1);
 			if (rc == -ENOENT)
@@ -50,8 +52,8 @@ static ssize_t read_extent(struct mountd *md, uint64_t ino, const struct slice_e
 	return done;
 }
 
-ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size, void *buf,
-		  size_t len, off_t off)
+static ssize_t file_read_range(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
+			       void *buf, size_t len, off_t off)
 {
 	uint64_t pos = (uint64_t)off, end;
 	char *out = buf;
@@ -97,6 +99,24 @@ ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size
 	}
 	atomic_fetch_add(&md->stats.bytes_read, end - (uint64_t)off);
 	return (ssize_t)(end - (uint64_t)off);
+}
+
+static bool read_given_up(void *req)
+{
+	return caller_dying(req);
+}
+
+ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size, void *buf,
+		  size_t len, off_t off)
+{
+	ssize_t n;
+
+	/* A fetch from the store this read waits for may stop early if its
+	 * caller is being killed (caller.c). */
+	objstore_set_cancel(req ? read_given_up : NULL, req);
+	n = file_read_range(md, req, ino, size, buf, len, off);
+	objstore_set_cancel(NULL, NULL);
+	return n;
 }
 
 off_t file_seek_data(struct mountd *md, uint64_t ino, uint64_t size, off_t off, int whence)

@@ -250,9 +250,10 @@ static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const cha
 	return -ENOENT;
 }
 
-/* Joins a fetch of key in flight (waiting for it; returns false) or starts
- * one (returns true, *f is the caller's to finish with fetch_end()). */
-static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f)
+/* Joins a fetch of key in flight (waiting for it, or until the caller is
+ * gone: *gave_up; returns false) or starts one (returns true, *f is the
+ * caller's to finish with fetch_end()). */
+static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f, bool *gave_up)
 {
 	struct fetch *x;
 
@@ -262,9 +263,24 @@ static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f)
 			break;
 	if (x) {
 		x->waiters++;
-		while (!x->done)
-			pthread_cond_wait(&c->fetched, &c->lock);
-		if (--x->waiters == 0) {
+		while (!x->done) {
+			/* Woken now and then: a waiter whose caller is gone
+			 * (objstore_set_cancel) stops waiting. */
+			struct timespec until;
+
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += 100 * 1000000L;
+			if (until.tv_nsec >= 1000000000L) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&c->fetched, &c->lock, &until);
+			if (!x->done && objstore_cancelled()) {
+				*gave_up = true;
+				break;
+			}
+		}
+		if (--x->waiters == 0 && x->done) {
 			free(x->key);
 			free(x);
 		}
@@ -313,6 +329,7 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 {
 	struct fetch *f = NULL;
 	char *obj = NULL;
+	bool gave_up = false;
 	ssize_t n;
 
 	if ((uint64_t)off + len > objsize)
@@ -321,7 +338,9 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 		n = cache_file_read(c, st, key, objsize, off, buf, len);
 		if (n != -ENOENT)
 			return n;
-		if (!fetch_begin(c, key, &f)) {
+		if (!fetch_begin(c, key, &f, &gave_up)) {
+			if (gave_up)
+				return -EINTR;
 			/* Someone else fetched it: it is cached now, unless that
 			 * failed or it was evicted at once; then fetch alone. */
 			n = cache_file_read(c, st, key, objsize, off, buf, len);

@@ -885,3 +885,72 @@ Test(s3_errors, garbled_listing_is_eio)
 	objstore_close(s);
 	fake_stop(&f);
 }
+
+/* 503 SlowDown with Retry-After: the retry waits what the server asked (1 s
+ * here), not just the 100 ms backoff. */
+Test(s3_errors, retry_after_is_heeded)
+{
+	static const struct fake_resp script[] = {
+		{ 503, "Retry-After: 1\r\n", "<Error><Code>SlowDown</Code></Error>" },
+		{ 200, "ETag: \"x\"\r\n", NULL },
+	};
+	struct fake f;
+	struct objstore *s;
+	double t0;
+
+	fake_start(&f, script, 2);
+	s = open_fake_store(f.port, 3, 5000);
+	t0 = now_s();
+	cr_assert_eq(objstore_put(s, "chunks/1", "hello", 5), 0, "%s", objstore_last_error());
+	cr_assert_eq(atomic_load(&f.requests), 2);
+	cr_assert_geq(now_s() - t0, 0.95, "retried after %.2f s", now_s() - t0);
+	objstore_close(s);
+	fake_stop(&f);
+}
+
+static atomic_int cancel_after_calls;
+
+static bool cancel_soon(void *arg)
+{
+	(void)arg;
+	return atomic_fetch_add(&cancel_after_calls, 1) >= 2;
+}
+
+/* A call waiting on a server that never answers is given up when its
+ * caller's cancel check says so (ferry-mountd: a read whose caller is being
+ * killed), long before the request's own timeout, with -EINTR; and so is
+ * one waiting to retry. */
+Test(s3_errors, cancel_ends_a_stalled_call)
+{
+	static const struct fake_resp stall[] = { { 0, NULL, NULL } };
+	static const struct fake_resp slow[] = {
+		{ 503, "Retry-After: 10\r\n", "<Error><Code>SlowDown</Code></Error>" },
+	};
+	struct fake f;
+	struct objstore *s;
+	char buf[8];
+	double t0;
+
+	fake_start(&f, stall, 1);
+	s = open_fake_store(f.port, 5, 20000);
+	atomic_store(&cancel_after_calls, 0);
+	objstore_set_cancel(cancel_soon, NULL);
+	t0 = now_s();
+	cr_assert_eq(objstore_get(s, "k", 0, buf, sizeof(buf)), -EINTR, "%s", objstore_last_error());
+	cr_assert_lt(now_s() - t0, 5.0, "gave up after %.2f s", now_s() - t0);
+	objstore_set_cancel(NULL, NULL);
+	objstore_close(s);
+	fake_stop(&f);
+
+	fake_start(&f, slow, 1);
+	s = open_fake_store(f.port, 5, 20000);
+	atomic_store(&cancel_after_calls, 0);
+	objstore_set_cancel(cancel_soon, NULL);
+	t0 = now_s();
+	cr_assert_eq(objstore_put(s, "k", "x", 1), -EINTR, "%s", objstore_last_error());
+	cr_assert_lt(now_s() - t0, 5.0, "gave up after %.2f s", now_s() - t0);
+	cr_assert_leq(atomic_load(&f.requests), 1, "retried although given up");
+	objstore_set_cancel(NULL, NULL);
+	objstore_close(s);
+	fake_stop(&f);
+}
