@@ -14,12 +14,19 @@
  * read still waiting for the object store may stop early with EINTR and
  * free its thread. Nothing that changes the file system stops early:
  * mutations complete either way.
+ *
+ * FUSE_INTERRUPT alone cannot tell us: the kernel sends none for the reads
+ * a process usually waits on (readahead, and O_DIRECT with async_dio are
+ * background requests), and a killed process stays in D state until the
+ * daemon answers. So a read waiting for the store asks about its caller
+ * now and then (caller_watch) as well as when interrupted.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mountd.h"
@@ -55,10 +62,32 @@ bool caller_dying(fuse_req_t req)
 {
 	const struct fuse_ctx *ctx;
 
-	if (!req || !fuse_req_interrupted(req))
+	if (!req)
 		return false;
 	ctx = fuse_req_ctx(req);
 	/* pid 0: the caller is in a pid namespace we cannot see into, so we
 	 * cannot tell: wait on, as for any signal. */
 	return ctx->pid > 0 && kill_pending(ctx->pid);
+}
+
+bool caller_watch(struct caller_watch *w)
+{
+	struct timespec now;
+
+	if (!w->req)
+		return false;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	/* At once when interrupted; else every CALLER_WATCH_MS (a look at
+	 * /proc costs ~10 us, and curl asks many times a second). */
+	if (!fuse_req_interrupted(w->req) &&
+	    (now.tv_sec < w->next.tv_sec ||
+	     (now.tv_sec == w->next.tv_sec && now.tv_nsec < w->next.tv_nsec)))
+		return false;
+	w->next = now;
+	w->next.tv_nsec += CALLER_WATCH_MS * 1000000L;
+	if (w->next.tv_nsec >= 1000000000L) {
+		w->next.tv_sec++;
+		w->next.tv_nsec -= 1000000000L;
+	}
+	return caller_dying(w->req);
 }

@@ -71,7 +71,7 @@ static ssize_t file_read_range(struct mountd *md, fuse_req_t req, uint64_t ino, 
 		size_t nsl = 0, nx = 0;
 		int rc;
 
-		if (caller_dying(req))
+		if (req && fuse_req_interrupted(req) && caller_dying(req))
 			return -EINTR; /* nobody will read the reply (caller.c) */
 		rc = meta_chunk_slices(md->meta, ino, chunk, &sl, &nsl);
 		if (rc == 0)
@@ -101,19 +101,20 @@ static ssize_t file_read_range(struct mountd *md, fuse_req_t req, uint64_t ino, 
 	return (ssize_t)(end - (uint64_t)off);
 }
 
-static bool read_given_up(void *req)
+static bool read_given_up(void *arg)
 {
-	return caller_dying(req);
+	return caller_watch(arg);
 }
 
 ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size, void *buf,
 		  size_t len, off_t off)
 {
+	struct caller_watch w = { .req = req };
 	ssize_t n;
 
 	/* A fetch from the store this read waits for may stop early if its
 	 * caller is being killed (caller.c). */
-	objstore_set_cancel(req ? read_given_up : NULL, req);
+	objstore_set_cancel(req ? read_given_up : NULL, &w);
 	n = file_read_range(md, req, ino, size, buf, len, off);
 	objstore_set_cancel(NULL, NULL);
 	return n;

@@ -203,9 +203,17 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out);
 int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
 
 /* ---- caller.c: what a signal may do (FUSE_INTERRUPT) ---- */
-/* Was req interrupted because its caller is being killed (or is gone)?
- * Only then may a wait that changed nothing end early (with EINTR). */
+/* Is req's caller being killed (or gone)? Only then may a wait that
+ * changed nothing end early (with EINTR). */
 bool caller_dying(fuse_req_t req);
+/* The same, asked often during a long wait: looks at most every
+ * CALLER_WATCH_MS, and at once once the request is interrupted. */
+#define CALLER_WATCH_MS 250
+struct caller_watch {
+	fuse_req_t req;            /* NULL: never dying */
+	struct timespec next;      /* zero: look at the first call */
+};
+bool caller_watch(struct caller_watch *w);
 
 /* ---- file_read.c: assembling reads from slices ---- */
 /* Reads up to len bytes at off of a regular file whose committed size is

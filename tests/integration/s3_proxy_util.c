@@ -1,0 +1,514 @@
+/*
+ * s3_proxy: see s3_proxy_util.h. One thread accepts; each connection gets a
+ * detached thread that reads one request whole (answering Expect:
+ * 100-continue itself), decides its fault, and either answers itself or
+ * passes the request upstream (Connection: close), reads the whole answer
+ * and sends it on, spoiled as armed. Whole messages in memory are fine for
+ * a test: objects are at most a few MiB.
+ */
+#include "s3_proxy_util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#define HEAD_MAX (64u << 10)
+#define MSG_MAX (64u << 20)
+#define CONNS_MAX 256
+
+struct s3_proxy {
+	int lfd;
+	char hostport[32];
+	struct sockaddr_in upstream;
+	pthread_t acceptor;
+	pthread_mutex_t lock;
+	pthread_cond_t changed;
+	enum s3_fault fault;          /* armed, under lock */
+	int fault_count;
+	char fault_method[8];
+	char fault_path[64];
+	int conns[CONNS_MAX];         /* live client sockets, -1: free slot */
+	unsigned nworkers;
+	unsigned stalled;
+	bool release;                 /* stalled connections may go */
+	bool stop;
+	atomic_uint requests, faults_done;
+};
+
+struct msg {
+	char *buf;
+	size_t len, cap;
+};
+
+static bool msg_reserve(struct msg *m, size_t more)
+{
+	char *nb;
+	size_t cap = m->cap ? m->cap : 65536;
+
+	if (m->len + more + 1 <= m->cap)
+		return true;
+	while (cap < m->len + more + 1)
+		cap *= 2;
+	if (cap > MSG_MAX || !(nb = realloc(m->buf, cap)))
+		return false;
+	m->buf = nb;
+	m->cap = cap;
+	return true;
+}
+
+static bool send_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return false;
+		p += n;
+		len -= (size_t)n;
+	}
+	return true;
+}
+
+/* The value of header name in head[0..len) (a line "Name: value"), or -1. */
+static long header_num(const char *head, size_t len, const char *name)
+{
+	size_t nl = strlen(name);
+
+	for (const char *l = head; l && l < head + len; l = memchr(l, '\n', head + len - l)) {
+		if (*l == '\n')
+			l++;
+		if ((size_t)(head + len - l) > nl + 1 && !strncasecmp(l, name, nl) && l[nl] == ':')
+			return strtol(l + nl + 1, NULL, 10);
+	}
+	return -1;
+}
+
+static bool has_header(const char *head, size_t len, const char *name)
+{
+	size_t nl = strlen(name);
+
+	for (const char *l = head; l && l < head + len; l = memchr(l, '\n', head + len - l)) {
+		if (*l == '\n')
+			l++;
+		if ((size_t)(head + len - l) > nl + 1 && !strncasecmp(l, name, nl) && l[nl] == ':')
+			return true;
+	}
+	return false;
+}
+
+/* Reads a head (through "\r\n\r\n") into m; *head_len its length. */
+static bool read_head(int fd, struct msg *m, size_t *head_len)
+{
+	for (;;) {
+		char *end;
+		ssize_t n;
+
+		if (m->len && (end = memmem(m->buf, m->len, "\r\n\r\n", 4))) {
+			*head_len = (size_t)(end + 4 - m->buf);
+			return true;
+		}
+		if (m->len >= HEAD_MAX || !msg_reserve(m, 65536))
+			return false;
+		n = recv(fd, m->buf + m->len, m->cap - m->len - 1, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return false;
+		m->len += (size_t)n;
+	}
+}
+
+static bool read_body(int fd, struct msg *m, size_t want)
+{
+	while (m->len < want) {
+		ssize_t n;
+
+		if (!msg_reserve(m, want - m->len))
+			return false;
+		n = recv(fd, m->buf + m->len, want - m->len, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return false;
+		m->len += (size_t)n;
+	}
+	return true;
+}
+
+static bool read_to_eof(int fd, struct msg *m)
+{
+	for (;;) {
+		ssize_t n;
+
+		if (!msg_reserve(m, 65536))
+			return false;
+		n = recv(fd, m->buf + m->len, m->cap - m->len - 1, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return false;
+		if (n == 0)
+			return true;
+		m->len += (size_t)n;
+	}
+}
+
+/* A copy of head[0..len) without Connection and Expect lines, with
+ * "Connection: close" after the first line. */
+static char *rewrite_head(const char *head, size_t len, size_t *out_len)
+{
+	char *out = malloc(len + 32), *o = out;
+	const char *l = head, *end = head + len;
+	bool first = true;
+
+	if (!out)
+		return NULL;
+	while (l < end) {
+		const char *nl = memchr(l, '\n', end - l);
+		size_t n = nl ? (size_t)(nl + 1 - l) : (size_t)(end - l);
+
+		if (first || (strncasecmp(l, "Connection:", 11) && strncasecmp(l, "Expect:", 7))) {
+			memcpy(o, l, n);
+			o += n;
+		}
+		if (first) {
+			memcpy(o, "Connection: close\r\n", 19);
+			o += 19;
+			first = false;
+		}
+		l += n;
+	}
+	*out_len = (size_t)(o - out);
+	return out;
+}
+
+static void answer(int fd, int status, const char *reason, const char *extra, const char *code)
+{
+	char body[256], out[768];
+	int bl = snprintf(body, sizeof(body),
+			  "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>%s</Code>"
+			  "<Message>injected by the test proxy</Message></Error>", code);
+	int n = snprintf(out, sizeof(out),
+			 "HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\n%sContent-Length: %d\r\n"
+			 "Connection: close\r\n\r\n%s", status, reason, extra, bl, body);
+
+	send_all(fd, out, (size_t)n);
+}
+
+/* Which fault this request gets (and counts it). */
+static enum s3_fault take_fault(struct s3_proxy *p, const char *method, const char *path)
+{
+	enum s3_fault f = S3F_NONE;
+
+	pthread_mutex_lock(&p->lock);
+	if (p->fault != S3F_NONE && p->fault_count > 0 &&
+	    (!p->fault_method[0] || !strcmp(p->fault_method, method) ||
+	     (!strcmp(p->fault_method, "GET") && !strcmp(method, "HEAD"))) &&
+	    (!p->fault_path[0] || strstr(path, p->fault_path))) {
+		f = p->fault;
+		if (--p->fault_count == 0)
+			p->fault = S3F_NONE;
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (f != S3F_NONE)
+		atomic_fetch_add(&p->faults_done, 1);
+	return f;
+}
+
+/* Holds fd unanswered until released, stopped, or the client goes away
+ * (looked at every 50 ms: a client that gave up is not held). */
+static void stall(struct s3_proxy *p, int fd)
+{
+	pthread_mutex_lock(&p->lock);
+	p->stalled++;
+	pthread_cond_broadcast(&p->changed);
+	while (!p->stop && !p->release) {
+		struct timespec until;
+		char c;
+
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 50 * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&p->changed, &p->lock, &until);
+		if (recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+			break; /* the client closed its end */
+	}
+	p->stalled--;
+	pthread_cond_broadcast(&p->changed);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* Passes req upstream; the whole answer lands in resp. */
+static bool upstream(struct s3_proxy *p, const struct msg *req, size_t head_len, struct msg *resp)
+{
+	size_t hl;
+	char *head = rewrite_head(req->buf, head_len, &hl);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	bool ok = head && fd >= 0 &&
+		  connect(fd, (const struct sockaddr *)&p->upstream, sizeof(p->upstream)) == 0 &&
+		  send_all(fd, head, hl) && send_all(fd, req->buf + head_len, req->len - head_len) &&
+		  read_to_eof(fd, resp);
+
+	free(head);
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+static void serve(struct s3_proxy *p, int fd)
+{
+	struct msg req = { 0 }, resp = { 0 };
+	char method[8] = "", path[1024] = "";
+	size_t head_len, rhead_len = 0;
+	long clen;
+	enum s3_fault f;
+
+	if (!read_head(fd, &req, &head_len))
+		goto out;
+	sscanf(req.buf, "%7s %1023s", method, path);
+	clen = header_num(req.buf, head_len, "Content-Length");
+	if (clen > 0 && has_header(req.buf, head_len, "Expect") && req.len == head_len &&
+	    !send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25))
+		goto out;
+	if (clen > 0 && !read_body(fd, &req, head_len + (size_t)clen))
+		goto out;
+	atomic_fetch_add(&p->requests, 1);
+	if (getenv("S3_PROXY_DEBUG")) fprintf(stderr, "proxy: %s %s\n", method, path);
+	f = take_fault(p, method, path);
+	switch (f) {
+	case S3F_500:
+		answer(fd, 500, "Internal Server Error", "", "InternalError");
+		goto out;
+	case S3F_503:
+		answer(fd, 503, "Slow Down", "Retry-After: 1\r\n", "SlowDown");
+		goto out;
+	case S3F_NO_BUCKET:
+		answer(fd, 404, "Not Found", "", "NoSuchBucket");
+		goto out;
+	case S3F_STALL:
+		stall(p, fd);
+		goto out;
+	default:
+		break;
+	}
+	if (!upstream(p, &req, head_len, &resp)) {
+		answer(fd, 502, "Bad Gateway", "", "InternalError"); /* the test sees a 5xx */
+		goto out;
+	}
+	{
+		char *end = resp.len ? memmem(resp.buf, resp.len, "\r\n\r\n", 4) : NULL;
+		size_t hl, body;
+		char *head;
+
+		if (!end)
+			goto out;
+		rhead_len = (size_t)(end + 4 - resp.buf);
+		body = resp.len - rhead_len;
+		head = rewrite_head(resp.buf, rhead_len, &hl);
+		if (!head)
+			goto out;
+		if (f == S3F_GARBLE && body)
+			resp.buf[rhead_len + body / 2] ^= 0x5a;
+		if (f == S3F_RESET || f == S3F_SHORT)
+			body /= 2;
+		if (send_all(fd, head, hl))
+			send_all(fd, resp.buf + rhead_len, body);
+		free(head);
+		if (f == S3F_RESET) {
+			struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+
+			setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)); /* close sends RST */
+		}
+	}
+out:
+	free(req.buf);
+	free(resp.buf);
+}
+
+struct worker_arg {
+	struct s3_proxy *p;
+	int slot;
+};
+
+static void *worker(void *arg)
+{
+	struct worker_arg *w = arg;
+	struct s3_proxy *p = w->p;
+	int slot = w->slot, fd;
+
+	free(w);
+	pthread_mutex_lock(&p->lock);
+	fd = p->conns[slot];
+	pthread_mutex_unlock(&p->lock);
+	serve(p, fd);
+	pthread_mutex_lock(&p->lock);
+	close(fd);
+	p->conns[slot] = -1;
+	p->nworkers--;
+	pthread_cond_broadcast(&p->changed);
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+static void *acceptor(void *arg)
+{
+	struct s3_proxy *p = arg;
+
+	for (;;) {
+		int fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC), slot = -1;
+		struct worker_arg *w;
+		pthread_t t;
+
+		if (fd < 0) {
+			if (errno == EINTR)
+				continue;
+			return NULL; /* shut down */
+		}
+		pthread_mutex_lock(&p->lock);
+		for (int i = 0; i < CONNS_MAX && !p->stop; i++)
+			if (p->conns[i] < 0) {
+				slot = i;
+				break;
+			}
+		if (slot >= 0) {
+			p->conns[slot] = fd;
+			p->nworkers++;
+		}
+		pthread_mutex_unlock(&p->lock);
+		w = slot >= 0 ? malloc(sizeof(*w)) : NULL;
+		if (!w) {
+			if (slot >= 0) {
+				pthread_mutex_lock(&p->lock);
+				p->conns[slot] = -1;
+				p->nworkers--;
+				pthread_mutex_unlock(&p->lock);
+			}
+			close(fd);
+			continue;
+		}
+		*w = (struct worker_arg){ .p = p, .slot = slot };
+		if (pthread_create(&t, NULL, worker, w) != 0) {
+			free(w);
+			pthread_mutex_lock(&p->lock);
+			p->conns[slot] = -1;
+			p->nworkers--;
+			pthread_mutex_unlock(&p->lock);
+			close(fd);
+			continue;
+		}
+		pthread_detach(t);
+	}
+}
+
+struct s3_proxy *s3_proxy_start(const char *up)
+{
+	struct s3_proxy *p = calloc(1, sizeof(*p));
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sa);
+	char host[64];
+	unsigned port;
+
+	cr_assert(p);
+	cr_assert(sscanf(up, "%63[^:]:%u", host, &port) == 2, "upstream %s", up);
+	p->upstream.sin_family = AF_INET;
+	p->upstream.sin_port = htons((uint16_t)port);
+	cr_assert(inet_pton(AF_INET, !strcmp(host, "localhost") ? "127.0.0.1" : host,
+			    &p->upstream.sin_addr) == 1, "upstream host %s", host);
+	for (int i = 0; i < CONNS_MAX; i++)
+		p->conns[i] = -1;
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->changed, NULL);
+	p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert(p->lfd >= 0);
+	cr_assert(bind(p->lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	cr_assert(listen(p->lfd, 64) == 0);
+	cr_assert(getsockname(p->lfd, (struct sockaddr *)&sa, &sl) == 0);
+	snprintf(p->hostport, sizeof(p->hostport), "127.0.0.1:%u", ntohs(sa.sin_port));
+	cr_assert(pthread_create(&p->acceptor, NULL, acceptor, p) == 0);
+	return p;
+}
+
+const char *s3_proxy_hostport(const struct s3_proxy *p)
+{
+	return p->hostport;
+}
+
+void s3_proxy_fault(struct s3_proxy *p, enum s3_fault f, int count, const char *method,
+		    const char *path_part)
+{
+	pthread_mutex_lock(&p->lock);
+	p->fault = f;
+	p->fault_count = count;
+	snprintf(p->fault_method, sizeof(p->fault_method), "%s", method ? method : "");
+	snprintf(p->fault_path, sizeof(p->fault_path), "%s", path_part ? path_part : "");
+	p->release = false;
+	pthread_mutex_unlock(&p->lock);
+}
+
+unsigned s3_proxy_requests(const struct s3_proxy *p)
+{
+	return atomic_load(&p->requests);
+}
+
+unsigned s3_proxy_faults_done(const struct s3_proxy *p)
+{
+	return atomic_load(&p->faults_done);
+}
+
+unsigned s3_proxy_stalled(const struct s3_proxy *p)
+{
+	unsigned n;
+
+	pthread_mutex_lock((pthread_mutex_t *)&p->lock);
+	n = p->stalled;
+	pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+	return n;
+}
+
+void s3_proxy_release(struct s3_proxy *p)
+{
+	pthread_mutex_lock(&p->lock);
+	p->release = true;
+	pthread_cond_broadcast(&p->changed);
+	pthread_mutex_unlock(&p->lock);
+}
+
+void s3_proxy_stop(struct s3_proxy *p)
+{
+	if (!p)
+		return;
+	shutdown(p->lfd, SHUT_RDWR);
+	pthread_join(p->acceptor, NULL);
+	close(p->lfd);
+	pthread_mutex_lock(&p->lock);
+	p->stop = true;
+	pthread_cond_broadcast(&p->changed);
+	for (int i = 0; i < CONNS_MAX; i++)
+		if (p->conns[i] >= 0)
+			shutdown(p->conns[i], SHUT_RDWR); /* wakes a worker in recv/send */
+	while (p->nworkers)
+		pthread_cond_wait(&p->changed, &p->lock);
+	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->changed);
+	free(p);
+}
