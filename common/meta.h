@@ -86,6 +86,25 @@ int meta_volume_get(struct meta *m, struct meta_volume *out);
  * the meta's own, stopped by meta_close(). Set it right after meta_open();
  * returns 0 or a negative errno (the thread could not start). */
 int meta_set_batched(struct meta *m, int batched);
+/*
+ * Garbage: slices no file refers to any more (deleted or truncated files,
+ * and data that later writes hid wholly, dropped at commit). Their objects
+ * may be deleted once they have been garbage for a while, so readers that
+ * resolved a file just before still find what they resolved.
+ */
+struct meta_gc_item {
+	uint64_t id;
+	uint32_t size;
+};
+/* Up to max slices that became garbage at or before `before` (unix time),
+ * oldest first: *out (malloc'ed, the caller frees) and *n. */
+int meta_gc_list(struct meta *m, int64_t before, size_t max, struct meta_gc_item **out,
+		 size_t *n);
+/* Forgets them: their objects are gone. */
+int meta_gc_forget(struct meta *m, const struct meta_gc_item *items, size_t n);
+/* How many slices, and how many bytes, wait as garbage. */
+int meta_gc_pending(struct meta *m, uint64_t *slices, uint64_t *bytes);
+
 /* For tests: the checkpointer thread skips its work, so that the WAL's
  * bound is shown to hold without it; and how many times a commit had to
  * checkpoint itself to keep that bound. */

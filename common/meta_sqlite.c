@@ -16,7 +16,10 @@
  *   symlink(ino, target), xattr(ino, name, value)
  *   slice(seq, ino, chunk, id, size, off, pos, len)   seq orders a chunk's slices
  *   orphan(ino)           inodes with nlink 0 not yet released
- *   delslice(id, size)    slices no row references any more, for gc
+ *   delslice(id, size)    (before gc_slice: moved there at open)
+ *   gc_slice(id, size, since)  slices no row references any more since
+ *                         `since` (unix s): their objects go after a grace
+ *                         period (meta_gc_list); made at open if missing
  *   commit_seq(ino, seq)  the last reconcile job committed per inode
  *                         (meta_write_commit_seq); made at open if missing,
  *                         so volumes formatted before it keep version 1
@@ -32,6 +35,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +135,12 @@ enum st {
 	ST_SEQ_GET,
 	ST_SEQ_PUT,
 	ST_EPOCH_NEXT,
+	ST_SLICE_LIST_SEQ,
+	ST_SLICE_DELETE_SEQ,
+	ST_GC_ADD_UNREF,
+	ST_GC_LIST,
+	ST_GC_FORGET,
+	ST_GC_PENDING,
 	ST_COUNT
 };
 
@@ -184,7 +194,8 @@ static const char *const st_sql[ST_COUNT] = {
 	[ST_SLICE_INSERT] = "INSERT INTO slice(ino, chunk, id, size, off, pos, len)"
 			    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
 	/* Slices of chunks [?2, ?3] of ?1 that no other row references. */
-	[ST_SLICE_GC] = "INSERT OR IGNORE INTO delslice(id, size) SELECT s.id, MAX(s.size)"
+	[ST_SLICE_GC] = "INSERT OR IGNORE INTO gc_slice(id, size, since)"
+			" SELECT s.id, MAX(s.size), CAST(strftime('%s', 'now') AS INTEGER)"
 			" FROM slice s WHERE s.ino = ?1 AND s.chunk BETWEEN ?2 AND ?3"
 			" AND s.id <> 0 AND NOT EXISTS (SELECT 1 FROM slice t WHERE t.id = s.id"
 			" AND NOT (t.ino = ?1 AND t.chunk BETWEEN ?2 AND ?3)) GROUP BY s.id",
@@ -197,13 +208,30 @@ static const char *const st_sql[ST_COUNT] = {
 	[ST_SEQ_PUT] = "INSERT OR REPLACE INTO commit_seq(ino, seq) VALUES (?1, ?2)",
 	[ST_EPOCH_NEXT] = "INSERT INTO seq_epoch(id, epoch) VALUES (1, 1) ON CONFLICT(id)"
 			  " DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
+	[ST_SLICE_LIST_SEQ] = "SELECT seq, id, size, off, pos, len FROM slice"
+			      " WHERE ino = ?1 AND chunk = ?2 ORDER BY seq",
+	[ST_SLICE_DELETE_SEQ] = "DELETE FROM slice WHERE seq = ?1",
+	/* Slice ?1 (of ?2 bytes) if no row references it any more. */
+	[ST_GC_ADD_UNREF] = "INSERT OR IGNORE INTO gc_slice(id, size, since)"
+			    " SELECT ?1, ?2, CAST(strftime('%s', 'now') AS INTEGER)"
+			    " WHERE ?1 <> 0 AND NOT EXISTS (SELECT 1 FROM slice WHERE id = ?1)",
+	[ST_GC_LIST] = "SELECT id, size FROM gc_slice WHERE since <= ?1 ORDER BY since, id"
+		       " LIMIT ?2",
+	[ST_GC_FORGET] = "DELETE FROM gc_slice WHERE id = ?1",
+	[ST_GC_PENDING] = "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM gc_slice",
 };
 
 /* Added after schema version 1 shipped: created when missing (meta_open). */
 static const char commit_seq_sql[] =
 	"CREATE TABLE IF NOT EXISTS commit_seq(ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS seq_epoch(id INTEGER PRIMARY KEY CHECK (id = 1),"
-	" epoch INTEGER NOT NULL)";
+	" epoch INTEGER NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS gc_slice(id INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
+	" since INTEGER NOT NULL);"
+	"CREATE INDEX IF NOT EXISTS gc_slice_since ON gc_slice(since);"
+	/* Slices a volume freed before gc_slice existed: due at once. */
+	"INSERT OR IGNORE INTO gc_slice(id, size, since) SELECT id, size, 0 FROM delslice;"
+	"DELETE FROM delslice";
 
 struct conn {
 	sqlite3 *db;
@@ -1001,12 +1029,136 @@ static int slices_drop(struct conn *c, uint64_t ino, int64_t lo, int64_t hi)
 	return rc;
 }
 
+struct seq_slice {
+	int64_t seq;
+	struct meta_slice s;
+};
+
+/* Is [pos, end) wholly inside the union of the sorted, disjoint intervals
+ * iv[0..n)? */
+static bool covered(const uint32_t (*iv)[2], size_t n, uint32_t pos, uint32_t end)
+{
+	for (size_t i = 0; i < n && pos < end; i++) {
+		if (iv[i][1] <= pos)
+			continue;
+		if (iv[i][0] > pos)
+			return false;
+		pos = iv[i][1];
+	}
+	return pos >= end;
+}
+
+/* Adds [pos, end) to the sorted, disjoint intervals iv[0..*n) (room for
+ * one more), merging. */
+static void cover(uint32_t (*iv)[2], size_t *n, uint32_t pos, uint32_t end)
+{
+	size_t i = 0, j, k;
+
+	while (i < *n && iv[i][1] < pos)
+		i++;
+	for (j = i; j < *n && iv[j][0] <= end; j++) {
+		if (iv[j][0] < pos)
+			pos = iv[j][0];
+		if (iv[j][1] > end)
+			end = iv[j][1];
+	}
+	/* iv[i..j) merge into one at i. */
+	if (j == i) {
+		memmove(iv + i + 1, iv + i, (*n - i) * sizeof(iv[0]));
+		(*n)++;
+	} else {
+		for (k = j; k < *n; k++)
+			memcpy(iv[i + 1 + k - j], iv[k], sizeof(iv[0]));
+		*n -= j - i - 1;
+	}
+	iv[i][0] = pos;
+	iv[i][1] = end;
+}
+
+/*
+ * Drops the rows of a chunk that later rows hide wholly (an overwrite, a
+ * truncation's zeros), and hands their slices to gc if nothing else refers
+ * to them: without it every overwrite would keep its old objects forever.
+ * Readers that resolved the chunk before keep what they read: objects go
+ * only after meta_gc_list()'s grace period.
+ */
+static int chunk_compact(struct conn *c, uint64_t ino, uint32_t chunk)
+{
+	sqlite3_stmt *st = NULL;
+	struct seq_slice *v = NULL, *nv;
+	uint32_t (*iv)[2] = NULL;
+	size_t n = 0, cap = 0, niv = 0;
+	int rc;
+
+	rc = stmt(c, ST_SLICE_LIST_SEQ, &st);
+	if (rc)
+		return rc;
+	rc = bind_i64(st, 1, (int64_t)ino);
+	if (rc == 0)
+		rc = bind_i64(st, 2, chunk);
+	while (rc == 0 && (rc = step(st)) > 0) {
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			nv = realloc(v, cap * sizeof(*v));
+			if (!nv) {
+				rc = -ENOMEM;
+				break;
+			}
+			v = nv;
+		}
+		rc = col_int(st, 0, 1, INT64_MAX, &v[n].seq);
+		if (rc == 0) {
+			sqlite3_stmt *one = st;
+			/* Columns 1..5 are ST_SLICE_LIST's 0..4. */
+			int64_t f[5];
+			for (int k = 0; k < 5 && rc == 0; k++)
+				rc = col_int(one, k + 1, 0, INT64_MAX, &f[k]);
+			if (rc == 0 && (f[3] >= META_CHUNK_SIZE || f[4] < 1 ||
+					f[3] + f[4] > META_CHUNK_SIZE || f[1] > UINT32_MAX ||
+					f[2] > UINT32_MAX))
+				rc = -EIO;
+			if (rc == 0)
+				v[n++].s = (struct meta_slice){ .id = (uint64_t)f[0],
+								.size = (uint32_t)f[1],
+								.off = (uint32_t)f[2],
+								.pos = (uint32_t)f[3],
+								.len = (uint32_t)f[4] };
+		}
+	}
+	stmt_done(st);
+	if (rc < 0 || n < 2)
+		goto out;
+	iv = malloc((n + 1) * sizeof(*iv));
+	if (!iv) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Newest first: a row is dead if the rows after it cover it. */
+	for (size_t i = n; i-- > 0 && rc == 0;) {
+		uint32_t pos = v[i].s.pos, end = pos + v[i].s.len;
+
+		if (!covered((const uint32_t (*)[2])iv, niv, pos, end)) {
+			cover(iv, &niv, pos, end);
+			continue;
+		}
+		rc = run_ints(c, ST_SLICE_DELETE_SEQ, 1, (int64_t[]){ v[i].seq });
+		if (rc == 0)
+			rc = run_ints(c, ST_GC_ADD_UNREF, 2,
+				      (int64_t[]){ (int64_t)v[i].s.id, v[i].s.size });
+	}
+out:
+	free(iv);
+	free(v);
+	return rc < 0 ? rc : 0;
+}
+
 static int slice_insert(struct conn *c, uint64_t ino, uint32_t chunk, const struct meta_slice *s)
 {
 	const int64_t v[7] = { (int64_t)ino, chunk, (int64_t)s->id, s->size, s->off, s->pos,
 			       s->len };
+	int rc = run_ints(c, ST_SLICE_INSERT, 7, v);
 
-	return run_ints(c, ST_SLICE_INSERT, 7, v);
+	return rc ? rc : chunk_compact(c, ino, chunk);
 }
 
 static int zero_insert(struct conn *c, uint64_t ino, uint32_t chunk, uint32_t from, uint32_t to)
@@ -2438,6 +2590,103 @@ int meta_statfs(struct meta *m, uint64_t *used_bytes, uint64_t *used_inodes)
 			*used_bytes = (uint64_t)b;
 		if (used_inodes)
 			*used_inodes = (uint64_t)n;
+	}
+	return ro(rc);
+}
+
+/* ---- gc ------------------------------------------------------------------ */
+
+int meta_gc_list(struct meta *m, int64_t before, size_t max, struct meta_gc_item **out,
+		 size_t *n)
+{
+	sqlite3_stmt *st = NULL;
+	struct meta_gc_item *v = NULL;
+	struct conn *c;
+	int rc;
+
+	if (m == NULL || out == NULL || n == NULL || max == 0 || max > INT32_MAX)
+		return -EINVAL;
+	*out = NULL;
+	*n = 0;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	v = calloc(max, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	rc = stmt(c, ST_GC_LIST, &st);
+	if (rc == 0)
+		rc = bind_i64(st, 1, before);
+	if (rc == 0)
+		rc = bind_i64(st, 2, (int64_t)max);
+	while (rc == 0 && *n < max && (rc = step(st)) > 0) {
+		int64_t id, size;
+
+		rc = (col_int(st, 0, 1, INT64_MAX, &id) || col_int(st, 1, 0, UINT32_MAX, &size)) ?
+			     -EIO : 0;
+		if (rc == 0)
+			v[(*n)++] = (struct meta_gc_item){ .id = (uint64_t)id, .size = (uint32_t)size };
+	}
+	stmt_done(st);
+	if (rc < 0) {
+		free(v);
+		*n = 0;
+		return ro(rc);
+	}
+	*out = v;
+	return 0;
+}
+
+struct gc_forget_args {
+	const struct meta_gc_item *items;
+	size_t n;
+};
+
+static int do_gc_forget(struct conn *c, void *p)
+{
+	struct gc_forget_args *a = p;
+	int rc = 0;
+
+	for (size_t i = 0; i < a->n && rc == 0; i++)
+		rc = run_ints(c, ST_GC_FORGET, 1, (int64_t[]){ (int64_t)a->items[i].id });
+	return rc;
+}
+
+int meta_gc_forget(struct meta *m, const struct meta_gc_item *items, size_t n)
+{
+	struct gc_forget_args a = { items, n };
+
+	if (m == NULL || (items == NULL && n > 0))
+		return -EINVAL;
+	return n ? txn(m, do_gc_forget, &a) : 0;
+}
+
+int meta_gc_pending(struct meta *m, uint64_t *slices, uint64_t *bytes)
+{
+	sqlite3_stmt *st = NULL;
+	struct conn *c;
+	int64_t cnt = 0, sum = 0;
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	rc = conn_get(m, &c);
+	if (rc)
+		return rc;
+	rc = stmt(c, ST_GC_PENDING, &st);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -EIO;
+	if (rc > 0)
+		rc = (col_int(st, 0, 0, INT64_MAX, &cnt) || col_int(st, 1, 0, INT64_MAX, &sum)) ?
+			     -EIO : 0;
+	stmt_done(st);
+	if (rc == 0) {
+		if (slices)
+			*slices = (uint64_t)cnt;
+		if (bytes)
+			*bytes = (uint64_t)sum;
 	}
 	return ro(rc);
 }

@@ -54,7 +54,9 @@ static void usage(FILE *f)
 		"ferry's own -o options: passthrough=auto|on|off (default auto: FUSE\n"
 		"passthrough writes when the kernel and the registration allow it);\n"
 		"fsync=remote|local (default remote: fsync returns once the data is in the\n"
-		"object store; local: once it is on this node's disk, uploaded later)\n"
+		"object store; local: once it is on this node's disk, uploaded later);\n"
+		"gc_grace=SEC (default 300: objects no file refers to any more are\n"
+		"deleted that long after they became garbage)\n"
 		"  -d, --debug             debug logging\n"
 		"  -h, --help              this text\n"
 		"  -V, --version           print the version\n",
@@ -93,6 +95,17 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				snprintf(err, errlen, "-o %s: passthrough takes on, off or auto", o);
 				return -EINVAL;
 			}
+			continue;
+		}
+		if (strncmp(o, "gc_grace=", 9) == 0) {
+			char *end;
+			long long v = strtoll(o + 9, &end, 10);
+
+			if (!o[9] || *end || v < 0 || v > 30LL * 86400) {
+				snprintf(err, errlen, "-o %s: gc_grace takes seconds, 0 to 2592000", o);
+				return -EINVAL;
+			}
+			md->gc_grace_s = v;
 			continue;
 		}
 		if (strncmp(o, "fsync=", 6) == 0) {
@@ -294,6 +307,7 @@ int main(int argc, char **argv)
 	md->pt_off = true; /* until INIT says the kernel has it */
 	snprintf(md->pt_reason, sizeof(md->pt_reason), "not_negotiated");
 	md->staging_min_free = 256ull << 20;
+	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->cfg.reopen_timeout_ms = 120000;
 	md->rc_sock = -1;
 	pthread_mutex_init(&md->rc_lock, NULL);
@@ -461,6 +475,10 @@ int main(int argc, char **argv)
 		log_errno(rc, "cannot start the write-back thread");
 		goto out;
 	}
+	if ((rc = gc_start(md)) < 0) {
+		log_errno(rc, "cannot start the gc thread");
+		goto out;
+	}
 	log_info("serving volume %s (%s) at %s", md->vol.uuid, md->vol.storage_url,
 		 md->cfg.mountpoint);
 	if (!md->cfg.foreground) {
@@ -489,6 +507,7 @@ int main(int argc, char **argv)
 	else if (rc != 0 && rc != -ENODEV)
 		log_warnx("the FUSE loop ended with %d", rc);
 out:
+	gc_stop(md);
 	write_back_stop(md);
 	if (mounted)
 		fuse_session_unmount(md->se); /* nothing for a brokered mount: */

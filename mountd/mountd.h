@@ -62,6 +62,7 @@ struct stats {
 	_Atomic uint64_t blocks_unchanged;   /* passthrough commits that skipped a block */
 	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
 	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
+	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
 };
 
 const char *stats_op_name(enum op_id op);
@@ -202,6 +203,13 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out);
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */
 int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
 
+/* ---- gc.c: deleting what no file refers to ---- */
+#define GC_GRACE_DEFAULT_S 300
+int gc_start(struct mountd *md);
+/* A round now (tests; `ferry gc`). */
+void gc_poke(struct mountd *md);
+void gc_stop(struct mountd *md);
+
 /* ---- caller.c: what a signal may do (FUSE_INTERRUPT) ---- */
 /* Is req's caller being killed (or gone)? Only then may a wait that
  * changed nothing end early (with EINTR). */
@@ -323,6 +331,13 @@ struct mountd {
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
+	/* gc.c: deletes the objects of garbage slices after gc_grace_s */
+	int64_t gc_grace_s;
+	pthread_t gc_thread;
+	bool gc_live;
+	pthread_mutex_t gc_lock;
+	pthread_cond_t gc_cond;
+	bool gc_stop, gc_poked;       /* under gc_lock */
 	/* ferry-brokerd (broker_link.c), with --broker */
 	struct broker_conn *broker;   /* owned */
 	char *broker_name;            /* owned: the mount's name beneath the policy root */

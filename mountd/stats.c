@@ -67,7 +67,17 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(handoffs);
 	FIG(handoff_failures);
 	FIG(reopen_waits);
+	FIG(gc_rounds);
+	FIG(gc_objects_deleted);
+	FIG(gc_bytes_freed);
 #undef FIG
+	{
+		uint64_t gs = 0, gb = 0;
+
+		meta_gc_pending(md->meta, &gs, &gb);
+		fprintf(f, "gc_pending_slices %llu\ngc_pending_bytes %llu\n", (unsigned long long)gs,
+			(unsigned long long)gb);
+	}
 	{
 		/* The reconciler's gauges, asked for now (a round trip). */
 		struct reconcile_stats rs = { 0 };

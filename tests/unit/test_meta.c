@@ -840,8 +840,8 @@ Test(meta, shrink_across_chunks)
 	cr_assert_eq(meta_write_commit(m, f, s, 3, 2 * CS + 100, NULL, NULL), 0);
 	set_size(f, CS + 10);
 	cr_assert_eq(nslices(f, 2), 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 23"), 1);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 22"), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 23"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 22"), 0);
 	/* Extend again: the tail of chunk 1 and all of chunk 2 are zeros. */
 	set_size(f, 3 * CS);
 	n = view(f, 1, 0, (uint32_t)CS, &e);
@@ -857,10 +857,10 @@ Test(meta, shrink_across_chunks)
 	/* Truncating to a chunk boundary drops the chunk after it entirely. */
 	set_size(f, CS);
 	cr_assert_eq(nslices(f, 1), 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 22"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 22"), 1);
 	set_size(f, 0);
 	cr_assert_eq(nslices(f, 0), 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice"), 3);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice"), 3);
 	cr_assert_eq(raw_int("SELECT COUNT(*) FROM slice"), 0);
 }
 
@@ -1009,7 +1009,7 @@ Test(meta, punch_hole)
 	cr_assert_eq(out.size, 2 * CS + 1000);
 	cr_assert(!is_old(out.mtime) && !is_old(out.ctime));
 	cr_assert_eq(nslices(f, 1), 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 42"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 42"), 1);
 	n = view(f, 0, 0, (uint32_t)CS, &e);
 	cr_assert_eq(n, 2);
 	expect(&e[0], 0, 100, 41);
@@ -1072,7 +1072,7 @@ Test(meta, orphans_release_purge)
 	cr_assert_eq(meta_inode_release(m, f1), -ENOENT);
 	cr_assert_eq(orphan_count(), 3);
 	cr_assert_eq(raw_int("SELECT COUNT(*) FROM xattr"), 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 51"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 51"), 1);
 
 	/* A crash later: the rest are purged at the next mount. */
 	meta_close(m);
@@ -1084,7 +1084,7 @@ Test(meta, orphans_release_purge)
 	cr_assert_eq(meta_getattr(m, d, &a), -ENOENT);
 	cr_assert_eq(orphan_count(), 0);
 	cr_assert_eq(raw_int("SELECT COUNT(*) FROM symlink"), 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice"), 2);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice"), 2);
 	cr_assert_eq(raw_int("SELECT COUNT(*) FROM slice"), 1);
 	cr_assert_eq(attr(keep).nlink, 1);
 	cr_assert_eq(meta_orphans_purge(m, &count), 0);
@@ -1101,9 +1101,9 @@ Test(meta, shared_slice_not_collected)
 	commit1(f2, 0, 61, 0, 100, 100);
 	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f1", NULL), 0);
 	cr_assert_eq(meta_inode_release(m, f1), 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice"), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice"), 0);
 	set_size(f2, 0);
-	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice WHERE id = 61"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 61"), 1);
 }
 
 /* ---- xattr, statfs ---------------------------------------------------------------- */
@@ -1378,7 +1378,9 @@ Test(meta, write_commit_seq_orders_and_replays)
 	/* A newer job commits and becomes the mark. */
 	cr_assert_eq(meta_write_commit_seq(m, f, 9, &s, 1, 10, NULL, NULL), 0);
 	cr_assert_eq(meta_chunk_slices(m, f, 0, &got, &n), 0);
-	cr_assert(n == 2 && got[1].id == 501);
+	/* 501 hides 500 wholly: 500 left the chunk for gc. */
+	cr_assert(n == 1 && got[0].id == 501);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 500"), 1);
 	free(got);
 	cr_assert_eq(meta_write_commit_seq(m, f, 6, NULL, 0, 0, NULL, NULL), -EALREADY);
 	cr_assert_eq(attr(f).size, 10);
@@ -1568,4 +1570,50 @@ Test(meta, wal_stays_bounded_without_the_checkpointer, .timeout = 300)
 	meta_close(m);
 	cr_assert_eq(meta_open(db, &m), 0);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "c11999", &a), 0);
+}
+
+/* Data that later writes hide wholly leaves its chunk at commit and waits
+ * as garbage; partly hidden data stays; meta_gc_list() hands garbage out
+ * only once it is old enough, and meta_gc_forget() drops it. */
+Test(meta, overwritten_slices_become_garbage)
+{
+	uint64_t f = mk(META_ROOT_INO, "gcf", S_IFREG | 0644);
+	struct meta_chunk_slice a = { .chunk = 0, .s = { .id = 700, .size = 100, .pos = 0, .len = 100 } };
+	struct meta_chunk_slice b = { .chunk = 0, .s = { .id = 701, .size = 100, .pos = 0, .len = 100 } };
+	struct meta_chunk_slice c = { .chunk = 0, .s = { .id = 702, .size = 10, .pos = 10, .len = 10 } };
+	struct meta_chunk_slice d = { .chunk = 0, .s = { .id = 703, .size = 60, .pos = 40, .len = 60 } };
+	struct meta_gc_item *items = NULL;
+	struct meta_slice *got = NULL;
+	uint64_t slices, bytes;
+	size_t n = 0;
+
+	cr_assert_eq(meta_write_commit(m, f, &a, 1, 100, NULL, NULL), 0);
+	cr_assert_eq(meta_write_commit(m, f, &b, 1, 100, NULL, NULL), 0);
+	cr_assert_eq(meta_write_commit(m, f, &c, 1, 100, NULL, NULL), 0);
+	cr_assert_eq(meta_write_commit(m, f, &d, 1, 100, NULL, NULL), 0);
+	/* 700 is hidden by 701; 701 shows at 0..10, 20..40; 702 and 703 show. */
+	cr_assert_eq(meta_chunk_slices(m, f, 0, &got, &n), 0);
+	cr_assert_eq(n, 3);
+	cr_assert(got[0].id == 701 && got[1].id == 702 && got[2].id == 703);
+	free(got);
+	cr_assert_eq(meta_gc_pending(m, &slices, &bytes), 0);
+	cr_assert(slices == 1 && bytes == 100, "%llu slices, %llu bytes", (unsigned long long)slices,
+		  (unsigned long long)bytes);
+	/* Not old enough for a list of what was garbage a minute ago... */
+	cr_assert_eq(meta_gc_list(m, (int64_t)time(NULL) - 60, 16, &items, &n), 0);
+	cr_assert_eq(n, 0);
+	free(items);
+	/* ...and there for now. */
+	cr_assert_eq(meta_gc_list(m, (int64_t)time(NULL) + 1, 16, &items, &n), 0);
+	cr_assert(n == 1 && items[0].id == 700 && items[0].size == 100);
+	cr_assert_eq(meta_gc_forget(m, items, n), 0);
+	free(items);
+	cr_assert_eq(meta_gc_pending(m, &slices, &bytes), 0);
+	cr_assert_eq(slices, 0);
+	/* Truncating to 0 makes the rest garbage too. */
+	cr_assert_eq(meta_setattr(m, f, META_SET_SIZE, &(struct meta_attr){ .size = 0 }, NULL), 0);
+	cr_assert_eq(meta_gc_pending(m, &slices, &bytes), 0);
+	cr_assert_eq(slices, 3);
+	/* What the file reads is unchanged by any of it. */
+	cr_assert_eq(attr(f).size, 0);
 }

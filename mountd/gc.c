@@ -1,0 +1,149 @@
+/*
+ * gc: gives the object store back what no file refers to any more.
+ *
+ * The metadata engine keeps garbage slices (meta_gc_list: deleted and
+ * truncated files, and data that later writes hid wholly, dropped from
+ * its chunk at commit). Once a slice has been garbage for the grace period
+ * (-o gc_grace=SEC, default 300 s) this thread deletes its objects and then
+ * forgets it. The grace is for readers that resolved a file's slices just
+ * before they became garbage: they still find the objects they resolved.
+ * A deletion that fails (the store is away) leaves the slice listed, and
+ * it is tried again at the next round; a missing object counts as deleted.
+ *
+ * Owned by struct mountd (gc_start/gc_stop), one thread, woken every
+ * GC_INTERVAL_S or by gc_poke().
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "log.h"
+#include "mountd.h"
+#include "slice.h"
+
+#define GC_INTERVAL_S 10
+#define GC_BATCH 256
+
+/* Deletes the objects of one slice: 0, or the store's error. */
+static int slice_objects_delete(struct mountd *md, const struct meta_gc_item *it)
+{
+	uint32_t bs = md->vol.block_size;
+	uint32_t nobj = it->size / bs + (it->size % bs != 0);
+	char key[SLICE_KEY_MAX];
+
+	for (uint32_t i = 0; i < nobj; i++) {
+		int rc;
+
+		slice_object_key(it->id, i, it->size, bs, key, sizeof(key));
+		rc = objstore_delete(md->store, key);
+		if (rc < 0 && rc != -ENOENT)
+			return rc;
+		atomic_fetch_add(&md->stats.gc_objects_deleted, 1);
+	}
+	return 0;
+}
+
+/* One round: what is due, in batches. Returns false if the store failed. */
+static bool gc_round(struct mountd *md)
+{
+	for (;;) {
+		struct meta_gc_item *items = NULL;
+		size_t n = 0, done;
+		int rc = meta_gc_list(md->meta, (int64_t)time(NULL) - md->gc_grace_s, GC_BATCH,
+				      &items, &n);
+
+		if (rc < 0) {
+			log_errno(rc, "gc: cannot list garbage slices");
+			return false;
+		}
+		for (done = 0; done < n; done++) {
+			pthread_mutex_lock(&md->gc_lock);
+			bool stop = md->gc_stop;
+			pthread_mutex_unlock(&md->gc_lock);
+			if (stop)
+				break;
+			rc = slice_objects_delete(md, &items[done]);
+			if (rc < 0) {
+				log_errno(rc, "gc: cannot delete the objects of slice %llu%s%s (will "
+					  "retry)", (unsigned long long)items[done].id,
+					  *objstore_last_error() ? ": " : "", objstore_last_error());
+				break;
+			}
+			atomic_fetch_add(&md->stats.gc_bytes_freed, items[done].size);
+		}
+		rc = meta_gc_forget(md->meta, items, done);
+		if (rc < 0)
+			log_errno(rc, "gc: cannot forget %zu deleted slices (their deletion is "
+				  "repeated later)", done);
+		free(items);
+		if (done < n)
+			return false;
+		if (n < GC_BATCH)
+			return true;
+	}
+}
+
+static void *gc_main(void *arg)
+{
+	struct mountd *md = arg;
+
+	pthread_mutex_lock(&md->gc_lock);
+	while (!md->gc_stop) {
+		struct timespec until;
+
+		if (!md->gc_poked) {
+			/* Every GC_INTERVAL_S, or as often as the grace asks
+			 * for when it is shorter (tests: gc_grace=0). */
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_sec += md->gc_grace_s >= GC_INTERVAL_S ? GC_INTERVAL_S :
+				        md->gc_grace_s > 1 ? md->gc_grace_s : 1;
+			pthread_cond_timedwait(&md->gc_cond, &md->gc_lock, &until);
+			if (md->gc_stop)
+				break;
+		}
+		md->gc_poked = false;
+		pthread_mutex_unlock(&md->gc_lock);
+		gc_round(md);
+		atomic_fetch_add(&md->stats.gc_rounds, 1);
+		pthread_mutex_lock(&md->gc_lock);
+	}
+	pthread_mutex_unlock(&md->gc_lock);
+	return NULL;
+}
+
+int gc_start(struct mountd *md)
+{
+	int rc;
+
+	pthread_mutex_init(&md->gc_lock, NULL);
+	pthread_cond_init(&md->gc_cond, NULL);
+	md->gc_stop = false;
+	rc = pthread_create(&md->gc_thread, NULL, gc_main, md);
+	md->gc_live = rc == 0;
+	return -rc;
+}
+
+void gc_poke(struct mountd *md)
+{
+	if (!md->gc_live)
+		return;
+	pthread_mutex_lock(&md->gc_lock);
+	md->gc_poked = true;
+	pthread_cond_signal(&md->gc_cond);
+	pthread_mutex_unlock(&md->gc_lock);
+}
+
+void gc_stop(struct mountd *md)
+{
+	if (!md->gc_live)
+		return;
+	pthread_mutex_lock(&md->gc_lock);
+	md->gc_stop = true;
+	pthread_cond_signal(&md->gc_cond);
+	pthread_mutex_unlock(&md->gc_lock);
+	pthread_join(md->gc_thread, NULL);
+	md->gc_live = false;
+	pthread_mutex_destroy(&md->gc_lock);
+	pthread_cond_destroy(&md->gc_cond);
+}
