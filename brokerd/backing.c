@@ -8,10 +8,12 @@
  * those credentials (fs/fuse/passthrough.c, backing_file_open). Registered
  * by a root broker, a file the peer could only read would become writable
  * with root's rights. So a backing fd must be: a regular file, owned by the
- * peer, with one link, open read-write (not O_PATH), not on FUSE or
- * overlayfs; and the ioctl runs with fsuid/fsgid switched to the peer's and
- * no supplementary groups (privs.c), so the I/O is the peer's. The checks
- * never reach a FUSE server (fsprobe.c).
+ * peer, with one link, open read-write (not O_PATH, not O_APPEND), neither
+ * append-only nor immutable (statx attributes; a file system that cannot
+ * say is refused), not on FUSE or overlayfs; and the ioctl runs with
+ * fsuid/fsgid switched to the peer's and no supplementary groups (privs.c),
+ * so the I/O is the peer's. The checks never reach a FUSE server
+ * (fsprobe.c).
  *
  * Bookkeeping: each mount holds the set of ids registered through it (an
  * idset), counted against the owner's max_backing. BACKING_CLOSE takes only
@@ -50,7 +52,7 @@ static const char *kind(mode_t mode)
 	case S_IFSOCK: return "a socket";
 	case S_IFIFO: return "a pipe";
 	case S_IFLNK: return "a symlink";
-	default: return "not a regular file";
+	default: return "a special file (an anonymous inode such as an eventfd or pidfd?)";
 	}
 }
 
@@ -60,8 +62,15 @@ static int backing_fd_check(struct broker *b, const struct peer *p, int fd, char
 {
 	struct statx sx;
 	uint64_t mnt_id;
-	int fl;
+	int fl, rc;
 
+	uint32_t old_mnt_id;
+
+	/* The reusable mount id first (mountinfo's), then the unique one. */
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) < 0 ||
+	    !(sx.stx_mask & STATX_MNT_ID))
+		sx.stx_mnt_id = 0;
+	old_mnt_id = (uint32_t)sx.stx_mnt_id;
 	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC,
 		  STATX_TYPE | STATX_UID | STATX_NLINK | STATX_MNT_ID_UNIQUE, &sx) < 0) {
 		int rc = -errno;
@@ -88,9 +97,33 @@ static int backing_fd_check(struct broker *b, const struct peer *p, int fd, char
 		snprintf(err, errlen, "the fd is not open read-write");
 		return -EBADF;
 	}
+	/* Passthrough I/O goes to a file of the kernel's own, opened again
+	 * with the FUSE file's flags: an fd's O_APPEND would not carry over,
+	 * nor would an append-only file's rule, which the kernel enforces at
+	 * open (and the peer's fd may predate the attribute). */
+	if (fl & O_APPEND) {
+		snprintf(err, errlen, "the fd is open with O_APPEND, which passthrough writes "
+			 "would not keep");
+		return -EINVAL;
+	}
 	mnt_id = (sx.stx_mask & STATX_MNT_ID_UNIQUE) ? sx.stx_mnt_id : 0;
-	return fsprobe_fs_forbidden(b, fd, makedev(sx.stx_dev_major, sx.stx_dev_minor), mnt_id, err,
-				    errlen);
+	rc = fsprobe_fs_forbidden(b, p->pid, makedev(sx.stx_dev_major, sx.stx_dev_minor), mnt_id,
+				  old_mnt_id, err, errlen);
+	if (rc < 0)
+		return rc;
+	if ((sx.stx_attributes_mask & (STATX_ATTR_APPEND | STATX_ATTR_IMMUTABLE)) !=
+	    (STATX_ATTR_APPEND | STATX_ATTR_IMMUTABLE)) {
+		snprintf(err, errlen, "the file system does not say whether the file is "
+			 "append-only or immutable");
+		return -EOPNOTSUPP;
+	}
+	if (sx.stx_attributes & (STATX_ATTR_APPEND | STATX_ATTR_IMMUTABLE)) {
+		snprintf(err, errlen, "the file is %s (chattr +%c): passthrough writes would "
+			 "bypass that", (sx.stx_attributes & STATX_ATTR_IMMUTABLE) ? "immutable" :
+			 "append-only", (sx.stx_attributes & STATX_ATTR_IMMUTABLE) ? 'i' : 'a');
+		return -EPERM;
+	}
+	return 0;
 }
 
 /* The peer's mount id: the mount, or a refusal. */
@@ -100,13 +133,10 @@ static int peer_mount(struct broker *b, const struct peer *p, uint64_t id, struc
 	struct bmount *m = mount_find_id(b, id);
 
 	*out = NULL;
-	if (!m) {
-		snprintf(err, errlen, "no mount %" PRIu64, id);
+	/* Another tenant's mount is, to this peer, no mount at all. */
+	if (!m || m->owner != p->owner) {
+		snprintf(err, errlen, "no mount %" PRIu64 " of this peer's", id);
 		return -ENOENT;
-	}
-	if (m->owner != p->owner) {
-		snprintf(err, errlen, "mount %" PRIu64 " belongs to another peer", id);
-		return -EPERM;
 	}
 	if (m->fuse_fd < 0) {
 		snprintf(err, errlen, "the broker holds no /dev/fuse fd for mount %" PRIu64 " (it "
@@ -198,7 +228,10 @@ int handle_backing_close(struct broker *b, struct conn *c, const struct broker_r
 			 strerror(-rc));
 		if (rc != -ENOENT || !known)
 			return rc;
-		/* The kernel no longer has it: neither do we. */
+		/* The kernel no longer has it: neither do we, and that is what
+		 * the peer asked for. */
+		rc = 0;
+		err[0] = '\0';
 	}
 	if (known) {
 		idset_del(&m->ids, bid);

@@ -60,11 +60,19 @@
 #define BROKER_CONN_PER_UID 64u      /* connections of one uid */
 #define BROKER_CONN_OUT_MAX 64u      /* replies queued before we stop reading a peer */
 #define BROKER_FRAMES_PER_WAKE 32u   /* frames taken from one peer before others go */
-#define BROKER_FRAME_TIMEOUT_S 10    /* a frame started must be whole by then */
+#define BROKER_FRAME_TIMEOUT_S 10    /* a frame started must be whole by then, and
+                                        queued replies must move within it */
+#define BROKER_IDLE_TIMEOUT_S 120    /* default --idle-timeout: a connection that
+                                        serves no mount and sends nothing */
+/* Room for every fd one recvmsg can bring (the kernel's SCM_MAX_FD), so
+ * that the kernel never drops (and so closes, in our thread) any. */
+#define BROKER_RECV_FDS_ROOM 253u
+#define BROKER_FDS_RESERVED 64u      /* our own fds: listener, state, fusectl, logs... */
+#define BROKER_STRANGER_PENDING_MAX 256u /* refused sockets closing before accept pauses */
 #define BROKER_REAP_INTERVAL_S 30    /* mounts checked against mountinfo */
 #define BROKER_MOUNT_HASH 64u
-#define BROKER_CLOSE_STALL_S 5       /* a close stuck this long: abort its FUSE connection */
-#define BROKER_CLOSE_PENDING_MAX 8u  /* closes aside per uid before its peers are paused */
+#define BROKER_CLOSE_STALL_S 5       /* a close stuck this long: its owner is cut off */
+#define BROKER_CLOSE_PENDING_MAX 8u  /* fds in an owner's closer before its peers are paused */
 
 #define FUSE_SUPER_MAGIC_ 0x65735546u
 #define OVERLAYFS_SUPER_MAGIC_ 0x794c7630u
@@ -182,6 +190,9 @@ struct owner {
 	unsigned nconns;
 	unsigned nmounts;
 	unsigned nbacking;             /* live ids over its mounts */
+	struct closer *closer;         /* closes what its peers sent; owned */
+	bool wedged;                   /* a close has been stuck: cut off */
+	uint64_t aborted_seq;          /* the stuck close whose mount we aborted */
 	TAILQ_HEAD(, bmount) mounts;
 	TAILQ_ENTRY(owner) link;
 };
@@ -201,8 +212,14 @@ int peer_identify(struct broker *b, int sock, struct peer *p);
 void peer_clear(struct broker *b, struct peer *p);
 /* The owner for (uid, root), made if need be. */
 struct owner *owner_get(struct broker *b, uid_t uid, const char *root);
-/* Frees it if nothing refers to it any more. */
+/* Frees it if nothing refers to it any more (no connection, no mount,
+ * nothing left in its closer). */
 void owner_put(struct broker *b, struct owner *o);
+/* Could any rule admit uid/gid (whatever its cgroup)? The cheap test made
+ * at accept before anything else is read about a peer. */
+bool peer_may_be_admitted(const struct broker *b, uid_t uid, gid_t gid);
+/* At exit, after the connections and mounts: every owner and its closer. */
+void owners_free_all(struct broker *b);
 
 /* ---- fsprobe.c ---- */
 
@@ -216,16 +233,20 @@ struct mnt_ident {
 /* Identity of the mount fd is on, without reaching its file system. */
 int fsprobe_mount_ident(int fd, struct mnt_ident *m);
 /*
- * Is the regular file fd (whose statx gave dev and mnt_id) on a FUSE or
- * overlay file system? 0: no; -EXDEV: yes; other: cannot tell. Uses
- * statmount(), then the fusectl mount; fstatfs() only once FUSE is ruled
- * out.
+ * Is a regular file (whose statx gave dev, the unique mnt_id and the
+ * reusable old_mnt_id) on a FUSE or overlay file system? 0: no; -EXDEV:
+ * yes; other: cannot tell. Uses statmount(), then the fusectl mount, then
+ * the mountinfo of the peer's process (pid), which lists the mounts of its
+ * namespace; never the file system itself.
  */
-int fsprobe_fs_forbidden(struct broker *b, int fd, uint64_t dev, uint64_t mnt_id, char *err,
-			 size_t errlen);
+int fsprobe_fs_forbidden(struct broker *b, pid_t pid, uint64_t dev, uint64_t mnt_id,
+			 uint32_t old_mnt_id, char *err, size_t errlen);
 /* Is the mount with unique id (and that mountinfo id) still in our mount
  * namespace? 1 yes, 0 no, -EOPNOTSUPP: the kernel cannot tell (statmount). */
 int fsprobe_mount_alive(uint64_t id, uint32_t old_id);
+/* Where the mount with unique id is mounted, as a path in our namespace
+ * (statmount). -ENOENT: not in our namespace any more. */
+int fsprobe_mount_point(uint64_t id, char *buf, size_t len);
 /* Without asking the file system: 0 if dev/mnt_id is known to be neither
  * FUSE nor overlayfs, else -EXDEV or -EOPNOTSUPP. */
 int fsprobe_fs_known_safe(struct broker *b, uint64_t dev, uint64_t mnt_id, char *err,
@@ -243,22 +264,38 @@ struct mountinfo_ent {
 };
 /* Reads /proc/self/mountinfo: *out (malloc'ed, caller frees), *n. */
 int mountinfo_read(struct mountinfo_ent **out, size_t *n);
+/* The same for another process's mount namespace (/proc/PID/mountinfo). */
+int mountinfo_read_pid(pid_t pid, struct mountinfo_ent **out, size_t *n);
 const struct mountinfo_ent *mountinfo_find(const struct mountinfo_ent *v, size_t n, uint32_t id,
 					   uint64_t dev);
 int boot_id_read(char *buf, size_t len);
 
 /* ---- closer.c ---- */
 
-int closer_start(struct broker *b);
-/* At exit; does not wait for a close stuck on a FUSE server. */
-void closer_stop(struct broker *b);
-/* Closes fd, sent by a peer of uid: in place if it cannot reach a FUSE
- * server, else on the closer thread. */
-void peer_fd_drop(struct broker *b, uid_t uid, int fd);
-void peer_fds_drop(struct broker *b, uid_t uid, int *fds, size_t n);
-/* fds of uid's peers waiting to be closed aside. */
-unsigned closer_pending(struct broker *b, uid_t uid);
-/* Every second: a close stuck too long gets its FUSE connection aborted. */
+struct closer;
+
+/* A closer with no thread yet (started at the first push); NULL: ENOMEM. */
+struct closer *closer_new(void);
+/* Stops and frees cl if it is idle and returns true. at_exit: closes what
+ * is queued first, and leaves a closer whose close is stuck running
+ * (false; the process is about to exit anyway). */
+bool closer_free(struct closer *cl, bool at_exit);
+/* Queues fd (owned by the closer from now on). Never blocks. */
+int closer_push(struct closer *cl, int fd);
+/* fds queued or being closed; 0 for NULL. */
+unsigned closer_pending(struct closer *cl);
+/* The same over every closer. */
+unsigned closer_pending_total(void);
+/* How long the current close has waited (0: none), which one (*seq), and
+ * the st_dev of its file (0: unknown or not a regular file). */
+double closer_stuck(struct closer *cl, uint64_t *seq, uint64_t *dev);
+/* Lets go of fd, sent by a peer of owner o (NULL: a peer with no owner),
+ * on o's closer: never on the loop. */
+void peer_fd_drop(struct broker *b, struct owner *o, int fd);
+void peer_fds_drop(struct broker *b, struct owner *o, int *fds, size_t n);
+/* Every second: an owner whose close is stuck is cut off (and its own
+ * FUSE connection aborted if that is where it is stuck); one whose close
+ * returned is admitted again; owners left with nothing are freed. */
 void closer_watch(struct broker *b);
 
 /* ---- mount_table.c ---- */
@@ -317,6 +354,11 @@ int resolve_beneath(const char *root, uid_t uid, gid_t gid, const char *name, bo
 /* Is the mount at m's name still m? 0 with *fd (O_PATH on its root) if so;
  * -ESTALE if something else is there; other errors from resolution. */
 int mount_verify(const struct bmount *m, gid_t gid, int *fd, char *err, size_t errlen);
+/* For a live mount of ours whose name no longer leads to it (its peer
+ * renamed a directory on the way): follows it within the root (new name,
+ * record rewritten), or unmounts and forgets it if it was carried out of
+ * the root (-EXDEV; m is freed then). 0 if it is where the table says. */
+int mount_follow(struct broker *b, struct bmount *m);
 
 /* ---- the handlers (mount.c, backing.c, server.c) ---- */
 
@@ -363,8 +405,12 @@ struct conn {
 	struct frame_in in;
 	TAILQ_HEAD(, out_frame) out;
 	unsigned nout;
+	bool session;                  /* it made or attached a mount: no idle timeout */
+	bool rights;                   /* SO_PASSRIGHTS on: its queue may hold fds */
+	time_t last_active;            /* CLOCK_MONOTONIC s of its last frame */
+	time_t last_moved;             /* ... of the last progress of its output */
 	bool paused;                   /* not reading: too many replies queued */
-	bool throttled;                /* not reading: its uid has fds closing aside */
+	bool throttled;                /* not reading: its owner has fds closing aside */
 	bool closing;                  /* close once the output is written */
 	TAILQ_ENTRY(conn) link;
 };
@@ -372,8 +418,14 @@ struct conn {
 /* The peer of a connection, for handlers. */
 const struct peer *conn_peer(const struct conn *c);
 int server_listen(struct broker *b, const char *path, mode_t mode, gid_t gid);
-/* Every second: resumes peers throttled while their fds were closing. */
+/* Every second: resumes peers throttled while their fds were closing,
+ * closes idle connections and those whose replies do not move. */
 void server_tick(struct broker *b);
+/* Takes an accepted (or socketpair) connection: identifies the peer and
+ * admits or refuses it. fd is the broker's from then on. */
+void server_conn_add(struct broker *b, int fd);
+/* Closes every connection of o (it is wedged). */
+void server_cut_off(struct broker *b, struct owner *o);
 void server_close_all(struct broker *b);
 
 /* ---- main.c: the broker ---- */
@@ -385,7 +437,16 @@ struct broker {
 	const char *state_dir;
 	int state_fd;                  /* the state directory */
 	int fusectl_fd;                /* a detached fusectl mount, or -1 */
-	struct closer *closer;         /* closer.c; NULL: close in place */
+	struct closer *stranger_closer;/* sockets of peers with no owner, where
+	                                  the kernel cannot keep fds out of them */
+	uint64_t stranger_warned_seq;
+	bool rights_gated;             /* SO_PASSRIGHTS: fds only from admitted peers */
+	unsigned idle_timeout_s;
+	unsigned nofile;               /* RLIMIT_NOFILE: headroom for received fds */
+	unsigned conn_max;             /* BROKER_CONN_MAX, or what nofile leaves room for */
+	bool accept_paused;            /* strangers' sockets pile up (stranger_backlog) */
+	uint64_t refused_at_accept;    /* for the rate-limited log line */
+	time_t refused_logged;
 	char boot_id[64];
 	int listen_fd;
 	struct event *listen_ev;

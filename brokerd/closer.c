@@ -1,26 +1,39 @@
 /*
- * closer: how the broker lets go of an fd a peer sent.
+ * closer: how the broker lets go of what a peer sent it.
  *
- * close() of a regular file on FUSE sends FUSE_FLUSH to its server and
- * waits for the answer -- a forced request, waited for uninterruptibly
- * (fs/fuse/file.c fuse_flush, dev.c request_wait_answer). A peer serving a
- * FUSE mount of its own could send us an fd of one of its files and never
- * answer: the loop would hang for every peer. So an fd a peer sent is
- * closed on the loop only when it provably cannot reach a FUSE server (not
- * a regular file, O_PATH, or on a file system known not to be FUSE or
- * stacked); any other goes to the closer thread.
+ * Closing a peer-supplied fd can take as long as that peer likes. close()
+ * of a regular file on FUSE sends FLUSH and waits uninterruptibly; the last
+ * fput of such a file with dirty pages waits for their writeback; a TCP
+ * socket with SO_LINGER waits for its unsent data; and a Unix socket may
+ * hold any of these in flight in its receive queue, let go of (fput) when
+ * the socket is. None of that may happen on the event loop, which serves
+ * every peer. So each owner (peer.c) gets a closer of its own: a queue and
+ * a thread, started at its first use, that closes what that owner's peers
+ * sent -- the fds of their frames and, once rights are enabled on it, their
+ * connection sockets. A stuck close then holds up that owner's closer and
+ * nobody else.
  *
- * A close that stays stuck there for BROKER_CLOSE_STALL_S is ended by
- * aborting that FUSE connection through the broker's private fusectl mount
- * (<dev>/abort, written as the connection's owner): the peer's own mount
- * breaks, nobody else's. Connections of a uid with BROKER_CLOSE_PENDING_MAX
- * closes waiting are not read from until those are done (server.c), so the
- * fds a peer can make us hold this way stay bounded.
+ * The loop still closes in place what it has shown cannot wait on anyone:
+ * a backing file it checked (a regular file on a file system that is
+ * neither FUSE nor stacked) and the FUSE device (handlers set fd_safe).
+ *
+ * What a stuck owner costs is bounded: its connections are not read while
+ * BROKER_CLOSE_PENDING_MAX fds wait in its closer (server.c), and once one
+ * close has waited BROKER_CLOSE_STALL_S, closer_watch() cuts the owner off
+ * (its connections closed, new ones refused until the close returns). If
+ * the stuck file is on one of that same owner's own mounts, that FUSE
+ * connection is aborted, which ends the close; the broker never aborts a
+ * connection that is not the stuck owner's own.
+ *
+ * Ownership: an owner owns its closer (closer_free() when the owner goes,
+ * which peer.c allows only once the closer is idle); the closer's thread
+ * owns the item it is closing, the queue owns the rest.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,27 +45,27 @@
 #include "brokerd.h"
 #include "log.h"
 
-#ifndef STATX_MNT_ID_UNIQUE
-#define STATX_MNT_ID_UNIQUE 0x00004000U
-#endif
-
 struct close_item {
 	int fd;
-	uid_t uid;                 /* whose peer sent it */
 	uint64_t dev;              /* its st_dev, 0 if unknown */
 	TAILQ_ENTRY(close_item) link;
 };
 
 struct closer {
 	pthread_t thread;
+	bool started;
 	pthread_mutex_t lock;
 	pthread_cond_t cv;
 	bool stop;
 	TAILQ_HEAD(, close_item) queue;
+	unsigned queued;
 	struct close_item *current;  /* being closed; owned by the thread */
+	uint64_t current_seq;        /* tells one stuck close from the next */
 	struct timespec since;       /* when current started */
-	bool aborted;                /* current's connection was aborted already */
 };
+
+/* fds waiting in every closer: the fd table's headroom (server.c). */
+static atomic_uint pending_total;
 
 static double elapsed_s(const struct timespec *t)
 {
@@ -62,6 +75,18 @@ static double elapsed_s(const struct timespec *t)
 	return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) / 1e9;
 }
 
+/* Its st_dev (0: unknown): the FUSE connection to abort if the close is
+ * stuck on one of its owner's own mounts. An empty mask: FUSE fills st_dev
+ * even on a mount that does not admit us. */
+static uint64_t fd_dev(int fd)
+{
+	struct statx sx;
+
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, 0, &sx) < 0)
+		return 0;
+	return makedev(sx.stx_dev_major, sx.stx_dev_minor);
+}
+
 static void *closer_run(void *arg)
 {
 	struct closer *cl = arg;
@@ -69,6 +94,7 @@ static void *closer_run(void *arg)
 	pthread_mutex_lock(&cl->lock);
 	for (;;) {
 		struct close_item *it;
+		uint64_t dev;
 
 		while (!cl->stop && TAILQ_EMPTY(&cl->queue))
 			pthread_cond_wait(&cl->cv, &cl->lock);
@@ -76,152 +102,172 @@ static void *closer_run(void *arg)
 			break;
 		it = TAILQ_FIRST(&cl->queue);
 		TAILQ_REMOVE(&cl->queue, it, link);
+		cl->queued--;
 		cl->current = it;
-		cl->aborted = false;
+		cl->current_seq++;
 		clock_gettime(CLOCK_MONOTONIC, &cl->since);
 		pthread_mutex_unlock(&cl->lock);
-		close(it->fd); /* may wait for a FUSE server */
+		dev = fd_dev(it->fd);
+		pthread_mutex_lock(&cl->lock);
+		it->dev = dev;
+		pthread_mutex_unlock(&cl->lock);
+		close(it->fd); /* may wait as long as the peer likes */
 		pthread_mutex_lock(&cl->lock);
 		cl->current = NULL;
+		/* After current is cleared: both counts agree when read. */
+		atomic_fetch_sub(&pending_total, 1);
 		free(it);
 	}
 	pthread_mutex_unlock(&cl->lock);
 	return NULL;
 }
 
-int closer_start(struct broker *b)
+struct closer *closer_new(void)
 {
 	struct closer *cl = calloc(1, sizeof(*cl));
 
 	if (!cl)
-		return -ENOMEM;
+		return NULL;
 	pthread_mutex_init(&cl->lock, NULL);
 	pthread_cond_init(&cl->cv, NULL);
 	TAILQ_INIT(&cl->queue);
-	if (pthread_create(&cl->thread, NULL, closer_run, cl) != 0) {
-		free(cl);
-		return -EAGAIN;
-	}
-	b->closer = cl;
-	return 0;
+	return cl;
 }
 
-void closer_stop(struct broker *b)
+bool closer_free(struct closer *cl, bool at_exit)
 {
-	struct closer *cl = b->closer;
 	struct close_item *it;
 	bool stuck;
 
 	if (!cl)
-		return;
+		return true;
 	pthread_mutex_lock(&cl->lock);
 	cl->stop = true;
 	pthread_cond_signal(&cl->cv);
-	/* What is still queued is closed here, at exit: a FUSE server that
-	 * leaves its FLUSH unanswered holds up the exit (as it would the exit
-	 * of any process), not the service. */
-	while ((it = TAILQ_FIRST(&cl->queue))) {
-		TAILQ_REMOVE(&cl->queue, it, link);
-		close(it->fd);
-		free(it);
+	if (at_exit) {
+		/* What is still queued is closed here: a peer that holds up
+		 * these closes holds up the exit (as it would any process's),
+		 * not the service. */
+		while ((it = TAILQ_FIRST(&cl->queue))) {
+			TAILQ_REMOVE(&cl->queue, it, link);
+			cl->queued--;
+			close(it->fd);
+			atomic_fetch_sub(&pending_total, 1);
+			free(it);
+		}
 	}
-	stuck = cl->current != NULL;
+	stuck = cl->current != NULL || cl->queued;
 	pthread_mutex_unlock(&cl->lock);
 	if (stuck) {
-		/* Not joined (nor freed): it may never come back. The process
-		 * exits anyway. */
-		log_warnx("a close of a peer's fd is still waiting for its FUSE server");
-		b->closer = NULL;
-		return;
+		/* Not joined nor freed: its thread may never come back, and it
+		 * still refers to cl. Only at exit. */
+		return false;
 	}
-	pthread_join(cl->thread, NULL);
+	if (cl->started)
+		pthread_join(cl->thread, NULL);
 	pthread_mutex_destroy(&cl->lock);
 	pthread_cond_destroy(&cl->cv);
 	free(cl);
-	b->closer = NULL;
+	return true;
 }
 
-/* Can closing fd reach a FUSE server? false only when that is ruled out.
- * *dev gets its st_dev in any case (0 if even that is unknown). */
-static bool may_reach_fuse(struct broker *b, int fd, uint64_t *dev)
+int closer_push(struct closer *cl, int fd)
 {
-	struct statx sx;
-	int fl;
-	char err[128];
-
-	*dev = 0;
-	fl = fcntl(fd, F_GETFL);
-	if (fl >= 0 && (fl & O_PATH))
-		return false; /* no file operations at all */
-	/* An empty mask: FUSE fills st_dev even for a mount that does not
-	 * admit us, and only that (no type then). */
-	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, 0, &sx) < 0)
-		return true;
-	*dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-	if (!(sx.stx_mask & STATX_TYPE))
-		return true; /* a FUSE mount that does not admit us */
-	/* FUSE has a flush only for regular files (CUSE devices and FUSE
-	 * directories have none). */
-	if (!S_ISREG(sx.stx_mode))
-		return false;
-	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID_UNIQUE, &sx) < 0)
-		return true;
-	return fsprobe_fs_known_safe(b, *dev,
-				     (sx.stx_mask & STATX_MNT_ID_UNIQUE) ? sx.stx_mnt_id : 0, err,
-				     sizeof(err)) != 0;
-}
-
-void peer_fd_drop(struct broker *b, uid_t uid, int fd)
-{
-	struct closer *cl = b->closer;
 	struct close_item *it;
-	uint64_t dev;
+	int rc = 0;
 
-	if (fd < 0)
-		return;
-	if (!cl || !may_reach_fuse(b, fd, &dev)) {
-		close(fd);
-		return;
-	}
 	it = malloc(sizeof(*it));
-	if (!it) {
-		close(fd); /* no memory: better a risk than a leak */
-		return;
-	}
+	if (!it)
+		return -ENOMEM;
 	it->fd = fd;
-	it->uid = uid;
-	it->dev = dev;
-	log_debug("uid %d sent an fd that may be on FUSE: closed aside", (int)uid);
+	it->dev = 0; /* the thread finds it out: even a statx stays off the loop */
 	pthread_mutex_lock(&cl->lock);
+	if (!cl->started) {
+		/* A small stack: the thread only ever calls close(). */
+		pthread_attr_t attr;
+
+		pthread_attr_init(&attr);
+		pthread_attr_setstacksize(&attr, 64 << 10);
+		rc = pthread_create(&cl->thread, &attr, closer_run, cl);
+		pthread_attr_destroy(&attr);
+		if (rc != 0) {
+			pthread_mutex_unlock(&cl->lock);
+			free(it);
+			return -rc;
+		}
+		cl->started = true;
+	}
 	TAILQ_INSERT_TAIL(&cl->queue, it, link);
+	cl->queued++;
+	atomic_fetch_add(&pending_total, 1);
 	pthread_cond_signal(&cl->cv);
 	pthread_mutex_unlock(&cl->lock);
+	return 0;
 }
 
-void peer_fds_drop(struct broker *b, uid_t uid, int *fds, size_t n)
+unsigned closer_pending(struct closer *cl)
 {
-	for (size_t i = 0; i < n; i++) {
-		peer_fd_drop(b, uid, fds[i]);
-		fds[i] = -1;
-	}
-}
-
-unsigned closer_pending(struct broker *b, uid_t uid)
-{
-	struct closer *cl = b->closer;
-	struct close_item *it;
-	unsigned n = 0;
+	unsigned n;
 
 	if (!cl)
 		return 0;
 	pthread_mutex_lock(&cl->lock);
-	TAILQ_FOREACH(it, &cl->queue, link)
-		if (it->uid == uid)
-			n++;
-	if (cl->current && cl->current->uid == uid)
-		n++;
+	n = cl->queued + (cl->current != NULL);
 	pthread_mutex_unlock(&cl->lock);
 	return n;
+}
+
+unsigned closer_pending_total(void)
+{
+	return atomic_load(&pending_total);
+}
+
+double closer_stuck(struct closer *cl, uint64_t *seq, uint64_t *dev)
+{
+	double s = 0;
+
+	*seq = 0;
+	*dev = 0;
+	if (!cl)
+		return 0;
+	pthread_mutex_lock(&cl->lock);
+	if (cl->current) {
+		s = elapsed_s(&cl->since);
+		*seq = cl->current_seq;
+		*dev = cl->current->dev;
+	}
+	pthread_mutex_unlock(&cl->lock);
+	return s;
+}
+
+void peer_fd_drop(struct broker *b, struct owner *o, int fd)
+{
+	struct closer *cl;
+	int rc;
+
+	if (fd < 0)
+		return;
+	cl = o ? o->closer : b->stranger_closer;
+	if (!cl) {
+		/* Only before start-up made the closers, or out of memory
+		 * when the owner was made: nothing better is left. */
+		log_warnx("no closer for an fd a peer sent: closing it in place");
+		close(fd);
+		return;
+	}
+	rc = closer_push(cl, fd);
+	if (rc < 0) {
+		log_errno(rc, "cannot queue an fd a peer sent for closing: closing it in place");
+		close(fd);
+	}
+}
+
+void peer_fds_drop(struct broker *b, struct owner *o, int *fds, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		peer_fd_drop(b, o, fds[i]);
+		fds[i] = -1;
+	}
 }
 
 /* Writes "1" to <fusectl>/<dev>/abort as the connection's owner (its
@@ -252,36 +298,64 @@ static int abort_connection(struct broker *b, uint64_t dev)
 	return rc;
 }
 
-void closer_watch(struct broker *b)
+/* Is dev one of o's own mounts? Only those may be aborted for o. */
+static bool owners_mount(const struct owner *o, uint64_t dev)
 {
-	struct closer *cl = b->closer;
-	uint64_t dev = 0;
-	uid_t uid = 0;
-	double stalled = 0;
+	const struct bmount *m;
+
+	TAILQ_FOREACH(m, &o->mounts, olink)
+		if (dev && m->dev == dev)
+			return true;
+	return false;
+}
+
+static void watch_owner(struct broker *b, struct owner *o)
+{
+	uint64_t seq, dev;
+	double stuck = closer_stuck(o->closer, &seq, &dev);
 	int rc;
 
-	if (!cl)
-		return;
-	/* Only once per stuck close (aborted stays set until the next). */
-	pthread_mutex_lock(&cl->lock);
-	if (cl->current && !cl->aborted) {
-		stalled = elapsed_s(&cl->since);
-		if (stalled >= BROKER_CLOSE_STALL_S) {
-			dev = cl->current->dev;
-			uid = cl->current->uid;
-			cl->aborted = true;
+	if (stuck < BROKER_CLOSE_STALL_S) {
+		if (o->wedged) {
+			o->wedged = false;
+			log_info("uid %d (%s): its stuck close returned; connections admitted again",
+				 (int)o->uid, o->root);
 		}
-	}
-	pthread_mutex_unlock(&cl->lock);
-	if (stalled < BROKER_CLOSE_STALL_S)
 		return;
+	}
+	if (!o->wedged) {
+		o->wedged = true;
+		log_warnx("uid %d (%s): a close of an fd it sent has waited %.0f s: wedged; its "
+			  "connections are closed and new ones refused until that close returns",
+			  (int)o->uid, o->root, stuck);
+		server_cut_off(b, o);
+	}
+	if (seq == o->aborted_seq || !owners_mount(o, dev))
+		return;
+	o->aborted_seq = seq;
 	rc = abort_connection(b, dev);
 	if (rc < 0)
-		log_errno(rc, "a close of an fd uid %d sent has waited %.0f s for its FUSE server "
-			  "(dev %u:%u), which cannot be aborted", (int)uid, stalled, major(dev),
-			  minor(dev));
+		log_errno(rc, "uid %d: the stuck file is on its own mount (dev %u:%u), whose FUSE "
+			  "connection cannot be aborted", (int)o->uid, major(dev), minor(dev));
 	else
-		log_warnx("a close of an fd uid %d sent waited %.0f s for its FUSE server: aborted "
-			  "that FUSE connection (dev %u:%u)", (int)uid, stalled, major(dev),
-			  minor(dev));
+		log_warnx("uid %d: the stuck file is on its own mount: aborted that FUSE "
+			  "connection (dev %u:%u)", (int)o->uid, major(dev), minor(dev));
+}
+
+void closer_watch(struct broker *b)
+{
+	struct owner *o, *next;
+	uint64_t seq, dev;
+	double stuck;
+
+	for (o = TAILQ_FIRST(&b->owners); o; o = next) {
+		next = TAILQ_NEXT(o, link);
+		watch_owner(b, o);
+		owner_put(b, o); /* frees an owner whose last close just returned */
+	}
+	stuck = closer_stuck(b->stranger_closer, &seq, &dev);
+	if (stuck >= BROKER_CLOSE_STALL_S && seq != b->stranger_warned_seq) {
+		b->stranger_warned_seq = seq;
+		log_warnx("a connection of a refused peer has taken %.0f s to close", stuck);
+	}
 }

@@ -11,8 +11,8 @@
  *   - whether a file is on FUSE or overlayfs: statmount()'s sb_magic for a
  *     mount in our namespace; else its st_dev among the connections of a
  *     private fusectl mount (a block-device file system not listed there is
- *     neither); fstatfs() only as the last resort, once fusectl has ruled
- *     FUSE out.
+ *     neither); else the peer process's mountinfo. Never fstatfs(): on an
+ *     overlayfs whose upper layer is FUSE it would ask that FUSE server.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,7 +22,6 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -37,6 +36,9 @@
 #endif
 #define STATMOUNT_SB_BASIC_ 0x00000001u
 #define STATMOUNT_MNT_BASIC_ 0x00000002u
+#define STATMOUNT_MNT_POINT_ 0x00000010u
+#define STATMOUNT_HEAD_SIZE 512u        /* the fixed part before str[] */
+#define STATMOUNT_MNT_POINT_OFF 108u   /* offset of __u32 mnt_point */
 
 /* The head of the kernel's struct statmount (include/uapi/linux/mount.h). */
 struct sm_head {
@@ -130,13 +132,39 @@ int fsprobe_mount_alive(uint64_t id, uint32_t old_id)
 	} sm;
 	struct mnt_id_req_ req = { .size = 24, .mnt_id = id, .param = STATMOUNT_MNT_BASIC_ };
 
-	if (id <= UINT32_MAX)
+	if (id <= INT32_MAX)
 		return -EOPNOTSUPP; /* not a unique id */
 	if (syscall(SYS_statmount, &req, &sm, sizeof(sm), 0) < 0)
 		return errno == ENOENT ? 0 : -errno;
 	if (!(sm.h.mask & STATMOUNT_MNT_BASIC_))
 		return -EOPNOTSUPP;
 	return sm.h.mnt_id_old == old_id;
+}
+
+int fsprobe_mount_point(uint64_t id, char *buf, size_t len)
+{
+	union {
+		struct sm_head h;
+		unsigned char buf[STATMOUNT_HEAD_SIZE + 4096 + 64];
+	} sm;
+	struct mnt_id_req_ req = { .size = 24, .mnt_id = id, .param = STATMOUNT_MNT_POINT_ };
+	uint32_t off;
+	const char *point;
+
+	if (id <= INT32_MAX)
+		return -EOPNOTSUPP;
+	if (syscall(SYS_statmount, &req, &sm, sizeof(sm), 0) < 0)
+		return -errno;
+	if (!(sm.h.mask & STATMOUNT_MNT_POINT_))
+		return -EOPNOTSUPP;
+	memcpy(&off, sm.buf + STATMOUNT_MNT_POINT_OFF, sizeof(off));
+	if (off >= sm.h.size - STATMOUNT_HEAD_SIZE || sm.h.size > sizeof(sm))
+		return -EOVERFLOW;
+	point = (const char *)sm.buf + STATMOUNT_HEAD_SIZE + off;
+	if (strnlen(point, sm.h.size - STATMOUNT_HEAD_SIZE - off) >= len)
+		return -ENAMETOOLONG;
+	snprintf(buf, len, "%s", point);
+	return 0;
 }
 
 static const char *magic_name(uint64_t magic)
@@ -156,7 +184,7 @@ static int fs_class(struct broker *b, uint64_t dev, uint64_t mnt_id, char *err, 
 	struct mnt_id_req_ req = { .size = 24, .mnt_id = mnt_id, .param = STATMOUNT_SB_BASIC_ };
 
 	/* The super block's magic, if the mount is in our namespace. */
-	if (mnt_id > UINT32_MAX &&
+	if (mnt_id > INT32_MAX &&
 	    syscall(SYS_statmount, &req, &sm, sizeof(sm), 0) == 0 &&
 	    (sm.h.mask & STATMOUNT_SB_BASIC_)) {
 		if (sm.h.sb_magic == FUSE_SUPER_MAGIC_ || sm.h.sb_magic == OVERLAYFS_SUPER_MAGIC_) {
@@ -193,33 +221,39 @@ int fsprobe_fs_known_safe(struct broker *b, uint64_t dev, uint64_t mnt_id, char 
 	return fs_class(b, dev, mnt_id, err, errlen);
 }
 
-int fsprobe_fs_forbidden(struct broker *b, int fd, uint64_t dev, uint64_t mnt_id, char *err,
-			 size_t errlen)
+int fsprobe_fs_forbidden(struct broker *b, pid_t pid, uint64_t dev, uint64_t mnt_id,
+			 uint32_t old_mnt_id, char *err, size_t errlen)
 {
-	struct statfs sfs;
+	struct mountinfo_ent *mi = NULL;
+	const struct mountinfo_ent *e;
+	size_t n;
 	int rc = fs_class(b, dev, mnt_id, err, errlen);
 
 	if (rc != -EOPNOTSUPP)
 		return rc;
-	/* fstatfs() would ask a FUSE server: only once fusectl has shown it
-	 * is not FUSE. (Overlayfs over FUSE, in another mount namespace, is
-	 * the one thing this can still wait for.) */
-	if (b->fusectl_fd < 0) {
-		snprintf(err, errlen, "cannot tell the file's file system without asking it");
-		return -EOPNOTSUPP;
-	}
-	if (fstatfs(fd, &sfs) < 0) {
-		rc = -errno;
-		snprintf(err, errlen, "fstatfs: %s", strerror(-rc));
+	/* A mount of another namespace on an anonymous device (tmpfs, say,
+	 * or overlayfs). Mount ids are unique over the whole system, so the
+	 * mountinfo of the peer's process names its type if the mount is in
+	 * the peer's namespace, and whoever's it was if the pid was reused:
+	 * the id and dev must both match. Reading mountinfo asks no file
+	 * system anything that could wait on a FUSE server (unlike fstatfs
+	 * of an overlayfs over FUSE). */
+	if (pid > 0 && old_mnt_id && mountinfo_read_pid(pid, &mi, &n) == 0 &&
+	    (e = mountinfo_find(mi, n, old_mnt_id, dev))) {
+		if (!strcmp(e->fstype, "fuse") || !strncmp(e->fstype, "fuse.", 5) ||
+		    !strncmp(e->fstype, "fuseblk", 7) || !strcmp(e->fstype, "overlay")) {
+			snprintf(err, errlen, "the file is on a %s file system", e->fstype);
+			rc = -EXDEV;
+		} else {
+			rc = 0;
+		}
+		free(mi);
 		return rc;
 	}
-	if ((uint64_t)sfs.f_type == FUSE_SUPER_MAGIC_ ||
-	    (uint64_t)sfs.f_type == OVERLAYFS_SUPER_MAGIC_) {
-		snprintf(err, errlen, "the file is on a %s file system",
-			 magic_name((uint64_t)sfs.f_type));
-		return -EXDEV;
-	}
-	return 0;
+	free(mi);
+	snprintf(err, errlen, "cannot tell the file's file system without asking it (a mount "
+		 "outside the peer's namespace?)");
+	return -EOPNOTSUPP;
 }
 
 /* ---- /proc/self/mountinfo ---- */
@@ -308,7 +342,7 @@ static bool parse_line(char *line, struct mountinfo_ent *e)
 	return true;
 }
 
-int mountinfo_read(struct mountinfo_ent **out, size_t *n)
+static int mountinfo_read_path(const char *path, struct mountinfo_ent **out, size_t *n)
 {
 	struct mountinfo_ent *v = NULL;
 	size_t len, cnt = 0, cap = 0;
@@ -317,7 +351,7 @@ int mountinfo_read(struct mountinfo_ent **out, size_t *n)
 
 	*out = NULL;
 	*n = 0;
-	rc = slurp_proc("/proc/self/mountinfo", &buf, &len);
+	rc = slurp_proc(path, &buf, &len);
 	if (rc < 0)
 		return rc;
 	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
@@ -342,6 +376,19 @@ int mountinfo_read(struct mountinfo_ent **out, size_t *n)
 	*out = v;
 	*n = cnt;
 	return 0;
+}
+
+int mountinfo_read(struct mountinfo_ent **out, size_t *n)
+{
+	return mountinfo_read_path("/proc/self/mountinfo", out, n);
+}
+
+int mountinfo_read_pid(pid_t pid, struct mountinfo_ent **out, size_t *n)
+{
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/%d/mountinfo", (int)pid);
+	return mountinfo_read_path(path, out, n);
 }
 
 const struct mountinfo_ent *mountinfo_find(const struct mountinfo_ent *v, size_t n, uint32_t id,

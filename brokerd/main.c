@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +28,8 @@ struct options {
 	const char *state_dir;
 	mode_t socket_mode;
 	const char *socket_group;
+	unsigned idle_timeout;
+	unsigned check_interval;
 	bool check;
 	bool ping;
 	bool verbose;
@@ -52,18 +55,25 @@ static void usage(FILE *f)
 		"                       allow uid=65534 root=/srv/ferry/pods max_mounts=16\n"
 		"  --state-dir DIR      where the mount table is kept, so a restarted broker\n"
 		"                       knows its live mounts (default %s)\n"
+		"  --check-interval SEC how often mounts are checked (default %d): gone from\n"
+		"                       mountinfo, renamed within their root (the table\n"
+		"                       follows), or carried out of it (unmounted)\n"
+		"  --idle-timeout SEC   close a connection that serves no mount and has sent\n"
+		"                       nothing for SEC seconds (default %d; 0: never)\n"
 		"  -n                   check the policy file (and that each root is a\n"
 		"                       directory), print ok or the bad line, exit 0 or 1\n"
 		"  --ping               ask the broker at --socket for its status; exit 0 if\n"
 		"                       it answers (a liveness probe)\n"
 		"  -v, --verbose        debug logging (every request)\n"
 		"  -h, --help           this text\n",
-		BROKER_DEFAULT_SOCKET, BROKER_STATE_DIR_DEFAULT);
+		BROKER_DEFAULT_SOCKET, BROKER_STATE_DIR_DEFAULT, BROKER_REAP_INTERVAL_S,
+		BROKER_IDLE_TIMEOUT_S);
 }
 
 static int parse_args(int argc, char **argv, struct options *o)
 {
-	enum { OPT_SOCKET = 256, OPT_MODE, OPT_GROUP, OPT_POLICY, OPT_STATE, OPT_PING };
+	enum { OPT_SOCKET = 256, OPT_MODE, OPT_GROUP, OPT_POLICY, OPT_STATE, OPT_PING, OPT_IDLE,
+	       OPT_CHECK };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "socket-mode", required_argument, NULL, OPT_MODE },
@@ -71,6 +81,8 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "policy", required_argument, NULL, OPT_POLICY },
 		{ "state-dir", required_argument, NULL, OPT_STATE },
 		{ "ping", no_argument, NULL, OPT_PING },
+		{ "idle-timeout", required_argument, NULL, OPT_IDLE },
+		{ "check-interval", required_argument, NULL, OPT_CHECK },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -81,6 +93,8 @@ static int parse_args(int argc, char **argv, struct options *o)
 		.socket = BROKER_DEFAULT_SOCKET,
 		.state_dir = BROKER_STATE_DIR_DEFAULT,
 		.socket_mode = 0666,
+		.idle_timeout = BROKER_IDLE_TIMEOUT_S,
+		.check_interval = BROKER_REAP_INTERVAL_S,
 	};
 	while ((ch = getopt_long(argc, argv, "nvh", longopts, NULL)) != -1) {
 		switch (ch) {
@@ -90,6 +104,30 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case OPT_GROUP: o->socket_group = optarg; break;
 		case OPT_PING: o->ping = true; break;
 		case 'n': o->check = true; break;
+		case OPT_CHECK: {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+
+			if (!*optarg || *end || v < 1 || v > 3600) {
+				fprintf(stderr, "ferry-brokerd: --check-interval %s: not a number of "
+					"seconds from 1 to 3600\n", optarg);
+				return 2;
+			}
+			o->check_interval = (unsigned)v;
+			break;
+		}
+		case OPT_IDLE: {
+			char *end;
+			unsigned long v = strtoul(optarg, &end, 10);
+
+			if (!*optarg || *end || v > 86400) {
+				fprintf(stderr, "ferry-brokerd: --idle-timeout %s: not a number of "
+					"seconds from 0 to 86400\n", optarg);
+				return 2;
+			}
+			o->idle_timeout = (unsigned)v;
+			break;
+		}
 		case 'v': o->verbose = true; break;
 		case OPT_MODE: {
 			char *end;
@@ -219,6 +257,21 @@ static int open_state_dir(const char *dir)
 	return fd;
 }
 
+/* Peers' fds pass through our fd table: as much room as we may have. */
+static unsigned nofile_raise(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 1024;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	return rl.rlim_cur > UINT_MAX / 2 ? UINT_MAX / 2 : (unsigned)rl.rlim_cur;
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	struct broker *b = arg;
@@ -260,6 +313,7 @@ int main(int argc, char **argv)
 		return check_policy(o.policy);
 	if (o.ping)
 		return ping(o.socket);
+	reap_tv.tv_sec = o.check_interval;
 
 	privs_close_stray_fds();
 	log_init("ferry-brokerd", o.verbose ? LOG_LVL_DEBUG : LOG_LVL_INFO);
@@ -286,6 +340,26 @@ int main(int argc, char **argv)
 		fatalx("cannot read the boot id: %s", strerror(-rc));
 	b.socket_path = o.socket;
 	b.state_dir = o.state_dir;
+	b.idle_timeout_s = o.idle_timeout;
+	b.nofile = nofile_raise();
+	/* Each connection may take two fds (its socket, one in a frame) and
+	 * a frame may bring BROKER_RECV_FDS_ROOM: what the limit leaves. */
+	b.conn_max = BROKER_CONN_MAX;
+	if (b.nofile < BROKER_FDS_RESERVED + 2 * BROKER_RECV_FDS_ROOM + 3 * BROKER_CONN_MAX) {
+		unsigned room = b.nofile > BROKER_FDS_RESERVED + 2 * BROKER_RECV_FDS_ROOM ?
+					(b.nofile - BROKER_FDS_RESERVED - 2 * BROKER_RECV_FDS_ROOM) / 3 : 0;
+
+		if (room < 16)
+			fatalx("the fd limit (RLIMIT_NOFILE %u) is too low to serve anyone: raise it "
+			       "to at least %u", b.nofile,
+			       BROKER_FDS_RESERVED + 2 * BROKER_RECV_FDS_ROOM + 48);
+		b.conn_max = room;
+		log_warnx("the fd limit (RLIMIT_NOFILE %u) leaves room for %u connections, not %u: "
+			  "raise it (LimitNOFILE=) for more", b.nofile, room, BROKER_CONN_MAX);
+	}
+	b.stranger_closer = closer_new();
+	if (!b.stranger_closer)
+		fatalx("out of memory");
 	TAILQ_INIT(&b.conns);
 	TAILQ_INIT(&b.owners);
 	TAILQ_INIT(&b.mounts);
@@ -319,11 +393,6 @@ int main(int argc, char **argv)
 	if (rc < 0)
 		log_errno(rc, "cannot mount a private fusectl: files in other mount namespaces "
 			  "will be refused as backing files");
-	rc = closer_start(&b);
-	if (rc < 0) {
-		log_errno(rc, "cannot start the closer thread");
-		goto out;
-	}
 	rc = mount_table_load(&b);
 	if (rc < 0) {
 		log_errno(rc, "cannot load the mount table from %s", o.state_dir);
@@ -339,8 +408,13 @@ int main(int argc, char **argv)
 		log_warnx("cannot set up signals and timers");
 		goto out;
 	}
-	log_info("serving on %s: %zu policy rules, %u mounts known, state in %s", o.socket,
-		 b.policy->n, b.nmounts, o.state_dir);
+	if (!b.rights_gated)
+		log_warnx("the kernel has no SO_PASSRIGHTS (Linux < 6.16): peers may send fds "
+			  "before they are admitted; those of refused peers are closed on a closer "
+			  "thread of their own");
+	log_info("serving on %s: %zu policy rules, %u mounts known, state in %s, fd limit %u, "
+		 "%u connections at most", o.socket, b.policy->n, b.nmounts, o.state_dir, b.nofile,
+		 b.conn_max);
 	if (event_base_dispatch(b.base) < 0)
 		log_warnx("event loop failed");
 	else
@@ -356,7 +430,9 @@ out:
 	if (ev_tick)
 		event_free(ev_tick);
 	mount_table_free(&b);
-	closer_stop(&b);
+	owners_free_all(&b);
+	if (!closer_free(b.stranger_closer, true))
+		log_warnx("a refused peer's connection is still closing at exit");
 	fsprobe_fini(&b);
 	if (b.state_fd >= 0)
 		close(b.state_fd);

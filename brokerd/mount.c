@@ -11,6 +11,12 @@
  * cannot redirect it: no path is looked up again. fd=, rootmode=, user_id=
  * and group_id= are the broker's.
  *
+ * The directory fd is the peer's, and a rename can carry it anywhere on its
+ * file system between resolution and move_mount(); so the new mount is
+ * looked for again at its name beneath the root (mount_verify) and undone
+ * if it is not there. The reap (mount_table.c) follows mounts whose
+ * directories are renamed later, and undoes those carried out of the root.
+ *
  * UMOUNT takes only a mount this broker made for the same owner, resolves
  * its name again (stepping onto the mount at the last component), checks
  * that the mount there is still that one (unique mount id, mountinfo id,
@@ -21,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,7 +298,7 @@ int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, i
 	struct bmount *m = NULL;
 	struct mnt_ident ident;
 	struct statx sx;
-	int target = -1, fuse_fd = -1, reply_fd = -1, mfd = -1, rc;
+	int target = -1, fuse_fd = -1, reply_fd = -1, mfd = -1, root = -1, rc;
 
 	(void)fd;
 	if ((m = mount_find_name(p->owner, q->name))) {
@@ -350,6 +357,30 @@ int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, i
 	m->fuse_fd = fuse_fd;
 	m->made = true;
 	m->created = time(NULL);
+	/* The target was a directory fd, and the peer may have renamed that
+	 * directory anywhere before move_mount() took it: is the mount where
+	 * the name says, beneath the root? If not, it is undone. */
+	rc = mount_verify(m, p->gid, &root, err, errlen);
+	if (rc < 0) {
+		int drc = detach(mfd);
+
+		m->fuse_fd = -1;
+		if (drc < 0) {
+			log_errno(drc, "uid %d: cannot detach mount %" PRIu64 ", which moved while "
+				  "it was being made", (int)p->uid, m->id);
+			snprintf(err, errlen, "%.128s moved while it was being mounted, and the "
+				 "mount cannot be undone: %s", q->name, strerror(-drc));
+		} else {
+			log_warnx("uid %d: %s moved while it was being mounted (%s): mount undone",
+				  (int)p->uid, q->name, err);
+			snprintf(err, errlen, "%.128s moved while it was being mounted; not mounted",
+				 q->name);
+		}
+		rc = -EXDEV;
+		goto out;
+	}
+	close(root);
+	root = -1;
 	rc = mount_table_write(b, m);
 	if (rc < 0) {
 		snprintf(err, errlen, "cannot record the mount in %s: %s; not mounted", b->state_dir,
@@ -373,6 +404,8 @@ out:
 	}
 	if (mfd >= 0)
 		close(mfd);
+	if (root >= 0)
+		close(root);
 	if (reply_fd >= 0)
 		close(reply_fd);
 	if (fuse_fd >= 0)
@@ -393,17 +426,13 @@ int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, 
 
 	(void)fd;
 	m = q->has_name ? mount_find_name(p->owner, q->name) : mount_find_id(b, q->mount_id);
-	if (!m) {
+	/* Another tenant's mount is, to this peer, no mount at all. */
+	if (!m || m->owner != p->owner) {
 		if (q->has_name)
 			snprintf(err, errlen, "no mount of this peer's at %.128s", q->name);
 		else
-			snprintf(err, errlen, "no mount %" PRIu64, q->mount_id);
+			snprintf(err, errlen, "no mount %" PRIu64 " of this peer's", q->mount_id);
 		return -ENOENT;
-	}
-	if (m->owner != p->owner) {
-		snprintf(err, errlen, "mount %" PRIu64 " belongs to another peer (uid %d, %s)", m->id,
-			 (int)m->owner->uid, m->owner->root);
-		return -EPERM;
 	}
 	if (!m->made) {
 		snprintf(err, errlen, "mount %" PRIu64 " was not made by this broker: unmount it "
@@ -426,6 +455,7 @@ int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, 
 		snprintf(err, errlen, "umount %.128s: %s", m->name, strerror(-rc));
 		return rc;
 	}
+	rep->mount_id = m->id;
 	mount_forget(b, m, "unmounted at the peer's request");
 	return 0;
 }
@@ -540,5 +570,89 @@ out:
 		close(dup_fd);
 	if (root >= 0)
 		close(root);
+	return rc;
+}
+
+/* Where m is now, found by its path in our namespace (statmount), and
+ * shown to be m (opened without following links; its identity). */
+static int open_where_it_is(const struct bmount *m, const char *point, int *out)
+{
+	struct mnt_ident id;
+	int fd, rc;
+
+	*out = -1;
+	fd = openat2_(AT_FDCWD, point, O_PATH | O_DIRECTORY | O_CLOEXEC,
+		      RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+	if (fd < 0)
+		return fd;
+	rc = fsprobe_mount_ident(fd, &id);
+	if (rc == 0 && (!id.is_root || id.id != m->id))
+		rc = -ESTALE;
+	if (rc < 0) {
+		close(fd);
+		return rc;
+	}
+	*out = fd;
+	return 0;
+}
+
+int mount_follow(struct broker *b, struct bmount *m)
+{
+	char err[BROKER_MSG_MAX], point[PATH_MAX], *root = NULL, *old = m->name, *now = NULL;
+	size_t rl;
+	int fd = -1, rc;
+
+	rc = mount_verify(m, m->gid, &fd, err, sizeof(err));
+	if (rc == 0)
+		goto out; /* where its name says */
+	rc = fsprobe_mount_point(m->id, point, sizeof(point));
+	if (rc < 0)
+		goto out; /* gone, or the kernel cannot say: the reap decides */
+	root = realpath(m->owner->root, NULL);
+	if (!root) {
+		rc = -errno;
+		goto out;
+	}
+	rl = strlen(root);
+	if (!strncmp(point, root, rl) && point[rl] == '/' &&
+	    broker_name_check(point + rl + 1, NULL, 0) == 0) {
+		/* Renamed within the root: the table follows. */
+		now = strdup(point + rl + 1);
+		if (!now) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		m->name = now;
+		rc = mount_verify(m, m->gid, &fd, err, sizeof(err));
+		if (rc < 0) {
+			m->name = old; /* it moves still: next time */
+			free(now);
+			goto out;
+		}
+		log_info("mount %" PRIu64 " (uid %d): %s/%s was renamed to %s", m->id,
+			 (int)m->owner->uid, m->owner->root, old, now);
+		free(old);
+		rc = mount_table_write(b, m);
+		if (rc < 0)
+			log_errno(rc, "cannot record mount %" PRIu64 "'s new name", m->id);
+		goto out;
+	}
+	/* Carried out of the root by a rename of a directory above it. */
+	rc = open_where_it_is(m, point, &fd);
+	if (rc == 0)
+		rc = detach(fd);
+	if (rc < 0) {
+		log_errno(rc, "mount %" PRIu64 " (uid %d) was moved out of its policy root (to "
+			  "%s) and cannot be unmounted yet", m->id, (int)m->owner->uid, point);
+		goto out;
+	}
+	log_warnx("mount %" PRIu64 " (uid %d) was moved out of its policy root %s (to %s): "
+		  "unmounted", m->id, (int)m->owner->uid, m->owner->root, point);
+	mount_forget(b, m, "moved out of its policy root");
+	rc = -EXDEV;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(root);
 	return rc;
 }

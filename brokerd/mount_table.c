@@ -16,7 +16,9 @@
  *
  * A mount leaves the table when it is unmounted through the broker, or when
  * mount_reap() (at start, every BROKER_REAP_INTERVAL_S, and when an owner is
- * at its limit) finds it gone from mountinfo.
+ * at its limit) finds it gone from mountinfo -- or carried out of its policy
+ * root by a rename, which the reap undoes (mount_follow); one renamed within
+ * the root keeps its place in the table under its new name.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -225,6 +227,8 @@ void mount_reap(struct broker *b)
 		next = TAILQ_NEXT(m, link);
 		if (!still_mounted(m, mi, n))
 			mount_forget(b, m, "no longer mounted");
+		else if (m->made)
+			mount_follow(b, m); /* may forget m */
 	}
 	free(mi);
 }

@@ -12,8 +12,13 @@
  * and then only rules without cgroup= can match.
  *
  * An owner is what the policy tells apart: a uid and the root of the rule
- * that matched. Mounts, limits and backing ids belong to owners, so they
- * outlive a connection and a reconnecting ferry-mountd finds them again.
+ * that matched. Mounts, limits, backing ids and the closer of what its
+ * peers sent (closer.c) belong to owners, so they outlive a connection and
+ * a reconnecting ferry-mountd finds them again.
+ *
+ * Who is admitted: a peer a rule matches, and root (uid 0) for STATUS. A
+ * uid no rule names is refused before its cgroup is even read, so a flood
+ * of strangers costs a getsockopt each and holds no connection slot.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -76,6 +81,18 @@ out:
 	return rc;
 }
 
+bool peer_may_be_admitted(const struct broker *b, uid_t uid, gid_t gid)
+{
+	const struct policy *pol = b->policy;
+
+	if (uid == 0)
+		return true; /* operators: STATUS (--ping) */
+	for (size_t i = 0; pol && i < pol->n; i++)
+		if (pol->rules[i].uid == uid && (!pol->rules[i].has_gid || pol->rules[i].gid == gid))
+			return true;
+	return false;
+}
+
 int peer_identify(struct broker *b, int sock, struct peer *p)
 {
 	struct ucred cred;
@@ -88,6 +105,9 @@ int peer_identify(struct broker *b, int sock, struct peer *p)
 	p->pid = cred.pid;
 	p->uid = cred.uid;
 	p->gid = cred.gid;
+	/* A stranger costs us no more than this. */
+	if (!peer_may_be_admitted(b, p->uid, p->gid))
+		return -EACCES;
 	len = sizeof(pidfd);
 	if (cred.pid > 0 && getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 &&
 	    pidfd >= 0) {
@@ -100,16 +120,13 @@ int peer_identify(struct broker *b, int sock, struct peer *p)
 		close(pidfd);
 	}
 	p->rule = policy_match(b->policy, p->uid, p->gid, p->cgroup);
-	if (p->rule) {
-		p->owner = owner_get(b, p->uid, p->rule->root);
-		if (!p->owner) {
-			free(p->cgroup);
-			p->cgroup = NULL;
-			return -ENOMEM;
-		}
-		p->owner->nconns++;
-	}
-	return 0;
+	if (!p->rule)
+		return p->uid == 0 ? 0 : -EACCES;
+	p->owner = owner_get(b, p->uid, p->rule->root);
+	if (!p->owner)
+		return -ENOMEM;
+	p->owner->nconns++;
+	return p->owner->wedged ? -EBUSY : 0;
 }
 
 void peer_clear(struct broker *b, struct peer *p)
@@ -133,7 +150,10 @@ struct owner *owner_get(struct broker *b, uid_t uid, const char *root)
 	if (!o)
 		return NULL;
 	o->root = strdup(root);
-	if (!o->root) {
+	o->closer = closer_new();
+	if (!o->root || !o->closer) {
+		free(o->root);
+		closer_free(o->closer, false);
 		free(o);
 		return NULL;
 	}
@@ -145,9 +165,24 @@ struct owner *owner_get(struct broker *b, uid_t uid, const char *root)
 
 void owner_put(struct broker *b, struct owner *o)
 {
-	if (!o || o->nconns || o->nmounts)
+	if (!o || o->nconns || o->nmounts || closer_pending(o->closer))
 		return;
 	TAILQ_REMOVE(&b->owners, o, link);
+	closer_free(o->closer, false); /* idle: joins at once */
 	free(o->root);
 	free(o);
+}
+
+void owners_free_all(struct broker *b)
+{
+	struct owner *o;
+
+	while ((o = TAILQ_FIRST(&b->owners))) {
+		TAILQ_REMOVE(&b->owners, o, link);
+		if (!closer_free(o->closer, true))
+			log_warnx("uid %d: a close of an fd it sent is still stuck at exit",
+				  (int)o->uid);
+		free(o->root);
+		free(o);
+	}
 }

@@ -14,8 +14,27 @@
  * Replies go through a per-connection queue written with non-blocking
  * sendmsg() (the MOUNT reply's fd rides with its first byte). A peer that
  * does not read its replies is not read from once BROKER_CONN_OUT_MAX of them
- * wait; a peer that starts a frame and does not finish it within
- * BROKER_FRAME_TIMEOUT_S is dropped. No peer can make the loop wait.
+ * wait, and is dropped when they have not moved for BROKER_FRAME_TIMEOUT_S;
+ * a peer that starts a frame and does not finish it within
+ * BROKER_FRAME_TIMEOUT_S is dropped; one that serves no mount and sends
+ * nothing for --idle-timeout is closed.
+ *
+ * No peer can make the loop wait, and nothing a peer sent is closed here
+ * (closer.c): not the fds of its frames, not those the kernel would drop
+ * for want of control-buffer room (there is room for SCM_MAX_FD, and a
+ * truncated one is refused), and not those in flight in its socket's queue
+ * when the connection ends. Where the kernel has SO_PASSRIGHTS, the
+ * listening socket refuses fds and a connection accepts them only once its
+ * peer is admitted by a rule, so a stranger's socket can be closed in
+ * place; everything else goes to the closer of the peer's owner.
+ *
+ * Admission (accept): root for STATUS, and peers a rule matches; anyone
+ * else is closed at once without holding a slot. An owner holds at most
+ * BROKER_CONN_PER_UID connections; when all conn_max (BROKER_CONN_MAX, or
+ * fewer if the fd limit is low) are taken, a
+ * newcomer whose owner holds fewer than the biggest holder takes the least
+ * recently active connection of that holder, so an admitted tenant always
+ * gets through.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -32,6 +51,10 @@
 
 #include "brokerd.h"
 #include "log.h"
+
+#ifndef SO_PASSRIGHTS
+#define SO_PASSRIGHTS 83
+#endif
 
 #define REQ_RULE 0x1u   /* only for a peer a policy rule matches */
 #define REQ_QUIET 0x2u  /* success is logged at debug level (hot path) */
@@ -70,26 +93,46 @@ uint64_t broker_count_fds(void)
 	return n ? n - 1 : 0; /* not the directory's own fd */
 }
 
+static time_t now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec;
+}
+
+/* Root sees the broker's figures; a tenant sees only its own owner's, so
+ * one tenant learns nothing of another. */
 int handle_status(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
 		  struct broker_rep *rep)
 {
+	const struct owner *self = c->peer.owner;
 	struct owner *o;
 	uint64_t peers = 0;
 
 	(void)q;
 	(void)fd;
-	TAILQ_FOREACH(o, &b->owners, link)
-		if (o->nconns)
-			peers++;
-	rep->status = (struct broker_status){
-		.connections = b->nconns,
-		.peers = peers,
-		.mounts = b->nmounts,
-		.backing_ids = b->nbacking,
-		.fds = broker_count_fds(),
-		.requests = b->requests,
-		.refusals = b->refusals,
-	};
+	if (!self) {
+		TAILQ_FOREACH(o, &b->owners, link)
+			if (o->nconns)
+				peers++;
+		rep->status = (struct broker_status){
+			.connections = b->nconns,
+			.peers = peers,
+			.mounts = b->nmounts,
+			.backing_ids = b->nbacking,
+			.fds = broker_count_fds(),
+			.requests = b->requests,
+			.refusals = b->refusals,
+		};
+	} else {
+		rep->status = (struct broker_status){
+			.connections = self->nconns,
+			.peers = 1,
+			.mounts = self->nmounts,
+			.backing_ids = self->nbacking,
+		};
+	}
 	/* Names are relative to it: a peer asks this first. */
 	if (c->peer.rule && strlen(c->peer.rule->root) <= BROKER_ROOT_MAX)
 		snprintf(rep->status.root, sizeof(rep->status.root), "%s", c->peer.rule->root);
@@ -101,7 +144,7 @@ static void frame_reset(struct conn *c)
 {
 	struct frame_in *in = &c->in;
 
-	peer_fds_drop(c->b, c->peer.uid, in->fds, in->nfds);
+	peer_fds_drop(c->b, c->peer.owner, in->fds, in->nfds);
 	in->nfds = 0;
 	free(in->buf);
 	in->buf = NULL;
@@ -110,7 +153,7 @@ static void frame_reset(struct conn *c)
 }
 
 /* The fds of one recvmsg: kept up to BROKER_FDS_MAX, else an error (the
- * surplus is dropped the careful way too). */
+ * surplus goes to the closer too). */
 static int take_fds(struct conn *c, struct msghdr *msg)
 {
 	struct frame_in *in = &c->in;
@@ -128,14 +171,14 @@ static int take_fds(struct conn *c, struct msghdr *msg)
 			if (rc == 0 && in->nfds < BROKER_FDS_MAX) {
 				in->fds[in->nfds++] = fd;
 			} else {
-				peer_fd_drop(c->b, c->peer.uid, fd);
+				peer_fd_drop(c->b, c->peer.owner, fd);
 				if (rc == 0)
 					rc = -ETOOMANYREFS;
 			}
 		}
 	}
 	if (rc == 0 && (msg->msg_flags & MSG_CTRUNC))
-		rc = -ETOOMANYREFS; /* the kernel dropped fds that did not fit */
+		rc = -ETOOMANYREFS; /* cannot happen with SCM_MAX_FD of room; refused */
 	return rc;
 }
 
@@ -150,7 +193,7 @@ static int frame_read(struct conn *c)
 {
 	union {
 		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int) * (BROKER_FDS_MAX + 1))];
+		char buf[CMSG_SPACE(sizeof(int) * BROKER_RECV_FDS_ROOM)];
 	} ctl;
 	struct frame_in *in = &c->in;
 	int rc;
@@ -211,6 +254,18 @@ fail:
 	return rc;
 }
 
+/* A peer's socket: its queue may hold fds in flight, let go of when it
+ * is; then it goes to a closer. The peer sees the end at once. */
+static void peer_sock_close(struct broker *b, struct owner *o, int sock, bool rights)
+{
+	if (b->rights_gated && !rights) {
+		close(sock); /* the kernel kept every fd out of it */
+		return;
+	}
+	shutdown(sock, SHUT_RDWR);
+	peer_fd_drop(b, o, sock);
+}
+
 static void conn_close(struct conn *c)
 {
 	struct broker *b = c->b;
@@ -226,10 +281,10 @@ static void conn_close(struct conn *c)
 	while ((f = TAILQ_FIRST(&c->out))) {
 		TAILQ_REMOVE(&c->out, f, link);
 		if (f->fd >= 0)
-			close(f->fd);
+			close(f->fd); /* ours: a /dev/fuse dup */
 		free(f);
 	}
-	close(c->sock);
+	peer_sock_close(b, c->peer.owner, c->sock, c->rights);
 	peer_clear(b, &c->peer);
 	free(c);
 }
@@ -282,6 +337,7 @@ static int conn_flush(struct conn *c)
 			close(f->fd); /* the peer has its own now */
 			f->fd = -1;
 		}
+		c->last_moved = now_s();
 		while (sent > 0) {
 			size_t take;
 
@@ -317,8 +373,9 @@ static bool conn_settle(struct conn *c)
 			conn_close(c);
 			return false;
 		}
-	} else {
+	} else if (!event_pending(c->wev, EV_WRITE, NULL)) {
 		event_add(c->wev, NULL);
+		c->last_moved = now_s(); /* the wait for the peer to read starts */
 	}
 	if (c->closing) {
 		event_del(c->rev);
@@ -392,6 +449,7 @@ static void handle_frame(struct conn *c, const uint8_t *buf, size_t len, int *fd
 	int rc;
 
 	b->requests++;
+	c->last_active = now_s();
 	rc = broker_request_parse(buf, len, nfds, &q, why, sizeof(why));
 	if (rc < 0) {
 		conn_fatal(c, q.id, rc, "malformed request", why);
@@ -415,6 +473,8 @@ static void handle_frame(struct conn *c, const uint8_t *buf, size_t len, int *fd
 		rc = dispatch[i].handler(b, c, &q, nfds ? fds[0] : -1, &rep);
 	rep.error = rc;
 	fd_safe = rep.fd_safe;
+	if (rc == 0 && (q.type == BROKER_MSG_MOUNT || q.type == BROKER_MSG_ATTACH))
+		c->session = true; /* ferry-mountd's own: it stays while the mount does */
 	if (rc < 0) {
 		b->refusals++;
 		log_warnx("peer pid %d uid %d: %s%s%s: refused: %s (%s)", (int)c->peer.pid,
@@ -443,35 +503,102 @@ out:
 	if (fd_safe)
 		rpc_fds_close(fds, nfds);
 	else
-		peer_fds_drop(b, c->peer.uid, fds, nfds);
+		peer_fds_drop(b, c->peer.owner, fds, nfds);
 }
 
-/* Should c wait for its uid's fds to be closed aside? */
+/* Room in our fd table for what one more frame may bring (up to SCM_MAX_FD
+ * fds): short of it, the kernel would drop fds inside our recvmsg. */
+static bool fd_headroom(struct broker *b)
+{
+	unsigned used = closer_pending_total() + 2 * b->nconns + 2 * b->nmounts +
+			BROKER_FDS_RESERVED;
+
+	return used + BROKER_RECV_FDS_ROOM < b->nofile;
+}
+
+/* Should c wait for its owner's fds to be closed? */
 static bool conn_throttle(struct conn *c)
 {
-	if (closer_pending(c->b, c->peer.uid) < BROKER_CLOSE_PENDING_MAX)
+	if (closer_pending(c->peer.owner ? c->peer.owner->closer : NULL) <
+		    BROKER_CLOSE_PENDING_MAX &&
+	    fd_headroom(c->b))
 		return false;
 	if (!c->throttled) {
 		c->throttled = true;
 		event_del(c->rev);
-		log_warnx("peer pid %d uid %d: %u of its uid's fds are closing aside (on FUSE?): "
-			  "not reading it for now", (int)c->peer.pid, (int)c->peer.uid,
-			  BROKER_CLOSE_PENDING_MAX);
+		log_warnx("peer pid %d uid %d: fds it sent are still closing (or the fd table is "
+			  "short): not reading it for now", (int)c->peer.pid, (int)c->peer.uid);
 	}
 	return true;
 }
 
-void server_tick(struct broker *b)
+/* The connection of o to give up: one that serves no mount before one that
+ * does, then the least recently active. */
+static struct conn *lru_conn_of(struct broker *b, const struct owner *o)
 {
-	struct conn *c;
+	struct conn *c, *best = NULL;
 
 	TAILQ_FOREACH(c, &b->conns, link) {
-		if (!c->throttled ||
-		    closer_pending(b, c->peer.uid) >= BROKER_CLOSE_PENDING_MAX / 2)
+		if (c->peer.owner != o || c->closing)
+			continue;
+		if (!best || (best->session && !c->session) ||
+		    (best->session == c->session && c->last_active < best->last_active))
+			best = c;
+	}
+	return best;
+}
+
+void server_cut_off(struct broker *b, struct owner *o)
+{
+	struct conn *c, *next;
+
+	for (c = TAILQ_FIRST(&b->conns); c; c = next) {
+		next = TAILQ_NEXT(c, link);
+		if (c->peer.owner == o)
+			conn_close(c);
+	}
+}
+
+void server_tick(struct broker *b)
+{
+	struct conn *c, *next;
+	time_t now = now_s();
+
+	for (c = TAILQ_FIRST(&b->conns); c; c = next) {
+		next = TAILQ_NEXT(c, link);
+		if (!TAILQ_EMPTY(&c->out) && now - c->last_moved >= BROKER_FRAME_TIMEOUT_S) {
+			log_warnx("peer pid %d uid %d: has not read its replies for %d s; closing",
+				  (int)c->peer.pid, (int)c->peer.uid, BROKER_FRAME_TIMEOUT_S);
+			conn_close(c);
+			continue;
+		}
+		if (!c->session && b->idle_timeout_s && TAILQ_EMPTY(&c->out) &&
+		    c->in.hdr_got == 0 && now - c->last_active >= (time_t)b->idle_timeout_s) {
+			log_debug("peer pid %d uid %d: idle for %u s; closing", (int)c->peer.pid,
+				  (int)c->peer.uid, b->idle_timeout_s);
+			conn_close(c);
+			continue;
+		}
+		if (!c->throttled || !fd_headroom(b) ||
+		    closer_pending(c->peer.owner ? c->peer.owner->closer : NULL) >=
+			    BROKER_CLOSE_PENDING_MAX / 2)
 			continue;
 		c->throttled = false;
 		if (!c->paused && !c->closing)
 			event_add(c->rev, NULL);
+	}
+	if (b->accept_paused &&
+	    closer_pending(b->stranger_closer) < BROKER_STRANGER_PENDING_MAX / 2) {
+		b->accept_paused = false;
+		event_add(b->listen_ev, NULL);
+		log_info("refused peers' sockets are closed: accepting connections again");
+	}
+	if (b->refused_at_accept && now - b->refused_logged >= 10) {
+		log_warnx("refused %" PRIu64 " connections of peers no rule admits (or of wedged "
+			  "or over-limit owners) in the last %d s", b->refused_at_accept,
+			  b->refused_logged ? (int)(now - b->refused_logged) : 10);
+		b->refused_at_accept = 0;
+		b->refused_logged = now;
 	}
 }
 
@@ -552,15 +679,132 @@ static void timeout_cb(evutil_socket_t fd, short what, void *arg)
 	conn_close(c);
 }
 
-static unsigned conns_of_uid(struct broker *b, uid_t uid)
+static unsigned operator_conns(struct broker *b)
 {
 	struct conn *c;
 	unsigned n = 0;
 
 	TAILQ_FOREACH(c, &b->conns, link)
-		if (c->peer.uid == uid)
+		if (!c->peer.owner)
 			n++;
 	return n;
+}
+
+/* Is there a slot for p? Takes one from the biggest holder if all are
+ * taken and p's owner holds fewer. */
+static bool conn_slot(struct broker *b, const struct peer *p)
+{
+	struct owner *o, *big = NULL;
+	struct conn *victim;
+	unsigned mine = p->owner ? p->owner->nconns - 1 : operator_conns(b);
+
+	if (mine >= BROKER_CONN_PER_UID)
+		return false;
+	if (b->nconns < b->conn_max)
+		return true;
+	TAILQ_FOREACH(o, &b->owners, link)
+		if (!big || o->nconns > big->nconns)
+			big = o;
+	if (!big || big == p->owner || big->nconns <= mine + 1)
+		return false;
+	victim = lru_conn_of(b, big);
+	if (!victim)
+		return false;
+	log_info("peer pid %d uid %d: connection given up for uid %d, which holds fewer",
+		 (int)victim->peer.pid, (int)victim->peer.uid, (int)p->uid);
+	conn_close(victim);
+	return true;
+}
+
+/* Where the kernel cannot keep fds out of refused peers' sockets, what
+ * they park there waits in the strangers' closer; past
+ * BROKER_STRANGER_PENDING_MAX of those, no more connections are accepted
+ * until it drains (server_tick), so strangers cannot fill our fd table.
+ * Connections already made go on. */
+static void stranger_backlog(struct broker *b)
+{
+	if (b->accept_paused || !b->listen_ev ||
+	    closer_pending(b->stranger_closer) < BROKER_STRANGER_PENDING_MAX)
+		return;
+	b->accept_paused = true;
+	event_del(b->listen_ev);
+	log_warnx("%u sockets of refused peers are still closing (they hold fds in flight?): "
+		  "not accepting connections until they are closed", BROKER_STRANGER_PENDING_MAX);
+}
+
+void server_conn_add(struct broker *b, int fd)
+{
+	static const int one = 1;
+	struct conn *c = calloc(1, sizeof(*c));
+	int rc;
+
+	if (!c) {
+		log_warnx("out of memory for a connection");
+		close(fd); /* rights are still off on it: nothing in flight */
+		return;
+	}
+	c->b = b;
+	c->sock = fd;
+	TAILQ_INIT(&c->out);
+	for (size_t k = 0; k < BROKER_FDS_MAX; k++)
+		c->in.fds[k] = -1;
+	rc = peer_identify(b, fd, &c->peer);
+	if (rc == -EACCES || rc == -EBUSY) {
+		b->refused_at_accept++;
+		log_debug("peer pid %d uid %d: refused: %s", (int)c->peer.pid, (int)c->peer.uid,
+			  rc == -EBUSY ? "its owner is wedged" : "no policy rule admits it");
+		goto drop;
+	}
+	if (rc < 0) {
+		log_errno(rc, "cannot identify a peer");
+		goto drop;
+	}
+	if (!conn_slot(b, &c->peer)) {
+		b->refused_at_accept++;
+		log_debug("peer pid %d uid %d: refused: too many connections", (int)c->peer.pid,
+			  (int)c->peer.uid);
+		goto drop;
+	}
+	/* Only now may it send fds (peers send none before their first
+	 * reply: broker_connect() asks STATUS first). */
+	if (c->peer.rule && b->rights_gated) {
+		if (setsockopt(fd, SOL_SOCKET, SO_PASSRIGHTS, &one, sizeof(one)) < 0) {
+			log_warn("SO_PASSRIGHTS on a peer's connection");
+			goto drop;
+		}
+	}
+	c->rights = c->peer.rule != NULL;
+	c->last_active = c->last_moved = now_s();
+	c->rev = event_new(b->base, fd, EV_READ | EV_PERSIST, read_cb, c);
+	c->wev = event_new(b->base, fd, EV_WRITE | EV_PERSIST, write_cb, c);
+	c->tmo = evtimer_new(b->base, timeout_cb, c);
+	if (!c->rev || !c->wev || !c->tmo || event_add(c->rev, NULL) < 0) {
+		log_warnx("out of memory for a connection");
+		goto drop;
+	}
+	TAILQ_INSERT_TAIL(&b->conns, c, link);
+	b->nconns++;
+	if (c->peer.rule)
+		log_debug("peer pid %d uid %d gid %d cgroup %s: connected; policy line %u, root %s",
+			  (int)c->peer.pid, (int)c->peer.uid, (int)c->peer.gid,
+			  c->peer.cgroup ? c->peer.cgroup : "(unknown)", c->peer.rule->line,
+			  c->peer.rule->root);
+	else
+		log_debug("peer pid %d uid 0: connected: STATUS only", (int)c->peer.pid);
+	return;
+drop:
+	if (c->rev)
+		event_free(c->rev);
+	if (c->wev)
+		event_free(c->wev);
+	if (c->tmo)
+		event_free(c->tmo);
+	/* Never admitted: not its owner's closer (which may be the stuck
+	 * one), the strangers'. */
+	peer_sock_close(b, NULL, fd, c->rights);
+	peer_clear(b, &c->peer);
+	free(c);
+	stranger_backlog(b);
 }
 
 static void accept_cb(evutil_socket_t lfd, short what, void *arg)
@@ -569,64 +813,14 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 
 	(void)what;
 	for (;;) {
-		struct conn *c;
-		int rc, fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warn("accept");
 			return;
 		}
-		c = calloc(1, sizeof(*c));
-		if (!c) {
-			log_warnx("out of memory for a connection");
-			close(fd);
-			continue;
-		}
-		c->b = b;
-		c->sock = fd;
-		TAILQ_INIT(&c->out);
-		rc = peer_identify(b, fd, &c->peer);
-		if (rc < 0) {
-			log_errno(rc, "cannot identify a peer");
-			goto drop;
-		}
-		if (b->nconns >= BROKER_CONN_MAX || conns_of_uid(b, c->peer.uid) >= BROKER_CONN_PER_UID) {
-			log_warnx("peer pid %d uid %d: refused: too many connections", (int)c->peer.pid,
-				  (int)c->peer.uid);
-			goto drop;
-		}
-		for (size_t k = 0; k < BROKER_FDS_MAX; k++)
-			c->in.fds[k] = -1;
-		c->rev = event_new(b->base, fd, EV_READ | EV_PERSIST, read_cb, c);
-		c->wev = event_new(b->base, fd, EV_WRITE | EV_PERSIST, write_cb, c);
-		c->tmo = evtimer_new(b->base, timeout_cb, c);
-		if (!c->rev || !c->wev || !c->tmo || event_add(c->rev, NULL) < 0) {
-			log_warnx("out of memory for a connection");
-			goto drop;
-		}
-		TAILQ_INSERT_TAIL(&b->conns, c, link);
-		b->nconns++;
-		if (c->peer.rule)
-			log_info("peer pid %d uid %d gid %d cgroup %s: connected; policy line %u, "
-				 "root %s", (int)c->peer.pid, (int)c->peer.uid, (int)c->peer.gid,
-				 c->peer.cgroup ? c->peer.cgroup : "(unknown)", c->peer.rule->line,
-				 c->peer.rule->root);
-		else
-			log_info("peer pid %d uid %d gid %d cgroup %s: connected; no policy rule "
-				 "matches: STATUS only", (int)c->peer.pid, (int)c->peer.uid,
-				 (int)c->peer.gid, c->peer.cgroup ? c->peer.cgroup : "(unknown)");
-		continue;
-drop:
-		if (c->rev)
-			event_free(c->rev);
-		if (c->wev)
-			event_free(c->wev);
-		if (c->tmo)
-			event_free(c->tmo);
-		peer_clear(b, &c->peer);
-		free(c);
-		close(fd);
+		server_conn_add(b, fd);
 	}
 }
 
@@ -653,6 +847,13 @@ int server_listen(struct broker *b, const char *path, mode_t mode, gid_t gid)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
+	/* Connections inherit it from here: no fd can ride in before its
+	 * peer is admitted. */
+	{
+		static const int zero = 0;
+
+		b->rights_gated = setsockopt(fd, SOL_SOCKET, SO_PASSRIGHTS, &zero, sizeof(zero)) == 0;
+	}
 	old = umask(0077);
 	rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
 	umask(old);

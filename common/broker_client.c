@@ -85,6 +85,42 @@ static int apply_timeout(int sock, int ms)
 	return 0;
 }
 
+/*
+ * The first round trip of a connection, before anything else is sent: a
+ * STATUS whose reply shows the broker has admitted us. Only then does it
+ * accept fds on the connection (SO_PASSRIGHTS), so a request with an fd
+ * must not go out earlier. A broker that refuses us closes the socket.
+ */
+static int hello(int sock)
+{
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__StatusQuery s = FERRY__BROKER__STATUS_QUERY__INIT;
+	uint8_t buf[BROKER_FRAME_MAX], *rbuf = NULL;
+	int fds[BROKER_FDS_MAX];
+	size_t len, nfds = 0;
+	int rc;
+
+	q.version = V;
+	q.id = 0; /* before any id of the connection's calls (they start at 1) */
+	q.body_case = FERRY__BROKER__REQUEST__BODY_STATUS;
+	q.status = &s;
+	len = ferry__broker__request__get_packed_size(&q);
+	if (len > sizeof(buf))
+		return -EMSGSIZE;
+	ferry__broker__request__pack(&q, buf);
+	rc = rpc_frame_send(sock, buf, len, NULL, 0);
+	if (rc == 0)
+		rc = rpc_frame_recv(sock, BROKER_FRAME_MAX, BROKER_FDS_MAX, &rbuf, &len, fds, &nfds);
+	rpc_fds_close(fds, nfds);
+	free(rbuf);
+	if (rc == -EPIPE || rc == -EPROTO || rc == -ECONNRESET) {
+		set_msg("the broker closed the connection at once: no policy rule admits this "
+			"uid (or it is over its connection limit, or wedged)");
+		return -ECONNREFUSED;
+	}
+	return rc;
+}
+
 static int open_socket(const char *path, int timeout_ms, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -101,6 +137,9 @@ static int open_socket(const char *path, int timeout_ms, int *out)
 		goto fail;
 	}
 	rc = apply_timeout(fd, timeout_ms);
+	if (rc < 0)
+		goto fail;
+	rc = hello(fd);
 	if (rc < 0)
 		goto fail;
 	*out = fd;
