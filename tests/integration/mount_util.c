@@ -972,3 +972,14 @@ void fm_s3_stop(struct fm_s3 *v)
 	/* fm.log may be gone with the fixture: output goes nowhere. */
 	cr_assert_eq(fm_run(argv, "/dev/null", "/dev/null", 60), 0, "scripts/s3-server stop failed");
 }
+
+void fm_expect_content(const char *path, const void *want, size_t len)
+{
+	size_t got = 0;
+	void *back = fm_read_file(path, &got);
+
+	cr_assert(back, "%s: cannot read it back: %s", path, strerror(errno));
+	cr_assert_eq(got, len, "%s: %zu bytes, not %zu", path, got, len);
+	cr_assert(memcmp(back, want, len) == 0, "%s: wrong bytes", path);
+	free(back);
+}

@@ -138,6 +138,8 @@ void fm_pread_all(int fd, void *buf, size_t len, off_t off);
 /* Compares two files byte for byte; on a difference, asserts with the
  * first differing offset. */
 void fm_assert_same_content(const char *a, const char *b);
+/* Asserts that path holds exactly want[0..len). */
+void fm_expect_content(const char *path, const void *want, size_t len);
 
 /* Deterministic PRNG (xorshift64*) for reproducible data. */
 uint64_t fm_rand(uint64_t *state);

@@ -71,17 +71,6 @@ static void settle(void)
 		       (unsigned long long)stat_of("gc_pending_slices"));
 }
 
-static void expect_content_of(const char *path, const void *want, size_t len)
-{
-	size_t got = 0;
-	void *back = fm_read_file(path, &got);
-
-	cr_assert(back, "%s: %s", path, strerror(errno));
-	cr_assert_eq(got, len, "%s: %zu bytes, not %zu", path, got, len);
-	cr_assert(memcmp(back, want, len) == 0, "%s: wrong bytes", path);
-	free(back);
-}
-
 Test(gc, churn_keeps_the_store_near_the_live_data)
 {
 	static unsigned char want[NFILES][FSIZE];
@@ -142,7 +131,7 @@ Test(gc, churn_keeps_the_store_near_the_live_data)
 		snprintf(name, sizeof(name), "f%d", f);
 		if (!size[f] && stat(mp("%s", name), &st) < 0)
 			continue;
-		expect_content_of(mp("%s", name), want[f], size[f]);
+		fm_expect_content(mp("%s", name), want[f], size[f]);
 	}
 	/* Everything deleted: the store empties. */
 	for (int f = 0; f < NFILES; f++) {

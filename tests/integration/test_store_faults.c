@@ -71,17 +71,6 @@ static void write_synced(const char *path, const void *data, size_t len)
 	OK(close(fd));
 }
 
-static void expect_file(const char *path, const void *data, size_t len)
-{
-	size_t got = 0;
-	void *back = fm_read_file(path, &got);
-
-	cr_assert(back, "%s: cannot read it back: %s", path, strerror(errno));
-	cr_assert_eq(got, len, "%s: %zu bytes, not %zu", path, got, len);
-	cr_assert(memcmp(back, data, len) == 0, "%s: wrong bytes", path);
-	free(back);
-}
-
 /* 500s and 503 SlowDown on uploads are retried: fsync succeeds and the
  * bytes are there after a cold remount. */
 Test(store_faults, uploads_ride_out_500_and_slowdown)
@@ -95,8 +84,8 @@ Test(store_faults, uploads_ride_out_500_and_slowdown)
 	write_synced(mp("b"), b, MiB);
 	cr_assert_eq(s3_proxy_faults_done(proxy), 5);
 	fm_remount_cold();
-	expect_file(mp("a"), a, 3 * MiB);
-	expect_file(mp("b"), b, MiB);
+	fm_expect_content(mp("a"), a, 3 * MiB);
+	fm_expect_content(mp("b"), b, MiB);
 	free(a);
 	free(b);
 }
@@ -114,7 +103,7 @@ Test(store_faults, downloads_ride_out_resets_and_short_bodies)
 
 		fm_remount_cold();
 		s3_proxy_fault(proxy, kinds[i], 1, "GET", "/chunks/");
-		expect_file(mp("a"), a, 2 * MiB);
+		fm_expect_content(mp("a"), a, 2 * MiB);
 		cr_assert_eq(s3_proxy_faults_done(proxy), done + 1, "fault %zu never happened", i);
 	}
 	free(a);
@@ -138,7 +127,7 @@ Test(store_faults, damaged_download_is_eio_never_wrong_bytes)
 	cr_assert_eq(OK(pread(fd, buf, sizeof(buf), 0)), (ssize_t)sizeof(buf));
 	cr_assert(memcmp(buf, a, sizeof(buf)) == 0, "wrong bytes after the store came right");
 	OK(close(fd));
-	expect_file(mp("a"), a, MiB);
+	fm_expect_content(mp("a"), a, MiB);
 	free(a);
 }
 
@@ -164,7 +153,7 @@ Test(store_faults, vanished_bucket_then_back)
 	}
 	cr_assert_eq(fm_stats_need(&s, "passthrough_staging_blocks"), 0, "never committed");
 	fm_remount_cold();
-	expect_file(mp("a"), a, MiB);
+	fm_expect_content(mp("a"), a, MiB);
 	free(a);
 }
 
@@ -277,6 +266,6 @@ Test(store_faults, held_read_signal_waits_sigkill_lets_go)
 	 * whole. */
 	s3_proxy_fault(proxy, S3F_NONE, 0, NULL, NULL);
 	s3_proxy_release(proxy);
-	expect_file(mp("a"), a, MiB);
+	fm_expect_content(mp("a"), a, MiB);
 	free(a);
 }
