@@ -31,6 +31,7 @@ int cmd_mount(int argc, char **argv)
 		{ "cache-dir", required_argument, NULL, 'C' },
 		{ "cache-size", required_argument, NULL, 'S' },
 		{ "staging-dir", required_argument, NULL, 'T' },
+		{ "staging-min-free", required_argument, NULL, 'M' },
 		{ "log", required_argument, NULL, 'L' },
 		{ "reconciler", required_argument, NULL, 'Q' },
 		{ "no-reconciler", no_argument, NULL, 'N' },
@@ -59,6 +60,7 @@ int cmd_mount(int argc, char **argv)
 		case 'C': args[nargs++] = "--cache-dir"; args[nargs++] = optarg; break;
 		case 'S': args[nargs++] = "--cache-size"; args[nargs++] = optarg; break;
 		case 'T': args[nargs++] = "--staging-dir"; args[nargs++] = optarg; break;
+		case 'M': args[nargs++] = "--staging-min-free"; args[nargs++] = optarg; break;
 		case 'd': args[nargs++] = "--debug"; break;
 		case 'Q': args[nargs++] = "--reconciler"; args[nargs++] = optarg; break;
 		case 'N': args[nargs++] = "--no-reconciler"; break;
@@ -67,7 +69,7 @@ int cmd_mount(int argc, char **argv)
 		case 'L': log = strdup(optarg); break;
 		case 'h':
 			printf("usage: ferry mount [-f] [--cache-dir DIR] [--cache-size MiB] "
-			       "[--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] "
+			       "[--staging-dir DIR] [--staging-min-free MiB] [--log FILE] [--reconciler SOCKET | --no-reconciler] "
 			       "[--metrics ADDR:PORT] [--broker SOCKET] "
 			       "[-o OPTS] VOLUME MOUNTPOINT\n");
 			return 0;

@@ -504,14 +504,23 @@ const char *fm_mount_options(void)
 
 static void do_mount(bool in_setup)
 {
-	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
-			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL, NULL };
+	const char *argv[12] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
+				 "-o", fm_mount_options() };
+	int n = 6;
 
-	if (fm.no_reconciler) {
-		argv[6] = "--no-reconciler";
-		argv[7] = fm.vol;
-		argv[8] = fm.mnt;
+	if (fm.no_reconciler)
+		argv[n++] = "--no-reconciler";
+	if (fm.staging[0]) {
+		argv[n++] = "--staging-dir";
+		argv[n++] = fm.staging;
 	}
+	if (fm.staging_min_free) {
+		argv[n++] = "--staging-min-free";
+		argv[n++] = fm.staging_min_free;
+	}
+	argv[n++] = fm.vol;
+	argv[n++] = fm.mnt;
+	argv[n] = NULL;
 	int rc = fm_run(argv, NULL, NULL, 60);
 	struct statfs sf;
 

@@ -43,6 +43,8 @@ struct fm {
 	int n_mountd;
 	int n_cache;            /* caches made by fm_remount_cold() */
 	bool no_reconciler;     /* mount with --no-reconciler (commit in ferry-mountd) */
+	char staging[PATH_MAX]; /* --staging-dir, if not empty */
+	const char *staging_min_free; /* --staging-min-free MiB, if not NULL */
 };
 
 /* The one fixture of this test process. */
