@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +190,43 @@ Test(faults, damaged_metadata_row_is_eio)
 		;
 	closedir(d);
 	OK(stat(mp("bystander"), &st));
+}
+
+/* Another process holds the metadata database's write lock for seconds
+ * (a backup, a long query): operations wait for it, as a local file system
+ * waits for its journal, and then succeed; nothing is lost or half done. */
+static void *hold_write_lock(void *arg)
+{
+	sqlite3 *db = arg;
+
+	sleep(4);
+	sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+	return NULL;
+}
+
+Test(faults, metadata_locked_for_seconds_waits)
+{
+	sqlite3 *db;
+	pthread_t t;
+	struct stat st;
+
+	fm_write_file(mp("before"), "b", 1);
+	cr_assert_eq(sqlite3_open(sp("vol/meta.db"), &db), SQLITE_OK);
+	sqlite3_busy_timeout(db, 30000);
+	cr_assert_eq(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK,
+		     "%s", sqlite3_errmsg(db));
+	cr_assert_eq(pthread_create(&t, NULL, hold_write_lock, db), 0);
+	fm_write_file(mp("during"), "d", 1);
+	OK(mkdir(mp("dir"), 0755));
+	OK(rename(mp("before"), mp("renamed")));
+	pthread_join(t, NULL);
+	sqlite3_close(db);
+	fm_remount();
+	OK(stat(mp("during"), &st));
+	cr_assert_eq(st.st_size, 1);
+	OK(stat(mp("dir"), &st));
+	OK(stat(mp("renamed"), &st));
+	FAILS(stat(mp("before"), &st), ENOENT);
 }
 
 /* A private S3 server, so it can be stopped and started again. */
