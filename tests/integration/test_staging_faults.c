@@ -34,8 +34,14 @@ static void staging_setup(void)
 
 static void staging_teardown(void)
 {
-	if (fm.mounted)
-		fm_umount();
+	/* ferryfs first (it stages there), then the tmpfs, lazily, even if
+	 * that failed -- and both before fm_teardown() removes the tree. */
+	if (fm.mounted) {
+		const char *argv[] = { fm_bin("ferry"), "umount", fm.mnt, NULL };
+
+		if (fm_run(argv, NULL, NULL, 60) == 0)
+			fm.mounted = false;
+	}
 	if (fm.staging[0])
 		umount2(fm.staging, MNT_DETACH);
 	fm_teardown();
