@@ -62,10 +62,16 @@ struct closer {
 	struct close_item *current;  /* being closed; owned by the thread */
 	uint64_t current_seq;        /* tells one stuck close from the next */
 	struct timespec since;       /* when current started */
+	struct closer *next_abandoned;
 };
 
 /* fds waiting in every closer: the fd table's headroom (server.c). */
 static atomic_uint pending_total;
+
+/* Closers left running at exit with a close still stuck: not freed (their
+ * thread may still use them), and kept reachable so that nothing reports
+ * them as leaked. Only ever added to, at exit. */
+static struct closer *abandoned;
 
 static double elapsed_s(const struct timespec *t)
 {
@@ -161,6 +167,8 @@ bool closer_free(struct closer *cl, bool at_exit)
 	if (stuck) {
 		/* Not joined nor freed: its thread may never come back, and it
 		 * still refers to cl. Only at exit. */
+		cl->next_abandoned = abandoned;
+		abandoned = cl;
 		return false;
 	}
 	if (cl->started)

@@ -504,7 +504,7 @@ const char *fm_mount_options(void)
 
 static void do_mount(bool in_setup)
 {
-	const char *argv[12] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
+	const char *argv[16] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
 				 "-o", fm_mount_options() };
 	int n = 6;
 
