@@ -38,6 +38,8 @@
  *                        from a random stream of its own
  *   FERRY_DIFF_TRACE=1   print every operation and both results to stderr
  *   FERRY_DIFF_NO_RECONCILER=1  mount with --no-reconciler (local campaigns)
+ *   FERRY_DIFF_KNOWN_BUGS=1  also exercise the known, unfixed bugs (see
+ *                        steer_around_known_bugs() and known_bug())
  * A failure prints the seed, the failing operation, the last 32 operations,
  * the open files and mappings, the end of ferry-mountd's log and the
  * command line that replays it.
@@ -130,6 +132,7 @@ struct mapping {
 	int prot;
 	int ofd;
 	char name[16];
+	int from;           /* the slot it was made from */
 };
 
 static struct diff {
@@ -139,7 +142,7 @@ static struct diff {
 	uint64_t seed, rs;
 	long nops, op;      /* operations to run, index of the current one */
 	bool trace;
-	bool in_remount;    /* inside fm_remount(), which asserts on its own */
+	bool in_remount;    /* inside remount(), whose fixture calls assert */
 	struct slot slot[NSLOT];
 	struct mapping map[NMAP];
 	char log[LOG_LINES][LOG_WIDTH];
@@ -182,7 +185,8 @@ static const char *flags_str(int f)
 	char *b = buf[n++ % 4];
 	int acc = f & O_ACCMODE;
 
-	snprintf(b, 96, "%s%s%s%s%s", acc == O_RDONLY ? "O_RDONLY" : acc == O_WRONLY ? "O_WRONLY" : "O_RDWR",
+	snprintf(b, 96, "%s%s%s%s%s",
+		 acc == O_RDONLY ? "O_RDONLY" : acc == O_WRONLY ? "O_WRONLY" : "O_RDWR",
 		 f & O_CREAT ? "|O_CREAT" : "", f & O_TRUNC ? "|O_TRUNC" : "",
 		 f & O_APPEND ? "|O_APPEND" : "", f & O_EXCL ? "|O_EXCL" : "");
 	return b;
@@ -844,9 +848,31 @@ static void op_open(void)
 	do_open_slot(s, flags & O_CREAT ? pick_name() : pick_existing(), flags, -1);
 }
 
+/*
+ * Known ferryfs bugs, each with a fixed-sequence test at the end of this
+ * file. Until they are fixed the campaigns steer around them, so that they
+ * keep testing everything else; FERRY_DIFF_KNOWN_BUGS=1 runs them as they
+ * are. Remove each with its fix:
+ *  - a mapping kept after the last close of its file is cut off from the
+ *    file (passthrough): a campaign's mapping goes when its slot closes;
+ *  - SEEK_DATA/SEEK_HOLE ignore stores through a mapping that are not
+ *    msync'ed yet (daemon path): mappings are msync'ed before them.
+ */
+static bool steer_around_known_bugs(void)
+{
+	return !getenv("FERRY_DIFF_KNOWN_BUGS");
+}
+
+static void drop_map(int m);
+
 static void close_slot(int s)
 {
 	struct rv r[2];
+
+	if (steer_around_known_bugs())
+		for (int m = 0; m < NMAP; m++)
+			if (D.map[m].used && D.map[m].from == s)
+				drop_map(m);
 
 	logop("close slot %d '%s'", s, D.slot[s].name);
 	BOTH(r, close(D.slot[s].fd[side]));
@@ -1006,6 +1032,11 @@ static void op_seek_data_hole(void)
 
 	if (s < 0)
 		return;
+	if (steer_around_known_bugs())
+		for (int m = 0; m < NMAP; m++)
+			if (D.map[m].used)
+				for (int side = 0; side < 2; side++)
+					msync(D.map[m].addr[side], D.map[m].len, MS_SYNC);
 	size = oracle_fsize(s);
 	off = chance(15) ? size + (off_t)rnd(3) : size ? (off_t)rnd((uint64_t)size) : 0;
 	BOTH(pos, lseek(D.slot[s].fd[side], 0, SEEK_CUR));
@@ -1717,6 +1748,7 @@ static void op_map_new(void)
 		return;
 	D.map[m] = (struct mapping){ .used = true, .addr = { addr[0], addr[1] }, .len = len,
 				     .prot = prot };
+	D.map[m].from = s;
 	D.map[m].ofd = open(proc_fd(D.slot[s].fd[ORACLE]), O_PATH | O_CLOEXEC);
 	oracle_ok(D.map[m].ofd >= 0, "O_PATH open of a mapped file");
 	memcpy(D.map[m].name, D.slot[s].name, sizeof(D.map[m].name));
@@ -1800,7 +1832,7 @@ static void op_tree(void)
 {
 	logop("compare the whole tree");
 	trace_current();
-	tree_compare("");
+	tree_compare("(periodic check)");
 }
 
 static void close_all(void)
@@ -1810,9 +1842,28 @@ static void close_all(void)
 			close_slot(s);
 }
 
-/* With every file closed and unmapped: unmount, mount again (half of the time with an
- * empty read cache, so every byte comes from the object store), and the
- * tree must match. */
+/*
+ * fm_remount(), remembering only the daemon of the current mount: the
+ * fixture checks after each unmount that every ferry-mountd it ever saw is
+ * gone, by pid, and a campaign remounts often enough on a busy machine
+ * (pid_max 32768) for an old pid to be a new, unrelated process by then.
+ * cold: with a new, empty --cache-dir, as fm_remount_cold().
+ */
+static void remount(bool cold)
+{
+	fm_umount();
+	fm.n_mountd = 0;
+	if (cold) {
+		fm.n_cache++;
+		snprintf(fm.cache, sizeof(fm.cache), "%s/cache-%d", fm.dir, fm.n_cache);
+		cr_assert(mkdir(fm.cache, 0700) == 0, "mkdir %s: %s", fm.cache, strerror(errno));
+	}
+	fm_mount();
+}
+
+/* With every file closed and unmapped: unmount, mount again (half of the
+ * time with an empty read cache, so every byte comes from the object
+ * store), and the tree must match. */
 static void op_remount(void)
 {
 	bool cold = chance(50);
@@ -1822,10 +1873,7 @@ static void op_remount(void)
 	logop("remount ferryfs%s", cold ? " with an empty read cache" : "");
 	trace_current();
 	D.in_remount = true;
-	if (cold)
-		fm_remount_cold();
-	else
-		fm_remount();
+	remount(cold);
 	D.in_remount = false;
 	tree_compare("after remount");
 }
@@ -1996,7 +2044,7 @@ static void run_campaign(const struct profile *p)
 	logop("final remount");
 	trace_current();
 	D.in_remount = true;
-	fm_remount();
+	remount(false);
 	D.in_remount = false;
 	tree_compare("at the end, after a remount");
 }
@@ -2016,7 +2064,7 @@ static void diff_setup(void)
 	 * (a mode CI does not run; for local campaigns). */
 	if (env_long("FERRY_DIFF_NO_RECONCILER", 0)) {
 		fm.no_reconciler = true;
-		fm_remount();
+		remount(false);
 	}
 	memset(&D, 0, sizeof(D));
 	snprintf(D.root[ORACLE], PATH_MAX, "%s", sp("oracle"));
@@ -2157,10 +2205,11 @@ static const struct profile namespace_remount = {
 };
 
 /*
- * Bugs the campaigns found that are not fixed yet fail these tests every
- * time; until they are, each test says which, loudly, as a skip, and
+ * The fixed-sequence tests below fail every time while their bug is not
+ * fixed; until then each says which, loudly, as a skip, and
  * FERRY_DIFF_KNOWN_BUGS=1 runs it anyway (the session-3 closing note lists
- * them with their reproducers). Remove a gate with its fix.
+ * them with their reproducers). The campaigns run, steering around those
+ * bugs (see steer_around_known_bugs()). Remove a gate with its fix.
  */
 static void known_bug(const char *what)
 {
@@ -2168,31 +2217,19 @@ static void known_bug(const char *what)
 		cr_skip_test("known bug, not fixed yet: %s (FERRY_DIFF_KNOWN_BUGS=1 runs it)", what);
 }
 
-Test(differential, mixed)
+static void campaign(const struct profile *p)
 {
-	known_bug("a store through a shared mapping of a file gets SIGBUS (seed 0x6d697865, op 2052)");
-	run_campaign(&mixed);
+	if (steer_around_known_bugs())
+		cr_log_warn("differential/%s: steering around known bugs (mappings kept past "
+			    "close, SEEK_DATA over unsynced mmap stores); FERRY_DIFF_KNOWN_BUGS=1 "
+			    "does not", p->name);
+	run_campaign(p);
 }
 
-Test(differential, unlinked_open)
-{
-	known_bug("bytes read back as zeros after unlinks and renames of open files "
-		  "(seed 0x756e6c6b, op 4545)");
-	run_campaign(&unlinked_open);
-}
-
-Test(differential, boundaries)
-{
-	known_bug("bytes read back as zeros after writes across 64 KiB and 4 MiB boundaries "
-		  "(seed 0x626f756e, op 185)");
-	run_campaign(&boundaries);
-}
-
-Test(differential, namespace_remount)
-{
-	known_bug("bytes read back as zeros after a remount (seed 0x6e616d65, op 3000)");
-	run_campaign(&namespace_remount);
-}
+Test(differential, mixed) { campaign(&mixed); }
+Test(differential, unlinked_open) { campaign(&unlinked_open); }
+Test(differential, boundaries) { campaign(&boundaries); }
+Test(differential, namespace_remount) { campaign(&namespace_remount); }
 
 /*
  * Discrepancies the campaigns found, each as a fixed sequence run on both
@@ -2243,7 +2280,7 @@ Test(differential, mmap_store_after_close_reaches_file)
 		OK(munmap(m, sizeof(buf)));
 		got[side][0] = first_byte(path);
 	}
-	fm_remount();
+	remount(false);
 	for (int side = 0; side < 2; side++)
 		got[side][1] = first_byte(P(side, "mapped"));
 	cr_assert_eq(got[ORACLE][0], 'B', "ext4 oracle: the store did not reach the file");
