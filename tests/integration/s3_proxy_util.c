@@ -85,8 +85,9 @@ static bool send_all(int fd, const void *buf, size_t len)
 	return true;
 }
 
-/* The value of header name in head[0..len) (a line "Name: value"), or -1. */
-static long header_num(const char *head, size_t len, const char *name)
+/* Where the line "Name: value" of header name starts in head[0..len), or
+ * NULL. */
+static const char *header_line(const char *head, size_t len, const char *name)
 {
 	size_t nl = strlen(name);
 
@@ -94,22 +95,17 @@ static long header_num(const char *head, size_t len, const char *name)
 		if (*l == '\n')
 			l++;
 		if ((size_t)(head + len - l) > nl + 1 && !strncasecmp(l, name, nl) && l[nl] == ':')
-			return strtol(l + nl + 1, NULL, 10);
+			return l;
 	}
-	return -1;
+	return NULL;
 }
 
-static bool has_header(const char *head, size_t len, const char *name)
+/* The numeric value of header name, or -1. */
+static long header_num(const char *head, size_t len, const char *name)
 {
-	size_t nl = strlen(name);
+	const char *l = header_line(head, len, name);
 
-	for (const char *l = head; l && l < head + len; l = memchr(l, '\n', head + len - l)) {
-		if (*l == '\n')
-			l++;
-		if ((size_t)(head + len - l) > nl + 1 && !strncasecmp(l, name, nl) && l[nl] == ':')
-			return true;
-	}
-	return false;
+	return l ? strtol(l + strlen(name) + 1, NULL, 10) : -1;
 }
 
 /* Reads a head (through "\r\n\r\n") into m; *head_len its length. */
@@ -286,7 +282,7 @@ static void serve(struct s3_proxy *p, int fd)
 		goto out;
 	sscanf(req.buf, "%7s %1023s", method, path);
 	clen = header_num(req.buf, head_len, "Content-Length");
-	if (clen > 0 && has_header(req.buf, head_len, "Expect") && req.len == head_len &&
+	if (clen > 0 && header_line(req.buf, head_len, "Expect") && req.len == head_len &&
 	    !send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25))
 		goto out;
 	if (clen > 0 && !read_body(fd, &req, head_len + (size_t)clen))
