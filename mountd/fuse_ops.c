@@ -652,6 +652,21 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 		w->npt++;
 		return 0;
 	}
+	if (w && w->passthrough && w->npt == 0 && i->ncached == 0) {
+		/* The staging file outlived its opens (a mapping of it lives on,
+		 * or its commit is being retried): it holds the whole file, so
+		 * this open shares it. */
+		id = wstate_passthrough_resume(md, i);
+		if (id > 0) {
+			fi->backing_id = id;
+			of->passthrough = true;
+			w->npt++;
+			return 0;
+		}
+		if (id != -EPERM)
+			log_errno(id, "inode %llu: no passthrough for this open",
+				  (unsigned long long)i->ino);
+	}
 	if (of->writer && empty && !w && i->ncached == 0 && md->pt_mode != PT_OFF &&
 	    passthrough_allowed(md)) {
 		struct meta_attr a;
@@ -705,6 +720,12 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 			 * read through the staging file (op_read's overlay). */
 		} else if (unlinked) {
 			wstate_drop(md, i); /* nobody can see these bytes again */
+		} else if (w->passthrough && wstate_mapped(w)) {
+			/* A shared mapping made through a passthrough open lives on
+			 * the staging file itself: it stays this inode's file (later
+			 * opens share it, so the mapping and they see one file) until
+			 * the mapping goes. */
+			write_back_keep_mapped(md, i);
 		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
 			/* the reconciler has it; the inode waits for its commit */
 		} else if (rc == -ENODATA) {
@@ -760,10 +781,11 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 		 * systems truncate (the kernel checked write permission). */
 		struct meta_attr in = { .size = 0 };
 		unsigned valid = META_SET_SIZE | META_SET_MTIME_NOW;
-		if (i->w && i->w->passthrough && i->w->backing_id > 0) {
+		if (i->w && i->w->passthrough) {
 			/* Shared staging file: truncate it; the commit stores it. */
 			if (ftruncate(i->w->fd, 0) < 0)
 				rc = -errno;
+			i->w->size_changed = true;
 		} else {
 			rc = commit_locked(md, i);
 			if (rc == 0) {
@@ -1230,7 +1252,20 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	rc = commit_locked(md, of->ino);
 	if (rc == 0)
 		rc = meta_getattr(md->meta, ino, &a);
-	res = rc < 0 ? rc : file_seek_data(md, ino, a.size, off, whence);
+	if (rc < 0) {
+		res = rc;
+	} else if (of->ino->nwriters > 0) {
+		/* A writer in the kernel's cached mode may have stores through
+		 * a shared mapping in its page cache that this daemon has not
+		 * seen: the whole file counts as data (which SEEK_DATA allows),
+		 * so a sparse-aware copy skips none of them. */
+		if ((uint64_t)off >= a.size)
+			res = -ENXIO;
+		else
+			res = whence == SEEK_DATA ? off : (off_t)a.size;
+	} else {
+		res = file_seek_data(md, ino, a.size, off, whence);
+	}
 	pthread_mutex_unlock(&of->ino->lock);
 reply:
 	if (res < 0)

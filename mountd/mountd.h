@@ -62,6 +62,7 @@ struct stats {
 	_Atomic uint64_t blocks_unchanged;   /* passthrough commits that skipped a block */
 	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
 	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
+	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
 };
 
@@ -103,6 +104,12 @@ struct wstate {
 	bool passthrough;
 	int backing_id;          /* registered while passthrough opens may come; 0 after */
 	uint32_t npt;            /* open handles sharing backing_id */
+	/* Passthrough: a mapping of the staging file outlived the last open
+	 * (the kernel keeps it on the staging file, not on the FUSE file), so
+	 * the file stays the inode's until the mapping goes; committed now and
+	 * then meanwhile. */
+	bool mapped;
+	struct timespec mapped_commit; /* CLOCK_MONOTONIC of the last such commit */
 	struct block_print *prints; /* per PT_UNIT: what the last commit stored; owned */
 	size_t nprints;
 };
@@ -144,6 +151,18 @@ int wstate_truncate(struct wstate *w, uint64_t size);
 /* Puts an inode whose commit failed at close on the retry list (holds a
  * reference). Caller holds ino->lock and checked !ino->pending. */
 void write_back_defer(struct mountd *md, struct inode *ino);
+/* Whether something besides w->fd holds the staging file open: a shared
+ * mapping that outlived its passthrough open. */
+bool wstate_mapped(struct wstate *w);
+/* The last passthrough open of an inode closed while a mapping of its
+ * staging file lives on: commits what it has now and keeps the staging
+ * file on the retry list until the mapping goes. Caller holds ino->lock
+ * and checked !ino->pending. */
+void write_back_keep_mapped(struct mountd *md, struct inode *ino);
+/* Registers the passthrough staging file of an inode again (its backing id
+ * was closed with its last open); returns the id or a negative errno.
+ * Caller holds ino->lock. */
+int wstate_passthrough_resume(struct mountd *md, struct inode *ino);
 /* Starts / stops the thread that retries commits that failed at close. */
 int write_back_start(struct mountd *md);
 void write_back_stop(struct mountd *md);

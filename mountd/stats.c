@@ -66,6 +66,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(passthrough_no_room);
 	FIG(handoffs);
 	FIG(handoff_failures);
+	FIG(mapped_after_close);
 	FIG(reopen_waits);
 	FIG(gc_rounds);
 	FIG(gc_objects_deleted);

@@ -119,6 +119,51 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	return id;
 }
 
+int wstate_passthrough_resume(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+	int id;
+
+	if (!w || !w->passthrough)
+		return -EINVAL;
+	if (w->backing_id > 0)
+		return w->backing_id;
+	id = backing_open(md, w->fd);
+	if (id < 0)
+		return id;
+	w->backing_id = id;
+	atomic_fetch_add(&md->stats.passthrough_opens, 1);
+	return id;
+}
+
+bool wstate_mapped(struct wstate *w)
+{
+	static _Atomic bool told;
+
+	/* The kernel grants a write lease only on a file that nobody but the
+	 * asker holds open (fs/locks.c, check_conflicting_open); a mapping
+	 * holds its own open of the staging file. The lease is given back at
+	 * once: an open of the staging file in between (none is expected)
+	 * waits only for that. The RELEASE that asks can arrive a moment
+	 * before the kernel's last fput() of the closed passthrough file has
+	 * run, so a refusal is asked again after a short pause. */
+	for (int tries = 0; tries < 3; tries++) {
+		if (fcntl(w->fd, F_SETLEASE, F_WRLCK) == 0) {
+			(void)fcntl(w->fd, F_SETLEASE, F_UNLCK);
+			return false;
+		}
+		if (errno != EAGAIN && errno != EBUSY) {
+			if (!atomic_exchange(&told, true))
+				log_warn("cannot tell whether a mapping outlives the close of a "
+					 "passthrough file (F_SETLEASE on the staging directory); "
+					 "stores through such a mapping after close are not kept");
+			return false;
+		}
+		usleep(1000 << tries);
+	}
+	return true;
+}
+
 int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime)
 {
 	struct stat st;
@@ -587,6 +632,47 @@ void wstate_drop(struct mountd *md, struct inode *ino)
 
 /* ---- the retry list ---- */
 
+/* While a mapping outlives its file's last close, its stores are committed
+ * at this interval, as the kernel would write back a local file's dirty
+ * pages. */
+#define MAPPED_COMMIT_SEC 30
+
+static double since(const struct timespec *t)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t->tv_sec) + (now.tv_nsec - t->tv_nsec) / 1e9;
+}
+
+/* One retry of a pending inode: true when it leaves the list. Caller holds
+ * i->lock. */
+static bool write_back_retry(struct mountd *md, struct inode *i)
+{
+	struct wstate *w = i->w;
+	bool busy = i->nwriters > 0 || (w && w->npt > 0);
+
+	if (w && w->mapped) {
+		if (busy)
+			return false; /* its next close is ours again; nothing to do */
+		if (wstate_mapped(w)) {
+			if (since(&w->mapped_commit) >= MAPPED_COMMIT_SEC &&
+			    wstate_commit(md, i) == 0)
+				clock_gettime(CLOCK_MONOTONIC, &w->mapped_commit);
+			return false;
+		}
+	}
+	if (wstate_commit(md, i) != 0)
+		return false;
+	if (w && !busy)
+		wstate_drop(md, i);
+	else if (w)
+		w->mapped = false;
+	i->pending = false;
+	log_info("inode %llu: staged writes committed on retry", (unsigned long long)i->ino);
+	return true;
+}
+
 static void *write_back_main(void *arg)
 {
 	struct mountd *md = arg;
@@ -607,14 +693,7 @@ static void *write_back_main(void *arg)
 			bool done;
 			next = i->pnext;
 			pthread_mutex_lock(&i->lock);
-			done = wstate_commit(md, i) == 0;
-			if (done) {
-				if (i->nwriters == 0)
-					wstate_drop(md, i);
-				i->pending = false;
-				log_info("inode %llu: staged writes committed on retry",
-					 (unsigned long long)i->ino);
-			}
+			done = write_back_retry(md, i);
 			pthread_mutex_unlock(&i->lock);
 			if (done) {
 				inode_unref(md, i, 0, 1);
@@ -644,6 +723,20 @@ void write_back_defer(struct mountd *md, struct inode *ino)
 	ino->pnext = md->pending;
 	md->pending = ino;
 	pthread_mutex_unlock(&md->pending_lock);
+}
+
+void write_back_keep_mapped(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+
+	atomic_fetch_add(&md->stats.mapped_after_close, 1);
+	/* What the closed opens wrote is committed as a close would; the
+	 * mapping's later stores follow from the retry list. A failure here is
+	 * retried there too. */
+	(void)wstate_commit(md, ino);
+	w->mapped = true;
+	clock_gettime(CLOCK_MONOTONIC, &w->mapped_commit);
+	write_back_defer(md, ino);
 }
 
 int write_back_start(struct mountd *md)

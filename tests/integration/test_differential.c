@@ -38,8 +38,6 @@
  *                        from a random stream of its own
  *   FERRY_DIFF_TRACE=1   print every operation and both results to stderr
  *   FERRY_DIFF_NO_RECONCILER=1  mount with --no-reconciler (local campaigns)
- *   FERRY_DIFF_KNOWN_BUGS=1  also exercise the known, unfixed bugs (see
- *                        steer_around_known_bugs() and known_bug())
  * A failure prints the seed, the failing operation, the last 32 operations,
  * the open files and mappings, the end of ferry-mountd's log and the
  * command line that replays it.
@@ -848,31 +846,11 @@ static void op_open(void)
 	do_open_slot(s, flags & O_CREAT ? pick_name() : pick_existing(), flags, -1);
 }
 
-/*
- * Known ferryfs bugs, each with a fixed-sequence test at the end of this
- * file. Until they are fixed the campaigns steer around them, so that they
- * keep testing everything else; FERRY_DIFF_KNOWN_BUGS=1 runs them as they
- * are. Remove each with its fix:
- *  - a mapping kept after the last close of its file is cut off from the
- *    file (passthrough): a campaign's mapping goes when its slot closes;
- *  - SEEK_DATA/SEEK_HOLE ignore stores through a mapping that are not
- *    msync'ed yet (daemon path): mappings are msync'ed before them.
- */
-static bool steer_around_known_bugs(void)
-{
-	return !getenv("FERRY_DIFF_KNOWN_BUGS");
-}
-
 static void drop_map(int m);
 
 static void close_slot(int s)
 {
 	struct rv r[2];
-
-	if (steer_around_known_bugs())
-		for (int m = 0; m < NMAP; m++)
-			if (D.map[m].used && D.map[m].from == s)
-				drop_map(m);
 
 	logop("close slot %d '%s'", s, D.slot[s].name);
 	BOTH(r, close(D.slot[s].fd[side]));
@@ -1032,11 +1010,6 @@ static void op_seek_data_hole(void)
 
 	if (s < 0)
 		return;
-	if (steer_around_known_bugs())
-		for (int m = 0; m < NMAP; m++)
-			if (D.map[m].used)
-				for (int side = 0; side < 2; side++)
-					msync(D.map[m].addr[side], D.map[m].len, MS_SYNC);
 	size = oracle_fsize(s);
 	off = chance(15) ? size + (off_t)rnd(3) : size ? (off_t)rnd((uint64_t)size) : 0;
 	BOTH(pos, lseek(D.slot[s].fd[side], 0, SEEK_CUR));
@@ -2204,27 +2177,8 @@ static const struct profile namespace_remount = {
 	.trunc_pct = 20, .far_pct = 1, .remount_pm = 5,
 };
 
-/*
- * The fixed-sequence tests below fail every time while their bug is not
- * fixed; until then each says which, loudly, as a skip, and
- * FERRY_DIFF_KNOWN_BUGS=1 runs it anyway (the session-3 closing note lists
- * them with their reproducers). The campaigns run, steering around those
- * bugs (see steer_around_known_bugs()). Remove a gate with its fix.
- */
-static void known_bug(const char *what)
-{
-	if (!getenv("FERRY_DIFF_KNOWN_BUGS")) {
-		fm_teardown(); /* a skip ends the test here: clean up first */
-		cr_skip_test("known bug, not fixed yet: %s (FERRY_DIFF_KNOWN_BUGS=1 runs it)", what);
-	}
-}
-
 static void campaign(const struct profile *p)
 {
-	if (steer_around_known_bugs())
-		cr_log_info("differential/%s: steering around known bugs (mappings kept past "
-			    "close, SEEK_DATA over unsynced mmap stores); FERRY_DIFF_KNOWN_BUGS=1 "
-			    "does not", p->name);
 	run_campaign(p);
 }
 
@@ -2235,8 +2189,7 @@ Test(differential, namespace_remount) { campaign(&namespace_remount); }
 
 /*
  * Discrepancies the campaigns found, each as a fixed sequence run on both
- * sides, so that a failure names the bug instead of a random seed. They
- * fail until ferryfs is fixed.
+ * sides, so that a failure names the bug instead of a random seed.
  */
 
 /* The first byte of a file read through a new open, or -1. */
@@ -2261,7 +2214,6 @@ static int first_byte(const char *path)
  */
 Test(differential, mmap_store_after_close_reaches_file)
 {
-	known_bug("stores through a mapping whose fd was closed never reach the file (the passthrough staging file was handed off at close)");
 	static char buf[8192];
 	int got[2][2];
 
@@ -2304,7 +2256,6 @@ Test(differential, mmap_store_after_close_reaches_file)
  */
 Test(differential, seek_data_hole_see_unsynced_mmap_stores)
 {
-	known_bug("SEEK_DATA/SEEK_HOLE ignore unsynced stores through a mapping");
 	off_t data[2], hole[2];
 	int data_err[2];
 
@@ -2349,7 +2300,6 @@ Test(differential, seek_data_hole_see_unsynced_mmap_stores)
  */
 Test(differential, mmap_after_close_sees_later_writes)
 {
-	known_bug("a mapping kept past close does not see later writes through a new open (a new staging file)");
 	static char buf[8192];
 	int got[2];
 

@@ -8,6 +8,7 @@
  */
 #include "mount_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
@@ -231,6 +232,62 @@ Test(passthrough, mmap_write_then_close)
 	OK(close(fd));
 	fm_remount_cold();
 	check_pattern(mp("m"), 11, len);
+}
+
+/* Staging files of inode ino (named <ino>-...). */
+static int staging_files_of(uint64_t ino)
+{
+	char dir[PATH_MAX], prefix[32];
+	struct dirent *e;
+	int n = 0;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "%s", fm.staging[0] ? fm.staging : sp("vol/staging"));
+	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
+	d = opendir(dir);
+	cr_assert(d, "%s: %s", dir, strerror(errno));
+	while ((e = readdir(d)))
+		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	closedir(d);
+	return n;
+}
+
+/*
+ * A shared mapping made through a passthrough open lives on the staging
+ * file itself after the last close (the kernel maps the backing file), so
+ * the staging file must stay the file's until the mapping goes: what is
+ * stored after close() is committed when the mapping is dropped, by the
+ * daemon on its own (no unmount, no new open), and survives a crash.
+ */
+Test(passthrough, a_mapping_outliving_close_is_committed_when_dropped)
+{
+	size_t len = 3 * MiB;
+	int fd = OK(open(mp("m"), O_CREAT | O_RDWR, 0644));
+	uint64_t before = stat_of("mapped_after_close");
+	unsigned char *p;
+	struct stat st;
+	int tries;
+
+	OK(fstat(fd, &st));
+	OK(ftruncate(fd, (off_t)len));
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	cr_assert(p != MAP_FAILED, "mmap: %s", strerror(errno));
+	OK(close(fd));
+	/* RELEASE is asynchronous: wait until the daemon has seen the close */
+	for (tries = 0; tries < 100 && stat_of("mapped_after_close") == before; tries++)
+		usleep(50 * 1000);
+	cr_assert_eq(stat_of("mapped_after_close"), before + 1,
+		     "the close of a mapped passthrough file was not held back for its mapping");
+	fill(23, p, len, 0); /* after close, and never msync'ed */
+	cr_assert_eq(staging_files_of(st.st_ino), 1, "the mapped staging file went away");
+	OK(munmap(p, len));
+	for (tries = 0; tries < 200 && staging_files_of(st.st_ino) > 0; tries++)
+		usleep(100 * 1000);
+	cr_assert_eq(staging_files_of(st.st_ino), 0,
+		     "20 s after munmap the staging file is still there (not committed)");
+	fm_crash(); /* nothing more from this daemon: the commit happened */
+	fm_mount();
+	check_pattern(mp("m"), 23, len);
 }
 
 Test(passthrough, fsync_uploads_only_changed_blocks)
