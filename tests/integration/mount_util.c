@@ -725,7 +725,12 @@ void fm_teardown(void)
 			  "teardown: ferry-mountd %d still running after ferry umount",
 			  fm.mountd[i]);
 	kill_leftover_mountd(fm.dir);
-	remove_tree(fm.dir);
+	/* FERRY_IT_KEEP=1 keeps the volume, staging files and log of each test
+	 * for a post-mortem (the caller removes them). */
+	if (getenv("FERRY_IT_KEEP"))
+		cr_log_info("FERRY_IT_KEEP: kept %s", fm.dir);
+	else
+		remove_tree(fm.dir);
 	fm.created = false;
 	stop_reaper();
 }

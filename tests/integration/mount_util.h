@@ -10,6 +10,7 @@
  * ferry-mountd it started that is still alive and removes the directory.
  * A reaper process cleans up as well if the test process dies without
  * running its teardown (crash, timeout), so nothing stays mounted.
+ * FERRY_IT_KEEP=1 keeps the directory (unmounted) for a post-mortem.
  */
 #ifndef FERRY_IT_MOUNT_UTIL_H
 #define FERRY_IT_MOUNT_UTIL_H
