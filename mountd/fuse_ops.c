@@ -637,11 +637,13 @@ static bool passthrough_allowed(struct mountd *md)
  * (fs/fuse/iomode.c): while the inode has a passthrough staging file every
  * open shares its backing id, and an inode open in cached mode gets no
  * passthrough writer. A writer of a file that is empty at open (created,
- * O_TRUNC, or length 0) with nothing else staged starts one.
+ * O_TRUNC, or length 0) with nothing else staged starts one; so does a
+ * writer of a file of copy_size bytes up to passthrough_copy_max, whose
+ * content is copied in first (copy_size UINT64_MAX: not copyable).
  * Caller holds i->lock.
  */
 static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file *of,
-			    bool empty, struct fuse_file_info *fi)
+			    bool empty, uint64_t copy_size, struct fuse_file_info *fi)
 {
 	struct wstate *w = i->w;
 	int id;
@@ -667,19 +669,35 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			log_errno(id, "inode %llu: no passthrough for this open",
 				  (unsigned long long)i->ino);
 	}
-	if (of->writer && empty && !w && i->ncached == 0 && md->pt_mode != PT_OFF &&
-	    passthrough_allowed(md)) {
+	if (of->writer && !empty && copy_size != UINT64_MAX && copy_size > md->pt_copy_max &&
+	    !w && i->ncached == 0 && md->pt_mode != PT_OFF)
+		atomic_fetch_add(&md->stats.copy_up_too_big, 1);
+	if (of->writer && (empty || copy_size <= md->pt_copy_max) && !w && i->ncached == 0 &&
+	    md->pt_mode != PT_OFF && passthrough_allowed(md)) {
 		struct meta_attr a;
 		if (meta_getattr(md->meta, i->ino, &a) < 0)
 			clock_gettime(CLOCK_REALTIME, &a.mtime);
 		id = wstate_passthrough_start(md, i, of->fh, a.mtime);
+		if (id > 0 && !empty) {
+			/* A file with content: the staging file gets all of it,
+			 * as the kernel will read and write it there. */
+			int rc = wstate_copy_up(md, i, copy_size);
+			if (rc < 0) {
+				atomic_fetch_add(&md->stats.copy_up_failures, 1);
+				log_errno(rc, "inode %llu: cannot copy %llu bytes into a staging "
+					  "file; this open takes the daemon path",
+					  (unsigned long long)i->ino, (unsigned long long)copy_size);
+				wstate_drop(md, i);
+				id = 0;
+			}
+		}
 		if (id > 0) {
 			fi->backing_id = id;
 			of->passthrough = true;
 			i->w->npt++;
 			return 0;
 		}
-		if (id != -EPERM)
+		if (id < 0 && id != -EPERM)
 			log_errno(id, "inode %llu: no passthrough for this open",
 				  (unsigned long long)i->ino);
 	}
@@ -796,20 +814,24 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 				rc = wstate_truncate(i->w, 0);
 		}
 	} else if (writer && !created && !i->w) {
-		/* Passthrough writes bypass the daemon: clear set-id bits now, as
-		 * a write by this caller would (HANDLE_KILLPRIV_V2). */
 		rc = meta_getattr(md->meta, ino, &a);
-		if (rc == 0 && a.size == 0 && caller != 0) {
-			struct meta_attr in = { 0 };
-			unsigned kill = trunc_kill_suid(md, ino, caller, &in);
-			if (kill)
-				rc = meta_setattr(md->meta, ino, kill, &in, NULL);
-		}
 	}
-	if (rc == 0) {
-		bool empty = created || (fi->flags & O_TRUNC) || (!i->w && a.ino && a.size == 0);
-		rc = open_mode_locked(md, i, of, writer && empty, fi);
+	bool empty = created || (fi->flags & O_TRUNC) || (!i->w && a.ino && a.size == 0);
+	/* A writer of a file with content may copy it into staging: its size,
+	 * or UINT64_MAX where that cannot be. */
+	uint64_t copy = empty ? 0 : !i->w && a.ino && S_ISREG(a.mode) ? a.size : UINT64_MAX;
+	if (rc == 0 && writer && !created && !(fi->flags & O_TRUNC) && caller != 0 && !i->w &&
+	    i->ncached == 0 && md->pt_mode != PT_OFF && (empty || copy <= md->pt_copy_max)) {
+		/* This open may get passthrough, whose writes bypass the daemon:
+		 * clear set-id bits now, as a write by this caller would
+		 * (HANDLE_KILLPRIV_V2). */
+		struct meta_attr in = { 0 };
+		unsigned kill = trunc_kill_suid(md, ino, caller, &in);
+		if (kill)
+			rc = meta_setattr(md->meta, ino, kill, &in, NULL);
 	}
+	if (rc == 0)
+		rc = open_mode_locked(md, i, of, writer && empty, copy, fi);
 	if (rc == 0 && writer)
 		i->nwriters++;
 	pthread_mutex_unlock(&i->lock);

@@ -56,7 +56,10 @@ static void usage(FILE *f)
 		"fsync=remote|local (default remote: fsync returns once the data is in the\n"
 		"object store; local: once it is on this node's disk, uploaded later);\n"
 		"gc_grace=SEC (default 300: objects no file refers to any more are\n"
-		"deleted that long after they became garbage)\n"
+		"deleted that long after they became garbage);\n"
+		"passthrough_copy_max=SIZE (default 1g: a write open of a non-empty file up\n"
+		"to this size copies it into a staging file and gets passthrough; larger\n"
+		"files, and 0, take the daemon path)\n"
 		"  -d, --debug             debug logging\n"
 		"  -h, --help              this text\n"
 		"  -V, --version           print the version\n",
@@ -106,6 +109,22 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->gc_grace_s = v;
+			continue;
+		}
+		if (strncmp(o, "passthrough_copy_max=", 21) == 0) {
+			char *end;
+			unsigned long long v = strtoull(o + 21, &end, 10);
+			int shift = *end == 'k' || *end == 'K' ? 10 : *end == 'm' || *end == 'M' ? 20 :
+				    *end == 'g' || *end == 'G' ? 30 : 0;
+
+			if (shift)
+				end++;
+			if (!o[21] || *end || o[21] == '-' || v > (1ull << 44) >> shift) {
+				snprintf(err, errlen, "-o %s: passthrough_copy_max takes a size in bytes "
+					 "(suffix k, m or g), at most 16t", o);
+				return -EINVAL;
+			}
+			md->pt_copy_max = v << shift;
 			continue;
 		}
 		if (strncmp(o, "fsync=", 6) == 0) {
@@ -308,6 +327,7 @@ int main(int argc, char **argv)
 	snprintf(md->pt_reason, sizeof(md->pt_reason), "not_negotiated");
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
+	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
 	md->cfg.reopen_timeout_ms = 120000;
 	md->rc_sock = -1;
 	pthread_mutex_init(&md->rc_lock, NULL);

@@ -61,6 +61,8 @@ struct stats {
 	_Atomic uint64_t broker_relinks;     /* reconnections to ferry-brokerd */
 	_Atomic uint64_t blocks_unchanged;   /* passthrough commits that skipped a block */
 	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
+	_Atomic uint64_t copy_ups, copy_up_bytes; /* non-empty files brought into staging at open */
+	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
@@ -130,6 +132,18 @@ struct block_print {
  * Caller holds ino->lock. */
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 			     struct timespec mtime_floor);
+/* Fills the new passthrough staging file of an inode with the file's
+ * committed content (size bytes; holes stay holes) and the fingerprints
+ * of what it holds, so that commits store only what changes. Caller holds
+ * ino->lock. */
+int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size);
+/* See write_back.c. */
+bool wstate_has_prints(const struct wstate *w);
+/* The ranges of a passthrough staging file (its first size bytes) that
+ * differ from what the last commit or the copy-up stored, at most
+ * RECONCILE_RANGES_MAX of them (*out owned by the caller). */
+int wstate_changed_ranges(struct mountd *md, struct wstate *w, uint64_t size,
+			  struct reconcile_range **out, size_t *nout);
 /* Size and mtime of the file as the staging file has them now. */
 int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime);
 /* Creates the inode's write state if it has none. Caller holds ino->lock. */
@@ -224,6 +238,7 @@ int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
 
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
+#define PT_COPY_MAX_DEFAULT (1ull << 30)
 int gc_start(struct mountd *md);
 /* A round now (tests; `ferry gc`). */
 void gc_poke(struct mountd *md);
@@ -346,6 +361,10 @@ struct mountd {
 	/* passthrough */
 	enum { PT_OFF, PT_AUTO, PT_ON } pt_mode;
 	bool fsync_local;             /* -o fsync=local: fsync is durable on the node only */
+	/* -o passthrough_copy_max: the largest non-empty file a write open
+	 * copies into a passthrough staging file; larger ones take the daemon
+	 * path (a copy reads the whole file before the open returns). */
+	uint64_t pt_copy_max;
 	_Atomic bool pt_off;          /* latched off (or never on) for this mount */
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */
@@ -376,6 +395,7 @@ struct mountd {
 	pthread_cond_t rc_cond;
 	uint64_t rc_next_seq;
 	uint64_t rc_drained;
+	uint64_t rc_conn_gen;         /* bumped when a restart installs a new socket */
 	struct reconcile_stats rc_stats;
 	uint64_t rc_stats_gen;
 	_Atomic uint64_t rc_inflight;

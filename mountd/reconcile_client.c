@@ -123,8 +123,17 @@ static int reconciler_restart(struct mountd *md)
 	if (rc < 0)
 		goto out;
 	pthread_mutex_lock(&md->rc_lock);
+	if (atomic_load(&md->rc_stopping)) {
+		/* rclient_stop() shut the old socket down under this lock and
+		 * waits for this thread: the new one must not outlive that. */
+		pthread_mutex_unlock(&md->rc_lock);
+		close(sock);
+		rc = -ESHUTDOWN;
+		goto out;
+	}
 	close(md->rc_sock);
 	md->rc_sock = sock;
+	md->rc_conn_gen++;
 	for (struct inode *i = md->inflight; i && rc == 0; i = i->inext) {
 		struct reconcile_job j;
 		char rec[RECONCILE_NAME_MAX + 16], err[128];
@@ -145,6 +154,8 @@ static int reconciler_restart(struct mountd *md)
 		close(fd);
 		reconcile_job_clear(&j);
 	}
+	/* A drain waiting on the old connection asks the new one. */
+	pthread_cond_broadcast(&md->rc_cond);
 	pthread_mutex_unlock(&md->rc_lock);
 out:
 	if (rc == 0) {
@@ -487,7 +498,22 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		}
 		if (job.ndirty == 0 && size > 0)
 			job.size_only = 1;
-	} else if (!w->passthrough) {
+	} else if (w->passthrough) {
+		/* Committed before (fsync) or copied in at open: only the units
+		 * whose fingerprints changed since. */
+		rc = wstate_changed_ranges(md, w, size, &job.dirty, &job.ndirty);
+		if (rc < 0)
+			return rc;
+		if (job.ndirty == 0) {
+			if (size == w->size && !w->size_changed &&
+			    job.mtime.tv_sec == w->mtime.tv_sec &&
+			    job.mtime.tv_nsec == w->mtime.tv_nsec) {
+				reconcile_job_clear(&job);
+				return -ENODATA; /* nothing to commit */
+			}
+			job.size_only = 1;
+		}
+	} else {
 		/* The daemon path knows exactly what changed: past what one
 		 * record holds, the caller commits the file itself. */
 		if (w->ndirty > RECONCILE_RANGES_MAX)
@@ -643,34 +669,53 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out)
 	return rc;
 }
 
+/* Whether a reconciler serves, or is being started again and soon will. */
+static bool rclient_coming(struct mountd *md)
+{
+	return rclient_up(md) || atomic_load(&md->rc_restarting);
+}
+
 int rclient_drain(struct mountd *md, int idle_timeout_ms)
 {
-	struct timespec until;
-	uint64_t upto, last_inflight;
+	struct timespec until, slice, now;
+	uint64_t upto, last_inflight, gen;
 	int rc;
 
-	if (!rclient_up(md))
+	if (!rclient_coming(md))
 		return -ENOTCONN;
 	pthread_mutex_lock(&md->rc_lock);
 	upto = md->rc_next_seq;
-	rc = reconcile_drain(md->rc_sock, upto);
+	gen = md->rc_conn_gen;
+	/* A send that fails means the connection died: the reader thread sees
+	 * it too, and the request goes again to the reconciler it starts. */
+	(void)reconcile_drain(md->rc_sock, upto);
 	last_inflight = atomic_load(&md->rc_inflight);
 	deadline_in(&until, idle_timeout_ms);
 	/* The deadline moves while jobs still complete: a big upload that
-	 * progresses is waited for, a stuck one is not. */
-	while (rc == 0 && md->rc_drained < upto && rclient_up(md)) {
-		if (pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &until) == ETIMEDOUT) {
-			uint64_t now = atomic_load(&md->rc_inflight);
-			if (now >= last_inflight) {
-				rc = -ETIMEDOUT;
-				break;
+	 * progresses is waited for, a stuck one is not. A reconciler that
+	 * dies meanwhile is started again by the reader thread (which does
+	 * not signal here when it only starts): the request goes to the new
+	 * one, which has every job still in flight again. */
+	while (md->rc_drained < upto && rclient_coming(md)) {
+		if (md->rc_conn_gen != gen && rclient_up(md)) {
+			gen = md->rc_conn_gen;
+			(void)reconcile_drain(md->rc_sock, upto);
+		}
+		deadline_in(&slice, 250);
+		pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &slice);
+		clock_gettime(CLOCK_REALTIME, &now);
+		if (now.tv_sec > until.tv_sec ||
+		    (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) {
+			uint64_t n = atomic_load(&md->rc_inflight);
+			if (n >= last_inflight) {
+				pthread_mutex_unlock(&md->rc_lock);
+				return -ETIMEDOUT;
 			}
-			last_inflight = now;
+			last_inflight = n;
 			deadline_in(&until, idle_timeout_ms);
 		}
 	}
-	if (rc == 0 && md->rc_drained < upto)
-		rc = -ENOTCONN;
+	rc = md->rc_drained < upto ? -ENOTCONN : 0;
 	pthread_mutex_unlock(&md->rc_lock);
 	return rc;
 }
@@ -679,15 +724,19 @@ void rclient_stop(struct mountd *md)
 {
 	int rc;
 
-	if (rclient_up(md)) {
+	if (rclient_coming(md)) {
 		rc = rclient_drain(md, 60000);
 		if (rc < 0)
 			log_errno(rc, "ferry-reconciler did not finish every job (they stay journaled "
 				  "in %s and are finished at the next start)", md->cfg.staging_dir);
 	}
+	/* Under the lock: a restart on the reader thread either installed its
+	 * socket already (shut down here) or sees rc_stopping and gives up. */
+	pthread_mutex_lock(&md->rc_lock);
 	atomic_store(&md->rc_stopping, true);
 	if (md->rc_sock >= 0)
 		shutdown(md->rc_sock, SHUT_RDWR);
+	pthread_mutex_unlock(&md->rc_lock);
 	if (md->rc_reader_live) {
 		pthread_join(md->rc_reader, NULL);
 		md->rc_reader_live = false;

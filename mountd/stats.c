@@ -64,6 +64,10 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(backing_close);
 	FIG(blocks_unchanged);
 	FIG(passthrough_no_room);
+	FIG(copy_ups);
+	FIG(copy_up_bytes);
+	FIG(copy_up_too_big);
+	FIG(copy_up_failures);
 	FIG(handoffs);
 	FIG(handoff_failures);
 	FIG(mapped_after_close);

@@ -146,8 +146,9 @@ bool wstate_mapped(struct wstate *w)
 	 * once: an open of the staging file in between (none is expected)
 	 * waits only for that. The RELEASE that asks can arrive a moment
 	 * before the kernel's last fput() of the closed passthrough file has
-	 * run, so a refusal is asked again after a short pause. */
-	for (int tries = 0; tries < 3; tries++) {
+	 * run (on a busy machine, the closing task may wait for a CPU), so a
+	 * refusal is asked again after growing pauses (31 ms in all). */
+	for (int tries = 0; tries < 5; tries++) {
 		if (fcntl(w->fd, F_SETLEASE, F_WRLCK) == 0) {
 			(void)fcntl(w->fd, F_SETLEASE, F_UNLCK);
 			return false;
@@ -346,6 +347,25 @@ static int upload_slice(struct mountd *md, struct wstate *w, uint64_t id, uint64
 	return 0;
 }
 
+/* Writes all of buf at off; false with errno set otherwise. */
+static bool pwrite_all(int fd, const void *buf, size_t len, off_t off)
+{
+	while (len) {
+		ssize_t n = pwrite(fd, buf, len, off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			if (n == 0)
+				errno = EIO;
+			return false;
+		}
+		buf = (const char *)buf + n;
+		len -= (size_t)n;
+		off += n;
+	}
+	return true;
+}
+
 static bool is_zero(const char *p, size_t len)
 {
 	static const char zeros[4096];
@@ -376,32 +396,28 @@ struct pt_run {
  * Called with the inode's lock held: the file may grow meanwhile (the
  * kernel writes on), never shrink (truncates come through us).
  */
-static int commit_passthrough(struct mountd *md, struct inode *ino)
+/*
+ * Pass 1 of a passthrough commit: the fingerprint of every PT_UNIT of the
+ * staging file's first size bytes (*npp, owned by the caller) and the runs
+ * of units that differ from what the last commit stored (*runsp, owned by
+ * the caller; a run never crosses a block). -EAGAIN: the file shrank under
+ * the scan (the next commit sees it).
+ */
+static int pt_scan(struct mountd *md, struct wstate *w, uint64_t size, struct block_print **npp,
+		   struct pt_run **runsp, size_t *nrunsp)
 {
-	struct wstate *w = ino->w;
 	uint32_t bs = md->vol.block_size;
 	uint32_t unit = PT_UNIT < bs ? PT_UNIT : bs;
-	struct meta_chunk_slice *sl = NULL;
-	struct block_print *np = NULL;
-	struct pt_run *runs = NULL;
-	struct timespec mtime = { 0 };
-	uint64_t size = 0, first = 0;
-	size_t nunits, nruns = 0, nsl = 0, u = 0;
-	char *buf = NULL;
-	int rc;
+	size_t nunits = (size + unit - 1) / unit, nruns = 0, u = 0;
+	struct block_print *np = calloc(nunits ? nunits : 1, sizeof(*np));
+	struct pt_run *runs = calloc(nunits ? nunits : 1, sizeof(*runs)); /* at most one per unit */
+	char *buf = malloc(bs);
+	int rc = 0;
 
-	rc = wstate_stat(w, &size, &mtime);
-	if (rc < 0)
-		return rc;
-	nunits = (size + unit - 1) / unit;
-	np = calloc(nunits ? nunits : 1, sizeof(*np));
-	runs = calloc(nunits ? nunits : 1, sizeof(*runs)); /* at most one per unit */
-	buf = malloc((size_t)bs + BLOCK_TRAILER);
 	if (!np || !runs || !buf) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	/* Pass 1: fingerprints, block by block, and the runs that changed. */
 	for (uint64_t at = 0; at < size; at += bs) {
 		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
 		ssize_t n = pread(w->fd, buf, len, (off_t)at);
@@ -411,7 +427,7 @@ static int commit_passthrough(struct mountd *md, struct inode *ino)
 			rc = -errno;
 			goto out;
 		}
-		if ((uint32_t)n != len) { /* shrunk under us: the next commit will see it */
+		if ((uint32_t)n != len) {
 			rc = -EAGAIN;
 			goto out;
 		}
@@ -437,6 +453,161 @@ static int commit_passthrough(struct mountd *md, struct inode *ino)
 		}
 		if (!block_changed)
 			atomic_fetch_add(&md->stats.blocks_unchanged, 1);
+	}
+	*npp = np;
+	*runsp = runs;
+	*nrunsp = nruns;
+	np = NULL;
+	runs = NULL;
+out:
+	free(np);
+	free(runs);
+	free(buf);
+	return rc;
+}
+
+/* Whether a passthrough staging file has been committed before (fsync), or
+ * was filled from the committed file at open (copy-up): then only the
+ * units whose fingerprints changed need storing. */
+bool wstate_has_prints(const struct wstate *w)
+{
+	return w->nprints > 0;
+}
+
+int wstate_changed_ranges(struct mountd *md, struct wstate *w, uint64_t size,
+			  struct reconcile_range **out, size_t *nout)
+{
+	struct block_print *np = NULL;
+	struct pt_run *runs = NULL;
+	struct reconcile_range *r = NULL;
+	size_t nruns = 0, n = 0;
+	uint64_t gap = 0;
+	int rc;
+
+	rc = pt_scan(md, w, size, &np, &runs, &nruns);
+	if (rc < 0)
+		return rc;
+	r = calloc(nruns ? nruns : 1, sizeof(*r));
+	if (!r) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Adjacent runs (across blocks) join; past what one job holds, runs
+	 * closer than a growing gap join too (the unchanged bytes between
+	 * them are stored again, which is correct, only more). */
+	for (;;) {
+		n = 0;
+		for (size_t k = 0; k < nruns; k++) {
+			uint64_t s = runs[k].at, e = s + runs[k].len;
+			if (n && s <= r[n - 1].end + gap)
+				r[n - 1].end = e;
+			else
+				r[n++] = (struct reconcile_range){ s, e };
+		}
+		if (n <= RECONCILE_RANGES_MAX)
+			break;
+		gap = gap ? gap * 2 : PT_UNIT;
+	}
+	*out = r;
+	*nout = n;
+	r = NULL;
+out:
+	free(r);
+	free(np);
+	free(runs);
+	return rc;
+}
+
+int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size)
+{
+	struct wstate *w = ino->w;
+	uint32_t bs = md->vol.block_size;
+	uint32_t unit = PT_UNIT < bs ? PT_UNIT : bs;
+	size_t nunits = (size + unit - 1) / unit, u = 0;
+	struct block_print *np = calloc(nunits ? nunits : 1, sizeof(*np));
+	char *buf = malloc(bs);
+	int rc = 0;
+
+	if (!np || !buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (ftruncate(w->fd, (off_t)size) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	/* Block by block through the read path (read cache, then the store);
+	 * zeros stay holes in the staging file. The fingerprints are what the
+	 * file's committed layout holds, so a commit stores only what the
+	 * writer changes. */
+	for (uint64_t at = 0; at < size; at += bs) {
+		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
+		ssize_t n = file_read(md, NULL, ino->ino, size, buf, len, (off_t)at);
+
+		if (n < 0) {
+			rc = (int)n;
+			goto out;
+		}
+		if ((uint32_t)n != len) {
+			rc = -EIO;
+			goto out;
+		}
+		if (!is_zero(buf, len) && !pwrite_all(w->fd, buf, len, (off_t)at)) {
+			rc = -errno;
+			goto out;
+		}
+		for (uint32_t off = 0; off < len; off += unit, u++) {
+			uint32_t ulen = len - off < unit ? len - off : unit;
+			np[u].print = block_fingerprint(buf + off, ulen);
+			np[u].len = ulen;
+		}
+	}
+	/* The copy is not a change: the staging file shows the file's mtime
+	 * (set at the start, w->mtime) until the kernel writes to it. */
+	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, w->mtime };
+	if (futimens(w->fd, ts) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	free(w->prints);
+	w->prints = np;
+	w->nprints = nunits;
+	np = NULL;
+	w->size = size;
+	w->size_changed = false;
+	atomic_fetch_add(&md->stats.copy_ups, 1);
+	atomic_fetch_add(&md->stats.copy_up_bytes, size);
+out:
+	free(np);
+	free(buf);
+	return rc;
+}
+
+static int commit_passthrough(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+	uint32_t bs = md->vol.block_size;
+	struct meta_chunk_slice *sl = NULL;
+	struct block_print *np = NULL;
+	struct pt_run *runs = NULL;
+	struct timespec mtime = { 0 };
+	uint64_t size = 0, first = 0;
+	size_t nunits, nruns = 0, nsl = 0;
+	uint32_t unit = PT_UNIT < bs ? PT_UNIT : bs;
+	char *buf = NULL;
+	int rc;
+
+	rc = wstate_stat(w, &size, &mtime);
+	if (rc < 0)
+		return rc;
+	nunits = (size + unit - 1) / unit;
+	rc = pt_scan(md, w, size, &np, &runs, &nruns);
+	if (rc < 0)
+		goto out;
+	buf = malloc((size_t)bs + BLOCK_TRAILER);
+	if (!buf) {
+		rc = -ENOMEM;
+		goto out;
 	}
 	sl = calloc(nruns ? nruns : 1, sizeof(*sl));
 	if (!sl) {
@@ -730,6 +901,8 @@ void write_back_keep_mapped(struct mountd *md, struct inode *ino)
 	struct wstate *w = ino->w;
 
 	atomic_fetch_add(&md->stats.mapped_after_close, 1);
+	log_info("inode %llu: its staging file is still open elsewhere (a mapping) after the "
+		 "last close: it stays, and is committed from here", (unsigned long long)ino->ino);
 	/* What the closed opens wrote is committed as a close would; the
 	 * mapping's later stores follow from the retry list. A failure here is
 	 * retried there too. */

@@ -115,13 +115,31 @@ Test(passthrough, writes_cost_no_upcall)
 	check_pattern(mp("pt"), 1, 16 * MiB);
 }
 
+/* Mounts again with extra -o options (after those of the environment). */
+static void remount_with(const char *opts)
+{
+	static char all[512];
+	const char *env = getenv("FERRY_IT_MOUNT_OPTIONS");
+
+	snprintf(all, sizeof(all), "%s%s%s", env && *env ? env : "", env && *env ? "," : "", opts);
+	fm_umount();
+	setenv("FERRY_IT_MOUNT_OPTIONS", all, 1);
+	fm_mount();
+	if (env)
+		setenv("FERRY_IT_MOUNT_OPTIONS", env, 1);
+	else
+		unsetenv("FERRY_IT_MOUNT_OPTIONS");
+}
+
 Test(passthrough, daemon_path_writes_cost_no_getxattr)
 {
 	unsigned char blk[4096] = { 1 };
 	uint64_t x0, w0;
 	int fd;
 
-	/* An existing, non-empty file takes the daemon path. */
+	/* An existing, non-empty file larger than passthrough_copy_max takes
+	 * the daemon path. */
+	remount_with("passthrough_copy_max=0");
 	fm_write_file(mp("d"), blk, sizeof(blk));
 	x0 = stat_of("fuse_requests_getxattr");
 	w0 = stat_of("fuse_requests_write");
@@ -551,4 +569,157 @@ Test(passthrough_eperm, an_unprivileged_daemon_latches_passthrough_off)
 		warnings++;
 	cr_assert_eq(warnings, 1, "%d latch warnings in the log", warnings);
 	free(log);
+}
+
+/* The reconciler's upload byte count, once every job handed to it so far
+ * is committed (a new open waits for the last close's upload). */
+static uint64_t uploaded_after(const char *path)
+{
+	OK(close(OK(open(path, O_RDONLY))));
+	return stat_of("reconcile_upload_bytes_total") + stat_of("bytes_uploaded");
+}
+
+/*
+ * A write open of a file with content gets passthrough too: the file is
+ * copied into a staging file at open (from the store here: the cache is
+ * cold), the kernel writes it directly, and the upload at close stores
+ * only the 64 KiB units that changed.
+ */
+Test(passthrough, existing_file_gets_passthrough_and_uploads_only_changes)
+{
+	const uint64_t size = 16 * MiB + 12345;
+	uint64_t pt0, cu0, up0, wr0;
+	unsigned char *want = malloc(size);
+	int fd;
+
+	cr_assert(want);
+	write_pattern(mp("e"), 31, size, MiB);
+	fm_remount_cold();
+	fill(31, want, size, 0);
+	pt0 = stat_of("passthrough_opens");
+	cu0 = stat_of("copy_ups");
+	wr0 = stat_of("fuse_requests_write");
+	up0 = uploaded_after(mp("e"));
+	fd = OK(open(mp("e"), O_RDWR));
+	cr_assert_eq(stat_of("passthrough_opens"), pt0 + 1, "no passthrough for an existing file");
+	cr_assert_eq(stat_of("copy_ups"), cu0 + 1);
+	/* Three 4 KiB writes in three different units, one across two. */
+	const off_t at[3] = { 4096, 7 * MiB + 100, 12 * MiB + (64 << 10) - 2048 };
+	for (int k = 0; k < 3; k++) {
+		memset(want + at[k], 'A' + k, 4096);
+		fm_pwrite_all(fd, want + at[k], 4096, at[k]);
+	}
+	/* Reads through the passthrough fd see the copy and the writes. */
+	unsigned char got[8192];
+	fm_pread_all(fd, got, sizeof(got), 7 * MiB);
+	cr_assert(memcmp(got, want + 7 * MiB, sizeof(got)) == 0);
+	OK(close(fd));
+	cr_assert_eq(stat_of("fuse_requests_write"), wr0, "writes went through the daemon");
+	/* four 64 KiB units changed: 4096..8191 in unit 0, one in unit 112,
+	 * two for the write across the boundary of units 192 and 193 */
+	cr_assert_eq(uploaded_after(mp("e")) - up0, 4 * (64 << 10),
+		     "the upload stored more than the changed units");
+	fm_remount_cold();
+	fd = OK(open(mp("e"), O_RDONLY));
+	unsigned char *all = malloc(size);
+	cr_assert(all);
+	fm_pread_all(fd, all, size, 0);
+	OK(close(fd));
+	for (uint64_t k = 0; k < size; k++)
+		if (all[k] != want[k])
+			cr_assert_fail("byte %llu: %02x, want %02x", (unsigned long long)k, all[k],
+				       want[k]);
+	free(all);
+	free(want);
+}
+
+/* Opening for write and closing without writing changes nothing: no upload,
+ * the same mtime (as ext4). */
+Test(passthrough, write_open_without_writes_changes_nothing)
+{
+	struct stat a, b;
+	uint64_t up0;
+
+	write_pattern(mp("q"), 7, 3 * MiB, MiB);
+	up0 = uploaded_after(mp("q"));
+	OK(stat(mp("q"), &a));
+	usleep(20 * 1000);
+	OK(close(OK(open(mp("q"), O_WRONLY))));
+	OK(close(OK(open(mp("q"), O_RDWR))));
+	cr_assert_eq(uploaded_after(mp("q")), up0);
+	OK(stat(mp("q"), &b));
+	cr_assert(a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec,
+		  "mtime moved from %lld.%09ld to %lld.%09ld", (long long)a.st_mtim.tv_sec,
+		  a.st_mtim.tv_nsec, (long long)b.st_mtim.tv_sec, b.st_mtim.tv_nsec);
+	fm_remount_cold();
+	check_pattern(mp("q"), 7, 3 * MiB);
+}
+
+/* O_APPEND, ftruncate down and up, and a shared mapping, on files with
+ * content, all through passthrough staging files. */
+Test(passthrough, existing_file_append_truncate_mmap)
+{
+	unsigned char *want = malloc(4 * MiB), *p;
+	uint64_t pt0 = stat_of("passthrough_opens");
+	struct stat st;
+	int fd;
+
+	cr_assert(want);
+	write_pattern(mp("a"), 3, 2 * MiB, MiB);
+	fill(3, want, 2 * MiB, 0);
+	fd = OK(open(mp("a"), O_WRONLY | O_APPEND));
+	cr_assert_eq(write(fd, "tail", 4), 4);
+	memcpy(want + 2 * MiB, "tail", 4);
+	OK(close(fd));
+	OK(stat(mp("a"), &st));
+	cr_assert_eq(st.st_size, 2 * MiB + 4);
+
+	fd = OK(open(mp("a"), O_RDWR));
+	OK(ftruncate(fd, MiB));
+	OK(ftruncate(fd, 3 * MiB)); /* MiB..3 MiB reads as zeros now */
+	memset(want + MiB, 0, 2 * MiB);
+	p = mmap(NULL, 3 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	cr_assert(p != MAP_FAILED, "mmap: %s", strerror(errno));
+	cr_assert(memcmp(p, want, 3 * MiB) == 0, "the mapping does not show the file");
+	memset(p + 100, 'm', 5000);
+	memset(want + 100, 'm', 5000);
+	OK(msync(p, 3 * MiB, MS_SYNC));
+	OK(munmap(p, 3 * MiB));
+	OK(close(fd));
+	cr_assert_geq(stat_of("passthrough_opens"), pt0 + 3);
+	fm_remount_cold();
+	fd = OK(open(mp("a"), O_RDONLY));
+	OK(fstat(fd, &st));
+	cr_assert_eq(st.st_size, 3 * MiB);
+	p = malloc(3 * MiB);
+	cr_assert(p);
+	fm_pread_all(fd, p, 3 * MiB, 0);
+	OK(close(fd));
+	cr_assert(memcmp(p, want, 3 * MiB) == 0, "content after remount");
+	free(p);
+	free(want);
+}
+
+/* Past passthrough_copy_max, a write open takes the daemon path. */
+Test(passthrough, files_past_the_copy_limit_take_the_daemon_path)
+{
+	unsigned char blk[4096] = { 9 };
+	uint64_t big0, w0;
+	int fd;
+
+	remount_with("passthrough_copy_max=1m");
+	write_pattern(mp("big"), 4, 2 * MiB, MiB);
+	write_pattern(mp("small"), 5, MiB / 2, MiB);
+	big0 = stat_of("copy_up_too_big");
+	w0 = stat_of("fuse_requests_write");
+	fd = OK(open(mp("big"), O_WRONLY));
+	fm_pwrite_all(fd, blk, sizeof(blk), 0);
+	OK(close(fd));
+	cr_assert_eq(stat_of("copy_up_too_big"), big0 + 1);
+	cr_assert_geq(stat_of("fuse_requests_write"), w0 + 1, "the big file's write skipped the daemon");
+	w0 = stat_of("fuse_requests_write");
+	fd = OK(open(mp("small"), O_WRONLY));
+	fm_pwrite_all(fd, blk, sizeof(blk), 0);
+	OK(close(fd));
+	cr_assert_eq(stat_of("fuse_requests_write"), w0, "the small file's write took the daemon path");
 }

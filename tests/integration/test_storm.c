@@ -334,17 +334,6 @@ static int seeds(int dflt)
 	return e && atoi(e) > 0 ? atoi(e) : dflt;
 }
 
-/* Bugs this test found and this session did not fix: they fail it now and
- * then (about 1 run in 4 and 1 in 8 of FERRY_STORM_SEEDS=6). Said loudly
- * as a skip, run with FERRY_STORM_KNOWN_BUGS=1. */
-static void known_bug(const char *what)
-{
-	if (!getenv("FERRY_STORM_KNOWN_BUGS")) {
-		fm_teardown(); /* a skip ends the test here: clean up first */
-		cr_skip_test("known bug, not fixed yet: %s (FERRY_STORM_KNOWN_BUGS=1 runs it)", what);
-	}
-}
-
 Test(storm, sigkill_of_mountd_loses_nothing_returned)
 {
 	for (int s = 1; s <= seeds(4); s++)
@@ -353,7 +342,6 @@ Test(storm, sigkill_of_mountd_loses_nothing_returned)
 
 Test(storm, sigkill_of_reconciler_loses_nothing_returned)
 {
-	known_bug("ferry umount can wait past 60 s after ferry-reconciler was killed in a storm");
 	for (int s = 1; s <= seeds(4); s++)
 		one_seed((uint64_t)s + 1000, false);
 }
