@@ -235,6 +235,14 @@ Test(passthrough, truncate_during_write)
 	free(want);
 }
 
+/* The reconciler's upload byte count, once every job handed to it so far
+ * is committed (a new open waits for the last close's upload). */
+static uint64_t uploaded_after(const char *path)
+{
+	OK(close(OK(open(path, O_RDONLY))));
+	return stat_of("reconcile_upload_bytes_total") + stat_of("bytes_uploaded");
+}
+
 Test(passthrough, mmap_write_then_close)
 {
 	size_t len = 3 * MiB;
@@ -339,7 +347,10 @@ Test(passthrough, fsync_uploads_only_changed_blocks)
 	OK(fsync(fd));
 	cr_assert_eq(stat_of("objects_put") - put1, 1);
 	cr_assert_eq(stat_of("bytes_uploaded") - up0, 128 << 10);
+	/* close() after fsync: everything is stored already, nothing goes again */
+	up0 = uploaded_after(mp("c"));
 	OK(close(fd));
+	cr_assert_eq(uploaded_after(mp("c")), up0, "the close re-uploaded what fsync stored");
 	/* The fsync'ed content survives a daemon killed before any more commit. */
 	fm_crash();
 	fm_mount();
@@ -569,14 +580,6 @@ Test(passthrough_eperm, an_unprivileged_daemon_latches_passthrough_off)
 		warnings++;
 	cr_assert_eq(warnings, 1, "%d latch warnings in the log", warnings);
 	free(log);
-}
-
-/* The reconciler's upload byte count, once every job handed to it so far
- * is committed (a new open waits for the last close's upload). */
-static uint64_t uploaded_after(const char *path)
-{
-	OK(close(OK(open(path, O_RDONLY))));
-	return stat_of("reconcile_upload_bytes_total") + stat_of("bytes_uploaded");
 }
 
 /*
