@@ -1227,6 +1227,7 @@ static int small_verify(struct bench *b, const char *dir, unsigned long step)
 struct rand_res {
 	unsigned long ops;
 	double tfill, twrite, tclose;
+	double topen; /* reopen: the open() of the laid-out file */
 };
 
 /*
@@ -1242,9 +1243,11 @@ struct rand_res {
  * sync_each an fdatasync() after each. close() is timed apart. With mnt, .stats
  * snapshots: s0 before the timed writes, smid before close(), s1 after it.
  */
+/* reopen: the fill is closed and the file opened again (without O_TRUNC)
+ * for the random writes, as a database or fio with a laid-out file does. */
 static int rand_run(struct bench *b, const char *mnt, const char *path, uint64_t bytes,
-		    double seconds, unsigned long max_ops, bool sync_each, struct snap *s0,
-		    struct snap *smid, struct snap *s1, struct rand_res *r)
+		    double seconds, unsigned long max_ops, bool sync_each, bool reopen,
+		    struct snap *s0, struct snap *smid, struct snap *s1, struct rand_res *r)
 {
 	uint64_t pages = bytes / PAGE, nblocks = bytes / BLOCK, seed = b->o.seed | 1;
 	unsigned char *pg = b->buf;
@@ -1276,6 +1279,19 @@ static int rand_run(struct bench *b, const char *mnt, const char *path, uint64_t
 		sync();
 	}
 	r->tfill = now_s() - t0;
+	if (reopen) {
+		if (close(fd) < 0) {
+			errf("close %s after the fill: %s", path, strerror(errno));
+			return -1;
+		}
+		t0 = now_s();
+		fd = open(path, O_RDWR | O_CLOEXEC);
+		r->topen = now_s() - t0;
+		if (fd < 0) {
+			errf("open %s again: %s", path, strerror(errno));
+			return -1;
+		}
+	}
 	if (mnt && snap_take(mnt, s0) < 0)
 		goto fail;
 	memcpy(pg, g_tmpl, PAGE);
@@ -1663,8 +1679,9 @@ static int small_remove(struct bench *b, const char *dir)
 	return 0;
 }
 
-/* fsync: for the label of the write+fdatasync rows, "remote" or "local". */
-static int pt_rand(struct bench *b, bool sync_each, const char *fsync)
+/* fsync: for the label of the write+fdatasync rows, "remote" or "local".
+ * reopen: into an existing file (see rand_run). */
+static int pt_rand(struct bench *b, bool sync_each, const char *fsync, bool reopen)
 {
 	char label[96];
 	uint64_t bytes = (uint64_t)(sync_each ? b->o.sync_mib : b->o.rand_mib) * MIB;
@@ -1672,8 +1689,13 @@ static int pt_rand(struct bench *b, bool sync_each, const char *fsync)
 	struct snap sopen, s0, smid, s1;
 	char path[PATH_MAX], name[64];
 
+	struct row3 *ro = NULL;
+
 	if (!sync_each) {
-		ri = row3_add(b, "rand write 4 KiB, buffered (IOPS)", "%.0f", true);
+		ri = row3_add(b, reopen ? "rand write 4 KiB into an existing file, buffered (IOPS)" :
+					  "rand write 4 KiB, buffered (IOPS)", "%.0f", true);
+		if (reopen)
+			ro = row3_add(b, "  open() of the existing file (ms)", "%.1f", true);
 		rc = row3_add(b, "  close() after it (ms)", "%.1f", true);
 		rq = row3_add(b, "  FUSE requests per write", "%.3f", false);
 	} else {
@@ -1691,7 +1713,10 @@ static int pt_rand(struct bench *b, bool sync_each, const char *fsync)
 		int pi = -1;
 
 		snprintf(path, sizeof(path), "%s/%s", wdir(b, w), sync_each ? "pt-sync.dat" : "pt-rand.dat");
-		if (sync_each)
+		if (reopen)
+			progress("%s: 4 KiB random writes for %.0f s into a %lu MiB file laid out, "
+				 "closed and opened again", wlabel[w], b->o.seconds, b->o.rand_mib);
+		else if (sync_each)
 			progress("%s: %lu x (4 KiB pwrite + fdatasync) into a %lu MiB file opened empty",
 				 wlabel[w], b->o.sync_ops, b->o.sync_mib);
 		else
@@ -1700,22 +1725,25 @@ static int pt_rand(struct bench *b, bool sync_each, const char *fsync)
 		sync();
 		if (wsnap(t, &sopen) < 0 ||
 		    rand_run(b, t ? t->mnt : NULL, path, bytes, sync_each ? 0 : b->o.seconds,
-			     sync_each ? b->o.sync_ops : b->o.rand_max_ops, sync_each, &s0, &smid, &s1,
-			     &r) < 0)
+			     sync_each ? b->o.sync_ops : b->o.rand_max_ops, sync_each, reopen, &s0,
+			     &smid, &s1, &r) < 0)
 			return -1;
 		row3_set(ri, w, (double)r.ops / r.twrite);
+		if (ro)
+			row3_set(ro, w, r.topen * 1e3);
 		if (rl)
 			row3_set(rl, w, r.twrite * 1e3 / (double)r.ops);
 		row3_set(rc, w, r.tclose * 1e3);
-		if (!sync_each) {
+		if (!sync_each && !reopen) {
 			b->rand_iops[w] = (double)r.ops / r.twrite;
 			b->has_rand[w] = true;
 		}
 		if (t) {
 			struct snap dopen;
 
-			snprintf(name, sizeof(name), "%s: rand %s", t->tag,
-				 sync_each ? "write+fdatasync" : "buffered writes");
+			snprintf(name, sizeof(name), "%s: rand %s%s", t->tag,
+				 sync_each ? "write+fdatasync" : "buffered writes",
+				 reopen ? " (existing file)" : "");
 			pi = phase_add(b, SUITE_PT, t, name, &s0, &smid, (double)r.ops,
 				       sync_each ? "write+fdatasync" : "write");
 			snprintf(name, sizeof(name), "%s: rand %s close()", t->tag,
@@ -1735,17 +1763,19 @@ static int pt_rand(struct bench *b, bool sync_each, const char *fsync)
 					uint64_t opens = snap_get(&dopen, "passthrough_opens");
 					uint64_t wr = snap_get(d, "fuse_requests_write");
 
-					note3(b, "%s %s: passthrough %s (passthrough_opens +%" PRIu64
+					note3(b, "%s %s%s: passthrough %s (passthrough_opens +%" PRIu64
 					      ", %" PRIu64 " WRITE requests for %lu writes).",
 					      t->tag, sync_each ? "write+fdatasync" : "buffered",
+					      reopen ? " (existing file)" : "",
 					      opens >= 1 && wr == 0 ? "engaged" : "NOT ENGAGED", opens, wr,
 					      r.ops);
 				}
 			}
 		}
-		note3(b, "rand %s, %s: %lu writes in %.2f s; the %lu MiB fill in the same open%s "
-		      "took %.2f s (untimed).", sync_each ? "write+fdatasync" : "buffered", wlabel[w],
-		      r.ops, r.twrite, (unsigned long)(bytes / MIB),
+		note3(b, "rand %s%s, %s: %lu writes in %.2f s; the %lu MiB fill%s%s took %.2f s "
+		      "(untimed).", sync_each ? "write+fdatasync" : "buffered",
+		      reopen ? " (existing file)" : "", wlabel[w], r.ops, r.twrite,
+		      (unsigned long)(bytes / MIB), reopen ? "" : " in the same open",
 		      sync_each ? " and its fdatasync" : " and sync()", r.tfill);
 		progress("%s: checking every byte of %s against the writes (untimed)", wlabel[w], path);
 		if (rand_check(b, path, bytes, r.ops) < 0 || unlink_checked(path) < 0)
@@ -1850,7 +1880,8 @@ static int suite_pt(struct bench *b)
 			     "passthrough_active %s, passthrough_off_reason %s", act, why) < 0)
 			b->pt_state[k - T_PT][0] = '\0';
 	}
-	if (pt_rand(b, false, NULL) < 0 || pt_rand(b, true, "remote") < 0 || pt_seq(b) < 0 ||
+	if (pt_rand(b, false, NULL, false) < 0 || pt_rand(b, false, NULL, true) < 0 ||
+	    pt_rand(b, true, "remote", false) < 0 || pt_seq(b) < 0 ||
 	    pt_small(b) < 0)
 		return -1;
 	if (b->o.fsync_row) {
@@ -1870,7 +1901,7 @@ static int suite_pt(struct bench *b)
 			if (ferry_mount(b, t) < 0)
 				return -1;
 		}
-		if (pt_rand(b, true, "local") < 0)
+		if (pt_rand(b, true, "local", false) < 0)
 			return -1;
 	}
 	for (int k = T_PT; k <= T_OFF; k++) {
@@ -2516,6 +2547,10 @@ static void print_pt(struct bench *b)
 	       "pwrite()s at random 4 KiB-aligned offsets for a fixed\n"
 	       "                time per target; IOPS over the pwrite()s; close() timed apart (ferryfs: "
 	       "hands the file to ferry-reconciler).\n");
+	printf("  rand write into an existing file: the same fill, then close() and open(O_RDWR) again "
+	       "(timed: on ferryfs it waits for the fill's upload and\n"
+	       "                copies the file into a passthrough staging file), then the same random "
+	       "writes, as a database or fio with a laid-out file.\n");
 	printf("  rand write + fdatasync: the same file set-up with fdatasync() after the fill (untimed: "
 	       "ferryfs uploads and commits it), then a fixed number of\n"
 	       "                pwrite(4 KiB) + fdatasync() pairs; on ferryfs (fsync=remote) each fdatasync "
