@@ -396,6 +396,23 @@ struct pt_run {
  * Called with the inode's lock held: the file may grow meanwhile (the
  * kernel writes on), never shrink (truncates come through us).
  */
+/* The fingerprint of len zero bytes (len <= PT_UNIT). */
+static uint64_t zero_print(uint32_t len)
+{
+	static const char zeros[PT_UNIT];
+	static _Atomic uint64_t full; /* 0: not computed yet */
+	uint64_t p;
+
+	if (len != PT_UNIT)
+		return block_fingerprint(zeros, len);
+	p = atomic_load(&full);
+	if (!p) {
+		p = block_fingerprint(zeros, len);
+		atomic_store(&full, p);
+	}
+	return p;
+}
+
 /*
  * Pass 1 of a passthrough commit: the fingerprint of every PT_UNIT of the
  * staging file's first size bytes (*npp, owned by the caller) and the runs
@@ -408,37 +425,53 @@ static int pt_scan(struct mountd *md, struct wstate *w, uint64_t size, struct bl
 {
 	uint32_t bs = md->vol.block_size;
 	uint32_t unit = PT_UNIT < bs ? PT_UNIT : bs;
-	size_t nunits = (size + unit - 1) / unit, nruns = 0, u = 0;
+	size_t nunits = (size + unit - 1) / unit, nruns = 0, cap = 0, u = 0;
 	struct block_print *np = calloc(nunits ? nunits : 1, sizeof(*np));
-	struct pt_run *runs = calloc(nunits ? nunits : 1, sizeof(*runs)); /* at most one per unit */
+	struct pt_run *runs = NULL;
+	uint64_t data_at = 0; /* the next byte at or after `at` that is not in a hole */
 	char *buf = malloc(bs);
 	int rc = 0;
 
-	if (!np || !runs || !buf) {
+	if (!np || !buf) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	for (uint64_t at = 0; at < size; at += bs) {
 		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
-		ssize_t n = pread(w->fd, buf, len, (off_t)at);
-		bool block_changed = false, in_run = false;
+		bool block_changed = false, in_run = false, hole;
 
-		if (n < 0) {
-			rc = -errno;
-			goto out;
+		if (data_at < at) {
+			off_t d = lseek(w->fd, (off_t)at, SEEK_DATA);
+			if (d < 0 && errno != ENXIO) {
+				rc = -errno;
+				goto out;
+			}
+			data_at = d < 0 ? UINT64_MAX : (uint64_t)d;
 		}
-		if ((uint32_t)n != len) {
-			rc = -EAGAIN;
-			goto out;
+		/* A block in a hole is not read: a sparse file of any size costs
+		 * what its data costs. */
+		hole = data_at >= at + len;
+		if (!hole) {
+			ssize_t n = pread(w->fd, buf, len, (off_t)at);
+			if (n < 0) {
+				rc = -errno;
+				goto out;
+			}
+			if ((uint32_t)n != len) {
+				rc = -EAGAIN;
+				goto out;
+			}
 		}
 		for (uint32_t off = 0; off < len; off += unit, u++) {
 			uint32_t ulen = len - off < unit ? len - off : unit;
 			bool same;
 
-			np[u].print = block_fingerprint(buf + off, ulen);
+			np[u].print = hole ? zero_print(ulen) : block_fingerprint(buf + off, ulen);
 			np[u].len = ulen;
-			same = u < w->nprints && w->prints[u].len == ulen &&
-			       w->prints[u].print == np[u].print;
+			if (u < w->nprints)
+				same = w->prints[u].len == ulen && w->prints[u].print == np[u].print;
+			else /* past what was stored: zeros read as zeros already */
+				same = hole || is_zero(buf + off, ulen);
 			if (same) {
 				in_run = false;
 				continue;
@@ -446,10 +479,20 @@ static int pt_scan(struct mountd *md, struct wstate *w, uint64_t size, struct bl
 			block_changed = true;
 			if (in_run) {
 				runs[nruns - 1].len += ulen;
-			} else {
-				runs[nruns++] = (struct pt_run){ .at = at + off, .len = ulen };
-				in_run = true;
+				continue;
 			}
+			if (nruns == cap) {
+				size_t nc = cap ? 2 * cap : 64;
+				struct pt_run *nr = realloc(runs, nc * sizeof(*nr));
+				if (!nr) {
+					rc = -ENOMEM;
+					goto out;
+				}
+				runs = nr;
+				cap = nc;
+			}
+			runs[nruns++] = (struct pt_run){ .at = at + off, .len = ulen };
+			in_run = true;
 		}
 		if (!block_changed)
 			atomic_fetch_add(&md->stats.blocks_unchanged, 1);

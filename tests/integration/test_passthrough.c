@@ -726,3 +726,43 @@ Test(passthrough, files_past_the_copy_limit_take_the_daemon_path)
 	OK(close(fd));
 	cr_assert_eq(stat_of("fuse_requests_write"), w0, "the small file's write took the daemon path");
 }
+
+/*
+ * A sparse passthrough file of a tebibyte costs what its data costs: an
+ * fsync stores the units written since the last one, not the holes (which
+ * are not even read), and the close after it stores nothing again.
+ */
+Test(passthrough, sparse_tebibyte_file_stores_only_its_data)
+{
+	const off_t T = (off_t)1 << 40;
+	const off_t at[4] = { 0, T / 2, T - 4096, 3 * (T / 4) };
+	uint64_t put0, up0;
+	char got[6] = { 0 };
+	int fd = OK(open(mp("sparse"), O_CREAT | O_RDWR | O_TRUNC, 0644));
+
+	for (int k = 0; k < 3; k++)
+		fm_pwrite_all(fd, "hello", 5, at[k]);
+	put0 = stat_of("objects_put");
+	OK(fsync(fd));
+	cr_assert_eq(stat_of("objects_put") - put0, 3, "the first fsync stored %llu objects",
+		     (unsigned long long)(stat_of("objects_put") - put0));
+	fm_pwrite_all(fd, "three", 5, at[3]);
+	put0 = stat_of("objects_put");
+	OK(fsync(fd));
+	cr_assert_eq(stat_of("objects_put") - put0, 1);
+	up0 = uploaded_after(mp("sparse"));
+	OK(close(fd));
+	cr_assert_eq(uploaded_after(mp("sparse")), up0, "the close stored again what fsync had");
+	fm_remount_cold();
+	fd = OK(open(mp("sparse"), O_RDONLY));
+	for (int k = 0; k < 4; k++) {
+		fm_pread_all(fd, got, 5, at[k]);
+		cr_assert_str_eq(got, k == 3 ? "three" : "hello", "at %lld", (long long)at[k]);
+	}
+	fm_pread_all(fd, got, 5, 4096);
+	cr_assert(memcmp(got, "\0\0\0\0\0", 5) == 0, "a hole does not read as zeros");
+	/* (the 64 KiB unit around a write is stored whole: data, as SEEK_DATA
+	 * may count zeros) */
+	cr_assert_geq(lseek(fd, 128 << 10, SEEK_DATA), T / 4, "SEEK_DATA found data in the first hole");
+	OK(close(fd));
+}
