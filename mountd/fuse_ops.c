@@ -400,6 +400,15 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 			rc = meta_setattr(md->meta, ino, valid, &in, &out);
 		if (rc == 0 && i && i->w)
 			rc = wstate_truncate(i->w, in.size);
+	} else if (i && i->w && !(valid & ~(META_SET_ATIME | META_SET_ATIME_NOW | META_SET_MTIME |
+					     META_SET_MTIME_NOW | META_SET_CTIME))) {
+		/* Times only, with writes staged on the daemon path (the
+		 * writeback cache sends the kernel's mtime at every write-back):
+		 * the staged commit will carry this mtime, so it need not go
+		 * first. */
+		rc = meta_setattr(md->meta, ino, valid, &in, &out);
+		if (rc == 0 && (valid & (META_SET_MTIME | META_SET_MTIME_NOW)))
+			i->w->mtime = out.mtime;
 	} else {
 		/* Staged writes carry their own mtime: commit them first so an
 		 * explicit utimens() is not overwritten by a later commit. */
@@ -615,17 +624,23 @@ static unsigned trunc_kill_suid(struct mountd *md, uint64_t ino, uid_t caller,
 	return in->mode != a.mode ? META_SET_MODE : 0;
 }
 
-/* Whether a new passthrough staging file may start now. */
-static bool passthrough_allowed(struct mountd *md)
+/* Whether the staging file system has less than --staging-min-free. */
+static bool staging_room_low(struct mountd *md)
 {
 	struct statvfs sv;
 
+	return md->staging_min_free && fstatvfs(md->staging_dirfd, &sv) == 0 &&
+	       (uint64_t)sv.f_bavail * sv.f_frsize < md->staging_min_free;
+}
+
+/* Whether a new passthrough staging file may start now. */
+static bool passthrough_allowed(struct mountd *md)
+{
 	if (atomic_load(&md->pt_off))
 		return false;
 	/* Staging headroom: a full staging disk would fail writes that the
 	 * daemon path could still take. */
-	if (md->staging_min_free && fstatvfs(md->staging_dirfd, &sv) == 0 &&
-	    (uint64_t)sv.f_bavail * sv.f_frsize < md->staging_min_free) {
+	if (staging_room_low(md)) {
 		atomic_fetch_add(&md->stats.passthrough_no_room, 1);
 		return false;
 	}
@@ -843,6 +858,13 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 	if (of->passthrough) {
 		/* Open in passthrough mode drops the kernel's old page cache. */
 		fi->keep_cache = 0;
+	} else if (md->writeback && writer && staging_room_low(md)) {
+		/* With the writeback cache a full staging file system would
+		 * fail only the write-back, reported at close(): near full, a
+		 * writer bypasses the cache so write() itself says ENOSPC. */
+		fi->direct_io = 1;
+		fi->keep_cache = 1;
+		atomic_fetch_add(&md->stats.writeback_bypassed, 1);
 	} else {
 		/* Every change to the data passes through this daemon and the
 		 * kernel's page cache, so what it cached stays valid across opens. */
@@ -1053,7 +1075,14 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 	}
 	pthread_mutex_lock(&of->ino->lock);
 	rc = wstate_ensure(md, of->ino, of->fh);
-	n = rc < 0 ? rc : wstate_write(md, of->ino, buf, size, off);
+	if (rc < 0)
+		n = rc;
+	else if (fi->writepage && of->ino->w->wb_error)
+		n = of->ino->w->wb_error;
+	else
+		n = wstate_write(md, of->ino, buf, size, off);
+	if (n < 0 && fi->writepage && of->ino->w)
+		wstate_writeback_failed(of->ino->w, (uint64_t)off, (int)n);
 	pthread_mutex_unlock(&of->ino->lock);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
@@ -1256,6 +1285,14 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	}
 	if (whence != SEEK_DATA && whence != SEEK_HOLE) {
 		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	if (md->writeback) {
+		/* The kernel's page cache holds writes (and sizes) this daemon
+		 * has not seen yet. ENOSYS makes the kernel answer every later
+		 * SEEK_DATA/SEEK_HOLE itself from its own size, with the whole
+		 * file as data: never a hole over data. */
+		fuse_reply_err(req, ENOSYS);
 		return;
 	}
 	pthread_mutex_lock(&of->ino->lock);
@@ -1599,8 +1636,6 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	fuse_set_feature_flag(conn, FUSE_CAP_ATOMIC_O_TRUNC);
 	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS);
 	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS_AUTO);
-	/* Writes go straight to the daemon; ferry stages them itself. */
-	fuse_unset_feature_flag(conn, FUSE_CAP_WRITEBACK_CACHE);
 	/* POSIX locks stay local to the kernel (one node per volume). */
 	fuse_unset_feature_flag(conn, FUSE_CAP_POSIX_LOCKS);
 	fuse_unset_feature_flag(conn, FUSE_CAP_FLOCK_LOCKS);
@@ -1608,8 +1643,15 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	 * SB_NOSEC and stops asking GETXATTR(security.capability) before
 	 * every write. */
 	fuse_set_feature_flag(conn, FUSE_CAP_HANDLE_KILLPRIV_V2);
+	if (md->wb_mode == WB_ON && md->pt_mode == PT_ON) {
+		mountd_ready(md, "writeback=on and passthrough=on exclude each other");
+		fuse_session_exit(md->se);
+		return;
+	}
 	if (md->pt_mode == PT_OFF) {
 		passthrough_set_reason(md, "mount_option_off", "off by mount option passthrough=off");
+	} else if (md->wb_mode == WB_ON) {
+		passthrough_set_reason(md, "writeback_on", "off for writeback=on");
 	} else if (!fuse_set_feature_flag(conn, FUSE_CAP_PASSTHROUGH)) {
 		passthrough_set_reason(md, "kernel_lacks_passthrough",
 				       "the kernel does not offer FUSE passthrough (Linux >= 6.9)");
@@ -1625,6 +1667,26 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 		conn->max_backing_stack_depth = 1;
 		atomic_store(&md->pt_off, false);
 	}
+	/* Without passthrough for the whole mount, every write is an upcall
+	 * unless the kernel's page cache takes it: writes then return at
+	 * memory speed and reach the daemon in large batches (written back,
+	 * and at the latest at close() and fsync()). With passthrough they
+	 * are not mixed: a writeback-cached inode could not get a passthrough
+	 * writer. */
+	md->writeback = false;
+	if (md->wb_mode != WB_OFF && atomic_load(&md->pt_off)) {
+		md->writeback = fuse_set_feature_flag(conn, FUSE_CAP_WRITEBACK_CACHE);
+		if (!md->writeback && md->wb_mode == WB_ON) {
+			mountd_ready(md, "writeback=on, but the kernel does not offer the FUSE "
+				     "writeback cache");
+			fuse_session_exit(md->se);
+			return;
+		}
+	} else {
+		fuse_unset_feature_flag(conn, FUSE_CAP_WRITEBACK_CACHE);
+	}
+	if (md->writeback)
+		log_info("writeback cache: on (writes on the daemon path are cached by the kernel)");
 	mountd_ready(md, "ok");
 }
 

@@ -57,6 +57,9 @@ static void usage(FILE *f)
 		"object store; local: once it is on this node's disk, uploaded later);\n"
 		"gc_grace=SEC (default 300: objects no file refers to any more are\n"
 		"deleted that long after they became garbage);\n"
+		"writeback=auto|on|off (default auto: the kernel's writeback cache for\n"
+		"writes on the daemon path when passthrough is off for the whole mount; on\n"
+		"turns passthrough off);\n"
 		"passthrough_copy_max=SIZE (default 1g: a write open of a non-empty file up\n"
 		"to this size copies it into a staging file and gets passthrough; larger\n"
 		"files, and 0, take the daemon path)\n"
@@ -96,6 +99,20 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				md->pt_mode = PT_AUTO;
 			else {
 				snprintf(err, errlen, "-o %s: passthrough takes on, off or auto", o);
+				return -EINVAL;
+			}
+			continue;
+		}
+		if (strncmp(o, "writeback=", 10) == 0) {
+			const char *v = o + 10;
+			if (!strcmp(v, "on"))
+				md->wb_mode = WB_ON;
+			else if (!strcmp(v, "off"))
+				md->wb_mode = WB_OFF;
+			else if (!strcmp(v, "auto"))
+				md->wb_mode = WB_AUTO;
+			else {
+				snprintf(err, errlen, "-o %s: writeback takes on, off or auto", o);
 				return -EINVAL;
 			}
 			continue;
@@ -328,6 +345,7 @@ int main(int argc, char **argv)
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
+	md->wb_mode = WB_AUTO;
 	md->cfg.reopen_timeout_ms = 120000;
 	md->rc_sock = -1;
 	pthread_mutex_init(&md->rc_lock, NULL);

@@ -63,6 +63,7 @@ struct stats {
 	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
 	_Atomic uint64_t copy_ups, copy_up_bytes; /* non-empty files brought into staging at open */
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
+	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
@@ -96,11 +97,17 @@ struct wstate {
 	struct range *dirty;     /* sorted, disjoint, merged; owned */
 	size_t ndirty, cap;
 	uint64_t size;           /* the file's size with these writes */
+	uint64_t base_size;      /* daemon path: the committed size when staging began */
 	struct timespec mtime;   /* passthrough: the floor for the staging file's */
 	bool mtime_set;          /* passthrough: mtime set explicitly (utimens) */
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
+	/* Writeback cache: the first write-back the staging file refused
+	 * (ENOSPC, EIO). The staged file is cut where it failed and later
+	 * write-backs are refused, so what is committed is a prefix of what
+	 * was written, never data with a gap of zeros; a truncate clears it. */
+	int wb_error;
 	/* Passthrough: the kernel writes the staging file directly, so it
 	 * holds the whole file and there are no dirty ranges to track. */
 	bool passthrough;
@@ -162,6 +169,9 @@ void wstate_drop(struct mountd *md, struct inode *ino);
 int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off);
 /* Truncates the staged view: dirty ranges past size go, the size is set. */
 int wstate_truncate(struct wstate *w, uint64_t size);
+/* A write-back from the kernel's cache at off failed with err (negative):
+ * see wb_error. Caller holds ino->lock. */
+void wstate_writeback_failed(struct wstate *w, uint64_t off, int err);
 /* Puts an inode whose commit failed at close on the retry list (holds a
  * reference). Caller holds ino->lock and checked !ino->pending. */
 void write_back_defer(struct mountd *md, struct inode *ino);
@@ -360,6 +370,11 @@ struct mountd {
 	bool pending_thread_live;
 	/* passthrough */
 	enum { PT_OFF, PT_AUTO, PT_ON } pt_mode;
+	/* -o writeback=auto|on|off: the kernel's writeback cache for writes on
+	 * the daemon path; auto: when passthrough is off for the whole mount
+	 * at INIT. The two are not mixed: writeback=on turns passthrough off. */
+	enum { WB_OFF, WB_AUTO, WB_ON } wb_mode;
+	bool writeback;               /* in effect (set at INIT) */
 	bool fsync_local;             /* -o fsync=local: fsync is durable on the node only */
 	/* -o passthrough_copy_max: the largest non-empty file a write open
 	 * copies into a passthrough staging file; larger ones take the daemon

@@ -68,6 +68,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(copy_up_bytes);
 	FIG(copy_up_too_big);
 	FIG(copy_up_failures);
+	FIG(writeback_bypassed);
 	FIG(handoffs);
 	FIG(handoff_failures);
 	FIG(mapped_after_close);
@@ -106,6 +107,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 			(unsigned long long)rs.upload_latency_max_us);
 	}
 	fprintf(f, "passthrough_active %d\n", atomic_load(&md->pt_off) ? 0 : 1);
+	fprintf(f, "writeback_cache %d\n", md->writeback ? 1 : 0);
 	fprintf(f, "fsync_local %d\n", md->fsync_local && rclient_up(md) ? 1 : 0);
 	pthread_mutex_lock(&md->pt_reason_lock);
 	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");

@@ -91,6 +91,7 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 	if (rc < 0)
 		return rc;
 	ino->w->size = a.size;
+	ino->w->base_size = a.size;
 	ino->w->mtime = a.mtime;
 	return 0;
 }
@@ -274,9 +275,30 @@ int wstate_truncate(struct wstate *w, uint64_t size)
 	}
 	w->ndirty = k;
 	w->size = size;
+	if (size < w->base_size)
+		w->base_size = size;
+	w->size_changed = true;
+	w->wb_error = 0;
 	if (ftruncate(w->fd, (off_t)size) < 0)
 		return -errno;
 	return 0;
+}
+
+void wstate_writeback_failed(struct wstate *w, uint64_t off, int err)
+{
+	uint64_t cut = w->base_size < off ? w->base_size : off;
+
+	/* The kernel writes back in no fixed order: keep only the prefix that
+	 * the committed file and the write-backs that succeeded cover without
+	 * a gap (a gap would read as zeros where data was written). */
+	for (size_t k = 0; k < w->ndirty && w->dirty[k].start <= cut; k++)
+		if (w->dirty[k].end > cut)
+			cut = w->dirty[k].end;
+	if (cut > off)
+		cut = off;
+	if (!w->wb_error && cut < w->size)
+		(void)wstate_truncate(w, cut);
+	w->wb_error = err;
 }
 
 int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off)

@@ -1045,12 +1045,18 @@ Test(data, lseek_on_a_file_open_for_writing)
 	fm_pwrite_all(fd, blk, sizeof(blk), 8 * MiB);
 	cr_assert_eq(OK(lseek(fd, 0, SEEK_END)), 8 * MiB + 4096, "SEEK_END of a staged file");
 	cr_assert_eq(OK(lseek(fd, 0, SEEK_DATA)), 0);
+	/* With the writeback cache the kernel answers, with the whole file as
+	 * data (the daemon has not seen what it holds). */
+	struct fm_stats s;
+	uint64_t wb = 0;
+	fm_stats_read(&s);
+	fm_stats_get(&s, "writeback_cache", &wb);
 	h = OK(lseek(fd, 0, SEEK_HOLE));
-	cr_assert(h >= 4096 && h <= 8 * MiB, "SEEK_HOLE on an open staged file gave %lld",
-		  (long long)h);
+	cr_assert((h >= 4096 && h <= 8 * MiB) || (wb && h == 8 * MiB + 4096),
+		  "SEEK_HOLE on an open staged file gave %lld", (long long)h);
 	d = OK(lseek(fd, 4 * MiB, SEEK_DATA));
-	cr_assert(d >= 4 * MiB && d <= 8 * MiB, "SEEK_DATA on an open staged file gave %lld",
-		  (long long)d);
+	cr_assert((d >= 4 * MiB && d <= 8 * MiB) || (wb && d == 4 * MiB),
+		  "SEEK_DATA on an open staged file gave %lld", (long long)d);
 	FAILS(lseek(fd, 8 * MiB + 4096, SEEK_DATA), ENXIO);
 	OK(close(fd));
 	/* a committed file reopened and extended: both sources count */

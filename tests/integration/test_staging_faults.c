@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,13 +50,20 @@ static void staging_teardown(void)
 
 TestSuite(staging_faults, .init = staging_setup, .fini = staging_teardown, .timeout = 180);
 
+/* Until the reconciler has nothing staged and the staging file system is
+ * nearly empty again (a file that could not be handed over, its journal
+ * record finding no room, is committed by ferry-mountd in its RELEASE,
+ * after close() returned). */
 static void drained(void)
 {
 	struct fm_stats s;
+	struct statvfs sv;
 
 	for (int i = 0; i < 300; i++) {
 		fm_stats_read(&s);
-		if (fm_stats_need(&s, "passthrough_staging_blocks") == 0)
+		if (fm_stats_need(&s, "passthrough_staging_blocks") == 0 &&
+		    statvfs(fm.staging, &sv) == 0 &&
+		    (uint64_t)(sv.f_blocks - sv.f_bfree) * sv.f_frsize < 1024 * 1024)
 			return;
 		usleep(100 * 1000);
 	}
@@ -85,11 +93,24 @@ Test(staging_faults, full_staging_is_enospc_and_closed_files_stay)
 		}
 		done += (size_t)n;
 	}
-	cr_assert_eq(err, ENOSPC, "a write into a full staging file system: %s, after %zu bytes",
-		     err ? fm_errname(err) : "no error", done);
 	close_rc = close(fd);
+	int close_err = close_rc < 0 ? errno : 0;
+	struct fm_stats st;
+	uint64_t wb = 0;
+	fm_stats_read(&st);
+	fm_stats_get(&st, "writeback_cache", &wb);
+	/* With the writeback cache (the daemon path by default) the kernel
+	 * takes the writes and the write-back fails: close() says ENOSPC,
+	 * as on NFS. Otherwise write() does. */
+	if (wb && !err)
+		cr_assert_eq(close_err, ENOSPC, "writes into a full staging file system through "
+			     "the writeback cache: close() said %s",
+			     close_err ? fm_errname(close_err) : "ok");
+	else
+		cr_assert_eq(err, ENOSPC, "a write into a full staging file system: %s, after %zu "
+			     "bytes", err ? fm_errname(err) : "no error", done);
 	cr_log_info("wrote %zu of %zu bytes before ENOSPC; close %s", done, big_len,
-		    close_rc == 0 ? "ok" : strerror(errno));
+		    close_rc == 0 ? "ok" : strerror(close_err));
 
 	/* Once the reconciler has taken what was staged, there is room again. */
 	drained();
