@@ -423,6 +423,40 @@ Test(passthrough_off, every_write_takes_the_daemon_path)
 	free(text);
 }
 
+/* Small writes on the daemon path reach ferry-mountd in batches through
+ * the kernel's writeback cache (on by default without passthrough), and
+ * what close() returned for survives a killed daemon; with writeback=off
+ * every write is an upcall. */
+static uint64_t small_writes(const char *name, int n)
+{
+	unsigned char blk[4096];
+	uint64_t w0 = stat_of("fuse_requests_write");
+	int fd = OK(open(mp("%s", name), O_CREAT | O_WRONLY | O_TRUNC, 0644));
+
+	for (int i = 0; i < n; i++) {
+		fill(40 + (uint64_t)n, blk, sizeof(blk), (uint64_t)i * sizeof(blk));
+		fm_pwrite_all(fd, blk, sizeof(blk), (off_t)i * (off_t)sizeof(blk));
+	}
+	OK(close(fd));
+	return stat_of("fuse_requests_write") - w0;
+}
+
+Test(passthrough_off, writeback_cache_batches_small_writes)
+{
+	uint64_t nwrites;
+
+	cr_assert_eq(stat_of("writeback_cache"), 1, "no writeback cache without passthrough");
+	nwrites = small_writes("wb", 512);
+	cr_assert_leq(nwrites, 512 / 8, "512 writes of 4 KiB took %llu WRITE upcalls",
+		      (unsigned long long)nwrites);
+	fm_crash();
+	fm_mount();
+	check_pattern(mp("wb"), 40 + 512, 512 * 4096);
+	remount_with("writeback=off");
+	cr_assert_eq(stat_of("writeback_cache"), 0);
+	cr_assert_eq(small_writes("nowb", 64), 64);
+}
+
 /* ---- an unprivileged daemon: EPERM latches passthrough off ---- */
 
 static mode_t fuse_dev_mode;
