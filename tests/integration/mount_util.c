@@ -612,7 +612,12 @@ void fm_setup_opts(const struct fm_opts *o)
 	umask(022);
 	memset(&fm, 0, sizeof(fm));
 	fm.reaper_fd = -1;
-	snprintf(fm.dir, sizeof(fm.dir), "/tmp/ferry-it.XXXXXX");
+	/* FERRY_IT_TMPDIR (default /tmp): scripts/test gives each run its own,
+	 * so that its clean-up touches no other run's mounts. */
+	const char *base = getenv("FERRY_IT_TMPDIR");
+	if (snprintf(fm.dir, sizeof(fm.dir), "%s/ferry-it.XXXXXX", base && *base ? base : "/tmp") >=
+	    (int)sizeof(fm.dir))
+		cr_assert_fail("FERRY_IT_TMPDIR %s is too long", base);
 	if (!mkdtemp(fm.dir))
 		cr_assert_fail("mkdtemp: %s", strerror(errno));
 	fm.created = true;

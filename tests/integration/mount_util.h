@@ -1,7 +1,8 @@
 /*
  * Fixture for integration tests that run against a real ferryfs mount.
  *
- * Every test gets its own scratch directory /tmp/ferry-it.XXXXXX holding
+ * Every test gets its own scratch directory /tmp/ferry-it.XXXXXX (under
+ * $FERRY_IT_TMPDIR if set) holding
  *   vol/    the volume (meta.db, objects/)
  *   mnt/    the mountpoint
  *   cache/  --cache-dir of the mount
@@ -29,7 +30,7 @@
 #define FM_NOBODY_GID 65534
 
 struct fm {
-	char dir[64];           /* /tmp/ferry-it.XXXXXX */
+	char dir[160];          /* $FERRY_IT_TMPDIR/ferry-it.XXXXXX (default /tmp) */
 	char vol[PATH_MAX];     /* dir/vol, or the sqlite:// URL given */
 	char mnt[PATH_MAX];     /* dir/mnt */
 	char cache[PATH_MAX];   /* dir/cache */
