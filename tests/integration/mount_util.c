@@ -357,7 +357,23 @@ static bool alive(pid_t pid)
 		return false;
 	buf[n] = '\0';
 	const char *p = strrchr(buf, ')');
-	return !(p && p[1] == ' ' && p[2] == 'Z');
+	if (p && p[1] == ' ' && p[2] == 'Z')
+		return false;
+	/* The pid may belong to someone else by now: a ferry daemon of this
+	 * fixture's directory, or gone. */
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	for (ssize_t k = 0; k < n; k++)
+		if (!buf[k])
+			buf[k] = ' ';
+	buf[n] = '\0';
+	return strstr(buf, "ferry-") && (!fm.dir[0] || strstr(buf, fm.dir));
 }
 
 /* Kills the fixture's ferry-mountd processes that are still alive.
