@@ -693,7 +693,8 @@ enum { CP_CLONE, CP_STATUS, CP_RM, CP_SMALL, CP_RAND, CP_SYNC, CP_N };
 struct row4 {
 	char label[80];
 	const char *fmt;
-	int better;             /* +1 higher is better, -1 lower is better, 0 no ratios */
+	int better;             /* +1 higher is better, -1 lower is better, 0 no ratios (also
+				 * for times near 0 on the local columns: noise) */
 	double v[NC];
 	bool has[NC];
 };
@@ -2483,13 +2484,13 @@ static void cmp_rows_init(struct bench *b)
 	rowc_init(b, CR_SMALL_DRAIN, "%.1f", 0, "  ferryfs uploads after it, drained (s, untimed)");
 	rowc_init(b, CR_RAND, "%.0f", 1, "rand write 4 KiB into an existing %lu MiB file (IOPS)",
 		  b->o.rand_mib);
-	rowc_init(b, CR_RAND_OPEN, "%.1f", -1, "  open() of the existing file (ms)");
-	rowc_init(b, CR_RAND_CLOSE, "%.1f", -1, "  close() after the writes (ms)");
+	rowc_init(b, CR_RAND_OPEN, "%.1f", 0, "  open() of the existing file (ms)");
+	rowc_init(b, CR_RAND_CLOSE, "%.1f", 0, "  close() after the writes (ms)");
 	rowc_init(b, CR_RAND_REQ, "%.3f", 0, "  FUSE requests per write");
 	rowc_init(b, CR_SYNC, "%.0f", 1, "rand write 4 KiB + fdatasync, existing file (IOPS)");
 	rowc_init(b, CR_SYNC_LAT, "%.2f", -1, "  per write + fdatasync (ms)");
-	rowc_init(b, CR_SYNC_OPEN, "%.1f", -1, "  open() of the existing file (ms)");
-	rowc_init(b, CR_SYNC_CLOSE, "%.1f", -1, "  close() after the writes (ms)");
+	rowc_init(b, CR_SYNC_OPEN, "%.1f", 0, "  open() of the existing file (ms)");
+	rowc_init(b, CR_SYNC_CLOSE, "%.1f", 0, "  close() after the writes (ms)");
 	rowc_init(b, CR_SYNC_REQ, "%.3f", 0, "  FUSE requests per write+fdatasync");
 	rowc_init(b, CR_SYNC_PUT, "%.2f", 0, "  ferryfs objects put per fdatasync");
 	rowc_init(b, CR_SYNC_LOCAL, "%.0f", 1, "the same, ferryfs remounted -o fsync=local (IOPS)");
