@@ -1,6 +1,6 @@
 /*
  * ferry_bench: ferryfs side by side with plain local directories, in one run.
- * Two suites (--suite core|passthrough|all, default all):
+ * Four suites (--suite core|passthrough|broker|compare|all, default all):
  *
  * core (issue 2; one ferryfs volume mounted with its defaults, so
  * passthrough=auto, against a plain directory):
@@ -50,11 +50,30 @@
  * count per file; whether passthrough was engaged on both (passthrough_active
  * 1, no WRITE request in the loop) is checked and printed.
  *
+ * compare (issue 10; four columns, one after the other: the staging
+ * filesystem itself, libfuse's passthrough_hp example over a directory of
+ * it, the broker suite's two volumes: ferryfs mounted by root and by uid
+ * 65534 through ferry-brokerd, every workload of that column run as uid
+ * 65534): git clone (checkout included) of a repository generated once per
+ * run (--files files of about --file-size bytes, 50 to a directory), git
+ * status in the checkout (then every file compared with the repository's),
+ * rm -rf of it, the create + write + close loop, 4 KiB random writes into an
+ * existing --rand-size-mib file (laid out, closed, opened again) and the
+ * same with fdatasync after each write (ferryfs also remounted -o
+ * fsync=local); FUSE requests per file or write by opcode, passthrough_hp's
+ * counted in a second, untimed turn with --debug-fuse (libfuse logs every
+ * request); issue 10's targets (ferry direct ahead of passthrough_hp in every
+ * row, git clone within 3x of the staging filesystem) as PASS/MISS,
+ * information only. Without --pthp the passthrough_hp column shows '-' and
+ * --pthp-missing's reason, and a failure in that column empties it without
+ * failing the run.
+ *
  * For every ferryfs phase the per-opcode FUSE request counts are taken from
  * MOUNTPOINT/.stats before and after (minus what reading .stats costs).
  *
  * The program mounts and unmounts the volumes itself (`ferry mount`, `ferry
- * umount`) and starts and stops ferry-brokerd; scripts/bench makes the
+ * umount`), starts and stops ferry-brokerd and passthrough_hp (its child,
+ * unmounted and reaped after its turn; SIGTERM should we die); scripts/bench makes the
  * scratch filesystem, formats the volumes (SCRATCH/vol-{core,pt,off,direct,
  * broker}; vol-broker, objects-broker, cache-broker and staging-broker owned
  * by uid 65534, which formatted it) and cleans up. It reports; it asserts
@@ -75,6 +94,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -89,7 +109,7 @@
 #define STAMP_MAGIC 0x66657272796231ull /* "ferryb1" */
 #define MAX_FIGS 160
 
-enum { SUITE_CORE = 1, SUITE_PT = 2, SUITE_BROKER = 4, SUITE_ALL = 7 };
+enum { SUITE_CORE = 1, SUITE_PT = 2, SUITE_BROKER = 4, SUITE_CMP = 8, SUITE_ALL = 15 };
 
 /* Who mounts through the broker (and owns that mount). */
 #define NOBODY_UID 65534
@@ -99,6 +119,7 @@ struct opts {
 	const char *ferry, *scratch, *mnt_root, *pidfile_prefix;
 	const char *brokerd, *brokerd_pidfile;
 	const char *scratch_desc, *command, *source_desc;
+	const char *pthp, *pthp_missing, *pthp_pidfile; /* passthrough_hp, or why there is none */
 	unsigned long cache_mib;
 	unsigned long size_mib, rand_mib, files, file_size, sync_ops, sync_mib;
 	double seconds;
@@ -248,10 +269,14 @@ static int drop_to_nobody(void)
 	return 0;
 }
 
-/* Runs argv (argv[0] a path; as uid 65534 if nobody); its exit status, or -1. */
+/*
+ * Runs argv (argv[0] a path, or a name looked up in PATH; as uid 65534 if
+ * nobody); its exit status, or -1. The child is killed should we die first
+ * (a git clone must not go on writing into a mount the clean-up unmounts).
+ */
 static int run_cmd_as(char *const argv[], bool quiet, bool nobody)
 {
-	pid_t pid = fork();
+	pid_t parent = getpid(), pid = fork();
 	int st;
 
 	if (pid < 0) {
@@ -269,7 +294,10 @@ static int run_cmd_as(char *const argv[], bool quiet, bool nobody)
 				argv[0], strerror(errno));
 			_exit(126);
 		}
-		execv(argv[0], argv);
+		/* After the uid change, which clears it. */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+			_exit(125);
+		execvp(argv[0], argv);
 		fprintf(stderr, "ferry_bench: exec %s: %s\n", argv[0], strerror(errno));
 		_exit(127);
 	}
@@ -310,7 +338,7 @@ static int run_capture(char *const argv[], char *out, size_t len)
 		dn = open("/dev/null", O_WRONLY | O_CLOEXEC);
 		if (dup2(p[1], STDOUT_FILENO) < 0 || dn < 0 || dup2(dn, STDERR_FILENO) < 0)
 			_exit(127);
-		execv(argv[0], argv);
+		execvp(argv[0], argv);
 		_exit(127);
 	}
 	close(p[1]);
@@ -482,7 +510,116 @@ static void snap_diff(const struct snap *after, const struct snap *before,
 	}
 }
 
-/* ---- results -------------------------------------------------------------- */
+/* ---- FUSE request counts of a file system that is not ferryfs ------------
+ * passthrough_hp has no .stats: run with --debug-fuse, libfuse logs a line
+ * "unique: N, opcode: NAME (n), nodeid: ..." for every request it receives.
+ * The log is read from where the last snapshot stopped, so a snapshot costs
+ * what the log grew by since.
+ */
+struct debug_log {
+	char *path;
+	off_t off;              /* whole lines up to here are counted */
+	struct snap total;      /* fuse_requests_<opcode> (lower case) so far */
+};
+
+/* Adds n to the figure name, appending it when new (ignored when full). */
+static void snap_add(struct snap *s, const char *name, uint64_t n)
+{
+	for (size_t i = 0; i < s->n; i++) {
+		if (strcmp(s->name[i], name) == 0) {
+			s->val[i] += n;
+			return;
+		}
+	}
+	if (s->n == MAX_FIGS)
+		return;
+	snprintf(s->name[s->n], sizeof(s->name[0]), "%s", name);
+	s->val[s->n++] = n;
+}
+
+/* Counts the "opcode: NAME" of one log line. */
+static void debug_log_line(struct debug_log *l, const char *line, size_t len)
+{
+	static const char key[] = "opcode: ";
+	char name[64] = "fuse_requests_";
+	size_t k = strlen(name);
+	const char *p = memmem(line, len, key, sizeof(key) - 1);
+
+	if (!p)
+		return;
+	p += sizeof(key) - 1;
+	while (p < line + len && k + 1 < sizeof(name) &&
+	       ((*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_')) {
+		name[k++] = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+		p++;
+	}
+	name[k] = '\0';
+	if (k > strlen("fuse_requests_"))
+		snap_add(&l->total, name, 1);
+}
+
+static int debug_log_read(struct debug_log *l)
+{
+	char buf[65536];
+	size_t have = 0;
+	int fd = open(l->path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0) {
+		errf("open %s: %s", l->path, strerror(errno));
+		return -1;
+	}
+	for (;;) {
+		ssize_t n = pread(fd, buf + have, sizeof(buf) - have, l->off + (off_t)have);
+		char *start = buf, *nl;
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			errf("read %s: %s", l->path, strerror(errno));
+			close(fd);
+			return -1;
+		}
+		if (n == 0)
+			break;
+		have += (size_t)n;
+		while ((nl = memchr(start, '\n', have - (size_t)(start - buf)))) {
+			debug_log_line(l, start, (size_t)(nl - start));
+			start = nl + 1;
+		}
+		/* A partial last line waits for the next snapshot; one longer than
+		 * the buffer is no request line of libfuse's and is skipped. */
+		l->off += start - buf;
+		have -= (size_t)(start - buf);
+		memmove(buf, start, have);
+		if (have == sizeof(buf)) {
+			l->off += (off_t)have;
+			have = 0;
+		}
+	}
+	close(fd);
+	return 0;
+}
+
+/* Where a phase's FUSE request counts come from: a ferryfs mount's .stats or
+ * passthrough_hp's debug log (neither: nothing to count). */
+struct counter {
+	const char *mnt;
+	struct debug_log *log;
+};
+
+static int counter_snap(const struct counter *c, struct snap *s)
+{
+	if (c->mnt)
+		return snap_take(c->mnt, s);
+	if (c->log) {
+		if (debug_log_read(c->log) < 0)
+			return -1;
+		*s = c->log->total;
+		return 0;
+	}
+	s->n = 0;
+	return 0;
+}
 
 /* ---- results -------------------------------------------------------------- */
 
@@ -534,6 +671,41 @@ struct target {
 #define MAX_PHASES 40
 #define MAX_NOTES 40
 
+/* The compare suite's columns. */
+enum { C_DIR, C_PTHP, C_DIRECT, C_BROKER, NC };
+
+/* Its rows, in print order; the *_REQ rows are FUSE requests per item. */
+enum {
+	CR_CLONE, CR_CLONE_REQ, CR_CLONE_DRAIN,
+	CR_STATUS, CR_STATUS_REQ,
+	CR_RM, CR_RM_REQ,
+	CR_SMALL, CR_SMALL_FPS, CR_SMALL_REQ, CR_SMALL_DRAIN,
+	CR_RAND, CR_RAND_OPEN, CR_RAND_CLOSE, CR_RAND_REQ,
+	CR_SYNC, CR_SYNC_LAT, CR_SYNC_OPEN, CR_SYNC_CLOSE, CR_SYNC_REQ, CR_SYNC_PUT,
+	CR_SYNC_LOCAL, CR_SYNC_LOCAL_LAT,
+	CR_UMOUNT,
+	CR_N
+};
+
+/* Its workloads, each with FUSE request counts per column. */
+enum { CP_CLONE, CP_STATUS, CP_RM, CP_SMALL, CP_RAND, CP_SYNC, CP_N };
+
+struct row4 {
+	char label[80];
+	const char *fmt;
+	int better;             /* +1 higher is better, -1 lower is better, 0 no ratios (also
+				 * for times near 0 on the local columns: noise) */
+	double v[NC];
+	bool has[NC];
+};
+
+struct cphase {
+	const char *name, *per_what;
+	struct snap d[NC];      /* requests and ferryfs figures, after - before */
+	double per[NC];         /* the divisor: files, or writes */
+	bool has[NC];
+};
+
 struct bench {
 	struct opts o;
 	struct target t[NTGT];
@@ -570,6 +742,19 @@ struct bench {
 	bool has_bsmall[NW];
 	char *broker_dir, *broker_sock, *broker_policy, *broker_log, *broker_root;
 	pid_t brokerd;          /* ferry-brokerd, while it runs (0: not running) */
+	/* the compare suite */
+	bool ran_cmp;
+	struct row4 rowsc[CR_N];
+	struct cphase cphases[CP_N];
+	char notesc[MAX_NOTES][384];
+	size_t nnotesc;
+	char cstate[NC][256];   /* each column's set-up, as printed */
+	char pthp_off[320];     /* why the passthrough_hp column is empty ("": it is not) */
+	bool pthp_counted;      /* its request counts were taken (the --debug-fuse run) */
+	unsigned long pthp_rand_ops; /* its timed random writes, for the counting run */
+	pid_t pthp;             /* passthrough_hp, while it runs (0: not running) */
+	char *pthp_src, *pthp_mnt, *pthp_log, *gitsrc, *gitcfg;
+	struct debug_log pthp_dlog;
 	unsigned char *buf;     /* BLOCK bytes, aligned */
 };
 
@@ -1244,8 +1429,9 @@ struct rand_res {
  * snapshots: s0 before the timed writes, smid before close(), s1 after it.
  */
 /* reopen: the fill is closed and the file opened again (without O_TRUNC)
- * for the random writes, as a database or fio with a laid-out file does. */
-static int rand_run(struct bench *b, const char *mnt, const char *path, uint64_t bytes,
+ * for the random writes, as a database or fio with a laid-out file does.
+ * ctr: where the snapshots come from (NULL: none). */
+static int rand_run(struct bench *b, const struct counter *ctr, const char *path, uint64_t bytes,
 		    double seconds, unsigned long max_ops, bool sync_each, bool reopen,
 		    struct snap *s0, struct snap *smid, struct snap *s1, struct rand_res *r)
 {
@@ -1292,7 +1478,7 @@ static int rand_run(struct bench *b, const char *mnt, const char *path, uint64_t
 			return -1;
 		}
 	}
-	if (mnt && snap_take(mnt, s0) < 0)
+	if (ctr && counter_snap(ctr, s0) < 0)
 		goto fail;
 	memcpy(pg, g_tmpl, PAGE);
 	t0 = now_s();
@@ -1317,7 +1503,7 @@ static int rand_run(struct bench *b, const char *mnt, const char *path, uint64_t
 	}
 	r->twrite = now_s() - t0;
 	r->ops = i;
-	if (mnt && snap_take(mnt, smid) < 0)
+	if (ctr && counter_snap(ctr, smid) < 0)
 		goto fail;
 	t1 = now_s();
 	rc = close(fd);
@@ -1326,7 +1512,7 @@ static int rand_run(struct bench *b, const char *mnt, const char *path, uint64_t
 		errf("close %s (commit): %s", path, strerror(errno));
 		return -1;
 	}
-	if (mnt && snap_take(mnt, s1) < 0)
+	if (ctr && counter_snap(ctr, s1) < 0)
 		return -1;
 	return 0;
 fail:
@@ -1709,6 +1895,7 @@ static int pt_rand(struct bench *b, bool sync_each, const char *fsync, bool reop
 	}
 	for (int w = 0; w < NW; w++) {
 		struct target *t = wtarget(b, w);
+		struct counter ctr = { .mnt = t ? t->mnt : NULL };
 		struct rand_res r;
 		int pi = -1;
 
@@ -1724,7 +1911,7 @@ static int pt_rand(struct bench *b, bool sync_each, const char *fsync, bool reop
 				 wlabel[w], b->o.seconds, b->o.rand_mib);
 		sync();
 		if (wsnap(t, &sopen) < 0 ||
-		    rand_run(b, t ? t->mnt : NULL, path, bytes, sync_each ? 0 : b->o.seconds,
+		    rand_run(b, t ? &ctr : NULL, path, bytes, sync_each ? 0 : b->o.seconds,
 			     sync_each ? b->o.sync_ops : b->o.rand_max_ops, sync_each, reopen, &s0,
 			     &smid, &s1, &r) < 0)
 			return -1;
@@ -1992,6 +2179,10 @@ static int brokerd_start(struct bench *b)
 		fd = open(b->broker_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 		if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)
 			_exit(127);
+		/* Out of the terminal's process group: a Ctrl-C must not stop it
+		 * before scripts/bench's clean-up has had it unmount its mounts
+		 * (it stops it itself afterwards). */
+		setsid();
 		execl(b->o.brokerd, "ferry-brokerd", "--socket", b->broker_sock, "--socket-mode",
 		      "0666", "--policy", b->broker_policy, "--state-dir", state, (char *)NULL);
 		fprintf(stderr, "ferry_bench: exec %s: %s\n", b->o.brokerd, strerror(errno));
@@ -2219,6 +2410,903 @@ static int suite_broker(struct bench *b)
 	return 0;
 }
 
+/* ---- the compare suite (issue 10) ------------------------------------------------
+ * Four columns, one after the other, each with the same workloads: the
+ * staging filesystem itself (a plain directory), libfuse's passthrough_hp
+ * example over a directory of the same filesystem, ferryfs mounted by root
+ * (ferry-mountd registers its backing files itself) and ferryfs mounted by
+ * uid 65534 through ferry-brokerd (the broker suite's volume and broker;
+ * every workload of that column runs as uid 65534). A column's file system
+ * is mounted for its turn only, so no background work of one (uploads,
+ * garbage collection) runs under another's.
+ */
+
+static const char *const clabel[NC] = { "staging dir", "passthrough_hp", "ferry direct",
+					"ferry broker" };
+
+#define FUSE_SUPER_MAGIC 0x65735546
+#define CMP_FILES_PER_DIR 50
+#define CMP_DIRS_PER_TOP 10
+#define CMP_QUIET_MAX_S 900.0
+
+static void notec(struct bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void notec(struct bench *b, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vnote(b->notesc, &b->nnotesc, fmt, ap);
+	va_end(ap);
+}
+
+static void rowc_init(struct bench *b, int r, const char *fmt, int better, const char *label, ...)
+	__attribute__((format(printf, 5, 6)));
+static void rowc_init(struct bench *b, int r, const char *fmt, int better, const char *label, ...)
+{
+	struct row4 *row = &b->rowsc[r];
+	va_list ap;
+
+	memset(row, 0, sizeof(*row));
+	va_start(ap, label);
+	vsnprintf(row->label, sizeof(row->label), label, ap);
+	va_end(ap);
+	row->fmt = fmt;
+	row->better = better;
+}
+
+static void rowc_set(struct bench *b, int r, int w, double v)
+{
+	b->rowsc[r].v[w] = v;
+	b->rowsc[r].has[w] = true;
+}
+
+static void cmp_rows_init(struct bench *b)
+{
+	static const char *const pname[CP_N] = {
+		"git clone + checkout", "git status", "rm -rf of the checkout",
+		"small files create+write+close", "rand write 4 KiB, existing file",
+		"rand write 4 KiB + fdatasync, existing file",
+	};
+	static const char *const pper[CP_N] = { "file", "file", "file", "file", "write",
+						"write+fdatasync" };
+
+	rowc_init(b, CR_CLONE, "%.2f", -1, "git clone + checkout, %lu files (s)", b->o.files);
+	rowc_init(b, CR_CLONE_REQ, "%.2f", 0, "  FUSE requests per file");
+	rowc_init(b, CR_CLONE_DRAIN, "%.1f", 0, "  ferryfs uploads after it, drained (s, untimed)");
+	rowc_init(b, CR_STATUS, "%.3f", -1, "git status in the checkout (s)");
+	rowc_init(b, CR_STATUS_REQ, "%.2f", 0, "  FUSE requests per file");
+	rowc_init(b, CR_RM, "%.2f", -1, "rm -rf of the checkout (s)");
+	rowc_init(b, CR_RM_REQ, "%.2f", 0, "  FUSE requests per file");
+	rowc_init(b, CR_SMALL, "%.1f", -1, "small files create+write(%lu)+close (us per file)",
+		  b->o.file_size);
+	rowc_init(b, CR_SMALL_FPS, "%.0f", 1, "  files per second");
+	rowc_init(b, CR_SMALL_REQ, "%.2f", 0, "  FUSE requests per file");
+	rowc_init(b, CR_SMALL_DRAIN, "%.1f", 0, "  ferryfs uploads after it, drained (s, untimed)");
+	rowc_init(b, CR_RAND, "%.0f", 1, "rand write 4 KiB into an existing %lu MiB file (IOPS)",
+		  b->o.rand_mib);
+	rowc_init(b, CR_RAND_OPEN, "%.1f", 0, "  open() of the existing file (ms)");
+	rowc_init(b, CR_RAND_CLOSE, "%.1f", 0, "  close() after the writes (ms)");
+	rowc_init(b, CR_RAND_REQ, "%.3f", 0, "  FUSE requests per write");
+	rowc_init(b, CR_SYNC, "%.0f", 1, "rand write 4 KiB + fdatasync, existing file (IOPS)");
+	rowc_init(b, CR_SYNC_LAT, "%.2f", -1, "  per write + fdatasync (ms)");
+	rowc_init(b, CR_SYNC_OPEN, "%.1f", 0, "  open() of the existing file (ms)");
+	rowc_init(b, CR_SYNC_CLOSE, "%.1f", 0, "  close() after the writes (ms)");
+	rowc_init(b, CR_SYNC_REQ, "%.3f", 0, "  FUSE requests per write+fdatasync");
+	rowc_init(b, CR_SYNC_PUT, "%.2f", 0, "  ferryfs objects put per fdatasync");
+	rowc_init(b, CR_SYNC_LOCAL, "%.0f", 1, "the same, ferryfs remounted -o fsync=local (IOPS)");
+	rowc_init(b, CR_SYNC_LOCAL_LAT, "%.2f", -1, "  per write + fdatasync (ms)");
+	rowc_init(b, CR_UMOUNT, "%.2f", 0, "`ferry umount` at the end of the turn (s)");
+	for (int p = 0; p < CP_N; p++) {
+		memset(&b->cphases[p], 0, sizeof(b->cphases[p]));
+		b->cphases[p].name = pname[p];
+		b->cphases[p].per_what = pper[p];
+	}
+}
+
+/*
+ * git's environment for the whole suite: no system or user configuration
+ * (HOME is root's, unreadable to uid 65534), but a global one of ours that
+ * trusts every repository (uid 65534 clones root's repository: git refuses
+ * a repository another user owns otherwise, and a local clone drops -c and
+ * GIT_CONFIG_* settings before it runs upload-pack), fixed names and dates
+ * (the repository is the same in every run).
+ */
+static int cmp_git_env(struct bench *b)
+{
+	char *xdg = NULL, *cfg = NULL;
+	int rc = -1;
+	FILE *f;
+
+	if (asprintf(&xdg, "%s/xdg", b->gitcfg) < 0 || asprintf(&cfg, "%s/config", b->gitcfg) < 0) {
+		errf("out of memory");
+		goto out;
+	}
+	if (mkdir_as(b->gitcfg, 0, 0, 0755) < 0 || mkdir_as(xdg, 0, 0, 0755) < 0)
+		goto out;
+	f = fopen(cfg, "we");
+	if (!f || fputs("[safe]\n\tdirectory = *\n[init]\n\tdefaultBranch = main\n"
+			"[advice]\n\tdetachedHead = false\n", f) < 0 || fclose(f) != 0) {
+		errf("writing %s: %s", cfg, strerror(errno));
+		goto out;
+	}
+	if (chmod(cfg, 0644) < 0 || setenv("GIT_CONFIG_NOSYSTEM", "1", 1) < 0 ||
+	    setenv("GIT_CONFIG_GLOBAL", cfg, 1) < 0 || setenv("XDG_CONFIG_HOME", xdg, 1) < 0 ||
+	    setenv("GIT_AUTHOR_NAME", "ferry bench", 1) < 0 ||
+	    setenv("GIT_AUTHOR_EMAIL", "bench@ferryfs.invalid", 1) < 0 ||
+	    setenv("GIT_AUTHOR_DATE", "2000-01-01T00:00:00Z", 1) < 0 ||
+	    setenv("GIT_COMMITTER_NAME", "ferry bench", 1) < 0 ||
+	    setenv("GIT_COMMITTER_EMAIL", "bench@ferryfs.invalid", 1) < 0 ||
+	    setenv("GIT_COMMITTER_DATE", "2000-01-01T00:00:00Z", 1) < 0 ||
+	    setenv("GIT_TERMINAL_PROMPT", "0", 1) < 0 || setenv("LC_ALL", "C", 1) < 0) {
+		errf("setting git's environment: %s", strerror(errno));
+		goto out;
+	}
+	rc = 0;
+out:
+	free(xdg);
+	free(cfg);
+	return rc;
+}
+
+static int git_in(const char *dir, const char *what, char *const args[])
+{
+	char *argv[16] = { "git", "-C", (char *)dir };
+	int n = 3, rc;
+
+	for (int i = 0; args[i] && n < 15; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
+	rc = run_cmd_as(argv, true, false);
+	if (rc != 0) {
+		errf("git %s in %s failed (exit %d)", what, dir, rc);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * The repository every column clones, generated (untimed) the same way in
+ * every run: --files files in directories of 50, ten directories to a top
+ * directory (10,000 files: 200 + 20 directories), each file lines of hex
+ * digits from the seed, sizes spread evenly from half to one and a half
+ * times --file-size; committed, then packed (a local clone copies one pack
+ * instead of every loose object).
+ */
+static int cmp_make_repo(struct bench *b)
+{
+	uint64_t seed = b->o.seed ^ 0x676974726570ull, content = 0;
+	unsigned long n = b->o.files, ndirs = 0;
+	char *init[] = { "init", "-q", NULL }, *add[] = { "add", "-A", NULL };
+	char *commit[] = { "commit", "-q", "-m", "generated by ferry_bench", NULL };
+	char *repack[] = { "repack", "-a", "-d", "-q", NULL };
+	char *head[] = { "git", "-C", b->gitsrc, "rev-parse", "--short", "HEAD", NULL };
+	char path[PATH_MAX], hash[64];
+	double t0 = now_s();
+
+	if (mkdir_as(b->gitsrc, 0, 0, 0755) < 0)
+		return -1;
+	for (unsigned long i = 0; i < n; i++) {
+		unsigned long leaf = i / CMP_FILES_PER_DIR, top = leaf / CMP_DIRS_PER_TOP;
+		size_t size = b->o.file_size / 2 + (size_t)(xorshift64(&seed) % (b->o.file_size + 1));
+		int fd;
+
+		if (i % CMP_FILES_PER_DIR == 0) {
+			if (leaf % CMP_DIRS_PER_TOP == 0) {
+				snprintf(path, sizeof(path), "%s/t%03lu", b->gitsrc, top);
+				if (mkdir_as(path, 0, 0, 0755) < 0)
+					return -1;
+				ndirs++;
+			}
+			snprintf(path, sizeof(path), "%s/t%03lu/d%03lu", b->gitsrc, top, leaf);
+			if (mkdir_as(path, 0, 0, 0755) < 0)
+				return -1;
+			ndirs++;
+		}
+		for (size_t k = 0; k < size; k += 64) {
+			uint64_t v = xorshift64(&seed);
+
+			for (size_t j = 0; j < 64 && k + j < size; j++)
+				b->buf[k + j] = j == 63 ? '\n' : "0123456789abcdef"[(v >> (j % 16 * 4)) & 15];
+		}
+		snprintf(path, sizeof(path), "%s/t%03lu/d%03lu/f%07lu.txt", b->gitsrc, top, leaf, i);
+		fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (fd < 0 || write_full(fd, b->buf, size) < 0 || close(fd) < 0) {
+			errf("writing %s: %s", path, strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		content += size;
+	}
+	if (git_in(b->gitsrc, "init", init) < 0 || git_in(b->gitsrc, "add", add) < 0 ||
+	    git_in(b->gitsrc, "commit", commit) < 0 || git_in(b->gitsrc, "repack", repack) < 0)
+		return -1;
+	if (run_capture(head, hash, sizeof(hash)) != 0)
+		snprintf(hash, sizeof(hash), "?");
+	hash[strcspn(hash, "\n")] = '\0';
+	notec(b, "repository: %lu files (%.1f MiB) in %lu directories, commit %s, one pack; "
+	      "generated in %.1f s (untimed) at %s.", n, (double)content / (double)MIB, ndirs, hash,
+	      now_s() - t0, b->gitsrc);
+	return 0;
+}
+
+/*
+ * Waits until ferryfs has nothing handed over, uploading or waiting for a
+ * commit, so that a step's uploads do not run under the next step's clock.
+ * *secs: how long that took.
+ */
+static int ferry_quiet(const char *mnt, double *secs)
+{
+	static const char *const gauges[] = {
+		"reconcile_handed_inflight", "reconcile_inflight", "passthrough_staging_blocks",
+		"pending_commits",
+	};
+	char path[PATH_MAX], line[512], busy[64];
+	double t0 = now_s();
+
+	snprintf(path, sizeof(path), "%s/.stats", mnt);
+	for (;;) {
+		FILE *f = fopen(path, "re");
+
+		if (!f) {
+			errf("open %s: %s", path, strerror(errno));
+			return -1;
+		}
+		busy[0] = '\0';
+		while (fgets(line, sizeof(line), f)) {
+			for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
+				size_t nl = strlen(gauges[i]);
+
+				if (strncmp(line, gauges[i], nl) == 0 && line[nl] == ' ' &&
+				    strtoull(line + nl + 1, NULL, 10) != 0)
+					snprintf(busy, sizeof(busy), "%s", gauges[i]);
+			}
+		}
+		fclose(f);
+		*secs = now_s() - t0;
+		if (!busy[0])
+			return 0;
+		if (*secs > CMP_QUIET_MAX_S) {
+			errf("%s: %s still not 0 after %.0f s", mnt, busy, CMP_QUIET_MAX_S);
+			return -1;
+		}
+		usleep(50 * 1000);
+	}
+}
+
+/* One column's turn: what every step needs to know. */
+struct cmp_ctx {
+	int w;
+	const char *root;       /* the directory the column's files go in */
+	struct counter ctr;     /* its request counts (none: nothing to count) */
+	bool ferry;             /* ferryfs: wait until it is quiet before each step */
+	bool nobody;            /* run every step as uid 65534 */
+	bool counting;          /* passthrough_hp's untimed run with --debug-fuse */
+	/* the random-write steps */
+	bool sync_each;
+	double seconds;
+	unsigned long max_ops;
+};
+
+struct step_out {
+	double secs, topen, tclose;
+	double drained;         /* ferryfs: the wait for quiet before the step */
+	unsigned long ops;
+	struct snap s0, smid, s1;
+};
+
+/* Before each step (untimed): the previous step's writes on disk and, on
+ * ferryfs, its uploads committed. */
+static int cmp_settle(const struct cmp_ctx *c, struct step_out *o)
+{
+	sync();
+	if (c->ferry && ferry_quiet(c->ctr.mnt, &o->drained) < 0)
+		return -1;
+	return 0;
+}
+
+static void cmp_clone_path(const struct cmp_ctx *c, char *out, size_t len)
+{
+	snprintf(out, len, "%s/cmp-clone", c->root);
+}
+
+static int step_clone(struct bench *b, void *arg, void *out)
+{
+	const struct cmp_ctx *c = arg;
+	struct step_out *o = out;
+	char dst[PATH_MAX];
+	char *argv[] = { "git", "clone", "-q", "--no-hardlinks", b->gitsrc, dst, NULL };
+	double t0;
+	int rc;
+
+	/* --no-hardlinks: on the staging dir (the source's filesystem) git
+	 * would link the pack instead of copying it as it must elsewhere. */
+	cmp_clone_path(c, dst, sizeof(dst));
+	if (cmp_settle(c, o) < 0 || counter_snap(&c->ctr, &o->s0) < 0)
+		return -1;
+	t0 = now_s();
+	rc = run_cmd_as(argv, true, false);
+	o->secs = now_s() - t0;
+	if (rc != 0) {
+		errf("git clone %s %s failed (exit %d)", b->gitsrc, dst, rc);
+		return -1;
+	}
+	return counter_snap(&c->ctr, &o->s1);
+}
+
+/* verify_tree's state for nftw's callbacks (nftw passes no argument). */
+static struct {
+	struct bench *b;
+	size_t src_len;
+	const char *dst;
+	unsigned long files;
+	bool failed;
+} g_tree;
+
+static int tree_cmp_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	char other[PATH_MAX];
+
+	(void)st;
+	if (type == FTW_D && strcmp(path + ftw->base, ".git") == 0)
+		return FTW_SKIP_SUBTREE;
+	if (type != FTW_F)
+		return FTW_CONTINUE;
+	g_tree.files++;
+	if (g_tree.dst) {
+		snprintf(other, sizeof(other), "%s%s", g_tree.dst, path + g_tree.src_len);
+		if (compare_files(g_tree.b, path, other) < 0) {
+			g_tree.failed = true;
+			return FTW_STOP;
+		}
+	}
+	return FTW_CONTINUE;
+}
+
+/* Regular files under dir, .git left out (-1 on error); with dst, each is
+ * compared byte for byte with its namesake under dst. */
+static long tree_walk(struct bench *b, const char *dir, const char *dst)
+{
+	g_tree.b = b;
+	g_tree.src_len = strlen(dir);
+	g_tree.dst = dst;
+	g_tree.files = 0;
+	g_tree.failed = false;
+	if (nftw(dir, tree_cmp_one, 32, FTW_PHYS | FTW_ACTIONRETVAL) != 0 || g_tree.failed) {
+		if (!g_tree.failed)
+			errf("walking %s failed: %s", dir, strerror(errno));
+		return -1;
+	}
+	return (long)g_tree.files;
+}
+
+/* The checkout holds exactly the repository's files, byte for byte (untimed). */
+static int verify_checkout(struct bench *b, const char *dst)
+{
+	long n_src = tree_walk(b, b->gitsrc, dst), n_dst;
+
+	if (n_src < 0)
+		return -1;
+	n_dst = tree_walk(b, dst, NULL);
+	if (n_dst < 0)
+		return -1;
+	if (n_src != (long)b->o.files || n_dst != n_src) {
+		errf("WRONG CHECKOUT: %s has %ld files, the repository %ld (%lu generated)", dst,
+		     n_dst, n_src, b->o.files);
+		b->data_errors++;
+		return -1;
+	}
+	return 0;
+}
+
+static int step_status(struct bench *b, void *arg, void *out)
+{
+	const struct cmp_ctx *c = arg;
+	struct step_out *o = out;
+	char dst[PATH_MAX];
+	char *argv[] = { "git", "-C", dst, "status", NULL };
+	double t0;
+	int rc;
+
+	cmp_clone_path(c, dst, sizeof(dst));
+	if (cmp_settle(c, o) < 0 || counter_snap(&c->ctr, &o->s0) < 0)
+		return -1;
+	t0 = now_s();
+	rc = run_cmd_as(argv, true, false);
+	o->secs = now_s() - t0;
+	if (rc != 0) {
+		errf("git status in %s failed (exit %d)", dst, rc);
+		return -1;
+	}
+	if (counter_snap(&c->ctr, &o->s1) < 0)
+		return -1;
+	return c->counting ? 0 : verify_checkout(b, dst);
+}
+
+static int step_rm(struct bench *b, void *arg, void *out)
+{
+	const struct cmp_ctx *c = arg;
+	struct step_out *o = out;
+	char dst[PATH_MAX];
+	char *argv[] = { "rm", "-rf", dst, NULL };
+	struct stat st;
+	double t0;
+	int rc;
+
+	cmp_clone_path(c, dst, sizeof(dst));
+	if (cmp_settle(c, o) < 0 || counter_snap(&c->ctr, &o->s0) < 0)
+		return -1;
+	t0 = now_s();
+	rc = run_cmd_as(argv, true, false);
+	o->secs = now_s() - t0;
+	if (rc != 0) {
+		errf("rm -rf %s failed (exit %d)", dst, rc);
+		return -1;
+	}
+	if (lstat(dst, &st) == 0 || errno != ENOENT) {
+		errf("%s is still there after rm -rf", dst);
+		return -1;
+	}
+	return counter_snap(&c->ctr, &o->s1);
+}
+
+static int step_small(struct bench *b, void *arg, void *out)
+{
+	const struct cmp_ctx *c = arg;
+	struct step_out *o = out;
+	struct small_res sr;
+	char dir[PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%s/cmp-small", c->root);
+	if (cmp_settle(c, o) < 0 || counter_snap(&c->ctr, &o->s0) < 0 ||
+	    small_files(b, dir, &sr) < 0 || counter_snap(&c->ctr, &o->s1) < 0)
+		return -1;
+	o->secs = sr.total;
+	if (!c->counting && small_verify(b, dir, 1) < 0)
+		return -1;
+	return small_remove(b, dir);
+}
+
+static int step_rand(struct bench *b, void *arg, void *out)
+{
+	const struct cmp_ctx *c = arg;
+	struct step_out *o = out;
+	uint64_t bytes = (uint64_t)b->o.rand_mib * MIB;
+	struct rand_res r;
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s/%s", c->root, c->sync_each ? "cmp-sync.dat" : "cmp-rand.dat");
+	if (cmp_settle(c, o) < 0 ||
+	    rand_run(b, &c->ctr, path, bytes, c->seconds, c->max_ops, c->sync_each, true, &o->s0,
+		     &o->smid, &o->s1, &r) < 0)
+		return -1;
+	o->secs = r.twrite;
+	o->topen = r.topen;
+	o->tclose = r.tclose;
+	o->ops = r.ops;
+	if (!c->counting && rand_check(b, path, bytes, r.ops) < 0)
+		return -1;
+	return unlink_checked(path);
+}
+
+static int cmp_step(struct bench *b, const struct cmp_ctx *c,
+		    int (*fn)(struct bench *b, void *arg, void *out), struct step_out *o)
+{
+	memset(o, 0, sizeof(*o));
+	if (c->nobody)
+		return as_nobody(b, fn, (void *)c, o, sizeof(*o));
+	return fn(b, (void *)c, o);
+}
+
+static struct target *cmp_target(struct bench *b, int w)
+{
+	return w == C_DIRECT ? &b->t[T_DIRECT] : w == C_BROKER ? &b->t[T_BROKER] : NULL;
+}
+
+/* A step's request counts (and ferryfs figures), divided by per in the
+ * *_REQ row req (-1: none). */
+static void cmp_record(struct bench *b, const struct cmp_ctx *c, int phase, int req,
+		       const struct snap *before, const struct snap *after, double per)
+{
+	struct cphase *p = &b->cphases[phase];
+	struct target *t = cmp_target(b, c->w);
+
+	if (!c->ctr.mnt && !c->ctr.log)
+		return;
+	snap_diff(after, before, t ? &t->overhead : NULL, &p->d[c->w]);
+	p->per[c->w] = per;
+	p->has[c->w] = per > 0;
+	if (req >= 0 && per > 0)
+		rowc_set(b, req, c->w, (double)snap_requests(&p->d[c->w]) / per);
+}
+
+/*
+ * One column's workloads, in order: git clone, git status (then the checkout
+ * compared with the repository), rm -rf, the small-file loop, random writes
+ * into an existing file, and the same with fdatasync. In the counting run
+ * only the request counts are kept.
+ */
+static int cmp_turn(struct bench *b, struct cmp_ctx *c)
+{
+	const char *lab = clabel[c->w];
+	double n = (double)b->o.files;
+	struct step_out o;
+	bool timed = !c->counting;
+
+	progress("%s: git clone of the %lu-file repository%s", lab, b->o.files,
+		 c->nobody ? " (as uid 65534)" : "");
+	if (cmp_step(b, c, step_clone, &o) < 0)
+		return -1;
+	cmp_record(b, c, CP_CLONE, CR_CLONE_REQ, &o.s0, &o.s1, n);
+	if (timed)
+		rowc_set(b, CR_CLONE, c->w, o.secs);
+
+	progress("%s: git status, then the checkout compared with the repository (untimed)", lab);
+	if (cmp_step(b, c, step_status, &o) < 0)
+		return -1;
+	cmp_record(b, c, CP_STATUS, CR_STATUS_REQ, &o.s0, &o.s1, n);
+	if (timed) {
+		rowc_set(b, CR_STATUS, c->w, o.secs);
+		if (c->ferry)
+			rowc_set(b, CR_CLONE_DRAIN, c->w, o.drained);
+	}
+
+	progress("%s: rm -rf of the checkout", lab);
+	if (cmp_step(b, c, step_rm, &o) < 0)
+		return -1;
+	cmp_record(b, c, CP_RM, CR_RM_REQ, &o.s0, &o.s1, n);
+	if (timed)
+		rowc_set(b, CR_RM, c->w, o.secs);
+
+	progress("%s: %lu x create + write(%lu) + close, then read back and removed", lab,
+		 b->o.files, b->o.file_size);
+	if (cmp_step(b, c, step_small, &o) < 0)
+		return -1;
+	cmp_record(b, c, CP_SMALL, CR_SMALL_REQ, &o.s0, &o.s1, n);
+	if (timed) {
+		rowc_set(b, CR_SMALL, c->w, o.secs * 1e6 / n);
+		rowc_set(b, CR_SMALL_FPS, c->w, n / o.secs);
+	}
+	if (c->ferry && timed) {
+		const struct snap *d = &b->cphases[CP_SMALL].d[c->w];
+
+		notec(b, "%s small files: passthrough_opens +%" PRIu64 ", %" PRIu64
+		      " WRITE requests for %lu files.", lab, snap_get(d, "passthrough_opens"),
+		      snap_get(d, "fuse_requests_write"), b->o.files);
+	}
+
+	c->sync_each = false;
+	c->seconds = timed ? b->o.seconds : 0;
+	c->max_ops = timed ? b->o.rand_max_ops : b->pthp_rand_ops;
+	progress("%s: 4 KiB random writes %s into a %lu MiB file laid out, closed and opened "
+		 "again", lab, timed ? "for the set time" : "(as many as timed)", b->o.rand_mib);
+	if (cmp_step(b, c, step_rand, &o) < 0)
+		return -1;
+	cmp_record(b, c, CP_RAND, CR_RAND_REQ, &o.s0, &o.smid, (double)o.ops);
+	if (timed) {
+		rowc_set(b, CR_RAND, c->w, (double)o.ops / o.secs);
+		rowc_set(b, CR_RAND_OPEN, c->w, o.topen * 1e3);
+		rowc_set(b, CR_RAND_CLOSE, c->w, o.tclose * 1e3);
+		if (c->ferry)
+			rowc_set(b, CR_SMALL_DRAIN, c->w, o.drained);
+		if (c->w == C_PTHP)
+			b->pthp_rand_ops = o.ops;
+		notec(b, "%s rand write: %lu writes in %.2f s.", lab, o.ops, o.secs);
+	}
+	if (c->ferry && timed) {
+		const struct snap *d = &b->cphases[CP_RAND].d[c->w];
+
+		notec(b, "%s rand write: %" PRIu64 " WRITE requests for %lu writes (passthrough %s).",
+		      lab, snap_get(d, "fuse_requests_write"), o.ops,
+		      snap_get(d, "fuse_requests_write") == 0 ? "engaged" : "NOT ENGAGED");
+	}
+
+	c->sync_each = true;
+	c->seconds = 0;
+	c->max_ops = b->o.sync_ops;
+	progress("%s: %lu x (4 KiB pwrite + fdatasync) into a %lu MiB file laid out, closed and "
+		 "opened again", lab, b->o.sync_ops, b->o.rand_mib);
+	if (cmp_step(b, c, step_rand, &o) < 0)
+		return -1;
+	cmp_record(b, c, CP_SYNC, CR_SYNC_REQ, &o.s0, &o.smid, (double)o.ops);
+	if (timed) {
+		rowc_set(b, CR_SYNC, c->w, (double)o.ops / o.secs);
+		rowc_set(b, CR_SYNC_LAT, c->w, o.secs * 1e3 / (double)o.ops);
+		rowc_set(b, CR_SYNC_OPEN, c->w, o.topen * 1e3);
+		rowc_set(b, CR_SYNC_CLOSE, c->w, o.tclose * 1e3);
+		if (c->ferry)
+			rowc_set(b, CR_SYNC_PUT, c->w,
+				 (double)snap_get(&b->cphases[CP_SYNC].d[c->w], "objects_put") /
+					 (double)o.ops);
+		else {
+			/* Their fdatasync is local whatever ferryfs's mode: the
+			 * fsync=local row compares with the same figures. */
+			rowc_set(b, CR_SYNC_LOCAL, c->w, (double)o.ops / o.secs);
+			rowc_set(b, CR_SYNC_LOCAL_LAT, c->w, o.secs * 1e3 / (double)o.ops);
+		}
+	}
+	return 0;
+}
+
+/*
+ * The write+fdatasync row again on a ferryfs column remounted -o fsync=local
+ * (fdatasync makes the data durable on the node, as on a local file system;
+ * uploaded after close): the like-for-like comparison with the others, whose
+ * fdatasync never leaves the machine. The mount stays so for the rest of
+ * the turn.
+ */
+static int cmp_sync_local(struct bench *b, struct cmp_ctx *c, struct target *t)
+{
+	struct step_out o;
+
+	progress("%s: remounting -o fsync=local; the write+fdatasync row again", clabel[c->w]);
+	if (ferry_umount(b, t, NULL) < 0)
+		return -1;
+	t->mount_o = "fsync=local";
+	if (ferry_mount(b, t) < 0)
+		return -1;
+	c->sync_each = true;
+	c->seconds = 0;
+	c->max_ops = b->o.sync_ops;
+	if (cmp_step(b, c, step_rand, &o) < 0)
+		return -1;
+	rowc_set(b, CR_SYNC_LOCAL, c->w, (double)o.ops / o.secs);
+	rowc_set(b, CR_SYNC_LOCAL_LAT, c->w, o.secs * 1e3 / (double)o.ops);
+	{
+		struct snap d;
+
+		snap_diff(&o.smid, &o.s0, &t->overhead, &d);
+		notec(b, "%s, fsync=local: %.3f FUSE requests and %.2f objects put per "
+		      "write+fdatasync.", clabel[c->w], (double)snap_requests(&d) / (double)o.ops,
+		      (double)snap_get(&d, "objects_put") / (double)o.ops);
+	}
+	return 0;
+}
+
+/*
+ * Starts passthrough_hp SCRATCH/pthp-src MNT-ROOT/mnt-pthp in the foreground
+ * as our child (its output to a log; with debug, --debug-fuse and the log
+ * truncated first) and waits until the mount answers. It gets SIGTERM should
+ * we die (it unmounts then); its pid goes to --pthp-pidfile for
+ * scripts/bench. On failure *why says what went wrong.
+ */
+static int pthp_start(struct bench *b, bool debug, char *why, size_t whylen)
+{
+	pid_t parent = getpid();
+	struct statfs sf;
+	int st;
+
+	if (mkdir_as(b->pthp_src, 0, 0, 0755) < 0 || mkdir_as(b->pthp_mnt, 0, 0, 0755) < 0) {
+		snprintf(why, whylen, "cannot make its directories");
+		return -1;
+	}
+	fflush(stdout);
+	b->pthp = fork();
+	if (b->pthp < 0) {
+		snprintf(why, whylen, "fork: %s", strerror(errno));
+		b->pthp = 0;
+		return -1;
+	}
+	if (b->pthp == 0) {
+		int fd = open(b->pthp_log, O_WRONLY | O_CREAT | O_CLOEXEC | (debug ? O_TRUNC : O_APPEND),
+			      0644);
+
+		if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)
+			_exit(127);
+		if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
+			_exit(125);
+		if (debug)
+			execl(b->o.pthp, "passthrough_hp", "--foreground", "--debug-fuse", b->pthp_src,
+			      b->pthp_mnt, (char *)NULL);
+		else
+			execl(b->o.pthp, "passthrough_hp", "--foreground", b->pthp_src, b->pthp_mnt,
+			      (char *)NULL);
+		fprintf(stderr, "ferry_bench: exec %s: %s\n", b->o.pthp, strerror(errno));
+		_exit(127);
+	}
+	if (b->o.pthp_pidfile) {
+		FILE *f = fopen(b->o.pthp_pidfile, "we");
+
+		if (f) {
+			fprintf(f, "%d\n", (int)b->pthp);
+			fclose(f);
+		}
+	}
+	for (int i = 0; i < 500; i++) {
+		if (statfs(b->pthp_mnt, &sf) == 0 && sf.f_type == FUSE_SUPER_MAGIC)
+			return 0;
+		if (waitpid(b->pthp, &st, WNOHANG) == b->pthp) {
+			b->pthp = 0;
+			snprintf(why, whylen, "passthrough_hp exited at start (status %d; see %s)",
+				 WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), b->pthp_log);
+			return -1;
+		}
+		usleep(20 * 1000);
+	}
+	snprintf(why, whylen, "passthrough_hp did not mount %s within 10 s (see %s)", b->pthp_mnt,
+		 b->pthp_log);
+	return -1;
+}
+
+static bool fuse_mounted_at(const char *dir)
+{
+	struct statfs sf;
+
+	return statfs(dir, &sf) == 0 && sf.f_type == FUSE_SUPER_MAGIC;
+}
+
+/* Unmounts (lazily if it stays busy for 5 s) and reaps passthrough_hp
+ * (SIGTERM after 10 s, SIGKILL after 5 more). */
+static void pthp_stop(struct bench *b)
+{
+	int st;
+
+	if (b->pthp <= 0)
+		return;
+	for (int i = 0; i < 50 && fuse_mounted_at(b->pthp_mnt); i++) {
+		if (umount2(b->pthp_mnt, 0) == 0 || errno == EINVAL)
+			break;
+		usleep(100 * 1000);
+	}
+	if (fuse_mounted_at(b->pthp_mnt)) {
+		errf("%s stays busy; detaching it", b->pthp_mnt);
+		umount2(b->pthp_mnt, MNT_DETACH);
+	}
+	for (int i = 0; i < 750; i++) {
+		if (waitpid(b->pthp, &st, WNOHANG) == b->pthp) {
+			b->pthp = 0;
+			return;
+		}
+		if (i == 500) {
+			errf("passthrough_hp (pid %d) still runs 10 s after the unmount; SIGTERM",
+			     (int)b->pthp);
+			kill(b->pthp, SIGTERM);
+		}
+		usleep(20 * 1000);
+	}
+	errf("passthrough_hp (pid %d) ignored SIGTERM; killing it", (int)b->pthp);
+	kill(b->pthp, SIGKILL);
+	waitpid(b->pthp, &st, 0);
+	b->pthp = 0;
+}
+
+/* A failure in the passthrough_hp column empties it (with the reason) but
+ * is not ours: the rest runs. */
+static void pthp_fail(struct bench *b, const char *why)
+{
+	snprintf(b->pthp_off, sizeof(b->pthp_off), "%s", why);
+	for (int r = 0; r < CR_N; r++)
+		b->rowsc[r].has[C_PTHP] = false;
+	pthp_stop(b);
+}
+
+static int cmp_column(struct bench *b, int w)
+{
+	struct cmp_ctx c = { .w = w };
+	struct target *t = cmp_target(b, w);
+	char why[256];
+	double tu;
+
+	switch (w) {
+	case C_DIR:
+		c.root = b->baseline;
+		snprintf(b->cstate[w], sizeof(b->cstate[w]), "%s", b->baseline);
+		return cmp_turn(b, &c);
+	case C_PTHP:
+		if (b->pthp_off[0])
+			return 0;
+		progress("compare suite: starting passthrough_hp %s %s", b->pthp_src, b->pthp_mnt);
+		if (pthp_start(b, false, why, sizeof(why)) < 0) {
+			pthp_fail(b, why);
+			return 0;
+		}
+		snprintf(b->cstate[w], sizeof(b->cstate[w]), "%s --foreground %s %s", b->o.pthp,
+			 b->pthp_src, b->pthp_mnt);
+		c.root = b->pthp_mnt;
+		if (cmp_turn(b, &c) < 0) {
+			pthp_fail(b, "a workload failed on it (see the errors on stderr)");
+			return 0;
+		}
+		pthp_stop(b);
+		return 0;
+	default:
+		break;
+	}
+	if (w == C_BROKER) {
+		progress("compare suite: starting ferry-brokerd on %s", b->broker_sock);
+		if (brokerd_start(b) < 0)
+			return -1;
+	}
+	progress("compare suite: mounting %s at %s%s", t->volume, t->mnt,
+		 t->nobody ? " as uid 65534 through ferry-brokerd" : " as root");
+	if (ferry_mount(b, t) < 0)
+		return -1;
+	{
+		char act[16], wb[16], up[16] = "";
+
+		tstats_str(b, t, "passthrough_active", act, sizeof(act));
+		tstats_str(b, t, "writeback_cache", wb, sizeof(wb));
+		if (t->broker)
+			tstats_str(b, t, "broker_up", up, sizeof(up));
+		snprintf(b->cstate[w], sizeof(b->cstate[w]),
+			 "passthrough_active %s, writeback_cache %s%s%s", act, wb,
+			 *up ? ", broker_up " : "", up);
+	}
+	c.root = t->mnt;
+	c.ctr.mnt = t->mnt;
+	c.ferry = true;
+	c.nobody = t->nobody;
+	if (cmp_turn(b, &c) < 0 || cmp_sync_local(b, &c, t) < 0)
+		return -1;
+	progress("compare suite: unmounting %s", t->mnt);
+	if (ferry_umount(b, t, &tu) < 0)
+		return -1;
+	t->mount_o = NULL;
+	rowc_set(b, CR_UMOUNT, w, tu);
+	if (w == C_BROKER) {
+		progress("compare suite: stopping ferry-brokerd");
+		brokerd_stop(b);
+	}
+	return 0;
+}
+
+/*
+ * passthrough_hp's request counts: a second turn, untimed, with --debug-fuse
+ * (libfuse logs every request; that costs time, so the timed turn runs
+ * without it). The random writes are as many as in the timed turn, at most
+ * 100,000.
+ */
+static void cmp_pthp_count(struct bench *b)
+{
+	struct cmp_ctx c = { .w = C_PTHP, .counting = true };
+	char why[256];
+
+	if (b->pthp_off[0])
+		return;
+	if (b->pthp_rand_ops == 0 || b->pthp_rand_ops > 100000)
+		b->pthp_rand_ops = 100000;
+	b->pthp_dlog.off = 0;
+	b->pthp_dlog.total.n = 0;
+	b->pthp_dlog.path = b->pthp_log;
+	progress("compare suite: passthrough_hp again with --debug-fuse, to count its requests "
+		 "(untimed)");
+	if (pthp_start(b, true, why, sizeof(why)) < 0) {
+		notec(b, "passthrough_hp's request counts: none (%s).", why);
+		return;
+	}
+	c.root = b->pthp_mnt;
+	c.ctr.log = &b->pthp_dlog;
+	if (cmp_turn(b, &c) < 0) {
+		notec(b, "passthrough_hp's request counts: none (the counting run failed; see stderr).");
+		for (int p = 0; p < CP_N; p++)
+			b->cphases[p].has[C_PTHP] = false;
+		for (int r = 0; r < CR_N; r++)
+			if (strstr(b->rowsc[r].label, "FUSE requests"))
+				b->rowsc[r].has[C_PTHP] = false;
+		pthp_stop(b);
+		return;
+	}
+	pthp_stop(b);
+	b->pthp_counted = true;
+}
+
+static int suite_compare(struct bench *b)
+{
+	b->ran_cmp = true;
+	cmp_rows_init(b);
+	if (!b->o.pthp)
+		snprintf(b->pthp_off, sizeof(b->pthp_off), "%s",
+			 b->o.pthp_missing ? b->o.pthp_missing : "no --pthp given");
+	progress("compare suite: generating the %lu-file git repository (untimed)", b->o.files);
+	if (cmp_git_env(b) < 0 || cmp_make_repo(b) < 0)
+		return -1;
+	for (int w = 0; w < NC; w++)
+		if (cmp_column(b, w) < 0)
+			return -1;
+	cmp_pthp_count(b);
+	return 0;
+}
+
 /* ---- output -------------------------------------------------------------- */
 
 static void fmt_val(char *out, size_t len, const char *fmt, bool has, double v)
@@ -2354,6 +3442,12 @@ static void print_header(struct bench *b, int argc, char **argv)
 	       "for %.0f s per target; write+fdatasync: %lu into a %lu MiB file; %lu files of %lu bytes\n",
 	       b->o.size_mib, b->o.rand_mib, b->o.seconds, b->o.sync_ops, b->o.sync_mib, b->o.files,
 	       b->o.file_size);
+	if (b->o.suite & SUITE_CMP)
+		printf("compare suite: a generated git repository of %lu files (about %lu bytes each); "
+		       "random writes into an existing %lu MiB file, %.0f s per column;\n"
+		       "               write+fdatasync: %lu into an existing %lu MiB file\n",
+		       b->o.files, b->o.file_size, b->o.rand_mib, b->o.seconds, b->o.sync_ops,
+		       b->o.rand_mib);
 	printf("MB = 10^6 bytes, MiB = 2^20 bytes\n");
 }
 
@@ -2648,6 +3742,196 @@ static void print_broker(struct bench *b)
 	print_phases(b, SUITE_BROKER);
 }
 
+/* Row r's ferry-column value over passthrough_hp's (or the staging dir's). */
+static bool rowc_q(const struct bench *b, int r, int num, int den, double *q)
+{
+	const struct row4 *row = &b->rowsc[r];
+
+	if (!row->has[num] || !row->has[den] || row->v[den] <= 0)
+		return false;
+	*q = row->v[num] / row->v[den];
+	return true;
+}
+
+/* The compare suite's FUSE requests per item by opcode, and ferryfs's own
+ * figures per item, one block per workload. */
+static void print_cmp_requests(struct bench *b)
+{
+	static const int cols[] = { C_PTHP, C_DIRECT, C_BROKER };
+
+	printf("\nFUSE requests per item, by opcode (ferryfs: MOUNTPOINT/.stats after - before, minus "
+	       "one .stats read; passthrough_hp: %s):\n",
+	       b->pthp_counted ? "counted from libfuse's --debug-fuse log in a second, untimed turn "
+				 "of the same workloads" :
+				 "not counted ('-')");
+	printf("  %-44s %14s %14s %14s\n", "", clabel[C_PTHP], clabel[C_DIRECT], clabel[C_BROKER]);
+	for (int p = 0; p < CP_N; p++) {
+		const struct cphase *ph = &b->cphases[p];
+		const char *names[MAX_FIGS];
+		size_t nn = 0;
+
+		printf("  %s (per %s)\n", ph->name, ph->per_what);
+		for (size_t c = 0; c < sizeof(cols) / sizeof(cols[0]); c++) {
+			const struct snap *d = &ph->d[cols[c]];
+
+			if (!ph->has[cols[c]])
+				continue;
+			for (size_t k = 0; k < d->n; k++) {
+				bool seen = false;
+
+				if (d->val[k] == 0 || !strcmp(d->name[k], "fuse_requests_interrupted"))
+					continue;
+				for (size_t j = 0; j < nn; j++)
+					if (!strcmp(names[j], d->name[k]))
+						seen = true;
+				if (!seen && nn < MAX_FIGS)
+					names[nn++] = d->name[k];
+			}
+		}
+		/* Requests first, their sum, then ferryfs's other figures. */
+		for (int pass = 0; pass < 3; pass++) {
+			for (size_t j = 0; j < (pass == 1 ? 1 : nn); j++) {
+				bool req = pass == 1 || strncmp(names[j], "fuse_requests_", 14) == 0;
+
+				if ((pass == 0 && !req) || (pass == 2 && req))
+					continue;
+				printf("    %-42s", pass == 1 ? "= FUSE requests" :
+						    req ? names[j] + 14 : names[j]);
+				for (size_t c = 0; c < sizeof(cols) / sizeof(cols[0]); c++) {
+					char v[32] = "-";
+					int w = cols[c];
+
+					if (ph->has[w]) {
+						double x = pass == 1 ? (double)snap_requests(&ph->d[w]) :
+							   (double)snap_get(&ph->d[w], names[j]);
+						snprintf(v, sizeof(v), "%.3f", x / ph->per[w]);
+					}
+					printf(" %14s", v);
+				}
+				printf("\n");
+			}
+		}
+	}
+	printf("  (ferryfs: lookup and getattr may include one from reading .stats: +-1 in total, "
+	       "not per item; passthrough_hp's batch_forget is the kernel's\n"
+	       "   batched FORGET, which ferryfs counts as forget; its flush/release of a turn may "
+	       "land in the next workload, as may ferryfs's)\n");
+}
+
+static void print_cmp(struct bench *b)
+{
+	static const struct {
+		int row;
+		const char *what;
+	} goals[] = {
+		{ CR_CLONE, "git clone + checkout" }, { CR_STATUS, "git status" },
+		{ CR_RM, "rm -rf" }, { CR_SMALL, "small-file loop" },
+		{ CR_RAND, "rand write" }, { CR_SYNC, "rand write + fdatasync" },
+		{ CR_SYNC_LOCAL, "the same, fsync=local" },
+	};
+	char v[NC][32], q[3][32], what[96];
+	double x;
+
+	printf("\n== suite compare (issue 10): the staging filesystem, libfuse's passthrough_hp and "
+	       "ferryfs, side by side ==\n");
+	printf("  staging dir    = a plain directory on the scratch filesystem, where ferryfs's "
+	       "staging files and passthrough_hp's source also are (%s)\n", b->cstate[C_DIR]);
+	if (b->pthp_off[0])
+		printf("  passthrough_hp = - (not measured: %s)\n", b->pthp_off);
+	else
+		printf("  passthrough_hp = libfuse's example, fuse3 3.17 with FUSE_CAP_HANDLE_KILLPRIV_V2 "
+		       "enabled (scripts/passthrough-hp), passthrough on, 86400 s\n"
+		       "                   caches, multithreaded; mounted by root over a directory of "
+		       "the scratch filesystem: %s\n", b->cstate[C_PTHP]);
+	printf("  ferry direct   = ferryfs mounted by root with its defaults (%s)\n",
+	       b->cstate[C_DIRECT]);
+	printf("  ferry broker   = ferryfs mounted by uid 65534 through ferry-brokerd, every workload "
+	       "run as uid 65534 (%s)\n", b->cstate[C_BROKER]);
+	printf("  one column at a time, its file system mounted for its turn only; before each "
+	       "workload sync() and, on ferryfs, a wait until every upload is\n"
+	       "  committed (untimed; shown where it matters)\n");
+	printf("ratios: dct/dir = ferry direct / staging dir, dct/pthp = ferry direct / passthrough_hp, "
+	       "brk/pthp = ferry broker / passthrough_hp;\n"
+	       "        for times lower is better for ferryfs, for rates (IOPS, files per second) "
+	       "higher\n\n");
+	printf("%-52s %12s %14s %12s %12s %8s %8s %8s\n", "test", clabel[0], clabel[1], clabel[2],
+	       clabel[3], "dct/dir", "dct/pthp", "brk/pthp");
+	for (int r = 0; r < CR_N; r++) {
+		const struct row4 *row = &b->rowsc[r];
+
+		for (int w = 0; w < NC; w++)
+			fmt_val(v[w], sizeof(v[w]), row->fmt, row->has[w], row->v[w]);
+		q[0][0] = q[1][0] = q[2][0] = '\0';
+		if (row->better) {
+			fmt_q(q[0], sizeof(q[0]), row->has[C_DIRECT] && row->has[C_DIR],
+			      row->v[C_DIRECT], row->v[C_DIR]);
+			fmt_q(q[1], sizeof(q[1]), row->has[C_DIRECT] && row->has[C_PTHP],
+			      row->v[C_DIRECT], row->v[C_PTHP]);
+			fmt_q(q[2], sizeof(q[2]), row->has[C_BROKER] && row->has[C_PTHP],
+			      row->v[C_BROKER], row->v[C_PTHP]);
+		}
+		printf("%-52s %12s %14s %12s %12s %8s %8s %8s\n", row->label, v[0], v[1], v[2], v[3],
+		       q[0], q[1], q[2]);
+	}
+	if (b->rowsc[CR_CLONE_REQ].has[C_PTHP])
+		printf("(passthrough_hp's FUSE requests: from its second, untimed turn with "
+		       "--debug-fuse)\n");
+	printf("(fsync=local row: staging dir and passthrough_hp repeat the row above, the same "
+	       "workload: their fdatasync is local anyway)\n");
+
+	printf("\nissue 10 targets (information only: the benchmark exits 0 whether they are met "
+	       "or not):\n");
+	for (size_t i = 0; i < sizeof(goals) / sizeof(goals[0]); i++) {
+		bool rate = b->rowsc[goals[i].row].better > 0;
+		bool has = rowc_q(b, goals[i].row, C_DIRECT, C_PTHP, &x);
+
+		snprintf(what, sizeof(what), "%s: ferry direct / passthrough_hp", goals[i].what);
+		print_target(what, has, has ? x : 0, rate, 1, rate ? " (rate: ahead when higher)" :
+								    " (time: ahead when lower)");
+	}
+	{
+		bool has = rowc_q(b, CR_CLONE, C_DIRECT, C_DIR, &x);
+
+		print_target("git clone + checkout: ferry direct / staging dir", has, has ? x : 0, false,
+			     3, "");
+	}
+	printf("the same for ferry broker (information):\n");
+	for (size_t i = 0; i < sizeof(goals) / sizeof(goals[0]); i++) {
+		bool rate = b->rowsc[goals[i].row].better > 0;
+		bool has = rowc_q(b, goals[i].row, C_BROKER, C_PTHP, &x);
+
+		snprintf(what, sizeof(what), "%s: ferry broker / passthrough_hp", goals[i].what);
+		print_target(what, has, has ? x : 0, rate, 1, "");
+	}
+
+	print_cmp_requests(b);
+
+	printf("\nwhat the rows measure:\n");
+	printf("  git clone: `git clone -q --no-hardlinks REPO DIR` of the generated repository (one "
+	       "pack; no hard links, so every column copies it), checkout\n"
+	       "                included; git's defaults otherwise (it fsyncs the pack and refs).\n");
+	printf("  git status: `git status` in the fresh checkout (stats every file; may refresh the "
+	       "index); afterwards (untimed) every file of the checkout is\n"
+	       "                compared byte for byte with the repository's.\n");
+	printf("  rm -rf: `rm -rf` of the checkout, .git included.\n");
+	printf("  small files: openat(O_CREAT|O_EXCL) + write() + close() per file in one new "
+	       "directory (--files of them); read back and removed untimed.\n");
+	printf("  rand write, existing file: the file is written in 1 MiB blocks, closed and opened "
+	       "again without O_TRUNC (open() timed: on ferryfs it waits for\n"
+	       "                the first upload and copies the file into a passthrough staging "
+	       "file); then 4 KiB pwrite()s at random offsets for the set time;\n"
+	       "                IOPS over the pwrite()s; close() apart. + fdatasync: the fill is "
+	       "fdatasync'ed, then a fixed number of pwrite() + fdatasync()\n"
+	       "                pairs (ferryfs, fsync=remote: each uploads what changed and "
+	       "commits). Every byte is checked afterwards (untimed).\n"
+	       "                fsync=local: ferryfs unmounted and mounted again with it, "
+	       "the same pairs (durable on the node; uploaded after close).\n");
+	printf("  ferryfs uploads drained: how long the wait for ferry-reconciler's commits took "
+	       "before the next workload (not in any figure above).\n");
+	for (size_t i = 0; i < b->nnotesc; i++)
+		printf("  %s\n", b->notesc[i]);
+}
+
 static void print_report(struct bench *b, int argc, char **argv)
 {
 	print_header(b, argc, argv);
@@ -2657,6 +3941,8 @@ static void print_report(struct bench *b, int argc, char **argv)
 		print_pt(b);
 	if (b->ran_broker)
 		print_broker(b);
+	if (b->ran_cmp)
+		print_cmp(b);
 	if (b->data_errors)
 		printf("\nDATA ERRORS: %d (see the messages above); the figures are not trustworthy\n",
 		       b->data_errors);
@@ -2672,10 +3958,12 @@ static void usage(FILE *f)
 		"Mounts the formatted volumes SCRATCH/vol-TAG at MNT-ROOT/mnt-TAG (TAG: core, pt, off,\n"
 		"direct) with `ferry mount` (cache SCRATCH/cache-TAG, staging SCRATCH/staging-TAG),\n"
 		"and SCRATCH/vol-broker (uid 65534's) at MNT-ROOT/broker-root/mnt-broker as uid 65534\n"
-		"through a ferry-brokerd it starts (files in SCRATCH/broker); measures against the\n"
+		"through a ferry-brokerd it starts (files in SCRATCH/broker); the compare suite also\n"
+		"mounts passthrough_hp SCRATCH/pthp-src at MNT-ROOT/mnt-pthp (log MNT-ROOT/pthp.log)\n"
+		"and generates a git repository in SCRATCH/cmp-gitsrc; measures against the\n"
 		"plain directory SCRATCH/baseline, unmounts. Normally run by scripts/bench, which\n"
 		"makes the scratch filesystem and formats the volumes.\n"
-		"  --suite core|passthrough|broker|all  which rows (default all)\n"
+		"  --suite core|passthrough|broker|compare|all  which rows (default all)\n"
 		"  --cache-size MIB     ferryfs read cache limit (default 4096)\n"
 		"  --size-mib N         sequential file size (default 1024)\n"
 		"  --rand-size-mib N    random-write file size (default 256)\n"
@@ -2690,6 +3978,9 @@ static void usage(FILE *f)
 		"  --pidfile-prefix P   write ferry-mountd's pid to P.TAG.pid after each mount\n"
 		"  --brokerd PATH       ferry-brokerd (default: next to --ferry)\n"
 		"  --brokerd-pidfile F  write ferry-brokerd's pid to F once started\n"
+		"  --pthp PATH          libfuse's passthrough_hp (scripts/passthrough-hp builds it)\n"
+		"  --pthp-missing WHY   no passthrough_hp: its column shows '-' and WHY\n"
+		"  --pthp-pidfile F     write passthrough_hp's pid to F while it runs\n"
 		"  --scratch-desc TEXT  --command TEXT  --source-desc TEXT   printed in the header\n");
 }
 
@@ -2730,6 +4021,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "scratch-desc", required_argument, NULL, 'D' },
 		{ "command", required_argument, NULL, 'c' },
 		{ "source-desc", required_argument, NULL, 'G' },
+		{ "pthp", required_argument, NULL, 'H' },
+		{ "pthp-missing", required_argument, NULL, 'I' },
+		{ "pthp-pidfile", required_argument, NULL, 'J' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -2752,6 +4046,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case 'D': o->scratch_desc = optarg; break;
 		case 'c': o->command = optarg; break;
 		case 'G': o->source_desc = optarg; break;
+		case 'H': o->pthp = optarg; break;
+		case 'I': o->pthp_missing = optarg; break;
+		case 'J': o->pthp_pidfile = optarg; break;
 		case 'N': o->fsync_row = false; break;
 		case 'U':
 			if (!strcmp(optarg, "core"))
@@ -2760,10 +4057,12 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 				o->suite = SUITE_PT;
 			else if (!strcmp(optarg, "broker"))
 				o->suite = SUITE_BROKER;
+			else if (!strcmp(optarg, "compare"))
+				o->suite = SUITE_CMP;
 			else if (!strcmp(optarg, "all"))
 				o->suite = SUITE_ALL;
 			else {
-				errf("--suite is core, passthrough, broker or all, not %s", optarg);
+				errf("--suite is core, passthrough, broker, compare or all, not %s", optarg);
 				return -1;
 			}
 			break;
@@ -2871,7 +4170,12 @@ int main(int argc, char **argv)
 	    target_init(b, T_OFF, "off", "passthrough=off") < 0 ||
 	    target_init(b, T_DIRECT, "direct", NULL) < 0 ||
 	    target_init(b, T_BROKER, "broker", NULL) < 0 || broker_init(b, &brokerd_bin) < 0 ||
-	    !(b->baseline = path_join(b->o.scratch, "baseline"))) {
+	    !(b->baseline = path_join(b->o.scratch, "baseline")) ||
+	    !(b->pthp_src = path_join(b->o.scratch, "pthp-src")) ||
+	    !(b->pthp_mnt = path_join(b->o.mnt_root, "mnt-pthp")) ||
+	    !(b->pthp_log = path_join(b->o.mnt_root, "pthp.log")) ||
+	    !(b->gitsrc = path_join(b->o.scratch, "cmp-gitsrc")) ||
+	    !(b->gitcfg = path_join(b->o.scratch, "cmp-git"))) {
 		errf("out of memory");
 		goto out;
 	}
@@ -2903,6 +4207,8 @@ int main(int argc, char **argv)
 		goto out;
 	if ((b->o.suite & SUITE_BROKER) && suite_broker(b) < 0)
 		goto out;
+	if ((b->o.suite & SUITE_CMP) && suite_compare(b) < 0)
+		goto out;
 	rc = b->data_errors ? 1 : 0;
 out:
 	for (int k = 0; k < NTGT; k++) {
@@ -2911,11 +4217,15 @@ out:
 			ferry_umount(b, &b->t[k], NULL);
 		}
 	}
+	if (b->pthp > 0) {
+		progress("stopping passthrough_hp after an error");
+		pthp_stop(b);
+	}
 	if (b->brokerd > 0) {
 		progress("stopping ferry-brokerd after an error");
 		brokerd_stop(b);
 	}
-	if (b->ran_core || b->ran_pt || b->ran_broker)
+	if (b->ran_core || b->ran_pt || b->ran_broker || b->ran_cmp)
 		print_report(b, argc, argv);
 	if (rc != 0)
 		errf("benchmark FAILED (see the errors above); the tables show what was measured before");
@@ -2933,6 +4243,11 @@ out:
 	free(b->broker_sock);
 	free(b->broker_policy);
 	free(b->broker_log);
+	free(b->pthp_src);
+	free(b->pthp_mnt);
+	free(b->pthp_log);
+	free(b->gitsrc);
+	free(b->gitcfg);
 	free(brokerd_bin);
 	free(b->buf);
 	free(g_tmpl);
