@@ -322,6 +322,12 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		in.gid = attr->st_gid;
 	}
 	if (to_set & FUSE_SET_ATTR_SIZE) {
+		/* Refused before anything changes: past the largest file the
+		 * staging filesystem holds (ext4 answers EFBIG the same way). */
+		if ((uint64_t)attr->st_size > md->max_file_size) {
+			fuse_reply_err(req, EFBIG);
+			return;
+		}
 		valid |= META_SET_SIZE;
 		in.size = (uint64_t)attr->st_size;
 	}

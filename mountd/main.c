@@ -19,6 +19,7 @@
 #include "broker_client.h"
 #include "log.h"
 #include "mountd.h"
+#include "reconcile_plan.h"
 #include "url.h"
 
 #define DEFAULT_CACHE_MIB 1024
@@ -237,6 +238,31 @@ static int volume_lock(struct mountd *md)
 	return 0;
 }
 
+/*
+ * The largest file ferryfs takes: every byte is staged first, so the
+ * staging filesystem's own limit (ext4 with 4 KiB blocks: 16 TiB - 4 KiB),
+ * found by growing an unnamed file there, and no more than a reconcile job
+ * describes. The kernel's FUSE superblock has no limit of its own to
+ * tell applications (MAX_LFS_FILESIZE), so truncates are checked here.
+ */
+static uint64_t staging_max_file_size(int dirfd)
+{
+	uint64_t lo = 0, hi = (uint64_t)1 << 62;
+	int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+	if (fd < 0)
+		return RECONCILE_LENGTH_MAX; /* no O_TMPFILE: the job's bound */
+	while (hi - lo > 1) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (ftruncate(fd, (off_t)mid) == 0)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	close(fd);
+	return lo < RECONCILE_LENGTH_MAX ? lo : RECONCILE_LENGTH_MAX;
+}
+
 /* Staging must be a real local filesystem: writes are staged there first. */
 static int staging_open(struct mountd *md)
 {
@@ -255,6 +281,7 @@ static int staging_open(struct mountd *md)
 			     "give --staging-dir on a local filesystem", md->cfg.staging_dir);
 	}
 	md->staging_dirfd = fd;
+	md->max_file_size = staging_max_file_size(fd);
 	return 0;
 }
 

@@ -380,6 +380,7 @@ struct mountd {
 	 * copies into a passthrough staging file; larger ones take the daemon
 	 * path (a copy reads the whole file before the open returns). */
 	uint64_t pt_copy_max;
+	uint64_t max_file_size;       /* see staging_max_file_size() in main.c */
 	_Atomic bool pt_off;          /* latched off (or never on) for this mount */
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */

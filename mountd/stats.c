@@ -108,6 +108,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	}
 	fprintf(f, "passthrough_active %d\n", atomic_load(&md->pt_off) ? 0 : 1);
 	fprintf(f, "writeback_cache %d\n", md->writeback ? 1 : 0);
+	fprintf(f, "max_file_size %llu\n", (unsigned long long)md->max_file_size);
 	fprintf(f, "fsync_local %d\n", md->fsync_local && rclient_up(md) ? 1 : 0);
 	pthread_mutex_lock(&md->pt_reason_lock);
 	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");
