@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -334,13 +335,15 @@ static int spawn_reconciler(struct mountd *md)
 static int reconciler_launch(struct mountd *md)
 {
 	/* The reconciler of a killed daemon (or a killed reconciler still
-	 * exiting) may hold the staging directory's lock: wait for it. */
+	 * exiting) may hold the staging directory's lock (an exclusive
+	 * flock()): wait for it. A shared lock taken and dropped at once
+	 * tells; our reconciler starts only after. Read-only, as the
+	 * reconciler holds it: see reconciler/main.c. */
 	int lfd = openat(md->staging_dirfd, RECONCILE_LOCK_NAME,
-			 O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+			 O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 
 	for (int tries = 0; lfd >= 0 && tries < 2400; tries++) {
-		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
-		if (fcntl(lfd, F_OFD_GETLK, &fl) < 0 || fl.l_type == F_UNLCK)
+		if (flock(lfd, LOCK_SH | LOCK_NB) == 0 || errno != EWOULDBLOCK)
 			break;
 		if (tries == 0)
 			log_info("waiting for an earlier reconciler to finish");
