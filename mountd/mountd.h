@@ -245,6 +245,13 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out);
 /* Writes a journal record for the daemon-path writes staged so far, so they
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */
 int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
+/* The next reconcile seq (numbers jobs, records and passthrough staging
+ * file names; increasing across restarts). */
+uint64_t rclient_seq_next(struct mountd *md);
+/* A staging file of ino whose bytes are committed (or no longer the
+ * file's) could not be removed: no record or name of it may replay it at
+ * the next start. Logs a failure. */
+void staging_superseded(struct mountd *md, uint64_t ino);
 
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
@@ -408,7 +415,7 @@ struct mountd {
 	bool rc_reader_live;
 	pthread_mutex_t rc_lock;      /* guards sends and everything below */
 	pthread_cond_t rc_cond;
-	uint64_t rc_next_seq;
+	_Atomic uint64_t rc_next_seq; /* taken without rc_lock for staging file names */
 	uint64_t rc_drained;
 	uint64_t rc_conn_gen;         /* bumped when a restart installs a new socket */
 	struct reconcile_stats rc_stats;
