@@ -1111,10 +1111,11 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		/* The upload happens after the last close; what close() promises
 		 * is that the writes survive a killed daemon: journal them. A
 		 * file changed in more places than a record holds, or whose
-		 * record finds the staging file system full, is committed here
-		 * instead, which promises more. */
+		 * record finds the staging file system full or read-only (its
+		 * disk failed under us), is committed here instead, which
+		 * promises more. */
 		rc = rclient_journal(md, of->ino, 0);
-		if (rc == -E2BIG || rc == -ENOSPC || rc == -EDQUOT)
+		if (rc == -E2BIG || rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS)
 			rc = commit_locked(md, of->ino);
 	} else {
 		/* Without a reconciler, close() reports whether the data reached
