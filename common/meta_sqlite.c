@@ -267,7 +267,10 @@ struct meta {
 
 /* ---- small helpers ---------------------------------------------------- */
 
-/* SQLite result code -> negative errno. -EAGAIN (busy) makes txn() retry. */
+/* SQLite result code -> negative errno. -EAGAIN (busy) makes txn() retry.
+ * SQLITE_FULL is the disk under the database (or its WAL) being full: the
+ * application is told so (ENOSPC), as a local file system would, rather
+ * than an I/O error it cannot act on. */
 static int db_err(int rc)
 {
 	switch (rc & 0xff) {
@@ -276,6 +279,8 @@ static int db_err(int rc)
 		return -EAGAIN;
 	case SQLITE_NOMEM:
 		return -ENOMEM;
+	case SQLITE_FULL:
+		return -ENOSPC;
 	default:
 		return -EIO;
 	}
