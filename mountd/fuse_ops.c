@@ -680,9 +680,7 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			w->npt++;
 			return 0;
 		}
-		if (id != -EPERM)
-			log_errno(id, "inode %llu: no passthrough for this open",
-				  (unsigned long long)i->ino);
+		passthrough_unavailable(md, i->ino, id);
 	}
 	if (of->writer && !empty && copy_size != UINT64_MAX && copy_size > md->pt_copy_max &&
 	    !w && i->ncached == 0 && md->pt_mode != PT_OFF)
@@ -712,9 +710,8 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			i->w->npt++;
 			return 0;
 		}
-		if (id < 0 && id != -EPERM)
-			log_errno(id, "inode %llu: no passthrough for this open",
-				  (unsigned long long)i->ino);
+		if (id < 0) /* 0: the copy-up failed, logged above */
+			passthrough_unavailable(md, i->ino, id);
 	}
 	i->ncached++;
 	return 0;

@@ -218,6 +218,10 @@ void passthrough_latch_off(struct mountd *md, const char *code, const char *why)
 /* Records why passthrough is off from the start (no warning: it was asked
  * for, or it cannot be). */
 void passthrough_set_reason(struct mountd *md, const char *code, const char *why);
+/* An open of ino takes the daemon path because a passthrough staging file
+ * could not be started or registered (err): logged when the cause first
+ * shows, not at every open while it lasts. */
+void passthrough_unavailable(struct mountd *md, uint64_t ino, int err);
 
 /* Frees the write state without touching the staging file (it was handed to
  * the reconciler). Caller holds ino->lock. */
@@ -390,6 +394,7 @@ struct mountd {
 	_Atomic bool pt_off;          /* latched off (or never on) for this mount */
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */
+	_Atomic int pt_unavailable;   /* the errno last logged by passthrough_unavailable() */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
 	/* gc.c: deletes the objects of garbage slices after gc_grace_s */
 	int64_t gc_grace_s;
