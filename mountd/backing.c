@@ -98,7 +98,7 @@ void backing_close(struct mountd *md, int id)
 		int rc = broker_link_backing_close(md, id);
 		if (rc < 0)
 			log_errno(rc, "cannot close backing id %d through ferry-brokerd", id);
-		else
+		else if (rc == 0) /* 1: closed after the relink, counted then */
 			atomic_fetch_add(&md->stats.backing_close, 1);
 		return;
 	}

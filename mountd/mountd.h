@@ -200,7 +200,8 @@ size_t write_back_flush_all(struct mountd *md);
 int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_fd, char *err,
 		      size_t errlen);
 /* backing_open()/backing_close() through the broker, relinking after a
- * broker restart; -ENOTCONN while the broker is away. */
+ * broker restart; -ENOTCONN while the broker is away (a close is then kept
+ * for after the relink: 1). */
 int broker_link_backing_open(struct mountd *md, int fd);
 int broker_link_backing_close(struct mountd *md, int id);
 /* Asks the broker to unmount (at exit; nothing if it is gone already). */
@@ -410,6 +411,10 @@ struct mountd {
 	_Atomic bool broker_up;       /* the link works; else opens take the daemon path */
 	pthread_mutex_t broker_lock;  /* one relink at a time */
 	time_t broker_retry_at;       /* CLOCK_MONOTONIC seconds of the last relink */
+	/* Backing ids whose close could not be sent while the broker was away,
+	 * closed once it is back (under broker_lock); owned. */
+	int *broker_unclosed;
+	size_t broker_nunclosed, broker_unclosed_cap;
 	/* reconciler client (reconcile_client.c) */
 	char *rc_path;                /* owned */
 	int rc_sock;
