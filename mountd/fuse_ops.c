@@ -730,8 +730,8 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 
 	pthread_mutex_lock(&i->lock);
 	w = i->w;
-	if (of->writer)
-		i->nwriters--;
+	if (of->writer && --i->nwriters == 0)
+		i->wb_error_unstaged = 0; /* every writer was told */
 	if (!of->passthrough)
 		i->ncached--;
 	else if (w)
@@ -1071,7 +1071,9 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		of->setid_clear = true;
 	}
 	pthread_mutex_lock(&of->ino->lock);
-	rc = wstate_ensure(md, of->ino, of->fh);
+	rc = fi->writepage ? of->ino->wb_error_unstaged : 0;
+	if (rc == 0)
+		rc = wstate_ensure(md, of->ino, of->fh);
 	if (rc < 0)
 		n = rc;
 	else if (fi->writepage && of->ino->w->wb_error)
@@ -1080,6 +1082,8 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		n = wstate_write(md, of->ino, buf, size, off);
 	if (n < 0 && fi->writepage && of->ino->w)
 		wstate_writeback_failed(of->ino->w, (uint64_t)off, (int)n);
+	else if (n < 0 && fi->writepage)
+		of->ino->wb_error_unstaged = (int)n; /* no staging file to cut: see mountd.h */
 	pthread_mutex_unlock(&of->ino->lock);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
@@ -1119,6 +1123,13 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		 * the object store. */
 		rc = commit_locked(md, of->ino);
 	}
+	/* A write-back of this inode that failed is this close()'s error too:
+	 * the kernel does not always report it (seen with a staging disk
+	 * turning read-only under writers), and close() must not return 0
+	 * for writes that were lost. Writers only: a reader has lost nothing. */
+	if (rc == 0 && of->writer)
+		rc = of->ino->wb_error_unstaged ? of->ino->wb_error_unstaged :
+		     of->ino->w ? of->ino->w->wb_error : 0;
 	pthread_mutex_unlock(&of->ino->lock);
 	fuse_reply_err(req, -rc);
 }

@@ -306,6 +306,11 @@ struct inode {
 	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
 	struct inode *inext;      /* md->inflight list */
 	uint32_t nwriters;        /* open handles with write access */
+	/* Writeback cache: a write-back failed before the inode had a staging
+	 * file to cut (one could not be made: a read-only or full staging
+	 * disk). Later write-backs are refused, so nothing lands after the
+	 * hole, and FLUSH reports it, until the last writer closes. */
+	int wb_error_unstaged;
 	uint32_t ncached;         /* open handles in the kernel's cached I/O mode */
 	struct wstate *w;         /* pending writes, or NULL */
 	bool pending;             /* on the write-back retry list (holds a reference) */
