@@ -39,6 +39,7 @@ struct waiter {
 	uint64_t id;
 	bool done;
 	bool detached;              /* nobody waits: the reader frees it */
+	int close_id;               /* a BACKING_CLOSE's backing id, else 0 */
 	int err;                    /* transport error, or 0 when rep is there */
 	struct reply rep;
 	int fd;                     /* an fd that came with the reply, or -1 */
@@ -59,6 +60,8 @@ struct broker_conn {
 	unsigned users;             /* threads inside a call */
 	unsigned ndetached;         /* requests sent whose replies nobody waits for */
 	uint64_t async_failures;    /* of those, refused or lost */
+	int *lost_closes;           /* of those, BACKING_CLOSEs lost with the connection */
+	size_t nlost, caplost;
 	int timeout_ms;
 	struct rpc_reader rd;
 };
@@ -213,6 +216,22 @@ static void detached_done(struct broker_conn *c, struct waiter *w, bool failed)
 	waiter_unlink(c, w);
 	if (failed)
 		c->async_failures++;
+	if (failed && w->close_id > 0 && !w->done) {
+		/* No reply will come: the broker may have died before it
+		 * closed the id. Kept for broker_lost_closes(); out of memory,
+		 * it stays registered until the unmount. */
+		if (c->nlost == c->caplost) {
+			size_t cap = c->caplost ? c->caplost * 2 : 16;
+			int *n = realloc(c->lost_closes, cap * sizeof(*n));
+
+			if (n) {
+				c->lost_closes = n;
+				c->caplost = cap;
+			}
+		}
+		if (c->nlost < c->caplost)
+			c->lost_closes[c->nlost++] = w->close_id;
+	}
 	if (w->fd >= 0)
 		close(w->fd);
 	pthread_cond_destroy(&w->cv);
@@ -234,6 +253,7 @@ void broker_close(struct broker_conn *c)
 	rpc_reader_reset(&c->rd);
 	if (c->sock >= 0)
 		close(c->sock);
+	free(c->lost_closes);
 	pthread_mutex_destroy(&c->lock);
 	pthread_mutex_destroy(&c->send_lock);
 	pthread_cond_destroy(&c->idle);
@@ -443,6 +463,8 @@ static int call(struct broker_conn *c, Ferry__Broker__Request *q, int send_fd, b
 	else
 		w = &stack_w, nowait = false;
 	w->id = ++c->next_id;
+	if (q->body_case == FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE)
+		w->close_id = (int)q->backing_close->backing_id;
 	pthread_cond_init(&w->cv, NULL);
 	w->next = c->waiters;
 	c->waiters = w;
@@ -638,6 +660,21 @@ int broker_backing_close(struct broker_conn *c, uint64_t mount_id, int backing_i
 int broker_backing_close_nowait(struct broker_conn *c, uint64_t mount_id, int backing_id)
 {
 	return backing_close(c, mount_id, backing_id, true);
+}
+
+size_t broker_lost_closes(struct broker_conn *c, int *ids, size_t max)
+{
+	size_t n;
+
+	pthread_mutex_lock(&c->lock);
+	n = c->nlost < max ? c->nlost : max;
+	if (n) { /* lost_closes may be NULL: never allocated */
+		memcpy(ids, c->lost_closes, n * sizeof(*ids));
+		memmove(c->lost_closes, c->lost_closes + n, (c->nlost - n) * sizeof(*ids));
+		c->nlost -= n;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return n;
 }
 
 uint64_t broker_async_failures(struct broker_conn *c)

@@ -121,6 +121,16 @@ int broker_backing_close(struct broker_conn *c, uint64_t mount_id, int backing_i
 int broker_backing_close_nowait(struct broker_conn *c, uint64_t mount_id, int backing_id);
 /* Replies to nowait calls that were refusals, or lost with the connection. */
 uint64_t broker_async_failures(struct broker_conn *c);
+/*
+ * The backing ids of nowait closes whose replies were lost with the
+ * connection (the broker died with the request unread, or before it
+ * answered): up to max of them into ids, forgotten here; how many. Each may
+ * or may not have been closed; sending the close again after
+ * broker_reconnect() is safe, as the kernel numbers backing ids cyclically
+ * (a closed id is not given out again meanwhile, and closing it again is
+ * refused harmlessly).
+ */
+size_t broker_lost_closes(struct broker_conn *c, int *ids, size_t max);
 int broker_status(struct broker_conn *c, struct broker_status *st);
 
 /*

@@ -216,6 +216,13 @@ struct meta_commit_item {
  * fails alone; any other error rolls the whole batch back, and is then
  * every item's rc and the return value. */
 int meta_write_commit_batch(struct meta *m, struct meta_commit_item *items, size_t n);
+/* Raises the last seq committed for ino to at least seq (a no-op if it is
+ * higher), so no reconcile job of ino numbered seq or below commits after
+ * this: for a staging file whose bytes are committed, or no longer the
+ * file's, but which could not be removed (a read-only staging disk), and
+ * whose journal record or name would otherwise replay it at the next start
+ * over newer data. */
+int meta_seq_floor(struct meta *m, uint64_t ino, uint64_t seq);
 /* A new epoch for this volume's reconcile seqs (1, 2, ...; durable): a
  * daemon takes one at start and numbers its jobs epoch << 32 | n, so seqs
  * keep increasing across restarts whatever the clock does. */

@@ -134,6 +134,7 @@ enum st {
 	ST_VOLUME_GET,
 	ST_SEQ_GET,
 	ST_SEQ_PUT,
+	ST_SEQ_FLOOR,
 	ST_EPOCH_NEXT,
 	ST_SLICE_LIST_SEQ,
 	ST_SLICE_DELETE_SEQ,
@@ -206,6 +207,8 @@ static const char *const st_sql[ST_COUNT] = {
 			  " FROM volume WHERE id = 1",
 	[ST_SEQ_GET] = "SELECT seq FROM commit_seq WHERE ino = ?1",
 	[ST_SEQ_PUT] = "INSERT OR REPLACE INTO commit_seq(ino, seq) VALUES (?1, ?2)",
+	[ST_SEQ_FLOOR] = "INSERT INTO commit_seq(ino, seq) VALUES (?1, ?2) ON CONFLICT(ino)"
+			 " DO UPDATE SET seq = MAX(seq, excluded.seq)",
 	[ST_EPOCH_NEXT] = "INSERT INTO seq_epoch(id, epoch) VALUES (1, 1) ON CONFLICT(id)"
 			  " DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
 	[ST_SLICE_LIST_SEQ] = "SELECT seq, id, size, off, pos, len FROM slice"
@@ -264,7 +267,10 @@ struct meta {
 
 /* ---- small helpers ---------------------------------------------------- */
 
-/* SQLite result code -> negative errno. -EAGAIN (busy) makes txn() retry. */
+/* SQLite result code -> negative errno. -EAGAIN (busy) makes txn() retry.
+ * SQLITE_FULL is the disk under the database (or its WAL) being full: the
+ * application is told so (ENOSPC), as a local file system would, rather
+ * than an I/O error it cannot act on. */
 static int db_err(int rc)
 {
 	switch (rc & 0xff) {
@@ -273,6 +279,8 @@ static int db_err(int rc)
 		return -EAGAIN;
 	case SQLITE_NOMEM:
 		return -ENOMEM;
+	case SQLITE_FULL:
+		return -ENOSPC;
 	default:
 		return -EIO;
 	}
@@ -2991,6 +2999,22 @@ static int do_seq_epoch(struct conn *c, void *p)
 	int64_t *epoch = p;
 
 	return query_int(c, ST_EPOCH_NEXT, 0, NULL, 1, INT32_MAX, 0, epoch);
+}
+
+static int do_seq_floor(struct conn *c, void *p)
+{
+	const int64_t *v = p;
+
+	return run_ints(c, ST_SEQ_FLOOR, 2, v);
+}
+
+int meta_seq_floor(struct meta *m, uint64_t ino, uint64_t seq)
+{
+	int64_t v[2] = { (int64_t)ino, (int64_t)seq };
+
+	if (m == NULL || seq == 0 || seq > INT64_MAX || !ino_ok(ino))
+		return -EINVAL;
+	return txn(m, do_seq_floor, v);
 }
 
 int meta_seq_epoch(struct meta *m, uint64_t *epoch)

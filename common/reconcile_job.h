@@ -35,8 +35,8 @@
 #define RECONCILE_FRAME_MAX (64u << 10)
 
 #define RECONCILE_JOB_SUFFIX ".job"
-/* In the staging directory: held (OFD write lock) by the one reconciler
- * serving it. */
+/* In the staging directory: held (an exclusive flock(), on a read-only
+ * open) by the one reconciler serving it. */
 #define RECONCILE_LOCK_NAME ".ferry-reconciler.lock"
 #define RECONCILE_ORPHAN_SUFFIX ".orphan"
 

@@ -40,6 +40,19 @@ void passthrough_set_reason(struct mountd *md, const char *code, const char *why
 	log_info("passthrough: %s", why);
 }
 
+void passthrough_unavailable(struct mountd *md, uint64_t ino, int err)
+{
+	/* EPERM latched passthrough off, logged once there; ENOTCONN is a
+	 * broker that is away, logged once by broker_link.c. Any other cause
+	 * (a read-only or failing staging disk) would otherwise log every
+	 * open for as long as it lasts. */
+	if (err == -EPERM || err == -ENOTCONN)
+		return;
+	if (atomic_exchange(&md->pt_unavailable, err) != err)
+		log_errno(err, "inode %llu: no passthrough for this open (nor for later ones, "
+			  "while this lasts: they take the daemon path)", (unsigned long long)ino);
+}
+
 int backing_open(struct mountd *md, int fd)
 {
 	struct ferry_backing_map map = { .fd = fd };
@@ -56,6 +69,9 @@ int backing_open(struct mountd *md, int fd)
 	}
 	if (id > 0) {
 		atomic_fetch_add(&md->stats.backing_open, 1);
+		/* Passthrough works again: the next failure is news. */
+		if (atomic_load(&md->pt_unavailable))
+			atomic_store(&md->pt_unavailable, 0);
 		return id;
 	}
 	if (id == -EPERM) {
@@ -82,7 +98,7 @@ void backing_close(struct mountd *md, int id)
 		int rc = broker_link_backing_close(md, id);
 		if (rc < 0)
 			log_errno(rc, "cannot close backing id %d through ferry-brokerd", id);
-		else
+		else if (rc == 0) /* 1: closed after the relink, counted then */
 			atomic_fetch_add(&md->stats.backing_close, 1);
 		return;
 	}

@@ -10,7 +10,9 @@
  * reconnects, at most once a second, and attaches our /dev/fuse fd again so
  * the broker can register backing files for the mount it no longer holds an
  * fd of; until that works, new opens take the daemon path. Backing ids
- * registered before stay valid in the kernel.
+ * registered before stay valid in the kernel; one whose close could not be
+ * sent meanwhile is closed after the relink (else the kernel would hold its
+ * staging file, and its disk space, until the unmount).
  */
 #include <errno.h>
 #include <limits.h>
@@ -85,6 +87,55 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 	return 0;
 }
 
+/* Remembers a backing id whose close was not sent. Caller holds
+ * broker_lock. */
+static void unclosed_add(struct mountd *md, int id)
+{
+	if (md->broker_nunclosed == md->broker_unclosed_cap) {
+		size_t cap = md->broker_unclosed_cap ? md->broker_unclosed_cap * 2 : 16;
+		int *n = realloc(md->broker_unclosed, cap * sizeof(*n));
+
+		if (!n) {
+			log_warnx("out of memory: backing id %d stays registered until the unmount",
+				  id);
+			return;
+		}
+		md->broker_unclosed = n;
+		md->broker_unclosed_cap = cap;
+	}
+	md->broker_unclosed[md->broker_nunclosed++] = id;
+}
+
+/* Closes the backing ids left over while the broker was away, through the
+ * link that works again. Caller holds broker_lock. */
+static void unclosed_flush(struct mountd *md)
+{
+	size_t done = 0, n;
+	int lost[64];
+
+	/* And those sent just before it died, unanswered: maybe not done. */
+	while ((n = broker_lost_closes(md->broker, lost, sizeof(lost) / sizeof(lost[0]))) > 0)
+		for (size_t k = 0; k < n; k++)
+			unclosed_add(md, lost[k]);
+
+	for (; done < md->broker_nunclosed; done++) {
+		int rc = broker_backing_close_nowait(md->broker, atomic_load(&md->broker_mount_id),
+						     md->broker_unclosed[done]);
+		if (broker_gone(rc))
+			break; /* gone again: the next relink goes on */
+		if (rc < 0)
+			log_errno(rc, "cannot close backing id %d through ferry-brokerd",
+				  md->broker_unclosed[done]);
+		else
+			atomic_fetch_add(&md->stats.backing_close, 1);
+	}
+	if (done) { /* broker_unclosed may be NULL: never allocated */
+		memmove(md->broker_unclosed, md->broker_unclosed + done,
+			(md->broker_nunclosed - done) * sizeof(*md->broker_unclosed));
+		md->broker_nunclosed -= done;
+	}
+}
+
 /* After a failed call: reconnect and attach our fd again, at most once a
  * second whoever asks. Returns 0 if the link works now. */
 static int relink(struct mountd *md)
@@ -116,6 +167,7 @@ static int relink(struct mountd *md)
 		atomic_store(&md->broker_up, true);
 		atomic_fetch_add(&md->stats.broker_relinks, 1);
 		log_info("ferry-brokerd at %s is back: passthrough opens go on", md->cfg.broker);
+		unclosed_flush(md);
 	}
 	pthread_mutex_unlock(&md->broker_lock);
 	return rc;
@@ -149,7 +201,9 @@ int broker_link_backing_open(struct mountd *md, int fd)
 }
 
 /* Sent without waiting for the reply (a refusal is only logged by the
- * broker): a passthrough file then costs one round trip, at its open. */
+ * broker): a passthrough file then costs one round trip, at its open. A
+ * close that cannot be sent (the broker is away) waits for the relink:
+ * returns 1 then. */
 int broker_link_backing_close(struct mountd *md, int id)
 {
 	int rc = broker_backing_close_nowait(md->broker, atomic_load(&md->broker_mount_id), id);
@@ -159,6 +213,14 @@ int broker_link_backing_close(struct mountd *md, int id)
 		if (relink(md) == 0)
 			rc = broker_backing_close_nowait(md->broker,
 							 atomic_load(&md->broker_mount_id), id);
+	}
+	if (broker_gone(rc)) {
+		/* Not sent: the id is still registered, and stays ours to
+		 * close (no one else can be given it meanwhile). */
+		pthread_mutex_lock(&md->broker_lock);
+		unclosed_add(md, id);
+		pthread_mutex_unlock(&md->broker_lock);
+		rc = 1;
 	}
 	return rc;
 }
@@ -183,6 +245,9 @@ void broker_link_close(struct mountd *md)
 {
 	broker_close(md->broker);
 	md->broker = NULL;
+	free(md->broker_unclosed); /* the unmount let go of every id */
+	md->broker_unclosed = NULL;
+	md->broker_nunclosed = md->broker_unclosed_cap = 0;
 	free(md->broker_name);
 	md->broker_name = NULL;
 }

@@ -686,9 +686,7 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			w->npt++;
 			return 0;
 		}
-		if (id != -EPERM)
-			log_errno(id, "inode %llu: no passthrough for this open",
-				  (unsigned long long)i->ino);
+		passthrough_unavailable(md, i->ino, id);
 	}
 	if (of->writer && !empty && copy_size != UINT64_MAX && copy_size > md->pt_copy_max &&
 	    !w && i->ncached == 0 && md->pt_mode != PT_OFF)
@@ -718,9 +716,8 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			i->w->npt++;
 			return 0;
 		}
-		if (id < 0 && id != -EPERM)
-			log_errno(id, "inode %llu: no passthrough for this open",
-				  (unsigned long long)i->ino);
+		if (id < 0) /* 0: the copy-up failed, logged above */
+			passthrough_unavailable(md, i->ino, id);
 	}
 	i->ncached++;
 	return 0;
@@ -739,8 +736,8 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 
 	pthread_mutex_lock(&i->lock);
 	w = i->w;
-	if (of->writer)
-		i->nwriters--;
+	if (of->writer && --i->nwriters == 0)
+		i->wb_error_unstaged = 0; /* every writer was told */
 	if (!of->passthrough)
 		i->ncached--;
 	else if (w)
@@ -1080,7 +1077,9 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		of->setid_clear = true;
 	}
 	pthread_mutex_lock(&of->ino->lock);
-	rc = wstate_ensure(md, of->ino, of->fh);
+	rc = fi->writepage ? of->ino->wb_error_unstaged : 0;
+	if (rc == 0)
+		rc = wstate_ensure(md, of->ino, of->fh);
 	if (rc < 0)
 		n = rc;
 	else if (fi->writepage && of->ino->w->wb_error)
@@ -1089,6 +1088,8 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		n = wstate_write(md, of->ino, buf, size, off);
 	if (n < 0 && fi->writepage && of->ino->w)
 		wstate_writeback_failed(of->ino->w, (uint64_t)off, (int)n);
+	else if (n < 0 && fi->writepage)
+		of->ino->wb_error_unstaged = (int)n; /* no staging file to cut: see mountd.h */
 	pthread_mutex_unlock(&of->ino->lock);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
@@ -1117,16 +1118,24 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		/* The upload happens after the last close; what close() promises
 		 * is that the writes survive a killed daemon: journal them. A
 		 * file changed in more places than a record holds, or whose
-		 * record finds the staging file system full, is committed here
-		 * instead, which promises more. */
+		 * record finds the staging file system full or read-only (its
+		 * disk failed under us), is committed here instead, which
+		 * promises more. */
 		rc = rclient_journal(md, of->ino, 0);
-		if (rc == -E2BIG || rc == -ENOSPC || rc == -EDQUOT)
+		if (rc == -E2BIG || rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS)
 			rc = commit_locked(md, of->ino);
 	} else {
 		/* Without a reconciler, close() reports whether the data reached
 		 * the object store. */
 		rc = commit_locked(md, of->ino);
 	}
+	/* A write-back of this inode that failed is this close()'s error too:
+	 * the kernel does not always report it (seen with a staging disk
+	 * turning read-only under writers), and close() must not return 0
+	 * for writes that were lost. Writers only: a reader has lost nothing. */
+	if (rc == 0 && of->writer)
+		rc = of->ino->wb_error_unstaged ? of->ino->wb_error_unstaged :
+		     of->ino->w ? of->ino->w->wb_error : 0;
 	pthread_mutex_unlock(&of->ino->lock);
 	fuse_reply_err(req, -rc);
 }

@@ -200,7 +200,8 @@ size_t write_back_flush_all(struct mountd *md);
 int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_fd, char *err,
 		      size_t errlen);
 /* backing_open()/backing_close() through the broker, relinking after a
- * broker restart; -ENOTCONN while the broker is away. */
+ * broker restart; -ENOTCONN while the broker is away (a close is then kept
+ * for after the relink: 1). */
 int broker_link_backing_open(struct mountd *md, int fd);
 int broker_link_backing_close(struct mountd *md, int id);
 /* Asks the broker to unmount (at exit; nothing if it is gone already). */
@@ -218,6 +219,10 @@ void passthrough_latch_off(struct mountd *md, const char *code, const char *why)
 /* Records why passthrough is off from the start (no warning: it was asked
  * for, or it cannot be). */
 void passthrough_set_reason(struct mountd *md, const char *code, const char *why);
+/* An open of ino takes the daemon path because a passthrough staging file
+ * could not be started or registered (err): logged when the cause first
+ * shows, not at every open while it lasts. */
+void passthrough_unavailable(struct mountd *md, uint64_t ino, int err);
 
 /* Frees the write state without touching the staging file (it was handed to
  * the reconciler). Caller holds ino->lock. */
@@ -245,6 +250,13 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out);
 /* Writes a journal record for the daemon-path writes staged so far, so they
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */
 int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
+/* The next reconcile seq (numbers jobs, records and passthrough staging
+ * file names; increasing across restarts). */
+uint64_t rclient_seq_next(struct mountd *md);
+/* A staging file of ino whose bytes are committed (or no longer the
+ * file's) could not be removed: no record or name of it may replay it at
+ * the next start. Logs a failure. */
+void staging_superseded(struct mountd *md, uint64_t ino);
 
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
@@ -294,6 +306,11 @@ struct inode {
 	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
 	struct inode *inext;      /* md->inflight list */
 	uint32_t nwriters;        /* open handles with write access */
+	/* Writeback cache: a write-back failed before the inode had a staging
+	 * file to cut (one could not be made: a read-only or full staging
+	 * disk). Later write-backs are refused, so nothing lands after the
+	 * hole, and FLUSH reports it, until the last writer closes. */
+	int wb_error_unstaged;
 	uint32_t ncached;         /* open handles in the kernel's cached I/O mode */
 	struct wstate *w;         /* pending writes, or NULL */
 	bool pending;             /* on the write-back retry list (holds a reference) */
@@ -384,6 +401,7 @@ struct mountd {
 	_Atomic bool pt_off;          /* latched off (or never on) for this mount */
 	pthread_mutex_t pt_reason_lock;
 	char pt_reason[64];           /* why pt_off: a token for .stats */
+	_Atomic int pt_unavailable;   /* the errno last logged by passthrough_unavailable() */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
 	/* gc.c: deletes the objects of garbage slices after gc_grace_s */
 	int64_t gc_grace_s;
@@ -399,6 +417,10 @@ struct mountd {
 	_Atomic bool broker_up;       /* the link works; else opens take the daemon path */
 	pthread_mutex_t broker_lock;  /* one relink at a time */
 	time_t broker_retry_at;       /* CLOCK_MONOTONIC seconds of the last relink */
+	/* Backing ids whose close could not be sent while the broker was away,
+	 * closed once it is back (under broker_lock); owned. */
+	int *broker_unclosed;
+	size_t broker_nunclosed, broker_unclosed_cap;
 	/* reconciler client (reconcile_client.c) */
 	char *rc_path;                /* owned */
 	int rc_sock;
@@ -409,7 +431,7 @@ struct mountd {
 	bool rc_reader_live;
 	pthread_mutex_t rc_lock;      /* guards sends and everything below */
 	pthread_cond_t rc_cond;
-	uint64_t rc_next_seq;
+	_Atomic uint64_t rc_next_seq; /* taken without rc_lock for staging file names */
 	uint64_t rc_drained;
 	uint64_t rc_conn_gen;         /* bumped when a restart installs a new socket */
 	struct reconcile_stats rc_stats;

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -221,6 +222,39 @@ static bool ends_with(const char *s, const char *suffix)
 	return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+uint64_t rclient_seq_next(struct mountd *md)
+{
+	/* Atomic, without rc_lock: an open must not wait behind a hand-off
+	 * that holds it while the reconciler is slow to read. */
+	return atomic_fetch_add(&md->rc_next_seq, 1) + 1;
+}
+
+/* The seq a passthrough staging file's name carries ("...-s<seq>.p", see
+ * staging_create()), or 0 for a name without one. */
+static uint64_t staging_name_seq(const char *name)
+{
+	const char *dash = strrchr(name, '-');
+	char *end;
+	uint64_t seq;
+
+	if (!dash || dash[1] != 's' || !ends_with(name, STAGING_PT_SUFFIX))
+		return 0;
+	seq = strtoull(dash + 2, &end, 10);
+	return strcmp(end, STAGING_PT_SUFFIX) == 0 ? seq : 0;
+}
+
+void staging_superseded(struct mountd *md, uint64_t ino)
+{
+	/* Every record this file has (a close() record, or the name seq
+	 * staging_recover() would replay it with) is numbered below a seq
+	 * taken now; later jobs of the inode are numbered above it. */
+	int rc = meta_seq_floor(md->meta, ino, rclient_seq_next(md));
+
+	if (rc < 0)
+		log_errno(rc, "inode %llu: cannot record that its leftover staging file is spent; "
+			  "the next start may commit it again", (unsigned long long)ino);
+}
+
 /*
  * Staging files an earlier run left behind. One with a journal record is
  * the reconciler's to finish. A passthrough one (".p") without a record
@@ -264,7 +298,14 @@ void staging_recover(struct mountd *md, bool with_jobs)
 			char *end;
 			j.ino = strtoull(n, &end, 10);
 			snprintf(j.name, sizeof(j.name), "%.*s", RECONCILE_NAME_MAX, n);
-			j.seq = ++md->rc_next_seq;
+			/* The seq the file was made with, not a new one: a file whose
+			 * bytes were committed but which could not be removed has
+			 * its inode's seq raised past it (staging_superseded()),
+			 * and must not overwrite what changed since. One that was
+			 * never committed is above every seq its inode has. */
+			j.seq = staging_name_seq(n);
+			if (!j.seq)
+				j.seq = ++md->rc_next_seq;
 			if (*end == '-' && j.ino && reconcile_job_write(md->staging_dirfd, &j, 0) == 0) {
 				recovered++;
 				continue;
@@ -334,13 +375,15 @@ static int spawn_reconciler(struct mountd *md)
 static int reconciler_launch(struct mountd *md)
 {
 	/* The reconciler of a killed daemon (or a killed reconciler still
-	 * exiting) may hold the staging directory's lock: wait for it. */
+	 * exiting) may hold the staging directory's lock (an exclusive
+	 * flock()): wait for it. A shared lock taken and dropped at once
+	 * tells; our reconciler starts only after. Read-only, as the
+	 * reconciler holds it: see reconciler/main.c. */
 	int lfd = openat(md->staging_dirfd, RECONCILE_LOCK_NAME,
-			 O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+			 O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 
 	for (int tries = 0; lfd >= 0 && tries < 2400; tries++) {
-		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
-		if (fcntl(lfd, F_OFD_GETLK, &fl) < 0 || fl.l_type == F_UNLCK)
+		if (flock(lfd, LOCK_SH | LOCK_NB) == 0 || errno != EWOULDBLOCK)
 			break;
 		if (tries == 0)
 			log_info("waiting for an earlier reconciler to finish");

@@ -28,18 +28,25 @@ static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, boo
 {
 	static _Atomic uint64_t serial;
 	struct wstate *w;
-	char name[96];
+	char name[128];
 	int rc;
 
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
-	/* <ino>-<fh>-<pid>-<serial>[.p]: ".p" marks a passthrough file, which holds
-	 * the whole file and so can be committed after a crash even without a
-	 * journal record; pid and serial keep names unique across restarts. */
-	snprintf(name, sizeof(name), "%llu-%llu-%d-%llu%s", (unsigned long long)ino->ino,
-		 (unsigned long long)fh, (int)getpid(),
-		 (unsigned long long)atomic_fetch_add(&serial, 1), pt ? STAGING_PT_SUFFIX : "");
+	/* <ino>-<fh>-<pid>-<serial>[-s<seq>.p]: ".p" marks a passthrough file,
+	 * which holds the whole file and so can be committed after a crash
+	 * even without a journal record, as job <seq> (staging_recover()); pid
+	 * and serial keep names unique across restarts. */
+	if (pt)
+		snprintf(name, sizeof(name), "%llu-%llu-%d-%llu-s%llu%s",
+			 (unsigned long long)ino->ino, (unsigned long long)fh, (int)getpid(),
+			 (unsigned long long)atomic_fetch_add(&serial, 1),
+			 (unsigned long long)rclient_seq_next(md), STAGING_PT_SUFFIX);
+	else
+		snprintf(name, sizeof(name), "%llu-%llu-%d-%llu", (unsigned long long)ino->ino,
+			 (unsigned long long)fh, (int)getpid(),
+			 (unsigned long long)atomic_fetch_add(&serial, 1));
 	w->fd = openat(md->staging_dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (w->fd < 0) {
 		rc = -errno;
@@ -65,12 +72,16 @@ static void flush_record_remove(struct wstate *w)
 	unlink(fj);
 }
 
-static void staging_destroy(struct wstate *w)
+static void staging_destroy(struct mountd *md, uint64_t ino, struct wstate *w)
 {
 	close(w->fd);
 	flush_record_remove(w);
-	if (unlink(w->path) < 0)
+	if (unlink(w->path) < 0 && errno != ENOENT) {
 		log_warn("cannot remove staging file %s", w->path);
+		/* Left behind (a read-only staging disk), it must not be taken
+		 * up again at the next start over what changes after now. */
+		staging_superseded(md, ino);
+	}
 	free(w->path);
 	free(w->dirty);
 	free(w->prints);
@@ -107,7 +118,7 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 		return rc;
 	id = backing_open(md, w->fd);
 	if (id < 0) {
-		staging_destroy(w);
+		staging_destroy(md, ino->ino, w);
 		return id;
 	}
 	w->passthrough = true;
@@ -862,7 +873,7 @@ void wstate_drop(struct mountd *md, struct inode *ino)
 		log_warnx("inode %llu: discarding uncommitted writes staged in %s",
 			  (unsigned long long)ino->ino, w->path);
 	backing_close(md, w->backing_id);
-	staging_destroy(w);
+	staging_destroy(md, ino->ino, w);
 	ino->w = NULL;
 }
 

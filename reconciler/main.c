@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -277,10 +278,9 @@ int main(int argc, char **argv)
 	struct rec_config *cfg = &r->cfg;
 	struct store_url surl = { 0 };
 	struct event *sigterm = NULL, *sigint = NULL;
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
 	struct statfs sfs;
 	char err[512], *volume = NULL;
-	int opt, rc;
+	int opt, rc, pid_fd;
 
 	r->staging_fd = r->lock_fd = r->listen_fd = -1;
 	TAILQ_INIT(&r->all);
@@ -362,13 +362,22 @@ int main(int argc, char **argv)
 		start_failed("staging directory %s: %s", cfg->staging_dir, strerror(errno));
 	if (fstatfs(r->staging_fd, &sfs) == 0 && sfs.f_type == 0x65735546 /* FUSE */)
 		start_failed("staging directory %s is on a FUSE filesystem", cfg->staging_dir);
-	r->lock_fd = openat(r->staging_fd, LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	/* The lock is held on a read-only open: a file kept open for writing
+	 * makes the kernel refuse to remount the staging file system
+	 * read-only (EBUSY), and an idle reconciler has no reason to. flock(),
+	 * unlike a POSIX write lock, needs no write access. The pid goes in
+	 * through a short-lived write open, once the lock is ours. */
+	r->lock_fd = openat(r->staging_fd, LOCK_NAME, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+			    0600);
 	if (r->lock_fd < 0)
 		start_failed("cannot create %s/%s: %s", cfg->staging_dir, LOCK_NAME, strerror(errno));
-	if (fcntl(r->lock_fd, F_OFD_SETLK, &fl) < 0)
+	if (flock(r->lock_fd, LOCK_EX | LOCK_NB) < 0)
 		start_failed("another ferry-reconciler serves %s", cfg->staging_dir);
-	if (ftruncate(r->lock_fd, 0) == 0)
-		dprintf(r->lock_fd, "%d\n", (int)getpid());
+	pid_fd = openat(r->staging_fd, LOCK_NAME, O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
+	if (pid_fd >= 0) {
+		dprintf(pid_fd, "%d\n", (int)getpid());
+		close(pid_fd);
+	}
 
 	/* The machinery. */
 	if (evthread_use_pthreads() < 0)
