@@ -27,6 +27,7 @@
  * Invariant kept by every size change: no slice shows data past the file's
  * size, so bytes past the end read as zeros after any extension.
  */
+#include "clock.h"
 #include "meta.h"
 #include "slice.h"
 
@@ -468,8 +469,7 @@ static void *ckpt_main(void *arg)
 		struct timespec until;
 
 		if (!m->ckpt_wanted) {
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_sec += 1;
+			mono_deadline_ms(&until, 1000);
 			pthread_cond_timedwait(&m->ckpt_cond, &m->ckpt_lock, &until);
 			if (m->ckpt_stop)
 				break;
@@ -1561,7 +1561,7 @@ int meta_open(const char *db_path, struct meta **out)
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_mutex_init(&m->write_lock, NULL);
 	pthread_mutex_init(&m->ckpt_lock, NULL);
-	pthread_cond_init(&m->ckpt_cond, NULL);
+	mono_cond_init(&m->ckpt_cond);
 	rc = conn_get(m, &c);
 	if (rc == 0)
 		rc = check_volume(c);

@@ -36,17 +36,6 @@
 #include "mountd.h"
 #include "reconcile_job.h"
 
-static void deadline_in(struct timespec *ts, int ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000;
-	if (ts->tv_nsec >= 1000000000) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000;
-	}
-}
-
 static void inflight_remove(struct mountd *md, struct inode *i)
 {
 	pthread_mutex_lock(&md->rc_lock);
@@ -603,17 +592,15 @@ int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 
 int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 {
-	struct timespec until, now, slice;
+	struct timespec until, slice;
 
-	deadline_in(&until, timeout_ms);
+	mono_deadline_ms(&until, timeout_ms);
 	while (i->inflight_seq) {
 		if (!rclient_up(md) && !atomic_load(&md->rc_restarting))
 			return -ENOTCONN;
 		/* Short slices: a reconciler restart does not signal this inode. */
-		deadline_in(&slice, 250);
-		clock_gettime(CLOCK_REALTIME, &now);
-		if (now.tv_sec > until.tv_sec ||
-		    (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))
+		mono_deadline_ms(&slice, 250);
+		if (mono_passed(&until))
 			return -ETIMEDOUT;
 		pthread_cond_timedwait(&i->committed, &i->lock, &slice);
 	}
@@ -631,7 +618,7 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out)
 	pthread_mutex_lock(&md->rc_lock);
 	gen = md->rc_stats_gen;
 	rc = reconcile_stats_query(md->rc_sock);
-	deadline_in(&until, 2000);
+	mono_deadline_ms(&until, 2000);
 	while (rc == 0 && md->rc_stats_gen == gen && rclient_up(md))
 		if (pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &until) == ETIMEDOUT)
 			rc = -ETIMEDOUT;
@@ -655,7 +642,7 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 	upto = md->rc_next_seq;
 	rc = reconcile_drain(md->rc_sock, upto);
 	last_inflight = atomic_load(&md->rc_inflight);
-	deadline_in(&until, idle_timeout_ms);
+	mono_deadline_ms(&until, idle_timeout_ms);
 	/* The deadline moves while jobs still complete: a big upload that
 	 * progresses is waited for, a stuck one is not. */
 	while (rc == 0 && md->rc_drained < upto && rclient_up(md)) {
@@ -666,7 +653,7 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 				break;
 			}
 			last_inflight = now;
-			deadline_in(&until, idle_timeout_ms);
+			mono_deadline_ms(&until, idle_timeout_ms);
 		}
 	}
 	if (rc == 0 && md->rc_drained < upto)

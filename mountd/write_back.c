@@ -680,8 +680,7 @@ static void *write_back_main(void *arg)
 	pthread_mutex_lock(&md->pending_lock);
 	while (!md->pending_stop) {
 		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += 2;
+		mono_deadline_ms(&until, 2000); /* pending_cond waits on CLOCK_MONOTONIC */
 		pthread_cond_timedwait(&md->pending_cond, &md->pending_lock, &until);
 		if (md->pending_stop)
 			break;
