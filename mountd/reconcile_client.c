@@ -248,10 +248,23 @@ void staging_recover(struct mountd *md, bool with_jobs)
 				continue;
 			}
 		}
-		snprintf(to, sizeof(to), "%.200s.%lld%s", n, (long long)time(NULL),
-			 RECONCILE_ORPHAN_SUFFIX);
-		if (renameat(md->staging_dirfd, n, md->staging_dirfd, to) == 0)
-			kept++;
+		/* Named by the time, but never over an older one: after the
+		 * clock stepped back, that name may be taken. */
+		for (int k = 0; k < 1000; k++) {
+			if (k == 0)
+				snprintf(to, sizeof(to), "%.200s.%lld%s", n, (long long)time(NULL),
+					 RECONCILE_ORPHAN_SUFFIX);
+			else
+				snprintf(to, sizeof(to), "%.200s.%lld-%d%s", n, (long long)time(NULL),
+					 k, RECONCILE_ORPHAN_SUFFIX);
+			if (renameat2(md->staging_dirfd, n, md->staging_dirfd, to,
+				      RENAME_NOREPLACE) == 0) {
+				kept++;
+				break;
+			}
+			if (errno != EEXIST)
+				break;
+		}
 	}
 	closedir(d);
 	if (recovered)

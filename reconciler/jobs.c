@@ -824,8 +824,11 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 			 de->d_name);
 		if (jobs_find_name(r, file))
 			continue;
+		/* A record stamped ahead of our clock is not young: the wall
+		 * clock stepped back since (by up to a day, or more), and
+		 * waiting for it to catch up would leave the job unfinished. */
 		if (min_age && (fstatat(r->staging_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-				now - st.st_mtime < min_age))
+				(st.st_mtime <= now && now - st.st_mtime < min_age)))
 			continue;
 		if (reconcile_job_read(r->staging_fd, de->d_name, &rj, err, sizeof(err)) < 0) {
 			if (at_start)
