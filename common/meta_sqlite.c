@@ -449,6 +449,14 @@ static int conn_open(const char *path, struct conn **out)
 		rc = db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
 		goto fail;
 	}
+	/* Prepared now, so that ending a failed transaction never needs the
+	 * memory to prepare it (see txn_abort). */
+	rc = sqlite3_prepare_v3(c->db, st_sql[ST_ROLLBACK], -1, SQLITE_PREPARE_PERSISTENT,
+				&c->st[ST_ROLLBACK], NULL);
+	if (rc != SQLITE_OK) {
+		rc = db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
+		goto fail;
+	}
 	*out = c;
 	return 0;
 fail:
@@ -544,11 +552,13 @@ static int conn_sync_mode(struct conn *c)
 
 	if (c->batched == want)
 		return 0;
-	if (sqlite3_exec(c->db,
-			 want ? "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0" :
-				"PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 1000",
-			 NULL, NULL, NULL) != SQLITE_OK)
-		return -EIO;
+	int rc = sqlite3_exec(c->db,
+			      want ? "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0" :
+				     "PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 1000",
+			      NULL, NULL, NULL);
+
+	if (rc != SQLITE_OK)
+		return db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
 	sqlite3_wal_hook(c->db, want ? wal_grown : NULL, c->m);
 	c->batched = want;
 	return 0;
@@ -775,6 +785,26 @@ static int exec_st(struct conn *c, enum st id)
 	return run_ints(c, id, 0, NULL);
 }
 
+/*
+ * Ends a transaction that failed. A transaction left open would keep the
+ * database's write lock from every other thread and process, for good, so
+ * if even ROLLBACK fails (short of memory, say) the connection goes: closing
+ * it rolls back, and this thread opens another when it next needs one.
+ * Returns false if c was closed.
+ */
+static bool txn_abort(struct meta *m, struct conn *c)
+{
+	if (sqlite3_get_autocommit(c->db))
+		return true;
+	exec_st(c, ST_ROLLBACK);
+	if (sqlite3_get_autocommit(c->db))
+		return true;
+	pthread_setspecific(m->key, NULL);
+	conn_unlink(m, c);
+	conn_free(c);
+	return false;
+}
+
 /* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
  * 0 to commit or a negative errno to roll back; it must be safe to run again
  * (it may be, after -EAGAIN). */
@@ -796,8 +826,12 @@ static int txn(struct meta *m, txn_fn fn, void *arg)
 			rc = fn(c, arg);
 			if (rc == 0)
 				rc = exec_st(c, ST_COMMIT);
-			if (rc != 0 && !sqlite3_get_autocommit(c->db))
-				exec_st(c, ST_ROLLBACK);
+			if (rc != 0 && !txn_abort(m, c)) {
+				/* Its connection is gone: no retry on it. */
+				if (rc == -EAGAIN)
+					rc = -EIO;
+				break;
+			}
 			if (rc == 0)
 				break;
 		}
