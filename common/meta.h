@@ -96,10 +96,23 @@ struct meta_gc_item {
 	uint64_t id;
 	uint32_t size;
 };
-/* Up to max slices that became garbage at or before `before` (unix time),
- * oldest first: *out (malloc'ed, the caller frees) and *n. */
-int meta_gc_list(struct meta *m, int64_t before, size_t max, struct meta_gc_item **out,
-		 size_t *n);
+/*
+ * The wall clock that stamps a slice when it becomes garbage may jump, so
+ * its collector also watches it on a clock that does not: meta_gc_mark()
+ * stamps every garbage slice not stamped yet with mark, a number that grows
+ * from one call to the next (and from one collector to the next: start
+ * above meta_gc_last_mark()), and the caller notes when it made each mark.
+ * A slice stamped with mark k was garbage when k was made.
+ */
+int meta_gc_mark(struct meta *m, int64_t mark);
+/* The highest mark a garbage slice carries (0: none). */
+int meta_gc_last_mark(struct meta *m, int64_t *mark);
+/* Up to max slices stamped with a mark at or below `mark` that became
+ * garbage at or before `before` (unix time) by their own stamp as well,
+ * in the order they were stamped: *out (malloc'ed, the caller frees) and
+ * *n. */
+int meta_gc_list(struct meta *m, int64_t mark, int64_t before, size_t max,
+		 struct meta_gc_item **out, size_t *n);
 /* Forgets them: their objects are gone. */
 int meta_gc_forget(struct meta *m, const struct meta_gc_item *items, size_t n);
 /* How many slices, and how many bytes, wait as garbage. */

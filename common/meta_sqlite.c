@@ -17,9 +17,12 @@
  *   slice(seq, ino, chunk, id, size, off, pos, len)   seq orders a chunk's slices
  *   orphan(ino)           inodes with nlink 0 not yet released
  *   delslice(id, size)    (before gc_slice: moved there at open)
- *   gc_slice(id, size, since)  slices no row references any more since
- *                         `since` (unix s): their objects go after a grace
- *                         period (meta_gc_list); made at open if missing
+ *   gc_slice(id, size, since, seen)  slices no row references any more
+ *                         since `since` (unix s, the freeing process's wall
+ *                         clock), first seen by a collector at its mark
+ *                         `seen` (meta_gc_mark; NULL until then): their
+ *                         objects go after a grace period (meta_gc_list);
+ *                         made at open if missing, `seen` added if missing
  *   commit_seq(ino, seq)  the last reconcile job committed per inode
  *                         (meta_write_commit_seq); made at open if missing,
  *                         so volumes formatted before it keep version 1
@@ -27,6 +30,7 @@
  * Invariant kept by every size change: no slice shows data past the file's
  * size, so bytes past the end read as zeros after any extension.
  */
+#include "clock.h"
 #include "meta.h"
 #include "slice.h"
 
@@ -142,6 +146,8 @@ enum st {
 	ST_GC_LIST,
 	ST_GC_FORGET,
 	ST_GC_PENDING,
+	ST_GC_MARK,
+	ST_GC_LAST_MARK,
 	ST_COUNT
 };
 
@@ -218,10 +224,12 @@ static const char *const st_sql[ST_COUNT] = {
 	[ST_GC_ADD_UNREF] = "INSERT OR IGNORE INTO gc_slice(id, size, since)"
 			    " SELECT ?1, ?2, CAST(strftime('%s', 'now') AS INTEGER)"
 			    " WHERE ?1 <> 0 AND NOT EXISTS (SELECT 1 FROM slice WHERE id = ?1)",
-	[ST_GC_LIST] = "SELECT id, size FROM gc_slice WHERE since <= ?1 ORDER BY since, id"
-		       " LIMIT ?2",
+	[ST_GC_LIST] = "SELECT id, size FROM gc_slice WHERE seen <= ?1 AND since <= ?2"
+		       " ORDER BY seen, id LIMIT ?3",
 	[ST_GC_FORGET] = "DELETE FROM gc_slice WHERE id = ?1",
 	[ST_GC_PENDING] = "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM gc_slice",
+	[ST_GC_MARK] = "UPDATE gc_slice SET seen = ?1 WHERE seen IS NULL",
+	[ST_GC_LAST_MARK] = "SELECT COALESCE(MAX(seen), 0) FROM gc_slice",
 };
 
 /* Added after schema version 1 shipped: created when missing (meta_open). */
@@ -230,11 +238,37 @@ static const char commit_seq_sql[] =
 	"CREATE TABLE IF NOT EXISTS seq_epoch(id INTEGER PRIMARY KEY CHECK (id = 1),"
 	" epoch INTEGER NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS gc_slice(id INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
-	" since INTEGER NOT NULL);"
+	" since INTEGER NOT NULL, seen INTEGER);"
 	"CREATE INDEX IF NOT EXISTS gc_slice_since ON gc_slice(since);"
 	/* Slices a volume freed before gc_slice existed: due at once. */
 	"INSERT OR IGNORE INTO gc_slice(id, size, since) SELECT id, size, 0 FROM delslice;"
 	"DELETE FROM delslice";
+
+/*
+ * gc_slice.seen came after gc_slice: added when missing (meta_open). Both
+ * daemons of a mount open the volume at once; one of them adds it.
+ */
+static int gc_seen_column(sqlite3 *db)
+{
+	static const char probe_sql[] = "SELECT seen FROM gc_slice LIMIT 0";
+	sqlite3_stmt *probe = NULL;
+	int rc = sqlite3_prepare_v2(db, probe_sql, -1, &probe, NULL);
+
+	sqlite3_finalize(probe);
+	if (rc != SQLITE_OK) {
+		rc = sqlite3_exec(db, "ALTER TABLE gc_slice ADD COLUMN seen INTEGER", NULL, NULL,
+				  NULL);
+		if (rc != SQLITE_OK) {
+			/* The other daemon's ALTER came first? */
+			rc = sqlite3_prepare_v2(db, probe_sql, -1, &probe, NULL);
+			sqlite3_finalize(probe);
+		}
+	}
+	if (rc == SQLITE_OK)
+		rc = sqlite3_exec(db, "CREATE INDEX IF NOT EXISTS gc_slice_seen ON gc_slice(seen)",
+				  NULL, NULL, NULL);
+	return rc == SQLITE_OK ? 0 : rc == SQLITE_NOMEM ? -ENOMEM : -EIO;
+}
 
 struct conn {
 	sqlite3 *db;
@@ -423,6 +457,14 @@ static int conn_open(const char *path, struct conn **out)
 		rc = db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
 		goto fail;
 	}
+	/* Prepared now, so that ending a failed transaction never needs the
+	 * memory to prepare it (see txn_abort). */
+	rc = sqlite3_prepare_v3(c->db, st_sql[ST_ROLLBACK], -1, SQLITE_PREPARE_PERSISTENT,
+				&c->st[ST_ROLLBACK], NULL);
+	if (rc != SQLITE_OK) {
+		rc = db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
+		goto fail;
+	}
 	*out = c;
 	return 0;
 fail:
@@ -476,8 +518,7 @@ static void *ckpt_main(void *arg)
 		struct timespec until;
 
 		if (!m->ckpt_wanted) {
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_sec += 1;
+			mono_deadline_ms(&until, 1000);
 			pthread_cond_timedwait(&m->ckpt_cond, &m->ckpt_lock, &until);
 			if (m->ckpt_stop)
 				break;
@@ -519,11 +560,13 @@ static int conn_sync_mode(struct conn *c)
 
 	if (c->batched == want)
 		return 0;
-	if (sqlite3_exec(c->db,
-			 want ? "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0" :
-				"PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 1000",
-			 NULL, NULL, NULL) != SQLITE_OK)
-		return -EIO;
+	int rc = sqlite3_exec(c->db,
+			      want ? "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0" :
+				     "PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 1000",
+			      NULL, NULL, NULL);
+
+	if (rc != SQLITE_OK)
+		return db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
 	sqlite3_wal_hook(c->db, want ? wal_grown : NULL, c->m);
 	c->batched = want;
 	return 0;
@@ -750,6 +793,26 @@ static int exec_st(struct conn *c, enum st id)
 	return run_ints(c, id, 0, NULL);
 }
 
+/*
+ * Ends a transaction that failed. A transaction left open would keep the
+ * database's write lock from every other thread and process, for good, so
+ * if even ROLLBACK fails (short of memory, say) the connection goes: closing
+ * it rolls back, and this thread opens another when it next needs one.
+ * Returns false if c was closed.
+ */
+static bool txn_abort(struct meta *m, struct conn *c)
+{
+	if (sqlite3_get_autocommit(c->db))
+		return true;
+	exec_st(c, ST_ROLLBACK);
+	if (sqlite3_get_autocommit(c->db))
+		return true;
+	pthread_setspecific(m->key, NULL);
+	conn_unlink(m, c);
+	conn_free(c);
+	return false;
+}
+
 /* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
  * 0 to commit or a negative errno to roll back; it must be safe to run again
  * (it may be, after -EAGAIN). */
@@ -771,8 +834,12 @@ static int txn(struct meta *m, txn_fn fn, void *arg)
 			rc = fn(c, arg);
 			if (rc == 0)
 				rc = exec_st(c, ST_COMMIT);
-			if (rc != 0 && !sqlite3_get_autocommit(c->db))
-				exec_st(c, ST_ROLLBACK);
+			if (rc != 0 && !txn_abort(m, c)) {
+				/* Its connection is gone: no retry on it. */
+				if (rc == -EAGAIN)
+					rc = -EIO;
+				break;
+			}
 			if (rc == 0)
 				break;
 		}
@@ -1569,7 +1636,7 @@ int meta_open(const char *db_path, struct meta **out)
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_mutex_init(&m->write_lock, NULL);
 	pthread_mutex_init(&m->ckpt_lock, NULL);
-	pthread_cond_init(&m->ckpt_cond, NULL);
+	mono_cond_init(&m->ckpt_cond);
 	rc = conn_get(m, &c);
 	if (rc == 0)
 		rc = check_volume(c);
@@ -1577,6 +1644,8 @@ int meta_open(const char *db_path, struct meta **out)
 		rc = volume_read(c, NULL);
 	if (rc == 0 && sqlite3_exec(c->db, commit_seq_sql, NULL, NULL, NULL) != SQLITE_OK)
 		rc = -EIO;
+	if (rc == 0)
+		rc = gc_seen_column(c->db);
 	if (rc) {
 		meta_close(m);
 		return rc == -ENOMEM || rc == -ENOENT ? rc : -EIO;
@@ -2604,8 +2673,33 @@ int meta_statfs(struct meta *m, uint64_t *used_bytes, uint64_t *used_inodes)
 
 /* ---- gc ------------------------------------------------------------------ */
 
-int meta_gc_list(struct meta *m, int64_t before, size_t max, struct meta_gc_item **out,
-		 size_t *n)
+static int do_gc_mark(struct conn *c, void *p)
+{
+	return run_ints(c, ST_GC_MARK, 1, p);
+}
+
+int meta_gc_mark(struct meta *m, int64_t mark)
+{
+	if (m == NULL || mark <= 0)
+		return -EINVAL;
+	return txn(m, do_gc_mark, &mark);
+}
+
+int meta_gc_last_mark(struct meta *m, int64_t *mark)
+{
+	struct conn *c;
+	int rc;
+
+	if (m == NULL || mark == NULL)
+		return -EINVAL;
+	rc = conn_get(m, &c);
+	if (rc == 0)
+		rc = query_int(c, ST_GC_LAST_MARK, 0, NULL, 0, INT64_MAX, 0, mark);
+	return ro(rc);
+}
+
+int meta_gc_list(struct meta *m, int64_t mark, int64_t before, size_t max,
+		 struct meta_gc_item **out, size_t *n)
 {
 	sqlite3_stmt *st = NULL;
 	struct meta_gc_item *v = NULL;
@@ -2624,9 +2718,11 @@ int meta_gc_list(struct meta *m, int64_t before, size_t max, struct meta_gc_item
 		return -ENOMEM;
 	rc = stmt(c, ST_GC_LIST, &st);
 	if (rc == 0)
-		rc = bind_i64(st, 1, before);
+		rc = bind_i64(st, 1, mark);
 	if (rc == 0)
-		rc = bind_i64(st, 2, (int64_t)max);
+		rc = bind_i64(st, 2, before);
+	if (rc == 0)
+		rc = bind_i64(st, 3, (int64_t)max);
 	while (rc == 0 && *n < max && (rc = step(st)) > 0) {
 		int64_t id, size;
 

@@ -14,11 +14,22 @@
  *
  * One easy handle per call; connections, DNS and TLS sessions are shared
  * between calls through a CURLSH guarded by mutexes.
+ *
+ * A signature carries the date (curl takes it from time()), and S3 refuses
+ * one more than 15 minutes off its own clock (403 RequestTimeTooSkewed):
+ * a node whose wall clock stepped an hour would stop reading and writing.
+ * As AWS's SDKs do, such an answer's Date header tells how far off we are;
+ * the request is signed again at once with our clock corrected by that
+ * much, and so is every later one; the next refusal (our clock set right,
+ * say) corrects it again. Those requests are signed here (sigv4_sign):
+ * curl 7.88 takes a date given in an X-Amz-Date header, but then sends
+ * that header twice, and S3 reads the pair as no date at all.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +37,7 @@
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "objstore.h"
 #include "objstore_async.h"
@@ -50,10 +62,13 @@ struct s3_store {
 	char *secret_key;
 	char *session_token;    /* NULL unless AWS_SESSION_TOKEN */
 	char *sigv4;            /* "aws:amz:REGION:s3" */
+	char *region;
 	int max_retries;
 	long timeout_ms;
 	CURLSH *share;
 	pthread_mutex_t locks[CURL_LOCK_DATA_LAST];
+	_Atomic long long clock_skew_s; /* the server's clock minus ours, once it refused a
+					   date (RequestTimeTooSkewed); 0 until then */
 	/* Test hooks. */
 	struct curl_slist *test_headers;
 	int virtual_hosted;
@@ -140,6 +155,7 @@ struct xfer {
 	char errbody[S3_ERRBODY_MAX + 1];
 	size_t errlen;
 	long retry_after_ms;    /* the last response's Retry-After, or -1 */
+	time_t server_date;     /* the last response's Date, or 0 */
 };
 
 static size_t
@@ -188,6 +204,15 @@ on_header(char *buf, size_t size, size_t nmemb, void *ud)
 		x->errlen = 0;
 		x->ranged_full = 0;
 		x->retry_after_ms = -1;
+		x->server_date = 0;
+	} else if (strncasecmp(line, "date:", 5) == 0) {
+		/* RFC 9110 IMF-fixdate, always GMT: "Sun, 06 Nov 1994 08:49:37 GMT" */
+		struct tm tm = { 0 };
+		const char *v = line + 5;
+		while (*v == ' ' || *v == '\t')
+			v++;
+		if (strptime(v, "%a, %d %b %Y %H:%M:%S", &tm))
+			x->server_date = timegm(&tm);
 	} else if (strncasecmp(line, "retry-after:", 12) == 0) {
 		/* Seconds (an HTTP date is not worth parsing: then the backoff
 		 * alone). */
@@ -344,6 +369,210 @@ append_header(struct curl_slist **l, const char *h)
 	if (n == NULL)
 		return -ENOMEM;
 	*l = n;
+	return 0;
+}
+
+/*
+ * After a RequestTimeTooSkewed answer with a Date: remembers how far our
+ * clock is from the server's. Returns 1 if that answer was one.
+ */
+static int
+clock_skew_learn(struct s3_store *st, const struct s3_req *r, const struct xfer *x)
+{
+	if (r->status != 403 || strcmp(r->err_code, "RequestTimeTooSkewed") != 0 ||
+	    x->server_date <= 0)
+		return 0;
+	atomic_store(&st->clock_skew_s, (long long)(x->server_date - time(NULL)));
+	return 1;
+}
+
+static void
+hmac_sha256(const void *key, size_t keylen, const char *msg, unsigned char out[32])
+{
+	unsigned int n = 32;
+
+	HMAC(EVP_sha256(), key, (int)keylen, (const unsigned char *)msg, strlen(msg), out, &n);
+}
+
+static int
+header_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+#define SIGV4_HEADERS_MAX 32
+
+/*
+ * The Authorization header of AWS Signature V4 for a request to url with
+ * the headers hdrs (whose X-Amz-Date, amz_date, is the date signed),
+ * into *out (malloc'ed). Signs what curl sends: the host (the Host header
+ * if hdrs has one, else the URL's), every header of the list, the path and
+ * query exactly as in the URL (already in S3's canonical form), and the
+ * payload hash given in x-amz-content-sha256.
+ */
+static int
+sigv4_sign(const struct s3_store *st, const char *method, const char *url,
+	   const struct curl_slist *hdrs, const char *amz_date, char **out)
+{
+	char *names[SIGV4_HEADERS_MAX], *canon = NULL, *sts = NULL, *signed_h = NULL;
+	const char *host, *path, *query, *payload = NULL;
+	char hash[65], sig[65], scope[128], key[256];
+	unsigned char k1[32], k2[32];
+	size_t n = 0, len;
+	FILE *f = NULL;
+	int ret = -ENOMEM, have_host = 0;
+
+	*out = NULL;
+	host = strstr(url, "://");
+	host = host ? host + 3 : url;
+	path = strchr(host, '/');
+	if (path == NULL)
+		return -EINVAL;
+	query = strchr(path, '?');
+	/* "name:value" per header, name lower-cased, value trimmed. */
+	for (const struct curl_slist *e = hdrs; e; e = e->next) {
+		const char *colon = strchr(e->data, ':'), *v, *end;
+		char *h;
+
+		if (colon == NULL || n + 1 >= SIGV4_HEADERS_MAX) {
+			ret = -EINVAL;
+			goto out;
+		}
+		for (v = colon + 1; *v == ' ' || *v == '\t'; v++)
+			;
+		for (end = v + strlen(v); end > v && (end[-1] == ' ' || end[-1] == '\t'); end--)
+			;
+		if (asprintf(&h, "%.*s:%.*s", (int)(colon - e->data), e->data, (int)(end - v), v) < 0)
+			goto out;
+		for (char *c = h; *c != ':'; c++)
+			*c = (char)tolower((unsigned char)*c);
+		if (strncmp(h, "host:", 5) == 0)
+			have_host = 1;
+		if (strncmp(h, "x-amz-content-sha256:", 21) == 0)
+			payload = strchr(h, ':') + 1;
+		names[n++] = h;
+	}
+	if (!have_host &&
+	    asprintf(&names[n++], "host:%.*s", (int)(path - host), host) < 0) {
+		n--;
+		goto out;
+	}
+	if (payload == NULL) {
+		ret = -EINVAL;
+		goto out;
+	}
+	qsort(names, n, sizeof(names[0]), header_cmp);
+
+	f = open_memstream(&signed_h, &len);
+	if (f == NULL)
+		goto out;
+	for (size_t i = 0; i < n; i++)
+		fprintf(f, "%s%.*s", i ? ";" : "", (int)(strchr(names[i], ':') - names[i]), names[i]);
+	if (fclose(f) != 0) {
+		f = NULL;
+		goto out;
+	}
+	f = open_memstream(&canon, &len);
+	if (f == NULL)
+		goto out;
+	fprintf(f, "%s\n%.*s\n%s\n", method, (int)(query ? query - path : (ptrdiff_t)strlen(path)),
+		path, query ? query + 1 : "");
+	for (size_t i = 0; i < n; i++)
+		fprintf(f, "%s\n", names[i]);
+	fprintf(f, "\n%s\n%s", signed_h, payload);
+	if (fclose(f) != 0) {
+		f = NULL;
+		goto out;
+	}
+	f = NULL;
+	ret = sha256_hex(canon, strlen(canon), hash);
+	if (ret < 0)
+		goto out;
+	ret = -ENOMEM;
+	snprintf(scope, sizeof(scope), "%.8s/%s/s3/aws4_request", amz_date, st->region);
+	if (asprintf(&sts, "AWS4-HMAC-SHA256\n%s\n%s\n%s", amz_date, scope, hash) < 0) {
+		sts = NULL;
+		goto out;
+	}
+	snprintf(key, sizeof(key), "AWS4%s", st->secret_key);
+	snprintf(hash, sizeof(hash), "%.8s", amz_date);
+	hmac_sha256(key, strlen(key), hash, k1);
+	hmac_sha256(k1, 32, st->region, k2);
+	hmac_sha256(k2, 32, "s3", k1);
+	hmac_sha256(k1, 32, "aws4_request", k2);
+	hmac_sha256(k2, 32, sts, k1);
+	for (unsigned i = 0; i < 32; i++)
+		snprintf(sig + 2 * i, 3, "%02x", k1[i]);
+	if (asprintf(out, "Authorization: AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, "
+		     "Signature=%s", st->access_key, scope, signed_h, sig) < 0) {
+		*out = NULL;
+		goto out;
+	}
+	ret = 0;
+out:
+	if (f != NULL)
+		fclose(f);
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(signed_h);
+	free(canon);
+	free(sts);
+	explicit_bzero(key, sizeof(key));
+	return ret;
+}
+
+/*
+ * Signs the next attempt of a request on h: by curl with our clock, or,
+ * once the server told us how far off that is, here with the corrected
+ * one (X-Amz-Date and Authorization appended to *l; *tail is the first
+ * node appended, cut off again on the next call so a retry is signed
+ * afresh).
+ */
+static int
+sign_attempt(struct s3_store *st, CURL *h, const char *method, const char *url,
+	     struct curl_slist **l, struct curl_slist **tail)
+{
+	long long skew = atomic_load(&st->clock_skew_s);
+	time_t t = time(NULL) + (time_t)skew;
+	char line[64], *auth = NULL;
+	struct curl_slist *prev;
+	struct tm tm;
+	int ret;
+
+	if (*tail != NULL) {
+		for (prev = *l; prev != NULL && prev->next != *tail; prev = prev->next)
+			;
+		if (prev != NULL)
+			prev->next = NULL;
+		else
+			*l = NULL;
+		curl_slist_free_all(*tail);
+		*tail = NULL;
+	}
+	if (skew == 0) {
+		curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
+		curl_easy_setopt(h, CURLOPT_USERNAME, st->access_key);
+		curl_easy_setopt(h, CURLOPT_PASSWORD, st->secret_key);
+		curl_easy_setopt(h, CURLOPT_HTTPHEADER, *l);
+		return 0;
+	}
+	gmtime_r(&t, &tm);
+	strftime(line, sizeof(line), "X-Amz-Date: %Y%m%dT%H%M%SZ", &tm);
+	ret = append_header(l, line);
+	for (*tail = *l; ret == 0 && (*tail)->next != NULL; *tail = (*tail)->next)
+		;
+	if (ret == 0)
+		ret = sigv4_sign(st, method, url, *l, line + 12, &auth);
+	if (ret == 0)
+		ret = append_header(l, auth);
+	free(auth);
+	if (ret < 0)
+		return ret;
+	/* No credentials for curl: it would add an Authorization of its own. */
+	curl_easy_setopt(h, CURLOPT_AWS_SIGV4, NULL);
+	curl_easy_setopt(h, CURLOPT_USERNAME, NULL);
+	curl_easy_setopt(h, CURLOPT_PASSWORD, NULL);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, *l);
 	return 0;
 }
 
@@ -532,7 +761,8 @@ int
 s3_request(struct objstore *s, struct s3_req *r)
 {
 	struct s3_store *st = s3_of(s);
-	struct curl_slist *hdrs = NULL;
+	struct curl_slist *hdrs = NULL, *signed_tail = NULL;
+	int skew_fixed = 0;
 	struct xfer *x = NULL;
 	CURL *h = NULL;
 	char *url = NULL;
@@ -559,6 +789,11 @@ s3_request(struct objstore *s, struct s3_req *r)
 	for (tries = 1;; tries++) {
 		CURLcode rc;
 
+		ret = sign_attempt(st, h, r->method, url, &hdrs, &signed_tail);
+		if (ret < 0) {
+			objstore_seterr(ret, "%s %s: cannot sign it", r->method, req_what(r));
+			goto out;
+		}
 		x->sent = x->seen = x->errlen = 0;
 		x->overflow = x->ranged_full = 0;
 		x->retry_after_ms = -1;
@@ -576,6 +811,12 @@ s3_request(struct objstore *s, struct s3_req *r)
 		if (rc == CURLE_OK) {
 			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
 			xml_code(x->errbody, r->err_code, sizeof(r->err_code));
+			if (!skew_fixed && clock_skew_learn(st, r, x)) {
+				/* Nothing wrong but our date: again, at once, once. */
+				skew_fixed = 1;
+				tries--;
+				continue;
+			}
 			if (r->status < 500 && r->status != 429) {
 				ret = 0;
 				break;
@@ -1019,6 +1260,7 @@ s3_close(struct objstore *s)
 	}
 	free(st->session_token);
 	free(st->sigv4);
+	free(st->region);
 	free(st);
 	s->priv = NULL;
 }
@@ -1125,11 +1367,12 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 		st->sigv4 = NULL;
 		goto out;
 	}
+	st->region = strdup(region);
 	st->bucket = strdup(url->bucket);
 	st->prefix = strdup(url->prefix);
 	st->access_key = strdup(ak);
 	st->secret_key = strdup(sk);
-	if (!st->bucket || !st->prefix || !st->access_key || !st->secret_key)
+	if (!st->region || !st->bucket || !st->prefix || !st->access_key || !st->secret_key)
 		goto out;
 	if (token && token[0] && (st->session_token = strdup(token)) == NULL)
 		goto out;
@@ -1159,6 +1402,7 @@ out:
 /* ---- uploads on the caller's multi handle (objstore_async.h) ---- */
 
 struct objstore_aput {
+	struct s3_store *st;
 	struct s3_req r;
 	struct xfer x;
 	CURL *h;
@@ -1221,12 +1465,16 @@ objstore_aput_new(struct objstore *s, const char *key, const void *buf, size_t l
 		free(p);
 		return objstore_seterr(-ENOMEM, "PUT %s: out of memory", key);
 	}
+	p->st = s3_of(s);
 	p->r.method = "PUT";
 	p->r.key = p->key;
 	p->r.body = buf;
 	p->r.body_len = len;
 	objstore_aput_rearm(p);
 	ret = s3_prepare(s3_of(s), &p->r, &p->x, 0, &p->h, &p->hdrs, &p->url);
+	if (ret == 0 && (ret = sign_attempt(s3_of(s), p->h, "PUT", p->url, &p->hdrs,
+					    &(struct curl_slist *){ NULL })) < 0)
+		objstore_seterr(ret, "PUT %s: cannot sign it", key);
 	if (ret < 0) {
 		objstore_aput_free(p);
 		return ret;
@@ -1260,6 +1508,13 @@ objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
 	xml_code(p->x.errbody, r->err_code, sizeof(r->err_code));
 	if (r->status == 200 || r->status == 201 || r->status == 204)
 		return 0;
+	if (clock_skew_learn(p->st, r, &p->x)) {
+		/* The next attempt is signed with the server's time. */
+		*transient = 1;
+		return objstore_seterr(-EACCES, "PUT %s: HTTP 403 (RequestTimeTooSkewed): our clock "
+				       "is %lld s off the server's; correcting", p->key,
+				       -atomic_load(&p->st->clock_skew_s));
+	}
 	if (r->status >= 500 || r->status == 429) {
 		*transient = 1;
 		return objstore_seterr(-EIO, "PUT %s: HTTP %ld%s%s%s", p->key, r->status,

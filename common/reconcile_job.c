@@ -128,6 +128,40 @@ static void handoff_fill(Ferry__Reconcile__Handoff *h, Ferry__Reconcile__Range *
 }
 
 /* Packs a message of any type into a new buffer. */
+/*
+ * protobuf-c's unpack answers NULL both for bytes that do not decode and
+ * for an allocation that failed: this allocator tells the two apart, so a
+ * good message met by a moment's memory shortage is -ENOMEM (try again
+ * later), not -EBADMSG (drop the peer).
+ */
+struct alloc_watch {
+	ProtobufCAllocator a;
+	int failed;
+};
+
+static void *watch_alloc(void *data, size_t n)
+{
+	void *p = malloc(n);
+
+	if (!p)
+		((struct alloc_watch *)data)->failed = 1;
+	return p;
+}
+
+static void watch_free(void *data, void *p)
+{
+	(void)data;
+	free(p);
+}
+
+static void alloc_watch_init(struct alloc_watch *w)
+{
+	w->a.alloc = watch_alloc;
+	w->a.free = watch_free;
+	w->a.allocator_data = w;
+	w->failed = 0;
+}
+
 static int pack(const ProtobufCMessage *m, uint8_t **buf, size_t *len)
 {
 	size_t n = protobuf_c_message_get_packed_size(m);
@@ -228,14 +262,18 @@ int reconcile_job_decode(const uint8_t *buf, size_t len, struct reconcile_job *o
 			 size_t errlen)
 {
 	Ferry__Reconcile__Handoff *h;
+	struct alloc_watch w;
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	h = ferry__reconcile__handoff__unpack(NULL, len, buf);
+	alloc_watch_init(&w);
+	h = ferry__reconcile__handoff__unpack(&w.a, len, buf);
+	if (!h && w.failed)
+		return fail(-ENOMEM, err, errlen, "out of memory decoding a handoff");
 	if (!h)
 		return fail(-EBADMSG, err, errlen, "undecodable handoff (%zu bytes)", len);
 	rc = handoff_take(h, out, err, errlen);
-	ferry__reconcile__handoff__free_unpacked(h, NULL);
+	ferry__reconcile__handoff__free_unpacked(h, &w.a);
 	return rc;
 }
 
@@ -374,10 +412,14 @@ int reconcile_request_decode(const uint8_t *buf, size_t len, size_t nfds,
 			     struct reconcile_request *out, char *err, size_t errlen)
 {
 	Ferry__Reconcile__Request *q;
+	struct alloc_watch w;
 	int rc = 0;
 
 	memset(out, 0, sizeof(*out));
-	q = ferry__reconcile__request__unpack(NULL, len, buf);
+	alloc_watch_init(&w);
+	q = ferry__reconcile__request__unpack(&w.a, len, buf);
+	if (!q && w.failed)
+		return fail(-ENOMEM, err, errlen, "out of memory decoding a request");
 	if (!q)
 		return fail(-EBADMSG, err, errlen, "undecodable request (%zu bytes)", len);
 	if (q->version != V) {
@@ -412,7 +454,7 @@ int reconcile_request_decode(const uint8_t *buf, size_t len, size_t nfds,
 	if (rc == 0 && out->type != RECONCILE_REQ_HANDOFF && nfds != 0)
 		rc = fail(-EBADF, err, errlen, "%zu unexpected fds with a request", nfds);
 out:
-	ferry__reconcile__request__free_unpacked(q, NULL);
+	ferry__reconcile__request__free_unpacked(q, &w.a);
 	if (rc < 0)
 		reconcile_request_clear(out);
 	return rc;
@@ -420,7 +462,9 @@ out:
 
 /* ---- replies ---- */
 
-int reconcile_reply_encode(const struct reconcile_reply *r, uint8_t **buf, size_t *len)
+/* Packs r into *heap (malloc'ed) or, if heap is NULL, into fixed[0..cap). */
+static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *fixed,
+		      size_t cap, size_t *len)
 {
 	Ferry__Reconcile__Reply rep;
 	Ferry__Reconcile__Committed c;
@@ -478,7 +522,23 @@ int reconcile_reply_encode(const struct reconcile_reply *r, uint8_t **buf, size_
 	default:
 		return -EINVAL;
 	}
-	return pack(&rep.base, buf, len);
+	if (heap)
+		return pack(&rep.base, heap, len);
+	if (protobuf_c_message_get_packed_size(&rep.base) > cap)
+		return -EMSGSIZE;
+	*len = protobuf_c_message_pack(&rep.base, fixed);
+	return 0;
+}
+
+int reconcile_reply_encode(const struct reconcile_reply *r, uint8_t **buf, size_t *len)
+{
+	return reply_pack(r, buf, NULL, 0, len);
+}
+
+int reconcile_reply_encode_to(const struct reconcile_reply *r, uint8_t *buf, size_t cap,
+			      size_t *len)
+{
+	return reply_pack(r, NULL, buf, cap, len);
 }
 
 static void copy_msg(char *dst, const char *src)
@@ -490,10 +550,14 @@ int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_repl
 			   char *err, size_t errlen)
 {
 	Ferry__Reconcile__Reply *rep;
+	struct alloc_watch w;
 	int rc = 0;
 
 	memset(out, 0, sizeof(*out));
-	rep = ferry__reconcile__reply__unpack(NULL, len, buf);
+	alloc_watch_init(&w);
+	rep = ferry__reconcile__reply__unpack(&w.a, len, buf);
+	if (!rep && w.failed)
+		return fail(-ENOMEM, err, errlen, "out of memory decoding a reply");
 	if (!rep)
 		return fail(-EBADMSG, err, errlen, "undecodable reply (%zu bytes)", len);
 	if (rep->version != V) {
@@ -546,7 +610,7 @@ int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_repl
 		break;
 	}
 out:
-	ferry__reconcile__reply__free_unpacked(rep, NULL);
+	ferry__reconcile__reply__free_unpacked(rep, &w.a);
 	if (rc < 0)
 		memset(out, 0, sizeof(*out));
 	return rc;

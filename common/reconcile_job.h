@@ -137,6 +137,11 @@ struct reconcile_reply {
 };
 
 int reconcile_reply_encode(const struct reconcile_reply *r, uint8_t **buf, size_t *len);
+/* Into buf[0..cap) without allocating (RECONCILE_REPLY_MAX always does):
+ * for a sender short of memory. -EMSGSIZE if it does not fit. */
+#define RECONCILE_REPLY_MAX (RECONCILE_MSG_MAX + 512)
+int reconcile_reply_encode_to(const struct reconcile_reply *r, uint8_t *buf, size_t cap,
+			      size_t *len);
 int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_reply *out,
 			   char *err, size_t errlen);
 

@@ -152,6 +152,9 @@ int rpc_reader_read(struct rpc_reader *r, int sock)
 
 	if (r->done)
 		return 1;
+	/* The buffer an earlier call found no memory for. */
+	if (r->hdr_got == RPC_FRAME_HDR && r->len && !r->buf && !(r->buf = malloc(r->len)))
+		return -ENOMEM;
 	for (;;) {
 		struct iovec iov;
 		struct msghdr msg;
@@ -198,13 +201,10 @@ int rpc_reader_read(struct rpc_reader *r, int sock)
 				goto fail;
 			}
 			r->got = 0;
-			if (r->len) {
-				r->buf = malloc(r->len);
-				if (!r->buf) {
-					rc = -ENOMEM;
-					goto fail;
-				}
-			}
+			/* No memory now: keep the header and fds, try again at
+			 * the next call (the stream stays in step). */
+			if (r->len && !(r->buf = malloc(r->len)))
+				return -ENOMEM;
 		} else {
 			r->got += (uint32_t)n;
 		}
@@ -250,8 +250,10 @@ int rpc_frame_recv(int sock, uint32_t max, uint32_t max_fds, uint8_t **buf, size
 		rpc_reader_reset(&r);
 		return -EAGAIN;
 	}
-	if (rc < 0)
+	if (rc < 0) {
+		rpc_reader_reset(&r); /* -ENOMEM keeps what it read: not here */
 		return rc;
+	}
 	rpc_reader_take(&r, buf, len, fds, nfds);
 	return 0;
 }

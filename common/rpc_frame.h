@@ -67,9 +67,11 @@ void rpc_reader_init(struct rpc_reader *r, uint32_t max, uint32_t max_fds);
  * frame is there (take it with rpc_reader_take()), 0 when the socket has no
  * more for now (EAGAIN on a non-blocking socket; never on a blocking one
  * unless SO_RCVTIMEO ran out) or a negative errno (see the top), after which
- * the reader holds nothing and the connection should be dropped. It never
- * reads past the end of the current frame, so fds of the next frame stay in
- * the socket.
+ * the reader holds nothing and the connection should be dropped -- except
+ * -ENOMEM: no room for the frame's buffer yet; the reader keeps what it
+ * read (header and fds) and a later call, with memory back, goes on. It
+ * never reads past the end of the current frame, so fds of the next frame
+ * stay in the socket.
  */
 int rpc_reader_read(struct rpc_reader *r, int sock);
 /*

@@ -102,7 +102,7 @@ struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint3
 			goto out;
 		i->ino = ino;
 		pthread_mutex_init(&i->lock, NULL);
-		pthread_cond_init(&i->committed, NULL);
+		mono_cond_init(&i->committed);
 		i->hnext = t->bucket[b];
 		t->bucket[b] = i;
 		atomic_fetch_add(&t->count, 1);

@@ -376,10 +376,10 @@ int main(int argc, char **argv)
 	md->cfg.reopen_timeout_ms = 120000;
 	md->rc_sock = -1;
 	pthread_mutex_init(&md->rc_lock, NULL);
-	pthread_cond_init(&md->rc_cond, NULL);
+	mono_cond_init(&md->rc_cond);
 	pthread_mutex_init(&md->pt_reason_lock, NULL);
 	pthread_mutex_init(&md->pending_lock, NULL);
-	pthread_cond_init(&md->pending_cond, NULL);
+	mono_cond_init(&md->pending_cond);
 	pthread_mutex_init(&md->broker_lock, NULL);
 	log_init("ferry-mountd", LOG_LVL_INFO);
 
@@ -448,6 +448,7 @@ int main(int argc, char **argv)
 	if (user_opts && ferry_opts_take(md, user_opts, err, sizeof(err)) < 0)
 		start_failed(md, "%s", err);
 	md->started = time(NULL);
+	md->started_mono_ns = mono_now_ns();
 	md->cfg.cache_bytes = cache_mib << 20;
 	if (meta_url_parse(argv[optind], &md->cfg.db_path, &md->cfg.vol_dir, err, sizeof(err)) < 0)
 		start_failed(md, "volume %s: %s", argv[optind], err);

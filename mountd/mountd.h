@@ -24,6 +24,7 @@
 
 #include <fuse_lowlevel.h>
 
+#include "clock.h"
 #include "handle_table.h"
 #include "meta.h"
 #include "objstore.h"
@@ -377,7 +378,8 @@ struct mountd {
 	struct stats stats;
 	int lock_fd;
 	int staging_dirfd;
-	time_t started;
+	time_t started;            /* wall clock: the special files' times */
+	int64_t started_mono_ns;   /* uptime: the wall clock may jump */
 	/* write-back retry list */
 	pthread_mutex_t pending_lock;
 	pthread_cond_t pending_cond;

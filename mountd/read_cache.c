@@ -130,7 +130,7 @@ int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **o
 		return -ENOMEM;
 	c->dirfd = -1;
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->fetched, NULL);
+	mono_cond_init(&c->fetched);
 	c->limit = limit_bytes;
 	if (!(c->dir = strdup(dir))) {
 		rc = -ENOMEM;
@@ -268,12 +268,7 @@ static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f,
 			 * (objstore_set_cancel) stops waiting. */
 			struct timespec until;
 
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_nsec += 100 * 1000000L;
-			if (until.tv_nsec >= 1000000000L) {
-				until.tv_sec++;
-				until.tv_nsec -= 1000000000L;
-			}
+			mono_deadline_ms(&until, 100);
 			pthread_cond_timedwait(&c->fetched, &c->lock, &until);
 			if (!x->done && objstore_cancelled()) {
 				*gave_up = true;

@@ -37,17 +37,6 @@
 #include "mountd.h"
 #include "reconcile_job.h"
 
-static void deadline_in(struct timespec *ts, int ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000;
-	if (ts->tv_nsec >= 1000000000) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000;
-	}
-}
-
 static void inflight_remove(struct mountd *md, struct inode *i)
 {
 	pthread_mutex_lock(&md->rc_lock);
@@ -311,10 +300,23 @@ void staging_recover(struct mountd *md, bool with_jobs)
 				continue;
 			}
 		}
-		snprintf(to, sizeof(to), "%.200s.%lld%s", n, (long long)time(NULL),
-			 RECONCILE_ORPHAN_SUFFIX);
-		if (renameat(md->staging_dirfd, n, md->staging_dirfd, to) == 0)
-			kept++;
+		/* Named by the time, but never over an older one: after the
+		 * clock stepped back, that name may be taken. */
+		for (int k = 0; k < 1000; k++) {
+			if (k == 0)
+				snprintf(to, sizeof(to), "%.200s.%lld%s", n, (long long)time(NULL),
+					 RECONCILE_ORPHAN_SUFFIX);
+			else
+				snprintf(to, sizeof(to), "%.200s.%lld-%d%s", n, (long long)time(NULL),
+					 k, RECONCILE_ORPHAN_SUFFIX);
+			if (renameat2(md->staging_dirfd, n, md->staging_dirfd, to,
+				      RENAME_NOREPLACE) == 0) {
+				kept++;
+				break;
+			}
+			if (errno != EEXIST)
+				break;
+		}
 	}
 	closedir(d);
 	if (recovered)
@@ -672,17 +674,15 @@ int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 
 int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 {
-	struct timespec until, now, slice;
+	struct timespec until, slice;
 
-	deadline_in(&until, timeout_ms);
+	mono_deadline_ms(&until, timeout_ms);
 	while (i->inflight_seq) {
 		if (!rclient_up(md) && !atomic_load(&md->rc_restarting))
 			return -ENOTCONN;
 		/* Short slices: a reconciler restart does not signal this inode. */
-		deadline_in(&slice, 250);
-		clock_gettime(CLOCK_REALTIME, &now);
-		if (now.tv_sec > until.tv_sec ||
-		    (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))
+		mono_deadline_ms(&slice, 250);
+		if (mono_passed(&until))
 			return -ETIMEDOUT;
 		pthread_cond_timedwait(&i->committed, &i->lock, &slice);
 	}
@@ -700,7 +700,7 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out)
 	pthread_mutex_lock(&md->rc_lock);
 	gen = md->rc_stats_gen;
 	rc = reconcile_stats_query(md->rc_sock);
-	deadline_in(&until, 2000);
+	mono_deadline_ms(&until, 2000);
 	while (rc == 0 && md->rc_stats_gen == gen && rclient_up(md))
 		if (pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &until) == ETIMEDOUT)
 			rc = -ETIMEDOUT;
@@ -720,7 +720,7 @@ static bool rclient_coming(struct mountd *md)
 
 int rclient_drain(struct mountd *md, int idle_timeout_ms)
 {
-	struct timespec until, slice, now;
+	struct timespec until, slice;
 	uint64_t upto, last_inflight, gen;
 	int rc;
 
@@ -733,7 +733,7 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 	 * it too, and the request goes again to the reconciler it starts. */
 	(void)reconcile_drain(md->rc_sock, upto);
 	last_inflight = atomic_load(&md->rc_inflight);
-	deadline_in(&until, idle_timeout_ms);
+	mono_deadline_ms(&until, idle_timeout_ms);
 	/* The deadline moves while jobs still complete: a big upload that
 	 * progresses is waited for, a stuck one is not. A reconciler that
 	 * dies meanwhile is started again by the reader thread (which does
@@ -744,18 +744,16 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 			gen = md->rc_conn_gen;
 			(void)reconcile_drain(md->rc_sock, upto);
 		}
-		deadline_in(&slice, 250);
+		mono_deadline_ms(&slice, 250);
 		pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &slice);
-		clock_gettime(CLOCK_REALTIME, &now);
-		if (now.tv_sec > until.tv_sec ||
-		    (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) {
+		if (mono_passed(&until)) {
 			uint64_t n = atomic_load(&md->rc_inflight);
 			if (n >= last_inflight) {
 				pthread_mutex_unlock(&md->rc_lock);
 				return -ETIMEDOUT;
 			}
 			last_inflight = n;
-			deadline_in(&until, idle_timeout_ms);
+			mono_deadline_ms(&until, idle_timeout_ms);
 		}
 	}
 	rc = md->rc_drained < upto ? -ENOTCONN : 0;

@@ -38,7 +38,8 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	meta_statfs(md->meta, &used_bytes, &used_inodes);
 	fprintf(f, "version %s\n", "0.1.0");
 	fprintf(f, "pid %d\n", (int)getpid());
-	fprintf(f, "uptime_seconds %lld\n", (long long)(time(NULL) - md->started));
+	fprintf(f, "uptime_seconds %lld\n",
+		(long long)((mono_now_ns() - md->started_mono_ns) / 1000000000));
 	fprintf(f, "volume_uuid %s\n", md->vol.uuid);
 	fprintf(f, "storage %s\n", md->vol.storage_url);
 	fprintf(f, "block_size %u\n", md->vol.block_size);

@@ -267,7 +267,15 @@ ssize_t wstate_write(struct mountd *md, struct inode *ino, const void *buf, size
 	if ((uint64_t)off + done > w->size)
 		w->size = (uint64_t)off + done;
 	w->size_changed = true;
-	clock_gettime(CLOCK_REALTIME, &w->mtime);
+	/* A step back of the wall clock must not make the file look older than
+	 * what it had (the metadata's mtime, or an earlier write's), as
+	 * wstate_stat() keeps a passthrough file's; a time set explicitly
+	 * since (mtime_set) is no floor. */
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	if (w->mtime_set || now.tv_sec > w->mtime.tv_sec ||
+	    (now.tv_sec == w->mtime.tv_sec && now.tv_nsec >= w->mtime.tv_nsec))
+		w->mtime = now;
 	atomic_fetch_add(&md->stats.bytes_written, done);
 	return (ssize_t)done;
 }
@@ -927,8 +935,7 @@ static void *write_back_main(void *arg)
 	pthread_mutex_lock(&md->pending_lock);
 	while (!md->pending_stop) {
 		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += 2;
+		mono_deadline_ms(&until, 2000); /* pending_cond waits on CLOCK_MONOTONIC */
 		pthread_cond_timedwait(&md->pending_cond, &md->pending_lock, &until);
 		if (md->pending_stop)
 			break;

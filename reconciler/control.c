@@ -5,6 +5,12 @@
  * one Error reply, one log line, and the connection is closed after the
  * reply is written; every other peer is served on. Peers must run as our
  * uid (or root), checked with SO_PEERCRED when they connect.
+ *
+ * Short of memory, a connection is kept, never dropped (ferry-mountd would
+ * have to kill us and start another, which needs memory too): a request
+ * that cannot be handled yet is held, with its fds, and reading stops until
+ * it is; a reply that cannot be queued waits in a ring of the connection's
+ * own. A timer tries again, 50 ms later and up to a second apart.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +30,9 @@
 
 #define CONN_MAX 256
 #define CONN_OUT_MAX (4u << 20)  /* replies a peer does not read: drop it */
+#define CONN_WAITING_MAX 32      /* replies waiting for memory to be queued */
+#define SHORT_RETRY_FIRST_MS 50
+#define SHORT_RETRY_MAX_MS 1000
 
 struct conn {
 	struct rec *r;
@@ -36,6 +45,16 @@ struct conn {
 	int refs;
 	bool dead;      /* closed; the struct lives while jobs or drains hold it */
 	bool closing;   /* close once the output is written */
+	/* Short of memory (see the top): */
+	bool read_short;        /* reading stopped: a frame is held, or had no buffer */
+	bool held;              /* a frame that could not be handled yet */
+	uint8_t *held_buf;
+	size_t held_len, held_nfds;
+	int held_fds[RPC_FDS_MAX];
+	struct reconcile_reply waiting[CONN_WAITING_MAX]; /* a ring, oldest first */
+	unsigned nwaiting, waiting_first;
+	struct event *retry_ev;
+	long retry_ms;
 	TAILQ_ENTRY(conn) link;
 };
 
@@ -61,6 +80,12 @@ static void conn_close(struct conn *c)
 	c->dead = true;
 	event_free(c->rev);
 	event_free(c->wev);
+	event_free(c->retry_ev);
+	if (c->held) {
+		free(c->held_buf);
+		rpc_fds_close(c->held_fds, c->held_nfds);
+		c->held = false;
+	}
 	rpc_reader_reset(&c->rd);
 	evbuffer_free(c->out);
 	c->out = NULL;
@@ -88,27 +113,66 @@ static void write_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+static void conn_short(struct conn *c);
+
+/* Queues one reply frame (one evbuffer_add: all of it or nothing).
+ * -ENOMEM leaves nothing queued. */
+static int reply_queue(struct conn *c, const struct reconcile_reply *rep)
+{
+	uint8_t frame[RPC_FRAME_HDR + RECONCILE_REPLY_MAX];
+	size_t len = 0;
+	int rc = reconcile_reply_encode_to(rep, frame + RPC_FRAME_HDR, RECONCILE_REPLY_MAX, &len);
+
+	if (rc < 0)
+		return rc;
+	rpc_frame_header(frame, (uint32_t)len);
+	if (evbuffer_add(c->out, frame, RPC_FRAME_HDR + len) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+/* Queues the replies that waited for memory, oldest first. true: none left. */
+static bool waiting_flush(struct conn *c)
+{
+	while (c->nwaiting) {
+		if (reply_queue(c, &c->waiting[c->waiting_first]) < 0)
+			return false;
+		c->waiting_first = (c->waiting_first + 1) % CONN_WAITING_MAX;
+		c->nwaiting--;
+	}
+	return true;
+}
+
 void conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep)
 {
-	uint8_t *buf = NULL, hdr[RPC_FRAME_HDR];
-	size_t len = 0;
+	int rc = 0;
 
 	if (!c || c->dead)
 		return;
-	if (reconcile_reply_encode(rep, &buf, &len) < 0) {
-		log_warnx("out of memory for a reply to pid %d; closing its connection", (int)c->pid);
+	/* Behind replies that wait for memory, in order. */
+	if (!waiting_flush(c) || (rc = reply_queue(c, rep)) == -ENOMEM) {
+		if (c->nwaiting == CONN_WAITING_MAX) {
+			log_warnx("out of memory for replies to pid %d (%u waiting); closing its "
+				  "connection", (int)c->pid, c->nwaiting);
+			conn_close(c);
+			return;
+		}
+		c->waiting[(c->waiting_first + c->nwaiting) % CONN_WAITING_MAX] = *rep;
+		c->nwaiting++;
+		conn_short(c);
+		return;
+	}
+	if (rc < 0) {
+		log_warnx("cannot encode a reply to pid %d: %s; closing its connection", (int)c->pid,
+			  strerror(-rc));
 		conn_close(c);
 		return;
 	}
-	rpc_frame_header(hdr, (uint32_t)len);
-	if (evbuffer_add(c->out, hdr, sizeof(hdr)) < 0 || evbuffer_add(c->out, buf, len) < 0 ||
-	    evbuffer_get_length(c->out) > CONN_OUT_MAX) {
+	if (evbuffer_get_length(c->out) > CONN_OUT_MAX) {
 		log_warnx("peer pid %d does not read its replies; closing its connection", (int)c->pid);
-		free(buf);
 		conn_close(c);
 		return;
 	}
-	free(buf);
 	/* Most replies fit the socket right away. */
 	write_cb(c->fd, EV_WRITE, c);
 	if (!c->dead && evbuffer_get_length(c->out))
@@ -163,7 +227,8 @@ static int handoff_check(struct rec *r, const struct reconcile_job *rj, int fd, 
 	return 0;
 }
 
-static void handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *rj, int fd)
+/* 0, or -ENOMEM with nothing done (fd still open): try again later. */
+static int handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *rj, int fd)
 {
 	struct reconcile_reply rep = { .type = RECONCILE_REPLY_COMMITTED, .seq = rj->seq,
 				       .ino = rj->ino };
@@ -177,7 +242,7 @@ static void handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *
 			 "stays journaled and is finished at its next start");
 		conn_reply(r, c, &rep);
 		close(fd);
-		return;
+		return 0;
 	}
 	known = jobs_find_name(r, rj->name);
 	if (known && known->rj.seq == rj->seq) {
@@ -193,44 +258,51 @@ static void handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *
 			snprintf(msg, sizeof(msg), "the fd sent is not the staging file %s", rj->name);
 			close(fd);
 			conn_error(c, -EINVAL, msg);
-			return;
+			return 0;
 		}
 		conn_ref(c);
 		if (known->conn)
 			conn_unref(known->conn);
 		known->conn = c;
 		close(fd);
-		return;
+		return 0;
 	}
 	if (known) {
 		snprintf(msg, sizeof(msg), "staging name %s is already job seq %" PRIu64, rj->name,
 			 known->rj.seq);
 		close(fd);
 		conn_error(c, -EEXIST, msg);
-		return;
+		return 0;
 	}
 	if (jobs_recent(r, rj->name, rj->seq, &err)) {
 		rep.error = err;
 		snprintf(rep.message, sizeof(rep.message), "finished already");
 		conn_reply(r, c, &rep);
 		close(fd);
-		return;
+		return 0;
 	}
 	rc = handoff_check(r, rj, fd, msg, sizeof(msg));
 	if (rc < 0) {
 		close(fd);
 		conn_error(c, rc, msg);
-		return;
+		return 0;
 	}
 	rc = jobs_add(r, rj, fd, rj->name, false, c);
+	if (rc == -ENOMEM)
+		return rc;
 	if (rc < 0) {
 		close(fd);
-		conn_error(c, rc, "out of memory");
+		conn_error(c, rc, strerror(-rc));
 	}
+	return 0;
 }
 
-static void handle_frame(struct rec *r, struct conn *c, const uint8_t *buf, size_t len, int *fds,
-			 size_t nfds)
+/*
+ * Handles one request. -ENOMEM: nothing was done and the fds are still
+ * open; the caller holds the frame and hands it here again later.
+ */
+static int handle_frame(struct rec *r, struct conn *c, const uint8_t *buf, size_t len, int *fds,
+			size_t nfds)
 {
 	struct reconcile_request q;
 	struct reconcile_reply rep = { 0 };
@@ -238,18 +310,19 @@ static void handle_frame(struct rec *r, struct conn *c, const uint8_t *buf, size
 	int rc;
 
 	rc = reconcile_request_decode(buf, len, nfds, &q, err, sizeof(err));
+	if (rc == -ENOMEM)
+		return rc;
 	if (rc < 0) {
 		rpc_fds_close(fds, nfds);
 		conn_error(c, rc, err);
-		return;
+		return 0;
 	}
 	switch (q.type) {
 	case RECONCILE_REQ_HANDOFF:
-		handle_handoff(r, c, &q.job, fds[0]);
+		rc = handle_handoff(r, c, &q.job, fds[0]);
 		break;
 	case RECONCILE_REQ_DRAIN:
-		if (jobs_drain_add(r, c, q.upto_seq) < 0)
-			conn_error(c, -ENOMEM, "out of memory");
+		rc = jobs_drain_add(r, c, q.upto_seq);
 		break;
 	case RECONCILE_REQ_STATS:
 		rep.type = RECONCILE_REPLY_STATS;
@@ -258,6 +331,72 @@ static void handle_frame(struct rec *r, struct conn *c, const uint8_t *buf, size
 		break;
 	}
 	reconcile_request_clear(&q);
+	return rc;
+}
+
+/* Memory ran short on c: stop reading (if a frame is held or had no room)
+ * and try again soon. */
+static void conn_short(struct conn *c)
+{
+	if (c->held || c->read_short)
+		event_del(c->rev);
+	if (!evtimer_pending(c->retry_ev, NULL)) {
+		if (c->retry_ms == 0) {
+			c->retry_ms = SHORT_RETRY_FIRST_MS;
+			log_info("peer pid %d: out of memory; its requests and replies wait (%s, %u "
+				 "replies)", (int)c->pid, c->held ? "a request held" : "none held",
+				 c->nwaiting);
+		}
+		struct timeval tv = { c->retry_ms / 1000, (c->retry_ms % 1000) * 1000 };
+
+		evtimer_add(c->retry_ev, &tv);
+		c->retry_ms = c->retry_ms * 2 > SHORT_RETRY_MAX_MS ? SHORT_RETRY_MAX_MS :
+								       c->retry_ms * 2;
+	}
+}
+
+static void read_cb(evutil_socket_t fd, short what, void *arg);
+
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+	struct rec *r = c->r;
+	int rc;
+
+	conn_ref(c); /* handlers may close it */
+	if (!waiting_flush(c))
+		goto again;
+	if (evbuffer_get_length(c->out)) {
+		write_cb(c->fd, EV_WRITE, c);
+		if (c->dead)
+			goto out;
+		if (evbuffer_get_length(c->out))
+			event_add(c->wev, NULL);
+	}
+	if (c->held) {
+		rc = handle_frame(r, c, c->held_buf, c->held_len, c->held_fds, c->held_nfds);
+		if (rc == -ENOMEM || c->dead)
+			goto again;
+		free(c->held_buf);
+		c->held_buf = NULL;
+		c->held = false;
+	}
+	c->retry_ms = 0;
+	log_info("peer pid %d: memory back; serving it again", (int)c->pid);
+	if (c->read_short) {
+		c->read_short = false;
+		if (!r->throttled && !c->closing)
+			event_add(c->rev, NULL);
+		/* What was read already waits in its reader, not in the socket. */
+		read_cb(c->fd, EV_READ, c);
+	}
+	goto out;
+again:
+	if (!c->dead)
+		conn_short(c);
+out:
+	conn_unref(c);
+	rec_check_done(r);
 }
 
 static void read_cb(evutil_socket_t fd, short what, void *arg)
@@ -266,7 +405,7 @@ static void read_cb(evutil_socket_t fd, short what, void *arg)
 	struct rec *r = c->r;
 
 	conn_ref(c); /* handlers may close it */
-	while (!c->dead && !c->closing && !r->throttled) {
+	while (!c->dead && !c->closing && !r->throttled && !c->read_short) {
 		int fds[RPC_FDS_MAX];
 		uint8_t *buf;
 		size_t len, nfds;
@@ -274,6 +413,12 @@ static void read_cb(evutil_socket_t fd, short what, void *arg)
 
 		if (rc == 0)
 			break;
+		if (rc == -ENOMEM) {
+			/* The reader keeps what it has; go on when memory is back. */
+			c->read_short = true;
+			conn_short(c);
+			break;
+		}
 		if (rc < 0) {
 			if (rc == -EPIPE)
 				log_debug("peer pid %d closed its connection", (int)c->pid);
@@ -290,7 +435,17 @@ static void read_cb(evutil_socket_t fd, short what, void *arg)
 			break;
 		}
 		rpc_reader_take(&c->rd, &buf, &len, fds, &nfds);
-		handle_frame(r, c, buf, len, fds, nfds);
+		if (handle_frame(r, c, buf, len, fds, nfds) == -ENOMEM) {
+			/* Held, fds and all; nothing after it is read first. */
+			c->held = true;
+			c->held_buf = buf;
+			c->held_len = len;
+			memcpy(c->held_fds, fds, nfds * sizeof(fds[0]));
+			c->held_nfds = nfds;
+			c->read_short = true;
+			conn_short(c);
+			break;
+		}
 		free(buf);
 	}
 	conn_unref(c);
@@ -336,8 +491,9 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 			c->out = evbuffer_new();
 			c->rev = event_new(r->base, fd, EV_READ | EV_PERSIST, read_cb, c);
 			c->wev = event_new(r->base, fd, EV_WRITE | EV_PERSIST, write_cb, c);
+			c->retry_ev = evtimer_new(r->base, retry_cb, c);
 		}
-		if (!c || !c->out || !c->rev || !c->wev) {
+		if (!c || !c->out || !c->rev || !c->wev || !c->retry_ev) {
 			log_warnx("out of memory for a connection");
 			if (c) {
 				if (c->out)
@@ -346,6 +502,8 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 					event_free(c->rev);
 				if (c->wev)
 					event_free(c->wev);
+				if (c->retry_ev)
+					event_free(c->retry_ev);
 				free(c);
 			}
 			close(fd);
@@ -421,7 +579,7 @@ void control_throttle(struct rec *r, bool on)
 	if (on)
 		log_warnx("%zu jobs known: not reading requests until some finish", r->njobs);
 	TAILQ_FOREACH(c, &r->conns, link) {
-		if (c->closing)
+		if (c->closing || c->read_short)
 			continue;
 		if (on)
 			event_del(c->rev);
@@ -436,6 +594,7 @@ void control_close_all(struct rec *r)
 
 	while ((c = TAILQ_FIRST(&r->conns))) {
 		/* Last replies, best effort. */
+		waiting_flush(c);
 		if (evbuffer_get_length(c->out))
 			evbuffer_write(c->out, c->fd);
 		conn_close(c);

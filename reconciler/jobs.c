@@ -11,6 +11,12 @@
  * `retries` attempts the job is kept as <name>.orphan (record
  * <name>.orphan.job), reported with -EIO, and tried again at the next
  * start. Replies go to the connection the handoff came on, if still open.
+ *
+ * An attempt that failed for want of memory (-ENOMEM, from our code,
+ * SQLite, libcurl or the store) says nothing about the job: it does not
+ * count towards `retries` (the job would be orphaned by a passing memory
+ * shortage), and waits NOMEM_DELAY_MS doubling up to NOMEM_DELAY_MAX_MS,
+ * so that a commit a reopen waits for comes soon after memory does.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +33,9 @@
 #include "reconciler.h"
 
 enum finish_kind { FIN_COMMITTED, FIN_DROPPED, FIN_ORPHANED };
+
+#define NOMEM_DELAY_MS 100
+#define NOMEM_DELAY_MAX_MS 5000
 
 static void job_start(struct rec *r, struct job *j);
 static void job_maybe_commit(struct rec *r, struct job *j);
@@ -396,30 +405,68 @@ static void set_err(struct job *j, int err, const char *fmt, ...)
 static void job_attempt_failed(struct rec *r, struct job *j)
 {
 	uint64_t delay = r->cfg.retry_delay_ms;
+	bool nomem = j->err == -ENOMEM;
 	struct timeval tv;
 
 	r->c.failures_total++;
-	j->attempt++;
 	if (j->feeding) {
 		TAILQ_REMOVE(&r->feed, j, feed_link);
 		j->feeding = false;
 	}
-	if (j->attempt >= r->cfg.retries) {
-		job_orphan(r, j);
-		return;
+	if (nomem) {
+		/* Not the job's fault (see the top). */
+		j->nomem++;
+		delay = NOMEM_DELAY_MS;
+		for (unsigned i = 1; i < j->nomem && delay < NOMEM_DELAY_MAX_MS; i++)
+			delay *= 2;
+		if (delay > NOMEM_DELAY_MAX_MS)
+			delay = NOMEM_DELAY_MAX_MS;
+		/* One line for the first few, then one in a hundred. */
+		if (j->nomem <= 3 || j->nomem % 100 == 0)
+			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): out of memory (%u "
+				  "times): %s; trying again in %.1f s", j->file, j->rj.ino,
+				  j->rj.seq, j->nomem, j->errmsg, (double)delay / 1000);
+	} else {
+		j->attempt++;
+		if (j->attempt >= r->cfg.retries) {
+			job_orphan(r, j);
+			return;
+		}
+		for (unsigned i = 1; i < j->attempt && delay < 300000; i++)
+			delay *= 4;
+		if (delay > 300000)
+			delay = 300000;
+		log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): attempt %u of %u failed: %s; "
+			  "trying again in %.1f s",
+			  j->file, j->rj.ino, j->rj.seq, j->attempt, r->cfg.retries, j->errmsg,
+			  (double)delay / 1000);
 	}
-	for (unsigned i = 1; i < j->attempt && delay < 300000; i++)
-		delay *= 4;
-	if (delay > 300000)
-		delay = 300000;
-	log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): attempt %u of %u failed: %s; "
-		  "trying again in %.1f s",
-		  j->file, j->rj.ino, j->rj.seq, j->attempt, r->cfg.retries, j->errmsg,
-		  (double)delay / 1000);
 	j->state = JOB_BACKOFF;
 	tv.tv_sec = (time_t)(delay / 1000);
 	tv.tv_usec = (suseconds_t)(delay % 1000) * 1000;
-	evtimer_add(j->timer, &tv);
+	/* Adding a timer can need memory too (libevent's heap grows): a job
+	 * whose timer could not be set is picked up by the rescan. */
+	j->timer_lost = evtimer_add(j->timer, &tv) < 0;
+	if (j->timer_lost)
+		r->timers_lost++;
+}
+
+void jobs_retry_lost_timers(struct rec *r)
+{
+	struct job *j;
+
+	if (r->timers_lost == 0)
+		return;
+	TAILQ_FOREACH(j, &r->all, all_link) {
+		struct timeval now = { 0, 0 };
+
+		if (!j->timer_lost)
+			continue;
+		if (evtimer_add(j->timer, &now) < 0)
+			return;
+		j->timer_lost = false;
+		r->timers_lost--;
+	}
 }
 
 struct alloc_task {
@@ -524,7 +571,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 
 	j->err = 0;
 	j->errmsg[0] = '\0';
-	if (j->fd < 0 || (!j->plan.obj_base && !j->rj.size_only)) {
+	if (j->fd < 0 || (!j->rj.size_only && (!j->plan.obj_base || !j->done))) {
 		job_start(r, j);
 		return;
 	}
@@ -578,6 +625,11 @@ static void job_start(struct rec *r, struct job *j)
 	if (!j->plan.obj_base && !j->rj.size_only) {
 		rc = reconcile_plan_make(j->rj.length, j->rj.dirty, j->rj.ndirty, r->vol.block_size,
 					 &j->plan);
+		if (rc == -ENOMEM) {
+			set_err(j, rc, "out of memory planning it");
+			job_attempt_failed(r, j);
+			return;
+		}
 		if (rc < 0) {
 			/* The same inputs give the same answer: no point retrying. */
 			j->attempt = r->cfg.retries;
@@ -585,6 +637,10 @@ static void job_start(struct rec *r, struct job *j)
 			job_orphan(r, j);
 			return;
 		}
+	}
+	if (!j->done && !j->rj.size_only) {
+		/* (A retry: the plan may be there from an attempt that found
+		 * no memory for this.) */
 		j->done = calloc((size_t)(j->plan.nobjects + 63) / 64 + 1, sizeof(uint64_t));
 		if (!j->done) {
 			set_err(j, -ENOMEM, "out of memory");
@@ -631,6 +687,9 @@ void jobs_object_done(struct rec *r, struct job *j, uint64_t obj, int rc, const 
  * that finish uploading queue on r->commitq, and the next batch takes them
  * all (up to COMMIT_BATCH_MAX) in one metadata transaction and one
  * meta_sync(). A burst of small files then costs a few syncs, not one each.
+ * A batch that found no memory halves the next one (down to one job), and
+ * each batch that commits doubles it back: one failed allocation undoes
+ * the whole transaction, and a big one needs many more of them.
  */
 #define COMMIT_BATCH_MAX 64
 
@@ -717,6 +776,14 @@ static void commit_done(struct task *t)
 	struct rec *r = c->r;
 
 	if (!t->cancelled) {
+		bool nomem = false;
+
+		for (size_t i = 0; i < c->n; i++)
+			nomem |= c->items[i].rc == -ENOMEM;
+		if (nomem)
+			r->commit_batch = r->commit_batch > 1 ? r->commit_batch / 2 : 1;
+		else if (r->commit_batch < COMMIT_BATCH_MAX)
+			r->commit_batch *= 2;
 		/* Jobs these make ready join r->commitq for the next batch. */
 		for (size_t i = 0; i < c->n; i++)
 			commit_one_done(r, c->jobs[i], c->items[i].rc, c->unlink_err[i]);
@@ -742,7 +809,9 @@ static void commit_kick(struct rec *r)
 		}
 		return;
 	}
-	while (c->n < COMMIT_BATCH_MAX && (j = TAILQ_FIRST(&r->commitq))) {
+	if (r->commit_batch == 0 || r->commit_batch > COMMIT_BATCH_MAX)
+		r->commit_batch = COMMIT_BATCH_MAX;
+	while (c->n < r->commit_batch && (j = TAILQ_FIRST(&r->commitq))) {
 		TAILQ_REMOVE(&r->commitq, j, commit_link);
 		c->jobs[c->n++] = j;
 	}
@@ -803,6 +872,9 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 		if (dfd >= 0)
 			close(dfd);
 		log_warn("cannot list the staging directory %s", r->cfg.staging_dir);
+		/* The next rescan does it all again (a start's scan included). */
+		if (at_start)
+			r->scan_again_at_start = true;
 		return 0;
 	}
 	rewinddir(d);
@@ -824,10 +896,21 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 			 de->d_name);
 		if (jobs_find_name(r, file))
 			continue;
+		/* A record stamped ahead of our clock is not young: the wall
+		 * clock stepped back since (by up to a day, or more), and
+		 * waiting for it to catch up would leave the job unfinished. */
 		if (min_age && (fstatat(r->staging_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-				now - st.st_mtime < min_age))
+				(st.st_mtime <= now && now - st.st_mtime < min_age)))
 			continue;
-		if (reconcile_job_read(r->staging_fd, de->d_name, &rj, err, sizeof(err)) < 0) {
+		e = reconcile_job_read(r->staging_fd, de->d_name, &rj, err, sizeof(err));
+		if (e == -ENOMEM) {
+			/* Not the record's fault: it is read again at the next
+			 * rescan (orphans too, if this was the start's scan). */
+			if (at_start)
+				r->scan_again_at_start = true;
+			continue;
+		}
+		if (e < 0) {
 			if (at_start)
 				log_warnx("error: journal record %s/%s cannot be used (%s); it is left "
 					  "in place", r->cfg.staging_dir, de->d_name, err);
@@ -855,7 +938,9 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 			struct found *nf = realloc(f, nc * sizeof(*nf));
 			if (!nf) {
 				reconcile_job_clear(&rj);
-				log_warnx("out of memory listing the journal");
+				log_warnx("out of memory listing the journal (the next rescan goes on)");
+				if (at_start)
+					r->scan_again_at_start = true;
 				break;
 			}
 			f = nf;
@@ -877,6 +962,10 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 			added++;
 			orphans += orphan;
 		} else {
+			/* Out of memory: its record is found again by the next
+			 * rescan. */
+			if (at_start && orphan)
+				r->scan_again_at_start = true;
 			reconcile_job_clear(&f[i].rj);
 		}
 	}

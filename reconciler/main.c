@@ -241,6 +241,13 @@ static void rescan_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct rec *r = arg;
 
+	jobs_retry_lost_timers(r);
+	if (r->scan_again_at_start) {
+		/* What the start's scan found no memory for, orphans included. */
+		r->scan_again_at_start = false;
+		jobs_scan(r, true, 0);
+		return;
+	}
 	/* Records a sender wrote but never handed over (it died in between);
 	 * young ones are probably on their way. */
 	jobs_scan(r, false, 10);

@@ -91,7 +91,9 @@ struct job {
 	uint64_t ndone;
 	uint64_t next_obj;             /* next object to queue in this attempt */
 	unsigned in_flight;            /* objects of this job queued at workers or curl */
-	unsigned attempt;              /* failed attempts so far */
+	unsigned attempt;              /* failed attempts so far (lack of memory aside) */
+	unsigned nomem;                /* attempts that failed for want of memory */
+	bool timer_lost;               /* in backoff, but its timer could not be set */
 	int err;                       /* first error of the current attempt */
 	char errmsg[256];
 	struct event *timer;           /* backoff */
@@ -126,6 +128,8 @@ void jobs_conn_gone(struct rec *r, struct conn *c);
 void jobs_free_all(struct rec *r);
 /* Logs each unfinished job (shutdown gave up). */
 void jobs_log_left(struct rec *r);
+/* Starts the backoff timers that could not be set for want of memory. */
+void jobs_retry_lost_timers(struct rec *r);
 
 /* ---- upload.c ---- */
 
@@ -210,6 +214,7 @@ struct rec {
 	struct job_list all, ready, feed;
 	struct job_list commitq;     /* JOB_COMMITTING, not yet in a batch */
 	bool committing;             /* a commit batch is at a worker */
+	size_t commit_batch;         /* jobs per commit batch now (0: the most) */
 	uint64_t slice_ids_next, slice_ids_end; /* allocated, not yet used: [next, end) */
 	struct job **by_name;        /* hash: name -> job */
 	struct inode_q **by_ino;     /* hash: ino -> queue */
@@ -218,6 +223,8 @@ struct rec {
 	struct recent recent[REC_RECENT];
 	size_t nrecent;
 	uint64_t *orphan_seqs;       /* seqs of jobs given up this run */
+	size_t timers_lost;          /* jobs with timer_lost set */
+	bool scan_again_at_start;    /* the start's journal scan ran short of memory */
 	size_t norphan_seqs;
 	TAILQ_HEAD(, drain_wait) drains;
 

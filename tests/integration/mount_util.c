@@ -172,16 +172,58 @@ static const char *log_tail(void)
 	return buf;
 }
 
+extern char **environ;
+
+/* The environment with fm.daemon_env over it (malloc'd array; its strings
+ * are environ's and fm's). */
+static char **daemon_environ(void)
+{
+	size_t n = 0, k = 0;
+	char **env;
+
+	while (environ[n])
+		n++;
+	env = calloc(n + (size_t)fm.n_daemon_env + 1, sizeof(*env));
+	cr_assert(env != NULL);
+	for (size_t i = 0; i < n; i++) {
+		bool over = false;
+
+		for (int j = 0; j < fm.n_daemon_env && !over; j++) {
+			size_t l = strcspn(fm.daemon_env[j], "=");
+			over = strncmp(environ[i], fm.daemon_env[j], l + 1) == 0;
+		}
+		if (!over)
+			env[k++] = environ[i];
+	}
+	for (int j = 0; j < fm.n_daemon_env; j++)
+		env[k++] = fm.daemon_env[j];
+	env[k] = NULL;
+	return env;
+}
+
+static int run_env(const char *const argv[], const char *out_path, const char *err_path,
+		   int timeout_s, bool with_daemon_env);
+
 int fm_run(const char *const argv[], const char *out_path, const char *err_path,
 	   int timeout_s)
+{
+	return run_env(argv, out_path, err_path, timeout_s, false);
+}
+
+static int run_env(const char *const argv[], const char *out_path, const char *err_path,
+		   int timeout_s, bool with_daemon_env)
 {
 	pid_t pid;
 	int status;
 	struct timespec start, now;
+	char **env = with_daemon_env ? daemon_environ() : environ;
 
 	pid = fork();
-	if (pid < 0)
+	if (pid < 0) {
+		if (env != environ)
+			free(env);
 		return -1;
+	}
 	if (pid == 0) {
 		int in = open("/dev/null", O_RDONLY);
 		int out = out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644)
@@ -201,10 +243,12 @@ int fm_run(const char *const argv[], const char *out_path, const char *err_path,
 				dprintf(2, " %s", argv[i]);
 			dprintf(2, "\n");
 		}
-		execv(argv[0], (char *const *)argv);
+		execve(argv[0], (char *const *)argv, env);
 		dprintf(2, "exec %s: %s\n", argv[0], strerror(errno));
 		_exit(127);
 	}
+	if (env != environ)
+		free(env);
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (;;) {
 		pid_t r = waitpid(pid, &status, WNOHANG);
@@ -243,6 +287,72 @@ static int unescape_mountinfo(const char *in, char *out, size_t outlen)
 	}
 	out[o] = '\0';
 	return 0;
+}
+
+void fm_daemon_env(const char *name, const char *value)
+{
+	size_t l = strlen(name);
+	int i;
+
+	for (i = 0; i < fm.n_daemon_env; i++)
+		if (strncmp(fm.daemon_env[i], name, l) == 0 && fm.daemon_env[i][l] == '=')
+			break;
+	if (!value) {
+		if (i < fm.n_daemon_env) {
+			memmove(fm.daemon_env[i], fm.daemon_env[i + 1],
+				(size_t)(fm.n_daemon_env - i - 1) * sizeof(fm.daemon_env[0]));
+			fm.n_daemon_env--;
+		}
+		return;
+	}
+	cr_assert(i < FM_DAEMON_ENV_MAX, "more than %d daemon environment variables",
+		  FM_DAEMON_ENV_MAX);
+	int n = snprintf(fm.daemon_env[i], sizeof(fm.daemon_env[i]), "%s=%s", name, value);
+	cr_assert(n > 0 && (size_t)n < sizeof(fm.daemon_env[i]), "%s: value too long", name);
+	if (i == fm.n_daemon_env)
+		fm.n_daemon_env++;
+}
+
+bool fm_asan(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+	return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+	return true;
+#else
+	return false;
+#endif
+#else
+	return false;
+#endif
+}
+
+const char *fm_shim(const char *name)
+{
+	static char buf[4][PATH_MAX];
+	static int slot;
+	const char *dir = getenv("FERRY_SHIM_DIR");
+
+	if (!dir || !*dir)
+		dir = FERRY_SHIM_DIR;
+	slot = (slot + 1) % 4;
+	snprintf(buf[slot], sizeof(buf[slot]), "%s/ferry_shim_%s.so", dir, name);
+	return buf[slot];
+}
+
+void fm_daemon_preload(const char *name)
+{
+	const char *lib = fm_shim(name);
+	const char *asan = getenv("ASAN_OPTIONS");
+	char opts[900];
+
+	cr_assert(access(lib, R_OK) == 0, "test shim %s: %s (is it built?)", lib, strerror(errno));
+	fm_daemon_env("LD_PRELOAD", lib);
+	/* Harmless without ASan; with it, ASan's runtime may stand second. */
+	snprintf(opts, sizeof(opts), "%.800s%sverify_asan_link_order=0", asan ? asan : "",
+		 asan && *asan ? ":" : "");
+	fm_daemon_env("ASAN_OPTIONS", opts);
 }
 
 bool fm_is_mounted(const char *path)
@@ -323,6 +433,19 @@ static int find_daemon(const char *prog, const char *dir, pid_t *out, int max)
 	}
 	closedir(d);
 	return n;
+}
+
+static bool alive(pid_t pid);
+
+int fm_daemon_pids(const char *prog, pid_t *out, int max)
+{
+	pid_t all[64];
+	int n = find_daemon(prog, fm.dir, all, max < 64 ? max : 64), k = 0;
+
+	for (int i = 0; i < n; i++)
+		if (alive(all[i]))
+			out[k++] = all[i];
+	return k;
 }
 
 static void remember_mountd(void)
@@ -574,7 +697,7 @@ static void do_mount(bool in_setup)
 	argv[n++] = fm.vol;
 	argv[n++] = fm.mnt;
 	argv[n] = NULL;
-	int rc = fm_run(argv, NULL, NULL, 60);
+	int rc = run_env(argv, NULL, NULL, 60, true);
 	struct statfs sf;
 
 	if (rc == 0)

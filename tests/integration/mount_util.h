@@ -28,6 +28,7 @@
 
 #define FM_NOBODY_UID 65534
 #define FM_NOBODY_GID 65534
+#define FM_DAEMON_ENV_MAX 8
 
 struct fm {
 	char dir[160];          /* $FERRY_IT_TMPDIR/ferry-it.XXXXXX (default /tmp) */
@@ -47,6 +48,10 @@ struct fm {
 	bool no_reconciler;     /* mount with --no-reconciler (commit in ferry-mountd) */
 	char staging[PATH_MAX]; /* --staging-dir, if not empty */
 	const char *staging_min_free; /* --staging-min-free MiB, if not NULL */
+	/* Extra environment of `ferry mount`, so of the ferry-mountd and the
+	 * ferry-reconciler it starts: "NAME=value" (fm_daemon_env). */
+	char daemon_env[FM_DAEMON_ENV_MAX][1024];
+	int n_daemon_env;
 };
 
 /* The one fixture of this test process. */
@@ -81,6 +86,25 @@ void fm_remount_cold(void);
 /* SIGKILL the fixture's ferry-mountd, wait until it is gone and lazily
  * unmount the dead mount (for crash-durability tests). */
 void fm_crash(void);
+
+/* Sets (value NULL: removes) a variable in the environment of the daemons
+ * that the next fm_mount() starts. fm_setup_opts() starts with none: set
+ * them after a setup with .no_mount, then fm_mount(). */
+void fm_daemon_env(const char *name, const char *value);
+/* Has the next fm_mount()'s daemons load the test shim ferry_shim_NAME.so
+ * (tests/integration/shim_NAME.c) with LD_PRELOAD. Under ASan the shim
+ * comes before ASan's runtime (ASAN_OPTIONS gets verify_asan_link_order=0):
+ * each shim forwards to the next definition, so ASan keeps its place. */
+void fm_daemon_preload(const char *name);
+/* Path of ferry_shim_NAME.so ($FERRY_SHIM_DIR overrides the build's). */
+const char *fm_shim(const char *name);
+/* Is this test program built with AddressSanitizer (and so, in
+ * scripts/test, the daemons it runs)? */
+bool fm_asan(void);
+
+/* Pids of the live processes named prog (ferry-mountd, ferry-reconciler)
+ * whose command line names the fixture's directory: how many, up to max. */
+int fm_daemon_pids(const char *prog, pid_t *out, int max);
 
 /* Is anything mounted at path (per /proc/self/mountinfo)? */
 bool fm_is_mounted(const char *path);

@@ -1585,6 +1585,7 @@ Test(meta, overwritten_slices_become_garbage)
 	struct meta_gc_item *items = NULL;
 	struct meta_slice *got = NULL;
 	uint64_t slices, bytes;
+	int64_t mark = -1;
 	size_t n = 0;
 
 	cr_assert_eq(meta_write_commit(m, f, &a, 1, 100, NULL, NULL), 0);
@@ -1599,12 +1600,25 @@ Test(meta, overwritten_slices_become_garbage)
 	cr_assert_eq(meta_gc_pending(m, &slices, &bytes), 0);
 	cr_assert(slices == 1 && bytes == 100, "%llu slices, %llu bytes", (unsigned long long)slices,
 		  (unsigned long long)bytes);
-	/* Not old enough for a list of what was garbage a minute ago... */
-	cr_assert_eq(meta_gc_list(m, (int64_t)time(NULL) - 60, 16, &items, &n), 0);
+	/* Not handed out before a collector saw it (marked it)... */
+	cr_assert_eq(meta_gc_last_mark(m, &mark), 0);
+	cr_assert_eq(mark, 0);
+	cr_assert_eq(meta_gc_list(m, INT64_MAX, (int64_t)time(NULL) + 1, 16, &items, &n), 0);
 	cr_assert_eq(n, 0);
 	free(items);
-	/* ...and there for now. */
-	cr_assert_eq(meta_gc_list(m, (int64_t)time(NULL) + 1, 16, &items, &n), 0);
+	cr_assert_eq(meta_gc_mark(m, 5), 0);
+	cr_assert_eq(meta_gc_last_mark(m, &mark), 0);
+	cr_assert_eq(mark, 5);
+	/* ...nor for a mark made before it was seen... */
+	cr_assert_eq(meta_gc_list(m, 4, (int64_t)time(NULL) + 1, 16, &items, &n), 0);
+	cr_assert_eq(n, 0);
+	free(items);
+	/* ...nor while its own stamp says it is younger than asked... */
+	cr_assert_eq(meta_gc_list(m, 5, (int64_t)time(NULL) - 60, 16, &items, &n), 0);
+	cr_assert_eq(n, 0);
+	free(items);
+	/* ...and there once both say so. */
+	cr_assert_eq(meta_gc_list(m, 5, (int64_t)time(NULL) + 1, 16, &items, &n), 0);
 	cr_assert(n == 1 && items[0].id == 700 && items[0].size == 100);
 	cr_assert_eq(meta_gc_forget(m, items, n), 0);
 	free(items);
@@ -1616,4 +1630,33 @@ Test(meta, overwritten_slices_become_garbage)
 	cr_assert_eq(slices, 3);
 	/* What the file reads is unchanged by any of it. */
 	cr_assert_eq(attr(f).size, 0);
+}
+
+/* A volume whose gc_slice predates gc_slice.seen gets the column at open;
+ * its garbage waits for a mark like any other. */
+Test(meta, gc_seen_is_added_to_an_older_volume)
+{
+	struct meta_gc_item *items = NULL;
+	size_t n = 0;
+
+	meta_close(m);
+	m = NULL;
+	raw_sql("DROP INDEX IF EXISTS gc_slice_seen; DROP TABLE gc_slice;"
+		"CREATE TABLE gc_slice(id INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
+		" since INTEGER NOT NULL);"
+		"CREATE INDEX gc_slice_since ON gc_slice(since);"
+		"INSERT INTO gc_slice(id, size, since) VALUES (900, 10, 1)");
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE seen IS NULL"), 1);
+	cr_assert_eq(meta_gc_list(m, INT64_MAX, INT64_MAX, 4, &items, &n), 0);
+	cr_assert_eq(n, 0);
+	free(items);
+	cr_assert_eq(meta_gc_mark(m, 1), 0);
+	cr_assert_eq(meta_gc_list(m, 1, INT64_MAX, 4, &items, &n), 0);
+	cr_assert(n == 1 && items[0].id == 900);
+	free(items);
+	/* And opening it again finds the column there. */
+	meta_close(m);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(raw_int("SELECT seen FROM gc_slice WHERE id = 900"), 1);
 }

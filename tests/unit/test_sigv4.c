@@ -19,6 +19,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -26,6 +27,7 @@
 #include <openssl/hmac.h>
 
 #include "objstore.h"
+#include "objstore_async.h"
 #include "objstore_s3_internal.h"
 #include "url.h"
 
@@ -531,4 +533,120 @@ Test(sigv4, uri_encoding)
 	e = s3_uri_encode("a/b", 0);
 	cr_assert_str_eq(e, "a%2Fb");
 	free(e);
+}
+
+/* ---- a clock off the server's ---- */
+
+static int
+count_headers(const char *req, const char *name)
+{
+	const char *end = strstr(req, "\r\n\r\n");
+	size_t nl = strlen(name);
+	int n = 0;
+
+	for (const char *l = strstr(req, "\r\n") + 2; l && l < end; l = strstr(l, "\r\n") + 2)
+		n += strncasecmp(l, name, nl) == 0 && l[nl] == ':';
+	return n;
+}
+
+/* Seconds between a request's x-amz-date and t. */
+static long
+date_off(const char *req, time_t t)
+{
+	char d[64];
+	struct tm tm = { 0 };
+
+	cr_assert_not_null(header(req, "x-amz-date", d, sizeof(d)));
+	cr_assert_not_null(strptime(d, "%Y%m%dT%H%M%SZ", &tm), "%s", d);
+	return (long)(timegm(&tm) - t);
+}
+
+/* A reply refusing the request's date, from a server two hours ahead. */
+static char *
+too_skewed_reply(void)
+{
+	static const char body[] = "<Error><Code>RequestTimeTooSkewed</Code></Error>";
+	time_t t = time(NULL) + 7200;
+	char date[64], *rep;
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+	cr_assert_geq(asprintf(&rep, "HTTP/1.1 403 Forbidden\r\nDate: %s\r\nContent-Length: %zu\r\n"
+			       "Connection: close\r\n\r\n%s", date, strlen(body), body), 0);
+	return rep;
+}
+
+/*
+ * The server refuses our date (RequestTimeTooSkewed) and says its own: the
+ * request goes again at once dated by the server's clock, and so do the
+ * next ones; each is signed once, with one x-amz-date, and verifies.
+ */
+Test(sigv4, a_refused_date_is_corrected_from_the_servers_clock)
+{
+	static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nabcd";
+	char *skewed = too_skewed_reply();
+	const char *replies[] = { skewed, ok, ok, ok };
+	struct objstore_aput *ap = NULL;
+	struct capture c;
+	struct objstore *s;
+	char buf[4];
+	int transient = 0;
+	time_t t0 = time(NULL);
+
+	capture_start_n(&c, 4, NULL, replies);
+	s = open_example_store(c.port, "bucket-1");
+	cr_assert_eq(objstore_put(s, "dir/a", "payload!", 8), 0, "%s", objstore_last_error());
+	cr_assert_eq(objstore_get(s, "chunks/0/1/1234_0_4", 0, buf, 4), 4, "%s",
+		     objstore_last_error());
+	/* The reconciler's puts (run on its own multi handle) too. */
+	cr_assert_eq(objstore_aput_new(s, "dir/b", "other!", 6, &ap), 0, "%s", objstore_last_error());
+	cr_assert_eq(objstore_aput_result(ap, curl_easy_perform(objstore_aput_easy(ap)), &transient),
+		     0, "%s", objstore_last_error());
+	objstore_aput_free(ap);
+	capture_wait(&c);
+	cr_assert_lt(labs(date_off(c.req[0], t0)), 60, "the first request is dated by our clock");
+	for (int i = 1; i < 4; i++) {
+		cr_assert_eq(count_headers(c.req[i], "x-amz-date"), 1, "%s", c.req[i]);
+		cr_assert_eq(count_headers(c.req[i], "authorization"), 1, "%s", c.req[i]);
+		cr_assert_lt(labs(date_off(c.req[i], t0 + 7200)), 60,
+			     "request %d is not dated by the server's clock:\n%s", i, c.req[i]);
+		assert_verifies(c.req[i], c.req_len[i]);
+	}
+	cr_assert(starts_with(c.req[1], "PUT /bucket-1/dir/a HTTP/1.1"), "%s", c.req[1]);
+	cr_assert(starts_with(c.req[2], "GET /bucket-1/chunks/0/1/1234_0_4 HTTP/1.1"), "%s", c.req[2]);
+	cr_assert(starts_with(c.req[3], "PUT /bucket-1/dir/b HTTP/1.1"), "%s", c.req[3]);
+	objstore_close(s);
+	free(skewed);
+}
+
+/* The reconciler's own puts learn it too: a refused one is transient, and
+ * the next one is dated right. */
+Test(sigv4, an_async_put_refused_for_its_date_is_retried_dated_right)
+{
+	static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+	char *skewed = too_skewed_reply();
+	const char *replies[] = { skewed, ok };
+	struct objstore_aput *ap = NULL;
+	struct capture c;
+	struct objstore *s;
+	int transient = 0;
+
+	capture_start_n(&c, 2, NULL, replies);
+	s = open_example_store(c.port, "bucket-1");
+	cr_assert_eq(objstore_aput_new(s, "dir/b", "other!", 6, &ap), 0, "%s", objstore_last_error());
+	cr_assert_eq(objstore_aput_result(ap, curl_easy_perform(objstore_aput_easy(ap)), &transient),
+		     -EACCES);
+	cr_assert_eq(transient, 1);
+	objstore_aput_free(ap);
+	cr_assert_eq(objstore_aput_new(s, "dir/b", "other!", 6, &ap), 0, "%s", objstore_last_error());
+	cr_assert_eq(objstore_aput_result(ap, curl_easy_perform(objstore_aput_easy(ap)), &transient),
+		     0, "%s", objstore_last_error());
+	objstore_aput_free(ap);
+	capture_wait(&c);
+	cr_assert_eq(count_headers(c.req[1], "x-amz-date"), 1, "%s", c.req[1]);
+	cr_assert_lt(labs(date_off(c.req[1], time(NULL) + 7200)), 60, "%s", c.req[1]);
+	assert_verifies(c.req[1], c.req_len[1]);
+	objstore_close(s);
+	free(skewed);
 }
