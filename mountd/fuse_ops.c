@@ -371,6 +371,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	/* The job carries size and mtime: it commits first, or it would undo
 	 * this change. */
 	rc = i ? inflight_wait(md, i, "setattr") : 0;
+	if (rc == 0 && i && i->w)
+		rc = wstate_reopen(i->w);
 	if (rc < 0) {
 		/* nothing applied */
 	} else if (i && i->w && i->w->passthrough) {
@@ -810,6 +812,8 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 	pthread_mutex_lock(&i->lock);
 	/* Close-to-open: the last close's upload commits first. */
 	rc = inflight_wait(md, i, "open");
+	if (rc == 0 && i->w)
+		rc = wstate_reopen(i->w);
 	if (rc < 0) {
 		/* fall through to the unlock below */
 	} else if (fi->flags & O_TRUNC) {

@@ -93,7 +93,8 @@ uint64_t read_cache_bytes(struct read_cache *c);
 struct range { uint64_t start, end; }; /* [start, end) */
 
 struct wstate {
-	int fd;                  /* the staging file, O_RDWR */
+	int fd;                  /* the staging file, O_RDWR; -1 while on the retry
+	                            list after a failed try (wstate_reopen) */
 	char *path;              /* owned */
 	struct range *dirty;     /* sorted, disjoint, merged; owned */
 	size_t ndirty, cap;
@@ -152,6 +153,9 @@ bool wstate_has_prints(const struct wstate *w);
  * RECONCILE_RANGES_MAX of them (*out owned by the caller). */
 int wstate_changed_ranges(struct mountd *md, struct wstate *w, uint64_t size,
 			  struct reconcile_range **out, size_t *nout);
+/* Opens the staging file again if its fd was closed while the inode
+ * waited on the retry list (w->fd -1). Caller holds ino->lock. */
+int wstate_reopen(struct wstate *w);
 /* Size and mtime of the file as the staging file has them now. */
 int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime);
 /* Creates the inode's write state if it has none. Caller holds ino->lock. */

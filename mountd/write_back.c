@@ -177,9 +177,18 @@ bool wstate_mapped(struct wstate *w)
 	return true;
 }
 
+int wstate_reopen(struct wstate *w)
+{
+	if (w->fd >= 0)
+		return 0;
+	w->fd = open(w->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	return w->fd < 0 ? -errno : 0;
+}
+
 int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime)
 {
 	struct stat st;
+	int rc;
 
 	if (!w->passthrough) {
 		*size = w->size;
@@ -187,6 +196,8 @@ int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime)
 		return 0;
 	}
 	/* The kernel writes the staging file directly: it is the truth. */
+	if ((rc = wstate_reopen(w)) < 0)
+		return rc;
 	if (fstat(w->fd, &st) < 0)
 		return -errno;
 	*size = (uint64_t)st.st_size;
@@ -772,6 +783,8 @@ int wstate_commit(struct mountd *md, struct inode *ino)
 
 	if (!w)
 		return 0;
+	if ((rc = wstate_reopen(w)) < 0)
+		goto out;
 	if (w->passthrough) {
 		rc = commit_passthrough(md, ino);
 		goto out;
@@ -917,8 +930,30 @@ static bool write_back_retry(struct mountd *md, struct inode *i)
 			return false;
 		}
 	}
-	if (wstate_commit(md, i) != 0)
+	if (w && !busy && rclient_up(md)) {
+		/* Handing the file over needs one fd (its record) and gives the
+		 * staging file's back, where committing here needs several at
+		 * once: what lets a daemon that ran out of fds recover. */
+		int rc = rclient_handoff(md, i);
+		if (rc == 0 || rc == -ENODATA) {
+			if (rc == -ENODATA)
+				wstate_drop(md, i);
+			i->pending = false;
+			log_info("inode %llu: staged writes handed to ferry-reconciler on retry",
+				 (unsigned long long)i->ino);
+			return true;
+		}
+	}
+	if (wstate_commit(md, i) != 0) {
+		/* Until the next try the staging file's fd is closed: a daemon
+		 * that ran out of fds holds one per file that failed, and the
+		 * tries (a record, an object) need free ones. */
+		if (w && !busy && !w->mapped && w->fd >= 0) {
+			close(w->fd);
+			w->fd = -1;
+		}
 		return false;
+	}
 	if (w && !busy)
 		wstate_drop(md, i);
 	else if (w)

@@ -29,10 +29,6 @@
  * --verbose) and held to generous bounds, documented where they are set.
  * Nothing here asserts a duration: durations are logged; what is asserted
  * is the mechanism (bytes read, bytes uploaded, fds held, RSS grown).
- *
- * Bugs this suite found that are not fixed yet are logged as
- * "KNOWN BUG" lines and do not fail it; FERRY_LIMITS_KNOWN_BUGS=1 makes each
- * of them fail the test it is in.
  */
 #include "mount_util.h"
 
@@ -88,31 +84,6 @@ static uint64_t rss_allowance(uint64_t bytes)
 static void limits_fini(void);
 
 TestSuite(limits, .init = fm_setup, .fini = limits_fini, .timeout = 300);
-
-/* ---- known bugs ----------------------------------------------------------- */
-
-static bool known_bugs_fail(void)
-{
-	const char *e = getenv("FERRY_LIMITS_KNOWN_BUGS");
-
-	return e && *e && strcmp(e, "0") != 0;
-}
-
-/*
- * A bug this suite found that the daemons do not have fixed yet (they are
- * not this suite's to fix). FERRY_LIMITS_KNOWN_BUGS=1: an assertion like any
- * other. Otherwise it is said loudly (as info: a Criterion warning makes the
- * program exit 1) and the test goes on.
- */
-#define KNOWN_BUG(ok, ...)                                                    \
-	do {                                                                  \
-		if (!(ok)) {                                                  \
-			if (known_bugs_fail())                                \
-				cr_assert_fail("KNOWN BUG: " __VA_ARGS__);    \
-			cr_log_info("KNOWN BUG (not fixed yet; FERRY_LIMITS_KNOWN_BUGS=1 " \
-				    "fails on it): " __VA_ARGS__);            \
-		}                                                             \
-	} while (0)
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -1958,15 +1929,13 @@ Test(limits, many_open_files, .timeout = 600)
  * intact (after the limit is restored and after a cold remount), and the
  * daemon back to its fds once the files are closed.
  *
- * Found here: the daemon does not come back by itself. Closed files whose
- * hand-off and commit failed for want of an fd stay on the retry list with
- * their staging files open; every retry needs another fd (the object
- * store, SQLite), so the daemon stays at its limit for good and the mount
- * answers EIO to opendir, create, even .stats (which makes `ferry umount`
- * say "not a ferryfs mount"); SIGTERM then aborts it ("libgcc_s.so.1 must
- * be installed for pthread_cancel to work": glibc cannot load it without
- * an fd). It recovers only when its limit is raised. Nothing whose close()
- * returned 0 was lost.
+ * This test found a daemon that did not come back by itself: closed files
+ * whose hand-off and commit failed for want of an fd stayed on the retry
+ * list with their staging files open, and every retry needed another fd,
+ * so it stayed at its limit for good (EIO to opendir, create, .stats).
+ * Now a file that fails a retry gives its fd back until the next try, and
+ * the retry hands the file to the reconciler first (one fd for its
+ * record, and the staging file's comes back).
  */
 Test(limits, daemon_out_of_fds, .timeout = 300)
 {
@@ -2028,7 +1997,7 @@ Test(limits, daemon_out_of_fds, .timeout = 300)
 	/* the limit back first (a wedged daemon could not even be unmounted),
 	 * then the verdict */
 	set_nofile_soft(md, soft0);
-	KNOWN_BUG(probe_e == 0 && d2.m.fds <= d0.m.fds + 64,
+	cr_assert(probe_e == 0 && d2.m.fds <= d0.m.fds + 64,
 		  "ferry-mountd stays at its fd limit after every file was closed: %ld fds (%ld "
 		  "before); a new file's create+write+close+opendir fails with %s",
 		  d2.m.fds, d0.m.fds, fm_errname(probe_e));
