@@ -76,6 +76,15 @@
  * same tree) holds freed memory in quarantine and pads every allocation, so
  * its allowance is four times as large plus ASan's default quarantine.
  */
+/*
+ * fds ferry-mountd may hold above what it had before a test's work, once
+ * that work is done: each of its FUSE worker threads (up to 16) and its
+ * own threads keeps a SQLite connection (the database and its WAL: 2-3
+ * fds), opened as load makes libfuse start threads. Measured: 34 above
+ * after 20000 files, 64 after the out-of-fds round.
+ */
+#define FD_SLACK 128
+
 static uint64_t rss_allowance(uint64_t bytes)
 {
 	return ASAN_BUILD ? 4 * bytes + 256 * MiB : bytes;
@@ -154,8 +163,23 @@ static void rm_at(int dfd, const char *name)
 	unlinkat(dfd, name, AT_REMOVEDIR);
 }
 
+/* A daemon whose fd limit a test lowered, and the limit to give back
+ * (also when the test failed half-way: a daemon at its limit cannot even
+ * unmount cleanly). */
+static pid_t lowered_pid;
+static long lowered_soft;
+
 static void limits_fini(void)
 {
+	if (lowered_pid > 0) {
+		struct rlimit rl;
+
+		if (prlimit(lowered_pid, RLIMIT_NOFILE, NULL, &rl) == 0) {
+			rl.rlim_cur = (rlim_t)lowered_soft;
+			prlimit(lowered_pid, RLIMIT_NOFILE, &rl, NULL);
+		}
+		lowered_pid = 0;
+	}
 	/* The reference trees first: the deep one is past what the fixture's
 	 * nftw can remove. */
 	if (fm.created) {
@@ -596,7 +620,8 @@ static void fill_name(char *buf, char c, size_t len)
 Test(limits, names_of_255_bytes)
 {
 	static char a255[256], b255[256], d255[256], s255[256], l255[256], r255[256],
-		u255[256], in_d[520], n256[257], n1024[1025], n1025[1026], e256[257];
+		u255[256], in_d[520], n256[257], n1024[1025], n1025[1026], e256[257],
+		via_x[270], d_long[520];
 	const char *rd = ref_dir();
 	int mdir, rdir;
 
@@ -616,6 +641,8 @@ Test(limits, names_of_255_bytes)
 	u255[254] = 'x';
 	u255[255] = '\0';
 	snprintf(in_d, sizeof(in_d), "%s/%s", d255, b255);
+	snprintf(via_x, sizeof(via_x), "x/../%s", n256);
+	snprintf(d_long, sizeof(d_long), "%s/%s", d255, n256);
 	cr_assert_eq(strlen(u255), 255);
 
 	mdir = OK(open(fm.mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -649,8 +676,10 @@ Test(limits, names_of_255_bytes)
 		{ N_STAT, n1024, NULL, ENAMETOOLONG, "lookup of a 1024-byte name" },
 		{ N_CREATE, n1025, NULL, ENAMETOOLONG, "create a 1025-byte name" },
 		/* a component too long in the middle of a path */
-		{ N_STAT, "x/../" "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn", NULL, ENOENT,
-		  "lookup through a missing directory (x) before a 256-byte component" },
+		{ N_STAT, via_x, NULL, ENOENT,
+		  "lookup through a missing directory before a 256-byte component" },
+		{ N_STAT, d_long, NULL, ENAMETOOLONG, "lookup of 255/256" },
+		{ N_CREATE, d_long, NULL, ENAMETOOLONG, "create 255/256" },
 	};
 	nops_both(mdir, rdir, make, sizeof(make) / sizeof(make[0]));
 
@@ -1866,9 +1895,9 @@ static void wait_fds_back(pid_t pid, long max, int limit_s)
  * a process may do without CAP_SYS_RESOURCE); if even that is short of one
  * fd per written file, the round is cut to fit and says so
  * (daemon_out_of_fds is the test of a daemon without room). Bounds: one fd
- * per written file plus 256 while open; back within 64 of the start after
- * the uploads; RSS growth at most 64 MiB + 8 KiB per open file (measured:
- * about 1.5 KiB).
+ * per written file plus 256 while open; back within FD_SLACK of the start
+ * after the uploads; RSS growth at most 64 MiB + 8 KiB per open file
+ * (measured: about 0.9 KiB).
  */
 Test(limits, many_open_files, .timeout = 600)
 {
@@ -1892,7 +1921,7 @@ Test(limits, many_open_files, .timeout = 600)
 	}
 	many_init(&m, n);
 	many_round(&m, n, &d_open);
-	wait_fds_back(md, d0.m.fds + 64, 120);
+	wait_fds_back(md, d0.m.fds + FD_SLACK, 120);
 	sample("many open files, closed and committed", &d1);
 	many_check(&m, &c, "with room");
 	cr_assert_eq(c.open_fail + c.write_fail + c.read_fail + c.close_fail, 0,
@@ -1901,11 +1930,11 @@ Test(limits, many_open_files, .timeout = 600)
 	cr_assert_leq(d_open.m.fds, d0.m.fds + n / 2 + 256,
 		      "ferry-mountd held %ld fds with %d files open (%d written), %ld before",
 		      d_open.m.fds, n, n / 2, d0.m.fds);
-	cr_assert_leq(d1.m.fds, d0.m.fds + 64,
+	cr_assert_leq(d1.m.fds, d0.m.fds + FD_SLACK,
 		      "ferry-mountd holds %ld fds after every file was closed and committed, %ld "
 		      "before", d1.m.fds, d0.m.fds);
 	if (d1.r.pid && d1.r.pid == d0.r.pid)
-		cr_assert_leq(d1.r.fds, d0.r.fds + 64,
+		cr_assert_leq(d1.r.fds, d0.r.fds + FD_SLACK,
 			      "ferry-reconciler holds %ld fds after everything was committed, %ld "
 			      "before", d1.r.fds, d0.r.fds);
 	cr_assert_leq(grown(d0.m.rss_kb, d_open.m.rss_kb),
@@ -1950,6 +1979,8 @@ Test(limits, daemon_out_of_fds, .timeout = 300)
 
 	sample("out of fds, before", &d0);
 	soft0 = d0.m.nofile_soft;
+	lowered_pid = md;
+	lowered_soft = soft0;
 	set_nofile_soft(md, d0.m.fds + headroom);
 	cr_log_info("out of fds: ferry-mountd's soft RLIMIT_NOFILE lowered from %ld to %ld (%d "
 		    "above the %ld it holds); %d files to write", soft0, d0.m.fds + headroom,
@@ -1989,7 +2020,7 @@ Test(limits, daemon_out_of_fds, .timeout = 300)
 	for (;;) {
 		probe_e = probe_write();
 		psample(md, &d2.m);
-		if ((probe_e == 0 && d2.m.fds <= d0.m.fds + 64) || now_s() > until)
+		if ((probe_e == 0 && d2.m.fds <= d0.m.fds + FD_SLACK) || now_s() > until)
 			break;
 		usleep(200000);
 	}
@@ -1997,14 +2028,15 @@ Test(limits, daemon_out_of_fds, .timeout = 300)
 	/* the limit back first (a wedged daemon could not even be unmounted),
 	 * then the verdict */
 	set_nofile_soft(md, soft0);
-	cr_assert(probe_e == 0 && d2.m.fds <= d0.m.fds + 64,
+	lowered_pid = 0;
+	cr_assert(probe_e == 0 && d2.m.fds <= d0.m.fds + FD_SLACK,
 		  "ferry-mountd stays at its fd limit after every file was closed: %ld fds (%ld "
 		  "before); a new file's create+write+close+opendir fails with %s",
 		  d2.m.fds, d0.m.fds, fm_errname(probe_e));
 
 	/* whatever is pending commits now, and nothing is lost */
 	wait_drained(240);
-	wait_fds_back(md, d0.m.fds + 64, 120);
+	wait_fds_back(md, d0.m.fds + FD_SLACK, 120);
 	cr_assert(pid_alive(md), "ferry-mountd died");
 	cr_assert_eq(mountd_pid(), md, "ferry-mountd was replaced");
 	sample("out of fds, limit restored and drained", &d2);
@@ -2310,7 +2342,7 @@ Test(limits, big_directory, .timeout = 600)
 		      rss_allowance(64 * MiB + (uint64_t)n * 2 * KiB),
 		      "ferry-mountd grew by %" PRIu64 " KiB for a directory of %u entries",
 		      grown(d0.m.rss_kb, d3.m.rss_kb) / KiB, n);
-	cr_assert_leq(d3.m.fds, d0.m.fds + 64, "ferry-mountd holds %ld fds after the listings, "
+	cr_assert_leq(d3.m.fds, d0.m.fds + FD_SLACK, "ferry-mountd holds %ld fds after the listings, "
 		      "%ld before", d3.m.fds, d0.m.fds);
 	cr_log_info("big directory: ferry-mountd RSS %ld -> %ld (created) -> %ld (listed) -> %ld "
 		    "KiB (listed with churn): %.2f KiB per entry", d0.m.rss_kb, d1.m.rss_kb,
