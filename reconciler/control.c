@@ -374,12 +374,26 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
 			event_add(c->wev, NULL);
 	}
 	if (c->held) {
-		rc = handle_frame(r, c, c->held_buf, c->held_len, c->held_fds, c->held_nfds);
-		if (rc == -ENOMEM || c->dead)
-			goto again;
-		free(c->held_buf);
-		c->held_buf = NULL;
+		/* Taken off the connection first: once handled, its fds are
+		 * the handler's (a job's, or closed), not conn_close()'s. */
+		uint8_t *buf = c->held_buf;
+		size_t len = c->held_len, nfds = c->held_nfds;
+		int fds[RPC_FDS_MAX];
+
+		memcpy(fds, c->held_fds, nfds * sizeof(fds[0]));
 		c->held = false;
+		c->held_buf = NULL;
+		rc = handle_frame(r, c, buf, len, fds, nfds);
+		if (rc == -ENOMEM && !c->dead) {
+			c->held = true;
+			c->held_buf = buf;
+			goto again;
+		}
+		if (rc == -ENOMEM)
+			rpc_fds_close(fds, nfds);
+		free(buf);
+		if (c->dead)
+			goto out;
 	}
 	c->retry_ms = 0;
 	log_info("peer pid %d: memory back; serving it again", (int)c->pid);
