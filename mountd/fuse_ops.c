@@ -1090,6 +1090,10 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		n = of->ino->w->wb_error;
 	else
 		n = wstate_write(md, of->ino, buf, size, off);
+	/* A short write-back is a failed one: the kernel would take it as
+	 * done and drop the rest of its pages (past the largest file, say). */
+	if (n >= 0 && (size_t)n < size && fi->writepage)
+		n = (uint64_t)off + size > md->max_file_size ? -EFBIG : -ENOSPC;
 	if (n < 0 && fi->writepage && of->ino->w)
 		wstate_writeback_failed(of->ino->w, (uint64_t)off, (int)n);
 	else if (n < 0 && fi->writepage)

@@ -148,8 +148,9 @@ static void map_counts(void)
 		return;
 	m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
+	/* Only the constructor maps it, before any thread of the process. */
 	if (m != MAP_FAILED)
-		atomic_store(&counts, (_Atomic unsigned long long *)m);
+		counts = (_Atomic unsigned long long *)m;
 }
 
 /*
