@@ -1086,16 +1086,20 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		rc = wstate_ensure(md, of->ino, of->fh);
 	if (rc < 0)
 		n = rc;
-	else if (fi->writepage && of->ino->w->wb_error)
+	else if (fi->writepage && wstate_writeback_refused(of->ino->w, (uint64_t)off, size))
 		n = of->ino->w->wb_error;
 	else
 		n = wstate_write(md, of->ino, buf, size, off);
 	/* A short write-back is a failed one: the kernel would take it as
-	 * done and drop the rest of its pages (past the largest file, say). */
-	if (n >= 0 && (size_t)n < size && fi->writepage)
+	 * done and drop the rest of its pages (past the largest file, say).
+	 * What did land stays: the failure is where it stopped. */
+	uint64_t failed_at = (uint64_t)off;
+	if (n >= 0 && (size_t)n < size && fi->writepage) {
+		failed_at += (uint64_t)n;
 		n = (uint64_t)off + size > md->max_file_size ? -EFBIG : -ENOSPC;
+	}
 	if (n < 0 && fi->writepage && of->ino->w)
-		wstate_writeback_failed(of->ino->w, (uint64_t)off, (int)n);
+		wstate_writeback_failed(of->ino->w, failed_at, (int)n);
 	else if (n < 0 && fi->writepage)
 		of->ino->wb_error_unstaged = (int)n; /* no staging file to cut: see mountd.h */
 	pthread_mutex_unlock(&of->ino->lock);

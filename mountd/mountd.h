@@ -105,11 +105,14 @@ struct wstate {
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
-	/* Writeback cache: the first write-back the staging file refused
-	 * (ENOSPC, EIO). The staged file is cut where it failed and later
-	 * write-backs are refused, so what is committed is a prefix of what
-	 * was written, never data with a gap of zeros; a truncate clears it. */
+	/* Writeback cache: a write-back the staging file refused (ENOSPC,
+	 * EFBIG, EIO). The staged file is cut at the lowest offset that failed
+	 * (wb_cut) and later write-backs at or past it are refused, while those
+	 * below it still land (the kernel writes back in no fixed order): what
+	 * is committed is a prefix of what was written, never data after a gap
+	 * of zeros; a truncate clears it. */
 	int wb_error;
+	uint64_t wb_cut;
 	/* Passthrough: the kernel writes the staging file directly, so it
 	 * holds the whole file and there are no dirty ranges to track. */
 	bool passthrough;
@@ -177,6 +180,8 @@ int wstate_truncate(struct wstate *w, uint64_t size);
 /* A write-back from the kernel's cache at off failed with err (negative):
  * see wb_error. Caller holds ino->lock. */
 void wstate_writeback_failed(struct wstate *w, uint64_t off, int err);
+/* Whether a write-back of [off, off+len) is refused (see wb_error). */
+bool wstate_writeback_refused(const struct wstate *w, uint64_t off, size_t len);
 /* Puts an inode whose commit failed at close on the retry list (holds a
  * reference). Caller holds ino->lock and checked !ino->pending. */
 void write_back_defer(struct mountd *md, struct inode *ino);

@@ -316,19 +316,17 @@ int wstate_truncate(struct wstate *w, uint64_t size)
 
 void wstate_writeback_failed(struct wstate *w, uint64_t off, int err)
 {
-	uint64_t cut = w->base_size < off ? w->base_size : off;
-
-	/* The kernel writes back in no fixed order: keep only the prefix that
-	 * the committed file and the write-backs that succeeded cover without
-	 * a gap (a gap would read as zeros where data was written). */
-	for (size_t k = 0; k < w->ndirty && w->dirty[k].start <= cut; k++)
-		if (w->dirty[k].end > cut)
-			cut = w->dirty[k].end;
-	if (cut > off)
-		cut = off;
-	if (!w->wb_error && cut < w->size)
-		(void)wstate_truncate(w, cut);
+	if (w->wb_error && off >= w->wb_cut)
+		return;
+	if (off < w->size)
+		(void)wstate_truncate(w, off); /* clears wb_error */
 	w->wb_error = err;
+	w->wb_cut = off;
+}
+
+bool wstate_writeback_refused(const struct wstate *w, uint64_t off, size_t len)
+{
+	return w->wb_error && off + len > w->wb_cut;
 }
 
 int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off)

@@ -1434,10 +1434,9 @@ static off_t max_size_of(int fd)
  * directory, on the same filesystem as the reference file. Through the
  * writeback cache (-o writeback, on mounts without passthrough) the page
  * cache takes a write past it, so the write-back fails instead, and the
- * README promises that fsync() and close() report that. Found here: they
- * return 0 and the byte is gone after a remount (the staging file takes
- * the write-back up to the limit and the short count is replied as the
- * write-back's success).
+ * README promises that fsync() and close() report that. This test found
+ * them returning 0 and the byte gone after a remount (the short write-back
+ * was replied as success); a short write-back is now a failed one.
  */
 Test(limits, max_file_size)
 {
