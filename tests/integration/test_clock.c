@@ -417,40 +417,41 @@ static void patch_commit(const char *path, const char *bytes)
 	OK(close(fd));
 }
 
-Test(clock, mtime_never_goes_back_between_commits)
+/*
+ * Commits before and after a step back of a day: the file's mtime stays
+ * where it was (a commit may not make a file look older than what it
+ * replaced), unless set explicitly. Three write paths stamp mtimes three
+ * ways: opts selects one.
+ */
+static void mtime_across_a_step_back(const char *opts)
 {
 	struct timespec m1, m2, m3, m4, ts[2];
 	unsigned char buf[4096];
-	uint64_t seed = 5;
 
-	mount_with_clock(0, NULL);
-	fm_fill_random(&seed, buf, sizeof(buf));
-	fm_write_file(mp("m"), buf, sizeof(buf));
+	mount_with_clock(0, opts);
+	put_committed(mp("m"), 5, sizeof(buf), buf);
 	patch_commit(mp("m"), "one");
 	m1 = mtime_of(mp("m"));
 
-	/* Back a day: the next commits keep the mtime where it was (as the
-	 * page cache of a local file system would not, but a commit is not
-	 * allowed to make a file look older than what it replaced). */
 	clock_set(-DAY);
 	clock_confirm(-DAY);
 	patch_commit(mp("m"), "two");
 	m2 = mtime_of(mp("m"));
 	cr_assert(!ts_before(m2, m1), "mtime went back from %lld to %lld across a commit",
 		  (long long)m1.tv_sec, (long long)m2.tv_sec);
-	/* A rewrite through a new, truncating open (passthrough) too. */
-	put_committed(mp("m"), 5, sizeof(buf), buf);
+	/* A rewrite through a new, truncating open too. */
+	put_committed(mp("m"), 6, sizeof(buf), buf);
 	m3 = mtime_of(mp("m"));
 	cr_assert(!ts_before(m3, m2), "mtime went back from %lld to %lld across a rewrite",
 		  (long long)m2.tv_sec, (long long)m3.tv_sec);
 
-	/* Set explicitly, it goes wherever it is told. */
+	/* Set explicitly, it goes wherever it is told ... */
 	ts[0].tv_nsec = UTIME_OMIT;
 	ts[1] = (struct timespec){ .tv_sec = 1000000000, .tv_nsec = 0 };
 	OK(utimensat(AT_FDCWD, mp("m"), ts, 0));
 	m4 = mtime_of(mp("m"));
 	cr_assert_eq(m4.tv_sec, 1000000000);
-	/* ... and a write after that is a write at the daemon's now. */
+	/* ... and a write after that is a write now. */
 	patch_commit(mp("m"), "three");
 	m4 = mtime_of(mp("m"));
 	cr_assert_gt(m4.tv_sec, 1000000000);
@@ -458,6 +459,25 @@ Test(clock, mtime_never_goes_back_between_commits)
 	clock_confirm(0);
 	fm_remount_cold();
 	cr_assert(!ts_before(mtime_of(mp("m")), m4));
+}
+
+/* The default: a reopened file is copied up into a passthrough staging
+ * file, which the kernel stamps (on the real clock). */
+Test(clock, mtime_never_goes_back_between_commits)
+{
+	mtime_across_a_step_back(NULL);
+}
+
+/* Every write through ferry-mountd, which stamps them with its own clock. */
+Test(clock, mtime_never_goes_back_between_commits_on_the_daemon_path)
+{
+	mtime_across_a_step_back("passthrough=off,writeback=off");
+}
+
+/* Writes cached by the kernel, which sends its mtimes at write-back. */
+Test(clock, mtime_never_goes_back_between_commits_through_the_writeback_cache)
+{
+	mtime_across_a_step_back("passthrough=off,writeback=on");
 }
 
 /* ---- S3: signatures carry the date ---- */
