@@ -238,26 +238,37 @@ static double mono_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Commits made by either daemon so far. */
-static uint64_t commits_made(void)
+/*
+ * Files whose last close ferry-mountd has seen (RELEASE, which the kernel
+ * may send after close() returned): handed to the reconciler, committed by
+ * ferry-mountd because the handoff failed, or kept because still mapped
+ * (committed there and then).
+ */
+static uint64_t released(void)
 {
 	struct fm_stats s;
 
 	fm_stats_read(&s);
-	return fm_stats_need(&s, "commits") + fm_stats_need(&s, "reconcile_committed_total");
+	return fm_stats_need(&s, "handoffs") + fm_stats_need(&s, "handoff_failures") +
+	       fm_stats_need(&s, "mapped_after_close");
 }
 
 /*
- * Waits until a commit came after `before` (commits_made() then) and
- * nothing is staged; false after 3 minutes. The handoff to the reconciler
- * happens at RELEASE, which the kernel may send after close() returned:
- * "nothing staged" alone could be seen before it.
+ * Waits until a file closed after `before` (released() then) was released
+ * and every handoff so far is committed (the reconciler's reply came);
+ * false after 3 minutes.
  */
 static bool committed_since(uint64_t before)
 {
 	for (int i = 0; i < 1800; i++) {
-		if (commits_made() > before && stat_of("passthrough_staging_blocks") == 0)
-			return true;
+		struct fm_stats s;
+
+		if (released() > before) {
+			fm_stats_read(&s);
+			if (fm_stats_need(&s, "reconcile_handed_inflight") == 0 &&
+			    fm_stats_need(&s, "passthrough_staging_blocks") == 0)
+				return true;
+		}
 		usleep(100 * 1000);
 	}
 	return false;
@@ -266,7 +277,7 @@ static bool committed_since(uint64_t before)
 /* Writes path whole with len bytes from seed and waits for its commit. */
 static void put_committed(const char *path, uint64_t seed, size_t len, unsigned char *buf)
 {
-	uint64_t before = commits_made();
+	uint64_t before = released();
 
 	fm_fill_random(&seed, buf, len);
 	fm_write_file(path, buf, len);
@@ -518,7 +529,7 @@ Test(clock_s3, requests_are_accepted_whatever_the_local_clock_says)
 
 	mount_with_clock(0, NULL);
 	for (size_t j = 0; j <= nj; j++) {
-		uint64_t seed = 100 + j, before = commits_made();
+		uint64_t seed = 100 + j, before = released();
 
 		fm_fill_random(&seed, buf, sizeof(buf));
 		fm_write_file(mp("s%zu", j), buf, sizeof(buf));
