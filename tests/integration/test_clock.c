@@ -305,21 +305,24 @@ Test(clock, gc_keeps_garbage_for_its_grace_across_a_forward_jump)
 	cr_assert_geq(stat_of("gc_pending_slices"), 1);
 	deleted0 = stat_of("gc_objects_deleted");
 
-	/* A day later by the wall clock: far past the grace. */
+	/* A day later by the wall clock: far past the grace. Two gc rounds
+	 * (a jump forward used to cut the grace short at the first). */
 	clock_set(DAY);
 	clock_confirm(DAY);
 	rounds = stat_of("gc_rounds");
-	wait_stat(NULL, "gc_rounds", rounds + 2, "gc rounds after the jump");
-	elapsed = mono_s() - t_garbage;
-	if (elapsed < GRACE - 2) {
+	for (int r = 1; r <= 2; r++) {
+		wait_stat(NULL, "gc_rounds", rounds + (uint64_t)r, "gc rounds after the jump");
+		elapsed = mono_s() - t_garbage;
+		if (elapsed >= GRACE - 2) {
+			cr_log_info("the machine is slow: %.0f s passed, more than the grace; early "
+				    "deletion cannot be told from on-time deletion this run", elapsed);
+			break;
+		}
 		cr_assert_eq(missing(&old), 0,
 			     "%d of %d objects of the replaced version were deleted %.0f s after "
-			     "they became garbage (grace %d s): the jump cut the grace short",
-			     missing(&old), old.n, elapsed, GRACE);
+			     "they became garbage (grace %d s, gc round %d after the jump): the "
+			     "jump cut the grace short", missing(&old), old.n, elapsed, GRACE, r);
 		cr_assert_eq(stat_of("gc_objects_deleted"), deleted0);
-	} else {
-		cr_log_info("the machine is slow: %.0f s passed, more than the grace; early "
-			    "deletion cannot be told from on-time deletion this run", elapsed);
 	}
 	/* The live version reads, and once the grace has really passed the old
 	 * objects go. */
