@@ -1811,10 +1811,18 @@ static int do_setattr(struct conn *c, void *p)
 		at.atime = now;
 	else if (a->valid & META_SET_ATIME)
 		at.atime = in->atime;
-	if (a->valid & META_SET_MTIME_NOW)
-		at.mtime = now;
-	else if (a->valid & META_SET_MTIME)
+	if (a->valid & META_SET_MTIME_NOW) {
+		/* A size change stamps "now" of its own accord (truncate,
+		 * O_TRUNC): after a step back of the wall clock that must not
+		 * make the file look older than it was, as a commit may not. A
+		 * time asked for (utimensat UTIME_NOW, no size) is set as asked. */
+		bool back = now.tv_sec < at.mtime.tv_sec ||
+			    (now.tv_sec == at.mtime.tv_sec && now.tv_nsec < at.mtime.tv_nsec);
+		if (!((a->valid & META_SET_SIZE) && back))
+			at.mtime = now;
+	} else if (a->valid & META_SET_MTIME) {
 		at.mtime = in->mtime;
+	}
 	at.ctime = (a->valid & META_SET_CTIME) ? in->ctime : now;
 	rc = inode_put(c, &at);
 	if (rc == 0)

@@ -344,11 +344,14 @@ const char *fm_shim(const char *name)
 void fm_daemon_preload(const char *name)
 {
 	const char *lib = fm_shim(name);
-	const char *asan = getenv("ASAN_OPTIONS");
-	char opts[900];
+	const char *asan = getenv("ASAN_OPTIONS"), *had = getenv("LD_PRELOAD");
+	char opts[900], preload[PATH_MAX * 2];
 
 	cr_assert(access(lib, R_OK) == 0, "test shim %s: %s (is it built?)", lib, strerror(errno));
-	fm_daemon_env("LD_PRELOAD", lib);
+	/* First, before whatever the tests run with. */
+	snprintf(preload, sizeof(preload), "%s%s%.*s", lib, had && *had ? " " : "",
+		 PATH_MAX, had ? had : "");
+	fm_daemon_env("LD_PRELOAD", preload);
 	/* Harmless without ASan; with it, ASan's runtime may stand second. */
 	snprintf(opts, sizeof(opts), "%.800s%sverify_asan_link_order=0", asan ? asan : "",
 		 asan && *asan ? ":" : "");

@@ -122,7 +122,9 @@ static _Atomic unsigned long ppm;
 static _Atomic size_t min_bytes;
 static _Atomic unsigned long long calls;
 static _Atomic unsigned long long rng;
-static _Atomic unsigned long long *counts; /* the shared counter file, or NULL */
+/* The shared counter file, or NULL. Set before `state` says ST_ACTIVE
+ * (an atomic store), and read only after that. */
+static _Atomic unsigned long long *counts;
 
 static void copy_env(char *dst, size_t cap, const char *name)
 {

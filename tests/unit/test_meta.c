@@ -1632,6 +1632,25 @@ Test(meta, overwritten_slices_become_garbage)
 	cr_assert_eq(attr(f).size, 0);
 }
 
+/* A truncation stamps "now", but never before the file's mtime (the wall
+ * clock may have stepped back since it was set); a time asked for is set as
+ * asked. */
+Test(meta, truncation_never_moves_mtime_back)
+{
+	uint64_t f = mk(META_ROOT_INO, "mtf", S_IFREG | 0644);
+	struct meta_attr in = { .mtime = { .tv_sec = (time_t)time(NULL) + 86400, .tv_nsec = 7 } };
+	struct meta_attr out;
+
+	cr_assert_eq(meta_setattr(m, f, META_SET_MTIME, &in, &out), 0);
+	in.size = 0;
+	cr_assert_eq(meta_setattr(m, f, META_SET_SIZE | META_SET_MTIME_NOW, &in, &out), 0);
+	cr_assert(out.mtime.tv_sec == in.mtime.tv_sec && out.mtime.tv_nsec == 7,
+		  "a truncation moved mtime from %lld back to %lld", (long long)in.mtime.tv_sec,
+		  (long long)out.mtime.tv_sec);
+	cr_assert_eq(meta_setattr(m, f, META_SET_MTIME_NOW, &in, &out), 0);
+	cr_assert_lt(out.mtime.tv_sec, in.mtime.tv_sec, "UTIME_NOW is set as asked");
+}
+
 /* A volume whose gc_slice predates gc_slice.seen gets the column at open;
  * its garbage waits for a mark like any other. */
 Test(meta, gc_seen_is_added_to_an_older_volume)
