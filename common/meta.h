@@ -123,8 +123,50 @@ int meta_gc_pending(struct meta *m, uint64_t *slices, uint64_t *bytes);
  * checkpoint itself to keep that bound. */
 void meta_ckpt_pause(struct meta *m, int paused);
 uint64_t meta_ckpt_inline(struct meta *m);
-/* Makes every commit made so far durable (no-op when unbatched). */
+/* Makes every commit made so far durable (no-op when unbatched); with
+ * deferred commits, commits the open batch first. */
 int meta_sync(struct meta *m);
+
+/*
+ * Deferred commits, for the volume's one writing daemon (its namespace
+ * operations then cost no commit each). From this call on, this struct
+ * meta's namespace changes (meta_create, _link, _unlink, _rmdir, _rename,
+ * _setattr, _setxattr, _removexattr, _inode_release) are made inside one
+ * open transaction, the batch, and each is appended as a record to the
+ * journal at journal_path (a local file) before the call returns. The batch
+ * commits every flush_ms milliseconds, at meta_flush(), meta_sync() and
+ * meta_close(), and with any other change made through this meta (slice
+ * ids, data commits, ...), which therefore never returns before the changes
+ * that came ahead of it are committed. This meta's reads see the batch at
+ * once; other connections and processes see it at its commit, and their
+ * writes wait for it (never more than flush_ms and a commit).
+ *
+ * A killed process loses nothing that returned: the next meta_journal_open()
+ * replays the records past the last one the database holds (*replayed: how
+ * many, may be NULL) and commits them before it returns. Against a power
+ * loss, as before: durable after meta_sync(). Implies meta_set_batched().
+ * Returns 0, -EBUSY if another process has the journal open, or an error.
+ */
+int meta_journal_open(struct meta *m, const char *journal_path, int flush_ms,
+		      uint64_t *replayed);
+/* Where a volume's journal goes: its database's path and this. meta_format()
+ * with force removes it with the old database. */
+#define META_JOURNAL_SUFFIX "-changes"
+/* The seq of the last change journaled (0: none, or no deferral). A
+ * commit item with this meta_seq commits only once the database holds the
+ * journal up to it (else -EINPROGRESS). */
+uint64_t meta_journal_last(struct meta *m);
+/* Commits the open batch now (no-op without one, or without deferral). */
+int meta_flush(struct meta *m);
+struct meta_journal_stats {
+	uint64_t records;         /* changes journaled */
+	uint64_t batches;         /* batches committed */
+	uint64_t replayed;        /* records replayed at open or after a failed commit */
+	uint64_t replay_errors;   /* replayed records the database refused */
+	uint64_t commit_failures; /* batch commits that failed (then replayed) */
+	uint64_t pending;         /* records journaled and not yet committed */
+};
+void meta_journal_stats_get(struct meta *m, struct meta_journal_stats *out);
 
 int meta_getattr(struct meta *m, uint64_t ino, struct meta_attr *out);
 int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_attr *out);
@@ -220,6 +262,7 @@ struct meta_commit_item {
 	size_t n;
 	uint64_t new_size;
 	const struct timespec *mtime;          /* NULL: now */
+	uint64_t meta_seq;                     /* wait for the journal's seq (0: no) */
 	int rc;                                /* out: as meta_write_commit_seq() */
 	struct meta_attr out;                  /* out, when rc is 0 */
 };
@@ -227,7 +270,10 @@ struct meta_commit_item {
  * small files costs one commit (and one meta_sync()) rather than n. An item
  * refused before it changed anything (-EALREADY, -ENOENT, -EISDIR, -EINVAL)
  * fails alone; any other error rolls the whole batch back, and is then
- * every item's rc and the return value. */
+ * every item's rc and the return value. An item's -EINPROGRESS: its
+ * meta_seq is past what the database holds of the journal: the changes it
+ * depends on sit in a deferring daemon's journal (the daemon died before
+ * its batch committed, and replays it at its next start); try again later. */
 int meta_write_commit_batch(struct meta *m, struct meta_commit_item *items, size_t n);
 /* Raises the last seq committed for ino to at least seq (a no-op if it is
  * higher), so no reconcile job of ino numbered seq or below commits after

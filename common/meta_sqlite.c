@@ -32,6 +32,7 @@
  */
 #include "clock.h"
 #include "meta.h"
+#include "meta_journal.h"
 #include "slice.h"
 
 #include <errno.h>
@@ -44,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -103,6 +105,11 @@ enum st {
 	ST_BEGIN,
 	ST_COMMIT,
 	ST_ROLLBACK,
+	ST_SAVEPOINT,
+	ST_SAVEPOINT_RELEASE,
+	ST_SAVEPOINT_ROLLBACK,
+	ST_JOURNAL_GET,
+	ST_JOURNAL_PUT,
 	ST_GETATTR,
 	ST_LOOKUP,
 	ST_INODE_INSERT,
@@ -155,6 +162,11 @@ static const char *const st_sql[ST_COUNT] = {
 	[ST_BEGIN] = "BEGIN IMMEDIATE",
 	[ST_COMMIT] = "COMMIT",
 	[ST_ROLLBACK] = "ROLLBACK",
+	[ST_SAVEPOINT] = "SAVEPOINT j",
+	[ST_SAVEPOINT_RELEASE] = "RELEASE j",
+	[ST_SAVEPOINT_ROLLBACK] = "ROLLBACK TO j",
+	[ST_JOURNAL_GET] = "SELECT seq FROM journal WHERE id = 1",
+	[ST_JOURNAL_PUT] = "UPDATE journal SET seq = ?1 WHERE id = 1",
 	[ST_GETATTR] = "SELECT " INODE_COLS " FROM inode WHERE ino = ?1",
 	[ST_LOOKUP] = "SELECT d.ino, " INODE_COLS_I " FROM dentry d LEFT JOIN inode i"
 		      " ON i.ino = d.ino WHERE d.parent = ?1 AND d.name = ?2",
@@ -297,6 +309,27 @@ struct meta {
 	int ckpt_started, ckpt_wanted, ckpt_stop; /* under ckpt_lock */
 	_Atomic int ckpt_paused;  /* tests: the thread skips its checkpoints */
 	_Atomic uint64_t ckpt_inline; /* checkpoints commits had to make */
+	/* Cross-process: held shared by a deferring daemon while it opens a
+	 * batch and exclusive by every other writer around its transaction,
+	 * so a stream of batches never starves them (see batch_begin). -1:
+	 * none (the volume's directory is read-only). */
+	int intent_fd;
+	/* Deferred commits (meta_journal_open); all under write_lock. */
+	int jfd;               /* the journal, -1: commits are immediate */
+	struct conn *bc;       /* the batch's connection, owned here */
+	int batch_open;        /* bc is inside BEGIN IMMEDIATE */
+	_Atomic int batch_dirty; /* batch_open, for reads that take no lock */
+	struct timespec batch_since; /* monotonic: when the batch opened */
+	uint64_t batch_records;
+	uint64_t jseq;         /* the last seq appended to the journal */
+	uint64_t applied;      /* the last seq the database holds */
+	off_t jsize;           /* the journal's length */
+	int stuck;             /* see batch_restore() */
+	int flush_ms;
+	pthread_cond_t flush_cond;
+	pthread_t flush_thread;
+	int flush_started, flush_stop;
+	struct meta_journal_stats js;
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -320,10 +353,16 @@ static int db_err(int rc)
 	}
 }
 
+/* A deferred change runs with the time it records in the journal, and its
+ * replay with the recorded one, so both come out the same. */
+static _Thread_local const struct timespec *tl_now;
+
 static struct timespec now_ts(void)
 {
 	struct timespec ts;
 
+	if (tl_now != NULL)
+		return *tl_now;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return ts;
 }
@@ -813,10 +852,18 @@ static bool txn_abort(struct meta *m, struct conn *c)
 	return false;
 }
 
+/* The intent lock (struct meta's intent_fd); flock() waits for its turn. */
+static void intent_lock(struct meta *m, int how)
+{
+	if (m->intent_fd >= 0)
+		while (flock(m->intent_fd, how) < 0 && errno == EINTR)
+			;
+}
+
 /* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
  * 0 to commit or a negative errno to roll back; it must be safe to run again
  * (it may be, after -EAGAIN). */
-static int txn(struct meta *m, txn_fn fn, void *arg)
+static int txn_now(struct meta *m, txn_fn fn, void *arg)
 {
 	struct conn *c;
 	int rc, tries;
@@ -828,6 +875,7 @@ static int txn(struct meta *m, txn_fn fn, void *arg)
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&m->write_lock);
+	intent_lock(m, LOCK_EX);
 	for (tries = 1;; tries++) {
 		rc = exec_st(c, ST_BEGIN);
 		if (rc == 0) {
@@ -848,9 +896,295 @@ static int txn(struct meta *m, txn_fn fn, void *arg)
 		/* busy_wait() already waited; back off a little more. */
 		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
 	}
+	intent_lock(m, LOCK_UN);
 	pthread_mutex_unlock(&m->write_lock);
 	return rc == -EAGAIN ? -EIO : rc;
 }
+
+/*
+ * ---- deferred commits (meta_journal_open) ----
+ *
+ * The batch is one BEGIN IMMEDIATE transaction on m->bc, open from the
+ * first change after a commit until the flusher (or a caller that needs
+ * the changes committed) commits it. Each change runs in a savepoint, so a
+ * refused one (EEXIST, ENOTEMPTY, ...) leaves the rest; a change that went
+ * through is appended to the journal before write_lock is let go, so the
+ * journal's order is the order the changes were made in. The commit also
+ * records the last seq it holds (table journal), and then the journal is
+ * cut back to nothing: what it held is in the database.
+ *
+ * SQLite lets one writer in at a time and another process's writer polls
+ * for its turn (busy_wait); batches opened back to back would starve it. So
+ * such writers hold the intent lock exclusively around their transaction
+ * (txn_now), and a batch opens only with the lock taken shared for a moment:
+ * a waiting writer goes first.
+ */
+#define BATCH_RECORDS_MAX 4096
+#define J_RESULT 11 /* the record's slot for the change's result (a new ino) */
+
+static _Thread_local int tl_replaying; /* batch_run() journals nothing */
+
+static void batch_closed(struct meta *m)
+{
+	m->batch_open = 0;
+	atomic_store(&m->batch_dirty, 0);
+	m->batch_records = 0;
+}
+
+static int batch_restore(struct meta *m);
+
+static int batch_begin(struct meta *m)
+{
+	int rc, tries;
+
+	if (m->batch_open)
+		return 0;
+	if (m->stuck && !tl_replaying) {
+		rc = batch_restore(m);
+		if (rc || m->batch_open)
+			return rc;
+	}
+	if (m->bc == NULL) {
+		rc = conn_open(m->path, &m->bc);
+		if (rc)
+			return rc;
+		m->bc->m = m;
+	}
+	rc = conn_sync_mode(m->bc);
+	if (rc)
+		return rc;
+	intent_lock(m, LOCK_SH);
+	for (tries = 1;; tries++) {
+		rc = exec_st(m->bc, ST_BEGIN);
+		if (rc != -EAGAIN || tries >= TXN_TRIES)
+			break;
+		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
+	}
+	intent_lock(m, LOCK_UN);
+	if (rc)
+		return rc == -EAGAIN ? -EIO : rc;
+	m->batch_open = 1;
+	atomic_store(&m->batch_dirty, 1);
+	clock_gettime(CLOCK_MONOTONIC, &m->batch_since);
+	pthread_cond_signal(&m->flush_cond);
+	return 0;
+}
+
+/* Appends r (its seq and time filled) at the journal's end; a short or
+ * failed write is cut off again, so no torn record hides later ones. */
+static int journal_append(struct meta *m, struct mj_rec *r)
+{
+	unsigned char small[1024], *buf = small;
+	size_t n = mj_size(r);
+	ssize_t w;
+	int rc = 0;
+
+	if (n > sizeof(small) && (buf = malloc(n)) == NULL)
+		return -ENOMEM;
+	if (mj_encode(r, buf, n) != n) {
+		rc = -EINVAL;
+		goto out;
+	}
+	do
+		w = pwrite(m->jfd, buf, n, m->jsize);
+	while (w < 0 && errno == EINTR);
+	if (w == (ssize_t)n) {
+		m->jsize += (off_t)n;
+		goto out;
+	}
+	rc = w < 0 ? -errno : -ENOSPC;
+	if (ftruncate(m->jfd, m->jsize) < 0 && rc == -ENOSPC)
+		rc = -EIO;
+out:
+	if (buf != small)
+		free(buf);
+	return rc;
+}
+
+static int journal_replay(struct meta *m, uint64_t *count);
+
+/*
+ * Puts what the journal holds past the last commit back into a new batch
+ * (write_lock held, no batch open). If that fails (the disk under the
+ * database is full, say), m is stuck: each change first tries this again
+ * and fails with its error while it does, so nothing acknowledged is
+ * dropped by a commit that would skip it.
+ */
+static int batch_restore(struct meta *m)
+{
+	uint64_t n;
+	int rc;
+
+	m->stuck = 0;
+	if (m->jseq <= m->applied)
+		return 0;
+	rc = journal_replay(m, &n);
+	if (rc) {
+		if (m->bc != NULL && !sqlite3_get_autocommit(m->bc->db))
+			exec_st(m->bc, ST_ROLLBACK);
+		if (m->bc != NULL && !sqlite3_get_autocommit(m->bc->db)) {
+			conn_free(m->bc);
+			m->bc = NULL;
+		}
+		m->batch_open = 0;
+		atomic_store(&m->batch_dirty, 0);
+		m->batch_records = 0;
+		m->stuck = 1;
+	}
+	return rc;
+}
+
+/* The batch was rolled back whole (a failed commit, or SQLite gave up the
+ * transaction): what the journal holds past the last commit goes back in. */
+static void batch_lost(struct meta *m)
+{
+	if (m->bc != NULL && !sqlite3_get_autocommit(m->bc->db)) {
+		exec_st(m->bc, ST_ROLLBACK);
+		if (!sqlite3_get_autocommit(m->bc->db)) {
+			/* Closing it rolls back; batch_begin() opens another. */
+			conn_free(m->bc);
+			m->bc = NULL;
+		}
+	}
+	batch_closed(m);
+	batch_restore(m);
+}
+
+/* Commits the open batch (write_lock held). On failure the batch is made
+ * again from the journal and stays open: the flusher tries again. */
+static int batch_commit(struct meta *m)
+{
+	int rc = 0;
+
+	if (!m->batch_open)
+		return 0;
+	if (m->jseq > m->applied)
+		rc = run_ints(m->bc, ST_JOURNAL_PUT, 1, (const int64_t[]){ (int64_t)m->jseq });
+	if (rc == 0)
+		rc = exec_st(m->bc, ST_COMMIT);
+	if (rc) {
+		m->js.commit_failures++;
+		batch_lost(m);
+		return rc == -EAGAIN ? -EIO : rc;
+	}
+	batch_closed(m);
+	m->applied = m->jseq;
+	m->js.batches++;
+	/* Everything in it is in the database now. A journal that cannot be
+	 * cut stays whole: its records are skipped at replay (seq). */
+	if (ftruncate(m->jfd, 0) == 0)
+		m->jsize = 0;
+	return 0;
+}
+
+/*
+ * Runs fn in the batch (write_lock held): opens the batch if needed, a
+ * savepoint around fn, and r (if any) appended to the journal once fn went
+ * through (result: a value fn made that the record must carry). Without r
+ * the change is one that replay cannot make again, so the batch commits
+ * before this returns.
+ */
+static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn_fn fn,
+		     void *arg)
+{
+	struct timespec now;
+	int rc;
+
+	rc = batch_begin(m);
+	if (rc)
+		return rc;
+	rc = exec_st(m->bc, ST_SAVEPOINT);
+	if (rc)
+		goto broken;
+	if (tl_replaying) {
+		rc = fn(m->bc, arg);
+	} else {
+		clock_gettime(CLOCK_REALTIME, &now);
+		tl_now = &now;
+		rc = fn(m->bc, arg);
+		tl_now = NULL;
+		if (rc == 0 && r != NULL) {
+			r->seq = m->jseq + 1;
+			r->now = now;
+			if (result)
+				r->v[J_RESULT] = *result;
+			rc = journal_append(m, r);
+			if (rc == 0) {
+				m->jseq = r->seq;
+				m->js.records++;
+				m->batch_records++;
+			}
+		}
+	}
+	if (sqlite3_get_autocommit(m->bc->db))
+		goto broken; /* SQLite rolled the whole batch back itself */
+	if (rc) {
+		if (exec_st(m->bc, ST_SAVEPOINT_ROLLBACK) || exec_st(m->bc, ST_SAVEPOINT_RELEASE))
+			goto broken;
+		return rc;
+	}
+	if (exec_st(m->bc, ST_SAVEPOINT_RELEASE))
+		goto broken;
+	if ((r == NULL && !tl_replaying) || m->batch_records >= BATCH_RECORDS_MAX)
+		return batch_commit(m);
+	return 0;
+broken:
+	if (rc == 0)
+		rc = -EIO;
+	if (!tl_replaying)
+		batch_lost(m);
+	return rc == -EAGAIN ? -EIO : rc;
+}
+
+/* A change made through m: in the batch when m defers (journaled when r is
+ * given), else in a transaction of its own. */
+static int txn_rec(struct meta *m, struct mj_rec *r, const uint64_t *result, txn_fn fn,
+		   void *arg)
+{
+	int rc;
+
+	if (m->jfd < 0)
+		return txn_now(m, fn, arg);
+	pthread_mutex_lock(&m->write_lock);
+	rc = batch_run(m, r, result, fn, arg);
+	pthread_mutex_unlock(&m->write_lock);
+	return rc;
+}
+
+static int txn(struct meta *m, txn_fn fn, void *arg)
+{
+	return txn_rec(m, NULL, NULL, fn, arg);
+}
+
+/*
+ * The connection a read uses. While a batch is open its changes are seen
+ * only on m->bc, so reads go there, under write_lock; otherwise the
+ * thread's own (no lock: a change that returned before this read began has
+ * either set batch_dirty or been committed). Declared with READ_CONN, so
+ * write_lock goes when the variable does.
+ */
+static int read_conn(struct meta *m, struct conn **out)
+{
+	if (atomic_load(&m->batch_dirty)) {
+		pthread_mutex_lock(&m->write_lock);
+		if (m->batch_open) {
+			*out = m->bc;
+			return 0;
+		}
+		pthread_mutex_unlock(&m->write_lock);
+	}
+	return conn_get(m, out);
+}
+
+/* Called as the variable made by READ_CONN goes out of scope. */
+static void read_done(struct conn **pc)
+{
+	struct conn *c = *pc;
+
+	if (c != NULL && c == c->m->bc)
+		pthread_mutex_unlock(&c->m->write_lock);
+}
+#define READ_CONN(c) struct conn *c __attribute__((cleanup(read_done))) = NULL
 
 /* ---- rows --------------------------------------------------------------- */
 
@@ -1410,7 +1744,8 @@ static int uuid_generate(char out[37])
 
 static int unlink_db_files(const char *path)
 {
-	static const char *const sfx[] = { "", "-wal", "-shm", "-journal" };
+	static const char *const sfx[] = { "", "-wal", "-shm", "-journal", META_JOURNAL_SUFFIX,
+					   "-intent" };
 	char buf[4096];
 	size_t i;
 
@@ -1609,6 +1944,17 @@ out:
 	return rc;
 }
 
+/* The intent lock's file, beside the database; -1 if it cannot be made
+ * (a read-only directory: then nothing writes there either). */
+static int intent_open(const char *db_path)
+{
+	char p[PATH_MAX];
+
+	if ((size_t)snprintf(p, sizeof(p), "%s-intent", db_path) >= sizeof(p))
+		return -1;
+	return open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+}
+
 int meta_open(const char *db_path, struct meta **out)
 {
 	struct meta *m;
@@ -1637,6 +1983,9 @@ int meta_open(const char *db_path, struct meta **out)
 	pthread_mutex_init(&m->write_lock, NULL);
 	pthread_mutex_init(&m->ckpt_lock, NULL);
 	mono_cond_init(&m->ckpt_cond);
+	mono_cond_init(&m->flush_cond);
+	m->jfd = -1;
+	m->intent_fd = intent_open(db_path);
 	rc = conn_get(m, &c);
 	if (rc == 0)
 		rc = check_volume(c);
@@ -1666,6 +2015,22 @@ void meta_close(struct meta *m)
 	pthread_mutex_unlock(&m->ckpt_lock);
 	if (m->ckpt_started)
 		pthread_join(m->ckpt_thread, NULL); /* its conn goes with the thread */
+	if (m->jfd >= 0) {
+		pthread_mutex_lock(&m->write_lock);
+		m->flush_stop = 1;
+		pthread_cond_signal(&m->flush_cond);
+		pthread_mutex_unlock(&m->write_lock);
+		if (m->flush_started)
+			pthread_join(m->flush_thread, NULL);
+		/* What does not commit now is replayed at the next open. */
+		meta_flush(m);
+		close(m->jfd);
+		m->jfd = -1;
+	}
+	if (m->bc)
+		conn_free(m->bc);
+	if (m->intent_fd >= 0)
+		close(m->intent_fd);
 	/* The caller's workers are gone (or never touch m again); no key
 	 * destructor runs for this key after this. */
 	pthread_key_delete(m->key);
@@ -1681,18 +2046,19 @@ void meta_close(struct meta *m)
 	pthread_mutex_destroy(&m->write_lock);
 	pthread_mutex_destroy(&m->ckpt_lock);
 	pthread_cond_destroy(&m->ckpt_cond);
+	pthread_cond_destroy(&m->flush_cond);
 	free(m->path);
 	free(m);
 }
 
 int meta_volume_get(struct meta *m, struct meta_volume *out)
 {
-	struct conn *c;
+	READ_CONN(c);
 	int rc;
 
 	if (m == NULL || out == NULL)
 		return -EINVAL;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = volume_read(c, out);
@@ -1710,12 +2076,12 @@ static int ro(int rc)
 int meta_getattr(struct meta *m, uint64_t ino, struct meta_attr *out)
 {
 	struct meta_attr a;
-	struct conn *c;
+	READ_CONN(c);
 	int rc;
 
 	if (m == NULL)
 		return -EINVAL;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc == 0)
 		rc = inode_get(c, ino, &a);
 	if (rc == 0 && out != NULL)
@@ -1727,7 +2093,7 @@ int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_a
 {
 	sqlite3_stmt *st = NULL;
 	struct meta_attr a, p;
-	struct conn *c;
+	READ_CONN(c);
 	size_t nlen;
 	int rc;
 
@@ -1738,7 +2104,7 @@ int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_a
 		return rc;
 	if (!ino_ok(parent))
 		return -ENOENT;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = stmt(c, ST_LOOKUP, &st);
@@ -1842,7 +2208,20 @@ int meta_setattr(struct meta *m, uint64_t ino, unsigned valid, const struct meta
 			   ((valid & META_SET_MTIME) && !ts_valid(&in->mtime)) ||
 			   ((valid & META_SET_CTIME) && !ts_valid(&in->ctime))))
 		return -EINVAL;
-	rc = txn(m, do_setattr, &a);
+	struct mj_rec r = { .op = MJ_SETATTR, .v = { ino, valid } };
+	if (in != NULL) {
+		r.v[2] = in->mode;
+		r.v[3] = in->uid;
+		r.v[4] = in->gid;
+		r.v[5] = in->size;
+		r.v[6] = (uint64_t)in->atime.tv_sec;
+		r.v[7] = (uint64_t)in->atime.tv_nsec;
+		r.v[8] = (uint64_t)in->mtime.tv_sec;
+		r.v[9] = (uint64_t)in->mtime.tv_nsec;
+		r.v[10] = (uint64_t)in->ctime.tv_sec;
+		r.v[11] = (uint64_t)in->ctime.tv_nsec;
+	}
+	rc = txn_rec(m, &r, NULL, do_setattr, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.out;
 	return rc;
@@ -1951,7 +2330,9 @@ int meta_create(struct meta *m, uint64_t parent, const char *name, uint32_t mode
 	}
 	if (!ino_ok(parent))
 		return -ENOENT;
-	rc = txn(m, do_create, &a);
+	struct mj_rec r = { .op = MJ_CREATE, .v = { parent, mode, uid, gid, rdev },
+			    .s = { name, target }, .slen = { (uint32_t)a.nlen, (uint32_t)a.tlen } };
+	rc = txn_rec(m, &r, &a.out.ino, do_create, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.out;
 	return rc;
@@ -2018,7 +2399,9 @@ int meta_link(struct meta *m, uint64_t ino, uint64_t newparent, const char *newn
 		return rc;
 	if (!ino_ok(ino) || !ino_ok(newparent))
 		return -ENOENT;
-	rc = txn(m, do_link, &a);
+	struct mj_rec r = { .op = MJ_LINK, .v = { ino, newparent }, .s = { newname },
+			    .slen = { (uint32_t)a.nlen } };
+	rc = txn_rec(m, &r, NULL, do_link, &a);
 	if (rc == 0 && out != NULL)
 		*out = a.out;
 	return rc;
@@ -2091,7 +2474,9 @@ static int remove_entry(struct meta *m, uint64_t parent, const char *name, int d
 		return rc;
 	if (!ino_ok(parent))
 		return -ENOENT;
-	rc = txn(m, do_remove, &a);
+	struct mj_rec r = { .op = dir ? MJ_RMDIR : MJ_UNLINK, .v = { parent }, .s = { name },
+			    .slen = { (uint32_t)a.nlen } };
+	rc = txn_rec(m, &r, NULL, do_remove, &a);
 	if (rc == 0 && victim != NULL)
 		*victim = a.out;
 	return rc;
@@ -2260,7 +2645,10 @@ int meta_rename(struct meta *m, uint64_t parent, const char *name, uint64_t newp
 		return -EINVAL;
 	if (!ino_ok(parent) || !ino_ok(newparent))
 		return -ENOENT;
-	rc = txn(m, do_rename, &a);
+	struct mj_rec r = { .op = MJ_RENAME, .v = { parent, newparent, flags },
+			    .s = { name, newname },
+			    .slen = { (uint32_t)a.nlen, (uint32_t)a.newnlen } };
+	rc = txn_rec(m, &r, NULL, do_rename, &a);
 	if (rc == 0 && replaced != NULL)
 		*replaced = a.replaced;
 	return rc;
@@ -2270,7 +2658,7 @@ int meta_readlink(struct meta *m, uint64_t ino, char **target)
 {
 	sqlite3_stmt *st = NULL;
 	struct meta_attr at;
-	struct conn *c;
+	READ_CONN(c);
 	const void *p;
 	char *t;
 	int rc, n;
@@ -2278,7 +2666,7 @@ int meta_readlink(struct meta *m, uint64_t ino, char **target)
 	if (m == NULL || target == NULL)
 		return -EINVAL;
 	*target = NULL;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = inode_get(c, ino, &at);
@@ -2372,16 +2760,18 @@ int meta_readdir(struct meta *m, uint64_t ino, uint64_t after, int plus, meta_re
 {
 	struct rd_ent *page = NULL;
 	struct meta_attr d;
-	struct conn *c;
+	READ_CONN(c);
 	size_t n, i;
 	int rc;
 
 	if (m == NULL || cb == NULL)
 		return -EINVAL;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = dir_get(c, ino, &d);
+	read_done(&c);
+	c = NULL;
 	if (rc)
 		return ro(rc);
 	if (after >= INT64_MAX)
@@ -2389,9 +2779,14 @@ int meta_readdir(struct meta *m, uint64_t ino, uint64_t after, int plus, meta_re
 	page = malloc(READDIR_PAGE * sizeof(*page));
 	if (page == NULL)
 		return -ENOMEM;
-	/* Callbacks run with no statement open, so they may call back in. */
+	/* Callbacks run with no statement open and no lock held (a batch's
+	 * reads hold write_lock), so they may call back in. */
 	for (;;) {
-		rc = readdir_page(c, ino, after, plus, page, &n);
+		rc = read_conn(m, &c);
+		if (rc == 0)
+			rc = readdir_page(c, ino, after, plus, page, &n);
+		read_done(&c);
+		c = NULL;
 		if (rc)
 			goto out;
 		for (i = 0; i < n; i++) {
@@ -2510,7 +2905,9 @@ int meta_setxattr(struct meta *m, uint64_t ino, const char *name, const void *va
 		return -E2BIG;
 	if (!ino_ok(ino))
 		return -ENOENT;
-	return txn(m, do_xattr, &a);
+	struct mj_rec r = { .op = MJ_SETXATTR, .v = { ino, (uint64_t)flags }, .s = { name, value },
+			    .slen = { (uint32_t)a.nlen, (uint32_t)size } };
+	return txn_rec(m, &r, NULL, do_xattr, &a);
 }
 
 int meta_removexattr(struct meta *m, uint64_t ino, const char *name)
@@ -2525,14 +2922,16 @@ int meta_removexattr(struct meta *m, uint64_t ino, const char *name)
 		return rc;
 	if (!ino_ok(ino))
 		return -ENOENT;
-	return txn(m, do_xattr, &a);
+	struct mj_rec r = { .op = MJ_REMOVEXATTR, .v = { ino }, .s = { name },
+			    .slen = { (uint32_t)a.nlen } };
+	return txn_rec(m, &r, NULL, do_xattr, &a);
 }
 
 int meta_getxattr(struct meta *m, uint64_t ino, const char *name, void **value, size_t *size)
 {
 	sqlite3_stmt *st = NULL;
 	struct meta_attr at;
-	struct conn *c;
+	READ_CONN(c);
 	const void *p;
 	size_t nlen;
 	void *v;
@@ -2545,7 +2944,7 @@ int meta_getxattr(struct meta *m, uint64_t ino, const char *name, void **value, 
 	rc = xattr_name_check(name, &nlen);
 	if (rc)
 		return rc;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = inode_get(c, ino, &at);
@@ -2590,7 +2989,7 @@ int meta_listxattr(struct meta *m, uint64_t ino, char **list, size_t *size)
 {
 	sqlite3_stmt *st = NULL;
 	struct meta_attr at;
-	struct conn *c;
+	READ_CONN(c);
 	char *buf = NULL, *nb;
 	size_t len = 0, cap = 0;
 	char name[META_XATTR_NAME_MAX + 1];
@@ -2600,7 +2999,7 @@ int meta_listxattr(struct meta *m, uint64_t ino, char **list, size_t *size)
 		return -EINVAL;
 	*list = NULL;
 	*size = 0;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = inode_get(c, ino, &at);
@@ -2651,13 +3050,13 @@ out:
 int meta_statfs(struct meta *m, uint64_t *used_bytes, uint64_t *used_inodes)
 {
 	sqlite3_stmt *st = NULL;
-	struct conn *c;
+	READ_CONN(c);
 	int64_t b, n;
 	int rc;
 
 	if (m == NULL)
 		return -EINVAL;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = stmt(c, ST_STATFS, &st);
@@ -2695,12 +3094,12 @@ int meta_gc_mark(struct meta *m, int64_t mark)
 
 int meta_gc_last_mark(struct meta *m, int64_t *mark)
 {
-	struct conn *c;
+	READ_CONN(c);
 	int rc;
 
 	if (m == NULL || mark == NULL)
 		return -EINVAL;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc == 0)
 		rc = query_int(c, ST_GC_LAST_MARK, 0, NULL, 0, INT64_MAX, 0, mark);
 	return ro(rc);
@@ -2711,14 +3110,14 @@ int meta_gc_list(struct meta *m, int64_t mark, int64_t before, size_t max,
 {
 	sqlite3_stmt *st = NULL;
 	struct meta_gc_item *v = NULL;
-	struct conn *c;
+	READ_CONN(c);
 	int rc;
 
 	if (m == NULL || out == NULL || n == NULL || max == 0 || max > INT32_MAX)
 		return -EINVAL;
 	*out = NULL;
 	*n = 0;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	v = calloc(max, sizeof(*v));
@@ -2776,13 +3175,13 @@ int meta_gc_forget(struct meta *m, const struct meta_gc_item *items, size_t n)
 int meta_gc_pending(struct meta *m, uint64_t *slices, uint64_t *bytes)
 {
 	sqlite3_stmt *st = NULL;
-	struct conn *c;
+	READ_CONN(c);
 	int64_t cnt = 0, sum = 0;
 	int rc;
 
 	if (m == NULL)
 		return -EINVAL;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = stmt(c, ST_GC_PENDING, &st);
@@ -2807,7 +3206,7 @@ int meta_chunk_slices(struct meta *m, uint64_t ino, uint32_t chunk, struct meta_
 		      size_t *n)
 {
 	struct meta_attr at;
-	struct conn *c;
+	READ_CONN(c);
 	int rc;
 
 	if (m == NULL || out == NULL || n == NULL)
@@ -2816,7 +3215,7 @@ int meta_chunk_slices(struct meta *m, uint64_t ino, uint32_t chunk, struct meta_
 	*n = 0;
 	if (!ino_ok(ino))
 		return -ENOENT;
-	rc = conn_get(m, &c);
+	rc = read_conn(m, &c);
 	if (rc)
 		return rc;
 	rc = chunk_load(c, ino, chunk, out, n);
@@ -2969,7 +3368,18 @@ static int do_write_commit_seq(struct conn *c, void *p)
  * item fails alone and the batch's transaction goes on. */
 static int commit_refused_early(int rc)
 {
-	return rc == -EALREADY || rc == -ENOENT || rc == -EISDIR || rc == -EINVAL;
+	return rc == -EALREADY || rc == -ENOENT || rc == -EISDIR || rc == -EINVAL ||
+	       rc == -EINPROGRESS;
+}
+
+/* The database holds less of the journal than seq (see meta.h). */
+static bool journal_behind(struct conn *c, uint64_t seq)
+{
+	int64_t have = 0;
+	int rc = query_int(c, ST_JOURNAL_GET, 0, NULL, 0, INT64_MAX, 0, &have);
+
+	/* No table: no journal was ever opened here; that seq is not ours. */
+	return rc == 0 ? (uint64_t)have < seq : rc != -EIO;
 }
 
 struct commit_batch_args {
@@ -2989,8 +3399,10 @@ static int do_write_commit_batch(struct conn *c, void *p)
 					     .seq = it->seq };
 		int rc;
 
-		if (it->seq == 0 || it->seq > INT64_MAX)
+		if (it->seq == 0 || it->seq > INT64_MAX || it->meta_seq > INT64_MAX)
 			rc = -EINVAL;
+		else if (it->meta_seq > 0 && journal_behind(c, it->meta_seq))
+			rc = -EINPROGRESS;
 		else if ((rc = commit_args_check(c->m, &a.commit)) == 0)
 			rc = do_write_commit_seq(c, &a);
 		if (rc != 0 && !commit_refused_early(rc))
@@ -3064,6 +3476,11 @@ int meta_sync(struct meta *m)
 
 	if (m == NULL)
 		return -EINVAL;
+	if (m->jfd >= 0) {
+		rc = meta_flush(m);
+		if (rc)
+			return rc;
+	}
 	if (!atomic_load(&m->batched))
 		return 0; /* every commit was synced already */
 	/*
@@ -3244,7 +3661,8 @@ int meta_inode_release(struct meta *m, uint64_t ino)
 		return -EINVAL;
 	if (!ino_ok(ino))
 		return -ENOENT;
-	return txn(m, do_release, &ino);
+	struct mj_rec r = { .op = MJ_RELEASE, .v = { ino } };
+	return txn_rec(m, &r, NULL, do_release, &ino);
 }
 
 struct purge_args {
@@ -3318,4 +3736,301 @@ int meta_orphans_purge(struct meta *m, uint64_t *count)
 	if (count != NULL)
 		*count = total;
 	return ro(rc);
+}
+
+/* ---- the journal: replay, open, flush ------------------------------------ */
+
+/* A record's string as a C string (names and targets hold no NUL). */
+static int rec_str(const struct mj_rec *r, int i, char *buf, size_t cap)
+{
+	if (r->slen[i] >= cap || (r->slen[i] && memchr(r->s[i], '\0', r->slen[i]) != NULL))
+		return -EINVAL;
+	if (r->slen[i])
+		memcpy(buf, r->s[i], r->slen[i]);
+	buf[r->slen[i]] = '\0';
+	return 0;
+}
+
+/* Makes r's change again in the batch (write_lock held, tl_replaying set). */
+static int replay_one(struct meta *m, const struct mj_rec *r)
+{
+	char name[SYMLINK_MAX + 1], name2[SYMLINK_MAX + 1];
+	int rc;
+
+	rc = rec_str(r, 0, name, META_NAME_MAX + 1);
+	if (rc == 0 && r->op != MJ_SETXATTR)
+		rc = rec_str(r, 1, name2, sizeof(name2));
+	if (rc)
+		return rc;
+	switch (r->op) {
+	case MJ_CREATE: {
+		struct create_args a = { .parent = r->v[0], .name = name, .nlen = r->slen[0],
+					 .mode = (uint32_t)r->v[1], .uid = (uint32_t)r->v[2],
+					 .gid = (uint32_t)r->v[3], .rdev = r->v[4],
+					 .target = r->slen[1] ? name2 : NULL, .tlen = r->slen[1] };
+		rc = batch_run(m, NULL, NULL, do_create, &a);
+		/* The same state and the same changes give the same inode; if
+		 * not, later records name the wrong one. */
+		if (rc == 0 && a.out.ino != r->v[J_RESULT])
+			rc = -ESTALE;
+		return rc;
+	}
+	case MJ_LINK: {
+		struct link_args a = { .ino = r->v[0], .parent = r->v[1], .name = name,
+				       .nlen = r->slen[0] };
+		return batch_run(m, NULL, NULL, do_link, &a);
+	}
+	case MJ_UNLINK:
+	case MJ_RMDIR: {
+		struct remove_args a = { .parent = r->v[0], .name = name, .nlen = r->slen[0],
+					 .dir = r->op == MJ_RMDIR };
+		return batch_run(m, NULL, NULL, do_remove, &a);
+	}
+	case MJ_RENAME: {
+		struct rename_args a = { .parent = r->v[0], .newparent = r->v[1], .name = name,
+					 .newname = name2, .nlen = r->slen[0],
+					 .newnlen = r->slen[1], .flags = (unsigned)r->v[2] };
+		return batch_run(m, NULL, NULL, do_rename, &a);
+	}
+	case MJ_SETATTR: {
+		struct meta_attr in = { .mode = (uint32_t)r->v[2], .uid = (uint32_t)r->v[3],
+					.gid = (uint32_t)r->v[4], .size = r->v[5],
+					.atime = { (time_t)r->v[6], (long)r->v[7] },
+					.mtime = { (time_t)r->v[8], (long)r->v[9] },
+					.ctime = { (time_t)r->v[10], (long)r->v[11] } };
+		struct setattr_args a = { .ino = r->v[0], .valid = (unsigned)r->v[1], .in = &in };
+		if ((a.valid & ~META_SET_ALL) || !ts_valid(&in.atime) || !ts_valid(&in.mtime) ||
+		    !ts_valid(&in.ctime))
+			return -EINVAL;
+		return batch_run(m, NULL, NULL, do_setattr, &a);
+	}
+	case MJ_SETXATTR:
+	case MJ_REMOVEXATTR: {
+		struct xattr_args a = { .ino = r->v[0], .name = name, .nlen = r->slen[0],
+					.flags = (int)r->v[1], .remove = r->op == MJ_REMOVEXATTR };
+		if (r->op == MJ_SETXATTR) {
+			if (r->slen[1] > META_XATTR_SIZE_MAX)
+				return -EINVAL;
+			a.value = r->s[1];
+			a.size = r->slen[1];
+		}
+		return batch_run(m, NULL, NULL, do_xattr, &a);
+	}
+	case MJ_RELEASE: {
+		uint64_t ino = r->v[0];
+		return batch_run(m, NULL, NULL, do_release, &ino);
+	}
+	}
+	return -EINVAL;
+}
+
+/*
+ * Makes every journal record past m->applied again, in order, into the
+ * batch (write_lock held). A record that ends the file early or fails its
+ * check ends the journal. A record the database refuses now is counted and
+ * skipped: the others do not depend on the database agreeing with it.
+ */
+static int journal_replay(struct meta *m, uint64_t *count)
+{
+	unsigned char *buf = NULL;
+	struct stat sb;
+	size_t off = 0, len;
+	int rc = 0;
+
+	*count = 0;
+	if (fstat(m->jfd, &sb) < 0)
+		return -errno;
+	len = (size_t)sb.st_size;
+	if (len == 0)
+		goto out;
+	buf = malloc(len);
+	if (buf == NULL)
+		return -ENOMEM;
+	for (size_t got = 0; got < len;) {
+		ssize_t n = pread(m->jfd, buf + got, len - got, (off_t)got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			rc = n < 0 ? -errno : -EIO;
+			goto out;
+		}
+		got += (size_t)n;
+	}
+	tl_replaying = 1;
+	while (off < len) {
+		struct mj_rec r;
+		long n = mj_decode(buf + off, len - off, &r);
+
+		if (n <= 0)
+			break;
+		if (r.seq > m->applied) {
+			tl_now = &r.now;
+			rc = replay_one(m, &r);
+			tl_now = NULL;
+			if (rc == -ENOSPC || rc == -EIO || rc == -ENOMEM || rc == -EAGAIN ||
+			    m->bc == NULL || sqlite3_get_autocommit(m->bc->db)) {
+				/* The database failed, not the record. */
+				tl_replaying = 0;
+				if (rc == 0)
+					rc = -EIO;
+				goto out;
+			}
+			if (rc == 0)
+				(*count)++;
+			else
+				m->js.replay_errors++;
+			rc = 0;
+			if (r.seq > m->jseq)
+				m->jseq = r.seq;
+		}
+		off += (size_t)n;
+	}
+	tl_replaying = 0;
+	m->js.replayed += *count;
+	/* Later records go after the last good one. */
+	m->jsize = (off_t)off;
+out:
+	free(buf);
+	return rc;
+}
+
+/* The flusher: commits a batch flush_ms after it opened. */
+static void *flush_main(void *arg)
+{
+	struct meta *m = arg;
+
+	pthread_mutex_lock(&m->write_lock);
+	while (!m->flush_stop) {
+		struct timespec until, now;
+
+		if (!m->batch_open) {
+			pthread_cond_wait(&m->flush_cond, &m->write_lock);
+			continue;
+		}
+		until = m->batch_since;
+		until.tv_nsec += (long)m->flush_ms * 1000000L;
+		until.tv_sec += until.tv_nsec / 1000000000L;
+		until.tv_nsec %= 1000000000L;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec < until.tv_sec ||
+		    (now.tv_sec == until.tv_sec && now.tv_nsec < until.tv_nsec)) {
+			pthread_cond_timedwait(&m->flush_cond, &m->write_lock, &until);
+			continue;
+		}
+		if (batch_commit(m) != 0) {
+			/* The batch is open again (replayed): wait a round. */
+			clock_gettime(CLOCK_MONOTONIC, &m->batch_since);
+		}
+	}
+	pthread_mutex_unlock(&m->write_lock);
+	return NULL;
+}
+
+int meta_journal_open(struct meta *m, const char *journal_path, int flush_ms,
+		      uint64_t *replayed)
+{
+	uint64_t n = 0;
+	int64_t applied = 0;
+	int fd = -1, rc;
+
+	if (m == NULL || journal_path == NULL || flush_ms <= 0)
+		return -EINVAL;
+	if (m->jfd >= 0)
+		return -EALREADY;
+	rc = meta_set_batched(m, 1);
+	if (rc)
+		return rc;
+	fd = open(journal_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+		goto fail;
+	}
+	rc = conn_open(m->path, &m->bc);
+	if (rc)
+		goto fail;
+	m->bc->m = m;
+	if (sqlite3_exec(m->bc->db,
+			 "CREATE TABLE IF NOT EXISTS journal(id INTEGER PRIMARY KEY CHECK (id = 1),"
+			 " seq INTEGER NOT NULL); INSERT OR IGNORE INTO journal(id, seq)"
+			 " VALUES (1, 0)",
+			 NULL, NULL, NULL) != SQLITE_OK) {
+		rc = -EIO;
+		goto fail;
+	}
+	rc = query_int(m->bc, ST_JOURNAL_GET, 0, NULL, 0, INT64_MAX, 0, &applied);
+	if (rc)
+		goto fail;
+	pthread_mutex_lock(&m->write_lock);
+	m->applied = m->jseq = (uint64_t)applied;
+	m->flush_ms = flush_ms;
+	m->jfd = fd;
+	rc = journal_replay(m, &n);
+	if (rc == 0)
+		rc = batch_commit(m);
+	if (rc == 0 && ftruncate(fd, 0) == 0)
+		m->jsize = 0;
+	if (rc) {
+		batch_lost(m);
+		m->jfd = -1;
+	}
+	pthread_mutex_unlock(&m->write_lock);
+	if (rc)
+		goto fail;
+	rc = -pthread_create(&m->flush_thread, NULL, flush_main, m);
+	if (rc) {
+		meta_flush(m);
+		m->jfd = -1;
+		goto fail;
+	}
+	m->flush_started = 1;
+	if (replayed)
+		*replayed = n;
+	return 0;
+fail:
+	if (m->bc) {
+		conn_free(m->bc);
+		m->bc = NULL;
+	}
+	close(fd);
+	return rc;
+}
+
+uint64_t meta_journal_last(struct meta *m)
+{
+	uint64_t seq;
+
+	if (m == NULL || m->jfd < 0)
+		return 0;
+	pthread_mutex_lock(&m->write_lock);
+	seq = m->jseq;
+	pthread_mutex_unlock(&m->write_lock);
+	return seq;
+}
+
+int meta_flush(struct meta *m)
+{
+	int rc;
+
+	if (m == NULL)
+		return -EINVAL;
+	if (m->jfd < 0)
+		return 0;
+	pthread_mutex_lock(&m->write_lock);
+	rc = batch_commit(m);
+	pthread_mutex_unlock(&m->write_lock);
+	return rc;
+}
+
+void meta_journal_stats_get(struct meta *m, struct meta_journal_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (m == NULL || m->jfd < 0)
+		return;
+	pthread_mutex_lock(&m->write_lock);
+	*out = m->js;
+	out->pending = m->jseq - m->applied;
+	pthread_mutex_unlock(&m->write_lock);
 }

@@ -117,6 +117,8 @@ static void handoff_fill(Ferry__Reconcile__Handoff *h, Ferry__Reconcile__Range *
 	h->staging_name = (char *)j->name;
 	h->has_size_only = j->size_only != 0;
 	h->size_only = j->size_only != 0;
+	h->has_meta_seq = j->meta_seq != 0;
+	h->meta_seq = j->meta_seq;
 	for (size_t i = 0; i < j->ndirty; i++) {
 		ferry__reconcile__range__init(&ranges[i]);
 		ranges[i].start = j->dirty[i].start;
@@ -241,6 +243,7 @@ static int handoff_take(const Ferry__Reconcile__Handoff *h, struct reconcile_job
 	out->mtime.tv_sec = (time_t)h->mtime_sec;
 	out->mtime.tv_nsec = (long)h->mtime_nsec;
 	out->size_only = h->has_size_only && h->size_only;
+	out->meta_seq = h->has_meta_seq ? h->meta_seq : 0;
 	strcpy(out->name, h->staging_name);
 	if (h->n_dirty) {
 		out->dirty = malloc(h->n_dirty * sizeof(*out->dirty));

@@ -48,6 +48,7 @@ struct reconcile_job {
 	size_t ndirty;                  /* 0: the whole file (unless size_only) */
 	struct timespec mtime;
 	int size_only;                  /* nothing to upload: only length and mtime */
+	uint64_t meta_seq;              /* commit after the metadata journal's seq (0: none) */
 	char name[RECONCILE_NAME_MAX + 1]; /* the staging file's name in the staging dir */
 };
 

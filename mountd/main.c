@@ -63,7 +63,11 @@ static void usage(FILE *f)
 		"turns passthrough off);\n"
 		"passthrough_copy_max=SIZE (default 1g: a write open of a non-empty file up\n"
 		"to this size copies it into a staging file and gets passthrough; larger\n"
-		"files, and 0, take the daemon path)\n"
+		"files, and 0, take the daemon path);\n"
+		"meta_batch_ms=MS (default 5: namespace changes are journaled on local\n"
+		"disk as they are made and committed to the metadata database in batches\n"
+		"this far apart, and at every fsync, fsyncdir and unmount; 0 commits each\n"
+		"change on its own)\n"
 		"  -d, --debug             debug logging\n"
 		"  -h, --help              this text\n"
 		"  -V, --version           print the version\n",
@@ -143,6 +147,18 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->pt_copy_max = v << shift;
+			continue;
+		}
+		if (strncmp(o, "meta_batch_ms=", 14) == 0) {
+			char *end;
+			long v = strtol(o + 14, &end, 10);
+
+			if (!o[14] || *end || v < 0 || v > 1000) {
+				snprintf(err, errlen, "-o %s: meta_batch_ms takes milliseconds, 0 to 1000",
+					 o);
+				return -EINVAL;
+			}
+			md->meta_batch_ms = (int)v;
 			continue;
 		}
 		if (strncmp(o, "fsync=", 6) == 0) {
@@ -355,7 +371,7 @@ int main(int argc, char **argv)
 	struct fuse_args fargs = FUSE_ARGS_INIT(0, NULL);
 	struct fuse_loop_config *loop_cfg = NULL;
 	struct store_url surl = { 0 };
-	char err[512], *user_opts = NULL, *fopts = NULL, *cache_vol = NULL;
+	char err[512], *user_opts = NULL, *fopts = NULL, *cache_vol = NULL, *journal = NULL;
 	char *bopts[BROKER_OPTIONS_MAX + 1];
 	uint64_t cache_mib = DEFAULT_CACHE_MIB, purged = 0;
 	bool mounted = false, handlers = false;
@@ -371,6 +387,7 @@ int main(int argc, char **argv)
 	snprintf(md->pt_reason, sizeof(md->pt_reason), "not_negotiated");
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
+	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
 	md->wb_mode = WB_AUTO;
 	md->cfg.reopen_timeout_ms = 120000;
@@ -470,6 +487,20 @@ int main(int argc, char **argv)
 		start_failed(md, "cannot start the metadata checkpointer: %s", strerror(-rc));
 	if ((rc = volume_lock(md)) < 0)
 		start_failed(md, "cannot lock volume %s: %s", md->cfg.db_path, strerror(-rc));
+	if (md->meta_batch_ms > 0) {
+		uint64_t replayed = 0;
+
+		if (asprintf(&journal, "%s" META_JOURNAL_SUFFIX, md->cfg.db_path) < 0)
+			fatalx("out of memory");
+		/* Before the reconciler starts: its jobs may name inodes whose
+		 * creation only the journal holds. */
+		rc = meta_journal_open(md->meta, journal, md->meta_batch_ms, &replayed);
+		if (rc < 0)
+			start_failed(md, "metadata journal %s: %s", journal, strerror(-rc));
+		if (replayed)
+			log_info("replayed %llu metadata changes from %s (an earlier run stopped "
+				 "before committing them)", (unsigned long long)replayed, journal);
+	}
 	if ((rc = meta_volume_get(md->meta, &md->vol)) < 0)
 		start_failed(md, "cannot read the volume record of %s: %s", md->cfg.db_path,
 			     strerror(-rc));
@@ -601,6 +632,7 @@ out:
 	log_info("stopped");
 	free(fopts);
 	free(cache_vol);
+	free(journal);
 	free(user_opts);
 	free(md->cfg.db_path);
 	free(md->cfg.vol_dir);

@@ -270,6 +270,7 @@ void staging_superseded(struct mountd *md, uint64_t ino);
 
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
+#define META_BATCH_MS_DEFAULT 5
 #define PT_COPY_MAX_DEFAULT (1ull << 30)
 int gc_start(struct mountd *md);
 /* A round now (tests; `ferry gc`). */
@@ -414,6 +415,9 @@ struct mountd {
 	char pt_reason[64];           /* why pt_off: a token for .stats */
 	_Atomic int pt_unavailable;   /* the errno last logged by passthrough_unavailable() */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
+	/* -o meta_batch_ms: namespace changes commit in batches this far apart
+	 * (meta_journal_open); 0: each on its own. */
+	int meta_batch_ms;
 	/* gc.c: deletes the objects of garbage slices after gc_grace_s */
 	int64_t gc_grace_s;
 	pthread_t gc_thread;

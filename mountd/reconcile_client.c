@@ -587,6 +587,11 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 			job.size_only = 1;
 		}
 	}
+	/* The namespace changes made before this (the file's creation, a
+	 * truncate) must commit first, which they might not if this daemon
+	 * died with them only in its metadata journal: the reconciler's commit
+	 * waits for them (their batch is normally committed by then). */
+	job.meta_seq = meta_journal_last(md->meta);
 	pthread_mutex_lock(&md->rc_lock);
 	job.seq = ++md->rc_next_seq;
 	/* Journal first: from here on a SIGKILL of either side loses nothing. */

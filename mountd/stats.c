@@ -45,6 +45,15 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "block_size %u\n", md->vol.block_size);
 	fprintf(f, "used_bytes %llu\n", (unsigned long long)used_bytes);
 	fprintf(f, "used_inodes %llu\n", (unsigned long long)used_inodes);
+	struct meta_journal_stats js;
+	meta_journal_stats_get(md->meta, &js);
+	fprintf(f, "meta_batch_ms %d\n", md->meta_batch_ms);
+	fprintf(f, "meta_journal_records %llu\n", (unsigned long long)js.records);
+	fprintf(f, "meta_journal_pending %llu\n", (unsigned long long)js.pending);
+	fprintf(f, "meta_batches %llu\n", (unsigned long long)js.batches);
+	fprintf(f, "meta_journal_replayed %llu\n", (unsigned long long)js.replayed);
+	fprintf(f, "meta_journal_replay_errors %llu\n", (unsigned long long)js.replay_errors);
+	fprintf(f, "meta_batch_commit_failures %llu\n", (unsigned long long)js.commit_failures);
 	for (int i = 0; i < OP_COUNT; i++)
 		fprintf(f, "fuse_requests_%s %llu\n", op_names[i],
 			(unsigned long long)atomic_load(&st->requests[i]));

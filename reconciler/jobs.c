@@ -406,6 +406,7 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 {
 	uint64_t delay = r->cfg.retry_delay_ms;
 	bool nomem = j->err == -ENOMEM;
+	bool behind = j->err == -EINPROGRESS;
 	struct timeval tv;
 
 	r->c.failures_total++;
@@ -413,7 +414,17 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 		TAILQ_REMOVE(&r->feed, j, feed_link);
 		j->feeding = false;
 	}
-	if (nomem) {
+	if (behind) {
+		/* Not the job's fault either: the changes it depends on are in
+		 * ferry-mountd's metadata journal, which its next start replays.
+		 * Wait for that as long as it takes (nothing is lost meanwhile). */
+		delay = j->nomem < 5 ? 200u << j->nomem : 5000;
+		j->nomem++;
+		if (j->nomem == 1 || j->nomem % 100 == 0)
+			log_info("job %s (inode %" PRIu64 ", seq %" PRIu64 "): waits for the metadata "
+				 "changes it depends on (%s); trying again in %.1f s", j->file,
+				 j->rj.ino, j->rj.seq, j->errmsg, (double)delay / 1000);
+	} else if (nomem) {
 		/* Not the job's fault (see the top). */
 		j->nomem++;
 		delay = NOMEM_DELAY_MS;
@@ -718,7 +729,8 @@ static void commit_run(struct task *t)
 							 .slices = j->plan.slices,
 							 .n = j->plan.nslices,
 							 .new_size = j->rj.length,
-							 .mtime = &j->rj.mtime };
+							 .mtime = &j->rj.mtime,
+							 .meta_seq = j->rj.meta_seq };
 	}
 	meta_write_commit_batch(r->meta, c->items, c->n);
 	for (size_t i = 0; i < c->n; i++)
