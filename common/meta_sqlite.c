@@ -852,12 +852,25 @@ static bool txn_abort(struct meta *m, struct conn *c)
 	return false;
 }
 
-/* The intent lock (struct meta's intent_fd); flock() waits for its turn. */
-static void intent_lock(struct meta *m, int how)
+/* The intent lock (struct meta's intent_fd): an open file description
+ * lock on the whole file, F_RDLCK, F_WRLCK or F_UNLCK; waits for its turn. */
+static void intent_lock(struct meta *m, short type)
 {
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET };
+
 	if (m->intent_fd >= 0)
-		while (flock(m->intent_fd, how) < 0 && errno == EINTR)
+		while (fcntl(m->intent_fd, F_OFD_SETLKW, &fl) < 0 && errno == EINTR)
 			;
+}
+
+/* Another writer waits for the database (holds the intent lock). */
+static bool intent_wanted(struct meta *m)
+{
+	struct flock fl = { .l_type = F_RDLCK, .l_whence = SEEK_SET };
+
+	if (m->intent_fd < 0 || fcntl(m->intent_fd, F_OFD_GETLK, &fl) < 0)
+		return false;
+	return fl.l_type != F_UNLCK;
 }
 
 /* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
@@ -875,7 +888,7 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&m->write_lock);
-	intent_lock(m, LOCK_EX);
+	intent_lock(m, F_WRLCK);
 	for (tries = 1;; tries++) {
 		rc = exec_st(c, ST_BEGIN);
 		if (rc == 0) {
@@ -896,7 +909,7 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 		/* busy_wait() already waited; back off a little more. */
 		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
 	}
-	intent_lock(m, LOCK_UN);
+	intent_lock(m, F_UNLCK);
 	pthread_mutex_unlock(&m->write_lock);
 	return rc == -EAGAIN ? -EIO : rc;
 }
@@ -953,14 +966,14 @@ static int batch_begin(struct meta *m)
 	rc = conn_sync_mode(m->bc);
 	if (rc)
 		return rc;
-	intent_lock(m, LOCK_SH);
+	intent_lock(m, F_RDLCK);
 	for (tries = 1;; tries++) {
 		rc = exec_st(m->bc, ST_BEGIN);
 		if (rc != -EAGAIN || tries >= TXN_TRIES)
 			break;
 		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
 	}
-	intent_lock(m, LOCK_UN);
+	intent_lock(m, F_UNLCK);
 	if (rc)
 		return rc == -EAGAIN ? -EIO : rc;
 	m->batch_open = 1;
@@ -1125,7 +1138,10 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 	}
 	if (exec_st(m->bc, ST_SAVEPOINT_RELEASE))
 		goto broken;
-	if ((r == NULL && !tl_replaying) || m->batch_records >= BATCH_RECORDS_MAX)
+	/* A writer of another process waits for the database: let it in now
+	 * rather than at the flusher's next round. */
+	if ((r == NULL && !tl_replaying) || m->batch_records >= BATCH_RECORDS_MAX ||
+	    (!tl_replaying && intent_wanted(m)))
 		return batch_commit(m);
 	return 0;
 broken:
