@@ -500,6 +500,12 @@ int main(int argc, char **argv)
 		if (replayed)
 			log_info("replayed %llu metadata changes from %s (an earlier run stopped "
 				 "before committing them)", (unsigned long long)replayed, journal);
+		struct meta_journal_stats js;
+		meta_journal_stats_get(md->meta, &js);
+		if (js.replay_errors)
+			log_warnx("%llu changes in %s were refused by the database at replay (it "
+				  "changed since they were made?); the rest were applied",
+				  (unsigned long long)js.replay_errors, journal);
 	}
 	if ((rc = meta_volume_get(md->meta, &md->vol)) < 0)
 		start_failed(md, "cannot read the volume record of %s: %s", md->cfg.db_path,
