@@ -534,6 +534,13 @@ int main(int argc, char **argv)
 	else if ((rc = rclient_start(md)) < 0)
 		start_failed(md, "cannot start ferry-reconciler: %s (see the log; --no-reconciler "
 			     "commits in ferry-mountd)", strerror(-rc));
+	/* Close-to-open across a crash: uploads an earlier run left (found
+	 * by the reconciler at its start) commit before this run serves, so
+	 * no file reads as it was before its last close. The wait moves while
+	 * they progress; a store that does not answer is not waited for. */
+	if (!md->cfg.no_reconciler && (rc = rclient_drain(md, 60000)) < 0)
+		log_warnx("uploads left by an earlier run are not all committed (%s): files they "
+			  "hold read as before them until they are", strerror(-rc));
 	if ((rc = meta_orphans_purge(md->meta, &purged)) < 0)
 		log_errno(rc, "cannot free unlinked inodes left by an earlier run");
 	else if (purged)

@@ -256,6 +256,10 @@ int rclient_handoff(struct mountd *md, struct inode *ino);
 /* Waits (ino->lock held, released while waiting) until ino has no job in
  * flight. -ETIMEDOUT, -ENOTCONN (the reconciler is gone). */
 int rclient_wait(struct mountd *md, struct inode *ino, int timeout_ms);
+/* Waits until every job the reconciler knows of (this run's handoffs and
+ * what an earlier run left) is committed or failed for good; gives up after
+ * idle_timeout_ms without progress (-ETIMEDOUT). */
+int rclient_drain(struct mountd *md, int idle_timeout_ms);
 int rclient_stats(struct mountd *md, struct reconcile_stats *out);
 /* Writes a journal record for the daemon-path writes staged so far, so they
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */

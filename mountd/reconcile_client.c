@@ -345,7 +345,10 @@ static int spawn_reconciler(struct mountd *md)
 		/* If ferry-mountd dies, the reconciler stops too (finishing what
 		 * it has, the rest stays journaled), so a restarted mount can
 		 * start its own. */
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		/* SIGHUP, not SIGTERM: the kernel sends it once per thread of
+		 * ours that dies while the reconciler is reparented among them,
+		 * and a second SIGTERM means "stop now". */
+		prctl(PR_SET_PDEATHSIG, SIGHUP);
 		if (getppid() != md->pid)
 			_exit(1);
 		/* stderr is the mount's log; the reconciler logs there too. Its

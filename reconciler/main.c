@@ -217,6 +217,8 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 	struct timeval sec = { 1, 0 };
 
 	if (r->stopping) {
+		if (sig == SIGHUP)
+			return; /* the mount went (again): stopping already */
 		log_warnx("error: signal %d again: stopping now with %zu jobs unfinished", (int)sig,
 			  r->njobs);
 		jobs_log_left(r);
@@ -284,7 +286,7 @@ int main(int argc, char **argv)
 	struct rec *r = &rec_;
 	struct rec_config *cfg = &r->cfg;
 	struct store_url surl = { 0 };
-	struct event *sigterm = NULL, *sigint = NULL;
+	struct event *sigterm = NULL, *sigint = NULL, *sighup = NULL;
 	struct statfs sfs;
 	char err[512], *volume = NULL;
 	int opt, rc, pid_fd;
@@ -413,9 +415,11 @@ int main(int argc, char **argv)
 			     cfg->metrics_port, strerror(-rc));
 	sigterm = evsignal_new(r->base, SIGTERM, signal_cb, r);
 	sigint = evsignal_new(r->base, SIGINT, signal_cb, r);
+	/* The mount's daemon died (PR_SET_PDEATHSIG): as SIGTERM, once. */
+	sighup = evsignal_new(r->base, SIGHUP, signal_cb, r);
 	r->rescan_ev = event_new(r->base, -1, EV_PERSIST, rescan_cb, r);
-	if (!sigterm || !sigint || !r->rescan_ev || evsignal_add(sigterm, NULL) < 0 ||
-	    evsignal_add(sigint, NULL) < 0 ||
+	if (!sigterm || !sigint || !sighup || !r->rescan_ev || evsignal_add(sigterm, NULL) < 0 ||
+	    evsignal_add(sigint, NULL) < 0 || evsignal_add(sighup, NULL) < 0 ||
 	    event_add(r->rescan_ev, &(struct timeval){ cfg->rescan_s, 0 }) < 0)
 		start_failed("cannot set up signals and timers");
 	log_info("serving volume %s (%s, block size %u) on %s, staging %s, %u uploads, %llu MiB "
@@ -448,6 +452,8 @@ int main(int argc, char **argv)
 		event_free(sigterm);
 	if (sigint)
 		event_free(sigint);
+	if (sighup)
+		event_free(sighup);
 	event_base_free(r->base);
 	free(r->by_name);
 	free(r->by_ino);
