@@ -159,6 +159,29 @@ static void fill_entry(struct mountd *md, const struct meta_attr *a, struct fuse
 	e->entry_timeout = md->cfg.entry_timeout;
 }
 
+/* Marks an inode this daemon just made as having no xattrs (struct inode). */
+static void xattr_none_set(struct mountd *md, uint64_t ino)
+{
+	struct inode *i = inode_ref_existing(md, ino);
+
+	if (i) {
+		atomic_store(&i->xattr_none, true);
+		inode_unref(md, i, 0, 1);
+	}
+}
+
+static bool xattr_none(struct mountd *md, uint64_t ino)
+{
+	struct inode *i = inode_ref_existing(md, ino);
+	bool none = false;
+
+	if (i) {
+		none = atomic_load(&i->xattr_none);
+		inode_unref(md, i, 0, 1);
+	}
+	return none;
+}
+
 /* Replies with an entry and takes the kernel's lookup reference. */
 static void reply_entry(fuse_req_t req, const struct meta_attr *a)
 {
@@ -258,7 +281,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	count(req, OP_GETATTR);
 	if (ino == STATS_INO) {
 		stats_stat(md, &st);
-		fuse_reply_attr(req, &st, md->cfg.attr_timeout);
+		fuse_reply_attr(req, &st, 0); /* it changes with every read */
 		return;
 	}
 	rc = attr_get(md, ino, &a);
@@ -946,6 +969,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	}
 	fill_entry(md, &a, &e);
 	inode_ref(md, a.ino, 1, 0);
+	xattr_none_set(md, a.ino);
 	if (fuse_reply_create(req, &e, fi) != 0) {
 		struct open_file *of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
 		if (of)
@@ -1549,10 +1573,17 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
 			size_t size, int flags)
 {
+	struct inode *i;
+
 	count(req, OP_SETXATTR);
 	if (ino == STATS_INO) {
 		fuse_reply_err(req, EPERM);
 		return;
+	}
+	/* Before the change: a concurrent getxattr asks the database. */
+	if ((i = inode_ref_existing(MD(req), ino)) != NULL) {
+		atomic_store(&i->xattr_none, false);
+		inode_unref(MD(req), i, 0, 1);
 	}
 	if (flags & ~(XATTR_CREATE | XATTR_REPLACE)) {
 		fuse_reply_err(req, EINVAL);
@@ -1572,7 +1603,8 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 		fuse_reply_err(req, ENODATA);
 		return;
 	}
-	rc = meta_getxattr(MD(req)->meta, ino, name, &value, &len);
+	rc = xattr_none(MD(req), ino) ? -ENODATA :
+					 meta_getxattr(MD(req)->meta, ino, name, &value, &len);
 	if (rc < 0)
 		fuse_reply_err(req, -rc);
 	else if (size == 0)
@@ -1591,7 +1623,9 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	int rc;
 
 	count(req, OP_LISTXATTR);
-	rc = ino == STATS_INO ? 0 : meta_listxattr(MD(req)->meta, ino, &list, &len);
+	rc = ino == STATS_INO || xattr_none(MD(req), ino) ?
+		     0 :
+		     meta_listxattr(MD(req)->meta, ino, &list, &len);
 	if (rc < 0)
 		fuse_reply_err(req, -rc);
 	else if (size == 0)

@@ -309,6 +309,10 @@ struct inode {
 	uint64_t nlookup;         /* kernel lookups not yet forgotten */
 	uint32_t nopen;           /* open handles and internal references */
 	bool unlinked;            /* nlink reached 0: free the metadata at the end */
+	/* This daemon made the inode and set no xattr on it since: GETXATTR
+	 * (the kernel asks security.capability of every new file before its
+	 * first write) and LISTXATTR answer without the database. */
+	_Atomic bool xattr_none;
 	struct inode *hnext;      /* hash chain */
 	/* Guarded by lock: */
 	pthread_mutex_t lock;
