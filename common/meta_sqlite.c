@@ -933,6 +933,7 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
  * a waiting writer goes first.
  */
 #define BATCH_RECORDS_MAX 4096
+#define JOURNAL_CUT_BYTES (4u << 20)
 #define J_RESULT 11 /* the record's slot for the change's result (a new ino) */
 
 static _Thread_local int tl_replaying; /* batch_run() journals nothing */
@@ -1083,10 +1084,15 @@ static int batch_commit(struct meta *m)
 	batch_closed(m);
 	m->applied = m->jseq;
 	m->js.batches++;
-	/* Everything in it is in the database now. A journal that cannot be
-	 * cut stays whole: its records are skipped at replay (seq). */
-	if (ftruncate(m->jfd, 0) == 0)
-		m->jsize = 0;
+	/* Everything in it is in the database now: the next record goes at
+	 * the start again, over the old ones. No truncate (on ext4 it can wait
+	 * for the file system's journal, which other processes' syncs keep
+	 * busy): a replay reads the new records and stops at the first bytes
+	 * that are not a whole record, or skips old ones (their seqs are all
+	 * committed). The file is cut back only when it has grown large. */
+	if (m->jsize > JOURNAL_CUT_BYTES && ftruncate(m->jfd, 0) < 0)
+		return 0; /* keeps appending: replay skips what is committed */
+	m->jsize = 0;
 	return 0;
 }
 

@@ -685,6 +685,10 @@ int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 	struct timespec until, slice;
 
 	mono_deadline_ms(&until, timeout_ms);
+	/* The reconciler's commit may be waiting for our open metadata batch,
+	 * which would otherwise commit only at the flusher's next round. */
+	if (i->inflight_seq)
+		(void)meta_flush(md->meta);
 	while (i->inflight_seq) {
 		if (!rclient_up(md) && !atomic_load(&md->rc_restarting))
 			return -ENOTCONN;
