@@ -144,6 +144,9 @@ enum st {
 	ST_STATFS,
 	ST_VOLUME_GET,
 	ST_SEQ_GET,
+	ST_TIMES_SEQ_GET,
+	ST_TIMES_SEQ_PUT,
+	ST_TIMES_SEQ_DELETE,
 	ST_SEQ_PUT,
 	ST_SEQ_FLOOR,
 	ST_EPOCH_NEXT,
@@ -224,6 +227,9 @@ static const char *const st_sql[ST_COUNT] = {
 	[ST_VOLUME_GET] = "SELECT uuid, block_size, storage_url, created_at, s3_http"
 			  " FROM volume WHERE id = 1",
 	[ST_SEQ_GET] = "SELECT seq FROM commit_seq WHERE ino = ?1",
+	[ST_TIMES_SEQ_GET] = "SELECT seq FROM times_seq WHERE ino = ?1",
+	[ST_TIMES_SEQ_PUT] = "INSERT OR REPLACE INTO times_seq(ino, seq) VALUES (?1, ?2)",
+	[ST_TIMES_SEQ_DELETE] = "DELETE FROM times_seq WHERE ino = ?1",
 	[ST_SEQ_PUT] = "INSERT OR REPLACE INTO commit_seq(ino, seq) VALUES (?1, ?2)",
 	[ST_SEQ_FLOOR] = "INSERT INTO commit_seq(ino, seq) VALUES (?1, ?2) ON CONFLICT(ino)"
 			 " DO UPDATE SET seq = MAX(seq, excluded.seq)",
@@ -247,6 +253,10 @@ static const char *const st_sql[ST_COUNT] = {
 /* Added after schema version 1 shipped: created when missing (meta_open). */
 static const char commit_seq_sql[] =
 	"CREATE TABLE IF NOT EXISTS commit_seq(ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL);"
+	/* The journal seq of the last explicit mtime change per inode (a
+	 * deferring daemon's setattr): a data commit handed over before it
+	 * leaves the times alone (meta_commit_item.meta_seq). */
+	"CREATE TABLE IF NOT EXISTS times_seq(ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS seq_epoch(id INTEGER PRIMARY KEY CHECK (id = 1),"
 	" epoch INTEGER NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS gc_slice(id INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
@@ -937,6 +947,8 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 #define J_RESULT 11 /* the record's slot for the change's result (a new ino) */
 
 static _Thread_local int tl_replaying; /* batch_run() journals nothing */
+/* The journal seq of the change being made (0: not a journaled one). */
+static _Thread_local uint64_t tl_seq;
 
 static void batch_closed(struct meta *m)
 {
@@ -1120,7 +1132,9 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 	} else {
 		clock_gettime(CLOCK_REALTIME, &now);
 		tl_now = &now;
+		tl_seq = r != NULL ? m->jseq + 1 : 0;
 		rc = fn(m->bc, arg);
+		tl_seq = 0;
 		tl_now = NULL;
 		if (rc == 0 && r != NULL) {
 			r->seq = m->jseq + 1;
@@ -2213,6 +2227,10 @@ static int do_setattr(struct conn *c, void *p)
 	}
 	at.ctime = (a->valid & META_SET_CTIME) ? in->ctime : now;
 	rc = inode_put(c, &at);
+	if (rc == 0 && tl_seq && (a->valid & (META_SET_MTIME | META_SET_MTIME_NOW)) &&
+	    S_ISREG(at.mode))
+		rc = run_ints(c, ST_TIMES_SEQ_PUT, 2,
+			      (const int64_t[]){ (int64_t)at.ino, (int64_t)tl_seq });
 	if (rc == 0)
 		a->out = at;
 	return rc;
@@ -3295,6 +3313,7 @@ struct commit_args {
 	size_t n;
 	uint64_t new_size;
 	const struct timespec *mtime;
+	bool keep_times;        /* leave mtime and ctime as they are */
 	struct meta_attr out;
 };
 
@@ -3318,7 +3337,8 @@ static int do_write_commit(struct conn *c, void *p)
 	if (rc)
 		return rc;
 	at.size = a->new_size;
-	at.mtime = at.ctime = a->mtime ? *a->mtime : now_ts();
+	if (!a->keep_times)
+		at.mtime = at.ctime = a->mtime ? *a->mtime : now_ts();
 	rc = inode_put(c, &at);
 	if (rc == 0)
 		a->out = at;
@@ -3366,6 +3386,7 @@ int meta_write_commit(struct meta *m, uint64_t ino, const struct meta_chunk_slic
 struct commit_seq_args {
 	struct commit_args commit;
 	uint64_t seq;
+	uint64_t meta_seq;
 };
 
 static int do_write_commit_seq(struct conn *c, void *p)
@@ -3379,6 +3400,16 @@ static int do_write_commit_seq(struct conn *c, void *p)
 		rc = 0;
 	else if (rc == 0 && (uint64_t)last >= a->seq)
 		rc = -EALREADY;
+	if (rc == 0 && a->meta_seq > 0) {
+		int64_t tseq = 0;
+
+		/* Times set explicitly after the handoff stay. */
+		rc = query_int(c, ST_TIMES_SEQ_GET, 1, &ino, 0, INT64_MAX, 0, &tseq);
+		if (rc == 0 && (uint64_t)tseq > a->meta_seq)
+			a->commit.keep_times = true;
+		if (rc == -ENOENT)
+			rc = 0;
+	}
 	if (rc == 0)
 		rc = do_write_commit(c, &a->commit);
 	if (rc == 0)
@@ -3418,7 +3449,7 @@ static int do_write_commit_batch(struct conn *c, void *p)
 		struct commit_seq_args a = { .commit = { .ino = it->ino, .slices = it->slices,
 							 .n = it->n, .new_size = it->new_size,
 							 .mtime = it->mtime },
-					     .seq = it->seq };
+					     .seq = it->seq, .meta_seq = it->meta_seq };
 		int rc;
 
 		if (it->seq == 0 || it->seq > INT64_MAX || it->meta_seq > INT64_MAX)
@@ -3667,6 +3698,8 @@ static int inode_free(struct conn *c, uint64_t ino)
 		rc = run_ints(c, ST_INODE_DELETE, 1, v);
 	if (rc == 0)
 		rc = run_ints(c, ST_ORPHAN_DELETE, 1, v);
+	if (rc == 0)
+		rc = run_ints(c, ST_TIMES_SEQ_DELETE, 1, v);
 	return rc ? rc : 1;
 }
 
@@ -3888,7 +3921,9 @@ static int journal_replay(struct meta *m, uint64_t *count)
 			break;
 		if (r.seq > m->applied) {
 			tl_now = &r.now;
+			tl_seq = r.seq;
 			rc = replay_one(m, &r);
+			tl_seq = 0;
 			tl_now = NULL;
 			if (rc == -ENOSPC || rc == -EIO || rc == -ENOMEM || rc == -EAGAIN ||
 			    m->bc == NULL || sqlite3_get_autocommit(m->bc->db)) {

@@ -311,6 +311,65 @@ static int inflight_wait(struct mountd *md, struct inode *i, const char *what)
 	return 0;
 }
 
+/*
+ * The inode's job in flight, for a reader: an fd on its staging file, which
+ * the reconciler only reads and removes once the commit is made, so it
+ * holds every byte the commit will (the file as its last close left it),
+ * and a reader need not wait for the upload. -1 if there is no job in
+ * flight, a writer has staged since (its staging file is the file now), or
+ * the file is gone already (the commit is being reported: wait for it).
+ * Caller holds i->lock.
+ */
+static int inflight_file(struct mountd *md, struct inode *i)
+{
+	char name[RECONCILE_NAME_MAX + 1];
+	int fd;
+
+	if (!i->inflight_seq || i->w)
+		return -1;
+	if (i->inflight_fd >= 0 && i->inflight_fd_seq == i->inflight_seq)
+		return i->inflight_fd;
+	if (i->inflight_fd >= 0)
+		close(i->inflight_fd);
+	i->inflight_fd = -1;
+	rclient_inflight_name(md, i, name, sizeof(name));
+	if (!name[0])
+		return -1;
+	fd = openat(md->staging_dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	i->inflight_fd = fd;
+	i->inflight_fd_seq = i->inflight_seq;
+	atomic_fetch_add(&md->stats.inflight_reads, 1);
+	return fd;
+}
+
+/* Reads [off, off+len) of the file from its staging file in flight (fd),
+ * which holds size bytes. */
+static ssize_t inflight_read(int fd, uint64_t size, char *buf, size_t len, off_t off)
+{
+	size_t n, done = 0;
+
+	if ((uint64_t)off >= size)
+		return 0;
+	n = size - (uint64_t)off < len ? (size_t)(size - (uint64_t)off) : len;
+	while (done < n) {
+		ssize_t r = pread(fd, buf + done, n - done, off + (off_t)done);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0) {
+			/* A staging file shorter than the job: the rest is a hole. */
+			memset(buf + done, 0, n - done);
+			break;
+		}
+		done += (size_t)r;
+	}
+	return (ssize_t)n;
+}
+
 /* Commits the inode's staged writes, if any. Caller holds i->lock. */
 static int commit_locked(struct mountd *md, struct inode *i)
 {
@@ -391,13 +450,23 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	i = inode_find(md, ino);
 	if (i)
 		pthread_mutex_lock(&i->lock);
+	bool times_only = !(valid & ~(META_SET_ATIME | META_SET_ATIME_NOW | META_SET_MTIME |
+				      META_SET_MTIME_NOW | META_SET_CTIME));
 	/* The job carries size and mtime: it commits first, or it would undo
-	 * this change. */
-	rc = i ? inflight_wait(md, i, "setattr") : 0;
+	 * this change; except a change of times only, made with the metadata
+	 * journal on: the job's commit leaves times set after its handoff
+	 * alone (meta_commit_item.meta_seq), so utimensat() after close()
+	 * (tar, cp -p, git clone) need not wait for the upload. */
+	bool times_now = i && times_only && i->inflight_seq && !i->w && md->meta_batch_ms > 0;
+	rc = i && !times_now ? inflight_wait(md, i, "setattr") : 0;
 	if (rc == 0 && i && i->w)
 		rc = wstate_reopen(i->w);
 	if (rc < 0) {
 		/* nothing applied */
+	} else if (times_now) {
+		rc = meta_setattr(md->meta, ino, valid, &in, &out);
+		if (rc == 0 && (valid & (META_SET_MTIME | META_SET_MTIME_NOW)))
+			i->inflight_mtime = out.mtime; /* what getattr shows until the commit */
 	} else if (i && i->w && i->w->passthrough) {
 		/* The staging file is the file's data until it is committed:
 		 * size and mtime changes go to it, the rest to the metadata. */
@@ -833,8 +902,10 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 	if (rc < 0)
 		goto fail;
 	pthread_mutex_lock(&i->lock);
-	/* Close-to-open: the last close's upload commits first. */
-	rc = inflight_wait(md, i, "open");
+	/* Close-to-open: the last close's upload commits first, unless this
+	 * is a reader, which reads the job's staging file meanwhile. */
+	if (writer || (fi->flags & O_TRUNC) || inflight_file(md, i) < 0)
+		rc = inflight_wait(md, i, "open");
 	if (rc == 0 && i->w)
 		rc = wstate_reopen(i->w);
 	if (rc < 0) {
@@ -986,6 +1057,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	struct meta_attr a;
 	char *buf = NULL;
 	ssize_t n;
+	int sfd;
 	int rc;
 
 	count(req, OP_READ);
@@ -1030,7 +1102,11 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	 * bytes between the staging file and the store under this read. With
 	 * nothing staged the read needs no lock. */
 	pthread_mutex_lock(&of->ino->lock);
-	if (!of->ino->w) {
+	if (!of->ino->w && (sfd = inflight_file(md, of->ino)) >= 0) {
+		/* Another's close is being uploaded: what it left is here. */
+		n = inflight_read(sfd, of->ino->inflight_size, buf, size, off);
+		pthread_mutex_unlock(&of->ino->lock);
+	} else if (!of->ino->w) {
 		/* A handle open across another's close reads what that close
 		 * committed. */
 		rc = inflight_wait(md, of->ino, "read");
@@ -1221,8 +1297,9 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 			rc = meta_sync(md->meta);
 	} else {
 		/* Objects are durable once put; the commit runs with
-		 * synchronous=FULL. */
-		rc = commit_locked(md, of->ino);
+		 * synchronous=FULL. A close's upload still in flight is part
+		 * of the file too (a reader's open does not wait for it). */
+		rc = of->ino->w ? commit_locked(md, of->ino) : inflight_wait(md, of->ino, "fsync");
 	}
 	pthread_mutex_unlock(&of->ino->lock);
 	fuse_reply_err(req, -rc);
@@ -1242,13 +1319,14 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		fuse_reply_err(req, 0);
 		return;
 	}
+	/* Counted in .stats open_handles until the release is done (its
+	 * handoff made), so "no handle open" means every close was handled. */
+	atomic_fetch_add(&md->stats.releasing, 1);
 	of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
-	if (!of) {
-		fuse_reply_err(req, EBADF);
-		return;
-	}
-	file_release(md, of, 0);
-	fuse_reply_err(req, 0);
+	if (of)
+		file_release(md, of, 0);
+	atomic_fetch_sub(&md->stats.releasing, 1);
+	fuse_reply_err(req, of ? 0 : EBADF);
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "mountd.h"
@@ -55,6 +56,8 @@ int inode_table_new(struct inode_table **out)
 static void inode_free(struct inode *i)
 {
 	pthread_cond_destroy(&i->committed);
+	if (i->inflight_fd >= 0)
+		close(i->inflight_fd);
 	pthread_mutex_destroy(&i->lock);
 	free(i);
 }
@@ -101,6 +104,7 @@ struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint3
 		if (!i)
 			goto out;
 		i->ino = ino;
+		i->inflight_fd = -1;
 		pthread_mutex_init(&i->lock, NULL);
 		mono_cond_init(&i->committed);
 		i->hnext = t->bucket[b];

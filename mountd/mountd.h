@@ -66,6 +66,9 @@ struct stats {
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
+	_Atomic uint64_t releasing; /* RELEASEs being handled (open_handles) */
+	/* Staging files of jobs in flight opened for readers (they did not wait). */
+	_Atomic uint64_t inflight_reads;
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
 };
@@ -256,6 +259,9 @@ int rclient_handoff(struct mountd *md, struct inode *ino);
 /* Waits (ino->lock held, released while waiting) until ino has no job in
  * flight. -ETIMEDOUT, -ENOTCONN (the reconciler is gone). */
 int rclient_wait(struct mountd *md, struct inode *ino, int timeout_ms);
+/* Copies the staging file name of the inode's job in flight (empty if
+ * none) into buf. */
+void rclient_inflight_name(struct mountd *md, struct inode *i, char *buf, size_t cap);
 /* Waits until every job the reconciler knows of (this run's handoffs and
  * what an earlier run left) is committed or failed for good; gives up after
  * idle_timeout_ms without progress (-ETIMEDOUT). */
@@ -321,6 +327,11 @@ struct inode {
 	uint64_t inflight_size;   /* the file's size and mtime in that job */
 	struct timespec inflight_mtime;
 	int inflight_error;       /* the last job failed for good (it is kept as .orphan) */
+	/* The staging file of the job in flight, read-only (-1: not open):
+	 * it holds every byte of the file as that close left it, so readers
+	 * need not wait for the commit (inflight_file() in fuse_ops.c). */
+	int inflight_fd;
+	uint64_t inflight_fd_seq; /* the job inflight_fd belongs to */
 	/* Guarded by md->rc_lock: */
 	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
 	struct inode *inext;      /* md->inflight list */

@@ -64,6 +64,10 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 	pthread_mutex_lock(&i->lock);
 	if (i->inflight_seq == r->seq) {
 		i->inflight_seq = 0;
+		if (i->inflight_fd >= 0) {
+			close(i->inflight_fd); /* readers read the committed file now */
+			i->inflight_fd = -1;
+		}
 		ours = true;
 		inflight_remove(md, i);
 		if (r->error)
@@ -678,6 +682,13 @@ int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 	}
 	reconcile_job_clear(&job);
 	return rc;
+}
+
+void rclient_inflight_name(struct mountd *md, struct inode *i, char *buf, size_t cap)
+{
+	pthread_mutex_lock(&md->rc_lock);
+	snprintf(buf, cap, "%s", i->inflight_name);
+	pthread_mutex_unlock(&md->rc_lock);
 }
 
 int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)

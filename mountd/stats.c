@@ -83,6 +83,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(handoff_failures);
 	FIG(mapped_after_close);
 	FIG(reopen_waits);
+	FIG(inflight_reads);
 	FIG(gc_rounds);
 	FIG(gc_objects_deleted);
 	FIG(gc_bytes_freed);
@@ -133,7 +134,8 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 			(unsigned long long)atomic_load(&st->broker_relinks));
 	}
 	fprintf(f, "cache_bytes %llu\n", (unsigned long long)read_cache_bytes(md->cache));
-	fprintf(f, "open_handles %u\n", handle_count(md->handles));
+	fprintf(f, "open_handles %llu\n", (unsigned long long)handle_count(md->handles) +
+						     atomic_load(&st->releasing));
 	fprintf(f, "inodes_cached %zu\n", inode_table_count(md->inodes));
 	pthread_mutex_lock(&md->pending_lock);
 	size_t npending = 0;

@@ -603,6 +603,15 @@ static bool check_deferred(const char *rel, double t0, bool want_absent, const c
 	return true;
 }
 
+/* Returns once path's last close is uploaded and committed. */
+static void settle(const char *path)
+{
+	int fd = OK(open(path, O_RDONLY));
+
+	OK(fsync(fd));
+	OK(close(fd));
+}
+
 Test(journal, fsync_commits_the_batch)
 {
 	int fd, dfd, checked = 0;
@@ -621,7 +630,11 @@ Test(journal, fsync_commits_the_batch)
 	assert_in_db("d2/synced", "right after fsync");
 	OK(close(fd));
 
-	/* A create without fsync waits for the batch. */
+	/* A create without fsync waits for the batch (unless another writer
+	 * of the database, the reconciler with an upload, asks it to commit:
+	 * so let the uploads of earlier closes finish first; fsync of a
+	 * reader's fd waits for them). */
+	settle(mp("d2/synced"));
 	t0 = now_s();
 	fd = OK(open(mp("d2/unsynced"), O_CREAT | O_WRONLY, 0644));
 	OK(close(fd));
@@ -643,6 +656,8 @@ Test(journal, fsync_commits_the_batch)
 	assert_in_db("d2/unsynced", "after a later fsyncdir");
 
 	/* Without fsyncdir a mkdir and a rename wait for the batch. */
+	settle(mp("d3/moved"));
+	settle(mp("d2/unsynced"));
 	t0 = now_s();
 	OK(mkdir(mp("d4"), 0755));
 	OK(rename(mp("d3/moved"), mp("d4/moved2")));
@@ -936,5 +951,93 @@ Test(journal, random_kill_points_in_a_create_storm, .timeout = 300)
 	for (int k = 0; k < nrounds; k++) {
 		storm_check(k, rounds[k].f, rounds[k].nf);
 		free(rounds[k].f);
+	}
+}
+
+/* ---- closes whose upload is in flight ------------------------------------ */
+
+/* Stops (SIGSTOP) or resumes (SIGCONT) this mount's ferry-reconciler, so
+ * that uploads stay in flight for as long as a test needs. */
+static void reconciler_signal(int sig)
+{
+	pid_t rec[8];
+	int n = fm_daemon_pids("ferry-reconciler", rec, 8);
+
+	cr_assert_geq(n, 1, "no ferry-reconciler found for %s", fm.dir);
+	for (int i = 0; i < n; i++)
+		kill(rec[i], sig);
+}
+
+/*
+ * A reader of a file whose upload is in flight reads what the close left,
+ * at once, from the staging file; utimensat() after close() (tar, cp -p,
+ * git clone) returns at once too, and the upload's commit, made later,
+ * keeps those times: after it, after a remount, and after a SIGKILL of
+ * both daemons with the upload still in flight.
+ */
+Test(journal, closes_in_flight_do_not_hold_readers_or_utimes)
+{
+	const struct timespec set[2] = { { 1500000000, 1 }, { 1600000000, 123456789 } };
+	char body[64], got[64];
+	double t0, read_s, utimes_s;
+	struct stat st_in_flight;
+	uint64_t waits0;
+	int fd, n, round;
+
+	if (fm.no_reconciler) {
+		fm_teardown();
+		cr_skip_test("needs a reconciler");
+	}
+	for (round = 0; round < 2; round++) {
+		waits0 = stat_of("reopen_waits");
+		uint64_t reads0 = stat_of("inflight_reads"), handoffs0 = stat_of("handoffs");
+		snprintf(body, sizeof(body), "in flight, round %d", round);
+		reconciler_signal(SIGSTOP);
+		fm_write_file(mp("f%d", round), body, strlen(body));
+		/* RELEASE comes after close() returns: wait for its handoff. */
+		for (int t = 0; t < 500 && stat_of("handoffs") == handoffs0; t++)
+			usleep(10 * 1000);
+		bool handed = stat_of("handoffs") > handoffs0;
+		t0 = now_s();
+		fd = open(mp("f%d", round), O_RDONLY);
+		n = fd >= 0 ? (int)read(fd, got, sizeof(got)) : -1;
+		if (fd >= 0)
+			close(fd);
+		read_s = now_s() - t0;
+		t0 = now_s();
+		int urc = utimensat(AT_FDCWD, mp("f%d", round), set, 0);
+		utimes_s = now_s() - t0;
+		int src = stat(mp("f%d", round), &st_in_flight);
+		uint64_t reads1 = stat_of("inflight_reads");
+		if (round == 1) {
+			/* Both daemons die with the upload in flight. */
+			crash(true);
+			fm_mount();
+		} else {
+			reconciler_signal(SIGCONT);
+		}
+		cr_assert(handed, "the close was not handed to the reconciler within 5 s");
+		cr_assert_gt(reads1, reads0, "the reader did not read the staging file in flight");
+		cr_assert_eq(n, (int)strlen(body), "read %d bytes in flight", n);
+		cr_assert(memcmp(got, body, (size_t)n) == 0);
+		cr_assert_eq(urc, 0, "utimensat: %s", strerror(errno));
+		cr_assert_eq(src, 0);
+		cr_assert_lt(read_s, 5.0, "the reader waited %.1f s for the upload", read_s);
+		cr_assert_lt(utimes_s, 5.0, "utimensat waited %.1f s for the upload", utimes_s);
+		cr_assert(st_in_flight.st_mtim.tv_sec == set[1].tv_sec &&
+			  st_in_flight.st_mtim.tv_nsec == set[1].tv_nsec &&
+			  st_in_flight.st_size == (off_t)strlen(body));
+		if (round == 0)
+			cr_assert_eq(stat_of("reopen_waits"), waits0, "an open or setattr waited");
+		/* fsync of a reader's fd returns once the upload is committed. */
+		settle(mp("f%d", round));
+		fm_remount_cold();
+		struct stat st;
+		OK(stat(mp("f%d", round), &st));
+		cr_assert(st.st_mtim.tv_sec == set[1].tv_sec && st.st_mtim.tv_nsec == set[1].tv_nsec,
+			  "round %d: mtime %lld.%09ld after the commit, set %lld.%09ld", round,
+			  (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, (long long)set[1].tv_sec,
+			  set[1].tv_nsec);
+		fm_expect_content(mp("f%d", round), body, strlen(body));
 	}
 }
