@@ -89,7 +89,12 @@ Test(cache, a_warm_cache_serves_without_the_store)
 	fm_fill_random(&seed, data, len);
 	mount_with_cache("64");
 	fm_write_file(mp("g"), data, len);
-	/* A read fills the cache (the reconciler uploads without it). */
+	/* Once uploaded (fsync of any fd waits for that; until then readers
+	 * read the staging file), a read fills the cache (the reconciler
+	 * uploads without it). */
+	int fd = OK(open(mp("g"), O_RDONLY));
+	OK(fsync(fd));
+	OK(close(fd));
 	read_all_and_check(mp("g"), data, len);
 	fm_stats_read(&s);
 	cr_assert_geq(fm_stats_need(&s, "cache_bytes"), len);
