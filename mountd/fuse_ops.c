@@ -325,7 +325,7 @@ static int inflight_file(struct mountd *md, struct inode *i)
 	char name[RECONCILE_NAME_MAX + 1];
 	int fd;
 
-	if (!i->inflight_seq || i->w)
+	if (!i->inflight_seq || i->w || !i->inflight_whole)
 		return -1;
 	if (i->inflight_fd >= 0 && i->inflight_fd_seq == i->inflight_seq)
 		return i->inflight_fd;

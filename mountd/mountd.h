@@ -332,6 +332,7 @@ struct inode {
 	 * need not wait for the commit (inflight_file() in fuse_ops.c). */
 	int inflight_fd;
 	uint64_t inflight_fd_seq; /* the job inflight_fd belongs to */
+	bool inflight_whole;      /* its staging file holds every byte of the file */
 	/* Guarded by md->rc_lock: */
 	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
 	struct inode *inext;      /* md->inflight list */

@@ -620,6 +620,9 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		return rc;
 	}
 	i->inflight_seq = job.seq;
+	/* A passthrough staging file holds the whole file; one of the daemon
+	 * path only the ranges written (the rest is in the store). */
+	i->inflight_whole = w->passthrough;
 	i->inflight_size = size;
 	i->inflight_mtime = job.mtime;
 	i->inflight_error = 0;
