@@ -38,7 +38,7 @@ static void usage(FILE *f)
 		"      --cache-size MIB    read cache limit (default: %d)\n"
 		"      --staging-dir DIR   staging files (default: VOLUME-DIR/staging)\n"
 		"      --ready-fd N        write \"ok\" (or the error) to fd N once serving\n"
-		"      --attr-timeout SEC  kernel attribute/entry cache time (default: 1)\n"
+		"      --attr-timeout SEC  kernel attribute/entry cache time (default: 3600)\n"
 		"      --staging-min-free MIB  below this much free space in the staging\n"
 		"                          directory, new opens take the daemon path (default: 256)\n"
 		"      --reconciler SOCKET use a ferry-reconciler started on its own (default:\n"
@@ -64,6 +64,9 @@ static void usage(FILE *f)
 		"passthrough_copy_max=SIZE (default 1g: a write open of a non-empty file up\n"
 		"to this size copies it into a staging file and gets passthrough; larger\n"
 		"files, and 0, take the daemon path);\n"
+		"attr_timeout=SEC (default 3600: how long the kernel keeps names, absent\n"
+		"names and attributes; this daemon is the volume's only writer and\n"
+		"invalidates what the reconciler's commits change);\n"
 		"meta_batch_ms=MS (default 5: namespace changes are journaled on local\n"
 		"disk as they are made and committed to the metadata database in batches\n"
 		"this far apart, and at every fsync, fsyncdir and unmount; 0 commits each\n"
@@ -147,6 +150,17 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->pt_copy_max = v << shift;
+			continue;
+		}
+		if (strncmp(o, "attr_timeout=", 13) == 0) {
+			char *end;
+			double v = strtod(o + 13, &end);
+
+			if (!o[13] || *end || !(v >= 0 && v <= 86400)) {
+				snprintf(err, errlen, "-o %s: attr_timeout takes seconds, 0 to 86400", o);
+				return -EINVAL;
+			}
+			md->cfg.attr_timeout = md->cfg.entry_timeout = v;
 			continue;
 		}
 		if (strncmp(o, "meta_batch_ms=", 14) == 0) {
@@ -381,7 +395,10 @@ int main(int argc, char **argv)
 	md->cfg.ready_fd = -1;
 	md->lock_fd = -1;
 	md->staging_dirfd = -1;
-	md->cfg.attr_timeout = md->cfg.entry_timeout = 1.0;
+	/* The only writer of its volume, and told of what the reconciler
+	 * changes (a commit invalidates the inode): the kernel may keep names,
+	 * absent names and attributes for long. */
+	md->cfg.attr_timeout = md->cfg.entry_timeout = ATTR_TIMEOUT_DEFAULT_S;
 	md->pt_mode = PT_AUTO;
 	md->pt_off = true; /* until INIT says the kernel has it */
 	snprintf(md->pt_reason, sizeof(md->pt_reason), "not_negotiated");

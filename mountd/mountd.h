@@ -281,6 +281,7 @@ void staging_superseded(struct mountd *md, uint64_t ino);
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
 #define META_BATCH_MS_DEFAULT 5
+#define ATTR_TIMEOUT_DEFAULT_S 3600.0
 #define PT_COPY_MAX_DEFAULT (1ull << 30)
 int gc_start(struct mountd *md);
 /* A round now (tests; `ferry gc`). */
