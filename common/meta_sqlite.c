@@ -1119,6 +1119,7 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 		     void *arg)
 {
 	struct timespec now;
+	bool journaled = false;
 	int rc;
 
 	rc = batch_begin(m);
@@ -1146,6 +1147,7 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 				m->jseq = r->seq;
 				m->js.records++;
 				m->batch_records++;
+				journaled = true;
 			}
 		}
 	}
@@ -1158,17 +1160,22 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 	}
 	if (exec_st(m->bc, ST_SAVEPOINT_RELEASE))
 		goto broken;
+	if (r == NULL && !tl_replaying)
+		return batch_commit(m); /* not journaled: committed, or not made */
 	/* A writer of another process waits for the database: let it in now
-	 * rather than at the flusher's next round. */
-	if ((r == NULL && !tl_replaying) || m->batch_records >= BATCH_RECORDS_MAX ||
-	    (!tl_replaying && intent_wanted(m)))
-		return batch_commit(m);
+	 * rather than at the flusher's next round. The change is journaled,
+	 * so a failed commit is not its failure: the batch is made again from
+	 * the journal (batch_lost) and the change commits with it later. */
+	if (!tl_replaying && (m->batch_records >= BATCH_RECORDS_MAX || intent_wanted(m)))
+		(void)batch_commit(m);
 	return 0;
 broken:
 	if (rc == 0)
 		rc = -EIO;
 	if (!tl_replaying)
-		batch_lost(m);
+		batch_lost(m); /* makes the batch again from the journal */
+	if (journaled)
+		return 0; /* so this change is made (or will be: see m->stuck) */
 	return rc == -EAGAIN ? -EIO : rc;
 }
 
