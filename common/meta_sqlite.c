@@ -334,7 +334,7 @@ struct meta {
 	uint64_t jseq;         /* the last seq appended to the journal */
 	uint64_t applied;      /* the last seq the database holds */
 	off_t jsize;           /* the journal's length */
-	int stuck;             /* see batch_restore() */
+	_Atomic int stuck;     /* see batch_restore() */
 	int flush_ms;
 	pthread_cond_t flush_cond;
 	pthread_t flush_thread;
@@ -1208,8 +1208,12 @@ static int txn(struct meta *m, txn_fn fn, void *arg)
  */
 static int read_conn(struct meta *m, struct conn **out)
 {
-	if (atomic_load(&m->batch_dirty)) {
+	if (atomic_load(&m->batch_dirty) || atomic_load(&m->stuck)) {
 		pthread_mutex_lock(&m->write_lock);
+		/* Acknowledged changes that no batch holds (the database could
+		 * not take them): try again, so this read sees them. */
+		if (m->stuck && !m->batch_open)
+			batch_restore(m);
 		if (m->batch_open) {
 			*out = m->bc;
 			return 0;
