@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "broker_client.h"
+#include "fd_limit.h"
 #include "log.h"
 #include "mountd.h"
 #include "reconcile_plan.h"
@@ -493,6 +494,9 @@ int main(int argc, char **argv)
 		fatalx("out of memory");
 
 	mountpoint_check(md);
+	/* Staging files of open writers, of uploads being read in flight,
+	 * connections: far more than 1024 on a busy mount. */
+	fd_limit_raise();
 	rc = meta_open(md->cfg.db_path, &md->meta);
 	if (rc == -ENOENT)
 		start_failed(md, "no ferryfs volume at %s (run `ferry format` first)", argv[optind]);

@@ -16,13 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include <event2/thread.h>
 
+#include "fd_limit.h"
 #include "log.h"
 #include "objstore_async.h"
 #include "reconciler.h"
@@ -255,16 +255,6 @@ static void rescan_cb(evutil_socket_t fd, short what, void *arg)
 	jobs_scan(r, false, 10);
 }
 
-static void raise_nofile(void)
-{
-	struct rlimit rl;
-
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &rl);
-	}
-}
-
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -339,7 +329,7 @@ int main(int argc, char **argv)
 	if (!cfg->foreground)
 		detach();
 	signal(SIGPIPE, SIG_IGN);
-	raise_nofile();
+	fd_limit_raise();
 
 	/* The volume. */
 	rc = meta_open(cfg->db_path, &r->meta);
