@@ -1011,7 +1011,7 @@ Test(journal, closes_in_flight_do_not_hold_readers_or_utimes)
 		int urc = utimensat(AT_FDCWD, mp("f%d", round), set, 0);
 		utimes_s = now_s() - t0;
 		int src = stat(mp("f%d", round), &st_in_flight);
-		uint64_t reads1 = stat_of("inflight_reads");
+		uint64_t reads1 = stat_of("inflight_reads"), waits1 = stat_of("reopen_waits");
 		if (round == 1) {
 			/* Both daemons die with the upload in flight. */
 			crash(true);
@@ -1027,13 +1027,15 @@ Test(journal, closes_in_flight_do_not_hold_readers_or_utimes)
 		}
 		cr_assert_eq(urc, 0, "utimensat: %s", strerror(errno));
 		cr_assert_eq(src, 0);
-		cr_assert_lt(read_s, 5.0, "the reader waited %.1f s for the upload", read_s);
-		cr_assert_lt(utimes_s, 5.0, "utimensat waited %.1f s for the upload", utimes_s);
+		/* With the reconciler stopped the upload cannot end: a call that
+		 * waited for it would have failed (EIO after --reopen-timeout),
+		 * not returned the data. The times are only logged. */
+		cr_log_info("round %d: read %.3f s, utimensat %.3f s with the upload held", round,
+			    read_s, utimes_s);
 		cr_assert(st_in_flight.st_mtim.tv_sec == set[1].tv_sec &&
 			  st_in_flight.st_mtim.tv_nsec == set[1].tv_nsec &&
 			  st_in_flight.st_size == (off_t)strlen(body));
-		if (round == 0)
-			cr_assert_eq(stat_of("reopen_waits"), waits0, "an open or setattr waited");
+		cr_assert_eq(waits1, waits0, "an open or setattr waited for the upload");
 		/* fsync of a reader's fd returns once the upload is committed. */
 		settle(mp("f%d", round));
 		fm_remount_cold();
