@@ -1716,6 +1716,17 @@ static void journal_path(char *buf, size_t cap)
 	snprintf(buf, cap, "%s" META_JOURNAL_SUFFIX, db);
 }
 
+/* In a forked child that is to die with its batch open: the volume with
+ * deferred commits that never flush on their own (exits 2 if it cannot). */
+static struct meta *child_journal_open(const char *jp)
+{
+	struct meta *c = NULL;
+
+	if (meta_open(db, &c) || meta_journal_open(c, jp, 60000, NULL))
+		_exit(2);
+	return c;
+}
+
 /* The changes the journal tests make, on mm (returns how many it made). */
 static int journal_changes(struct meta *mm)
 {
@@ -1829,10 +1840,7 @@ Test(meta_journal, replay_after_kill_makes_the_same_tree, .init = setup_nodefer,
 	pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
-		struct meta *c = NULL;
-
-		if (meta_open(db, &c) || meta_journal_open(c, jp, 60000, NULL))
-			_exit(2);
+		struct meta *c = child_journal_open(jp);
 		n = journal_changes(c);
 		/* The tree as the dying process saw it, times included. */
 		char *seen = dump_tree(c, 1);
@@ -1907,10 +1915,7 @@ Test(meta_journal, damaged_tail_ends_the_journal, .init = setup_nodefer, .fini =
 		pid = fork();
 		cr_assert_geq(pid, 0);
 		if (pid == 0) {
-			struct meta *c = NULL;
-
-			if (meta_open(db, &c) || meta_journal_open(c, jp, 60000, NULL))
-				_exit(2);
+			struct meta *c = child_journal_open(jp);
 			for (int i = 0; i < 10; i++) {
 				snprintf(name, sizeof(name), "r%d-%d", round, i);
 				if (meta_create(c, META_ROOT_INO, name, S_IFREG | 0644, 0, 0, 0, NULL,
@@ -2016,11 +2021,10 @@ Test(meta_journal, commit_waits_for_the_journal_seq, .init = setup_nodefer, .fin
 	pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
-		struct meta *c = NULL;
+		struct meta *c = child_journal_open(jp);
 		struct meta_attr a;
 
-		if (meta_open(db, &c) || meta_journal_open(c, jp, 60000, NULL) ||
-		    meta_create(c, META_ROOT_INO, "late", S_IFREG | 0644, 0, 0, 0, NULL, &a))
+		if (meta_create(c, META_ROOT_INO, "late", S_IFREG | 0644, 0, 0, 0, NULL, &a))
 			_exit(2);
 		vals[0] = a.ino;
 		vals[1] = meta_journal_last(c);
