@@ -8,7 +8,8 @@
  * keeps the index in insertion order; past the size limit the oldest files
  * are evicted (FIFO: a hit does not move a file, which keeps hits lock-free).
  * Concurrent misses of one object (readahead makes them common) share one
- * fetch: the first reader fetches, the others wait for it.
+ * fetch: the first reader fetches, the others wait for it and copy from the
+ * object it got.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -30,11 +31,15 @@ struct cache_entry {
 	struct cache_entry *next;
 };
 
-/* An object being fetched; guarded by read_cache.lock. */
+/* An object being fetched; guarded by read_cache.lock. Its fetcher and
+ * every waiter hold a reference; the last one out frees it. A successful
+ * fetch leaves the verified object in obj, so waiters copy their range from
+ * it (the cache file may be evicted again before they could open it). */
 struct fetch {
 	char *key;          /* owned */
+	char *obj;          /* owned; the verified object once done, or NULL */
 	bool done;
-	unsigned waiters;
+	unsigned refs;
 	struct fetch *next;
 };
 
@@ -250,9 +255,19 @@ static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const cha
 	return -ENOENT;
 }
 
-/* Joins a fetch of key in flight (waiting for it, or until the caller is
- * gone: *gave_up; returns false) or starts one (returns true, *f is the
- * caller's to finish with fetch_end()). */
+static void fetch_put_locked(struct fetch *f)
+{
+	if (--f->refs > 0)
+		return;
+	free(f->key);
+	free(f->obj);
+	free(f);
+}
+
+/* Joins a fetch of key in flight (returns false once it is done, or with
+ * *gave_up when the caller is gone; *f holds a reference either way, for
+ * fetch_put) or starts one (returns true; *f is the caller's to finish with
+ * fetch_end, NULL when there was no memory to share it). */
 static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f, bool *gave_up)
 {
 	struct fetch *x;
@@ -262,7 +277,7 @@ static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f,
 		if (strcmp(x->key, key) == 0)
 			break;
 	if (x) {
-		x->waiters++;
+		x->refs++;
 		while (!x->done) {
 			/* Woken now and then: a waiter whose caller is gone
 			 * (objstore_set_cancel) stops waiting. */
@@ -275,11 +290,8 @@ static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f,
 				break;
 			}
 		}
-		if (--x->waiters == 0 && x->done) {
-			free(x->key);
-			free(x);
-		}
 		pthread_mutex_unlock(&c->lock);
+		*f = x;
 		return false;
 	}
 	x = calloc(1, sizeof(*x));
@@ -288,15 +300,25 @@ static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f,
 		x = NULL;
 	}
 	if (x) {
+		x->refs = 1;
 		x->next = c->fetching;
 		c->fetching = x;
 	}
 	pthread_mutex_unlock(&c->lock);
-	*f = x; /* NULL (no memory): fetch without sharing */
+	*f = x;
 	return true;
 }
 
-static void fetch_end(struct read_cache *c, struct fetch *f)
+static void fetch_put(struct read_cache *c, struct fetch *f)
+{
+	pthread_mutex_lock(&c->lock);
+	fetch_put_locked(f);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Ends the caller's fetch f (NULL: an unshared one); obj (owned by the
+ * caller until now; NULL when the fetch failed) passes to the waiters. */
+static void fetch_end(struct read_cache *c, struct fetch *f, char *obj)
 {
 	struct fetch **pp;
 
@@ -307,16 +329,11 @@ static void fetch_end(struct read_cache *c, struct fetch *f)
 		;
 	if (*pp)
 		*pp = f->next;
+	f->obj = obj;
 	f->done = true;
-	if (f->waiters) {
-		pthread_cond_broadcast(&c->fetched);
-		f = NULL; /* the last waiter frees it */
-	}
+	pthread_cond_broadcast(&c->fetched);
+	fetch_put_locked(f);
 	pthread_mutex_unlock(&c->lock);
-	if (f) {
-		free(f->key);
-		free(f);
-	}
 }
 
 ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *st,
@@ -334,13 +351,31 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 		if (n != -ENOENT)
 			return n;
 		if (!fetch_begin(c, key, &f, &gave_up)) {
-			if (gave_up)
-				return -EINTR;
-			/* Someone else fetched it: it is cached now, unless that
-			 * failed or it was evicted at once; then fetch alone. */
+			/* f->obj is only written before done, under the lock
+			 * this thread has taken since. */
+			if (f->done && f->obj) {
+				memcpy(buf, f->obj + off, len);
+				n = len;
+			} else {
+				n = gave_up ? -EINTR : -ENOENT;
+			}
+			fetch_put(c, f);
+			f = NULL;
+			if (n != -ENOENT)
+				return n;
+			/* That fetch found the object cached, or failed: look
+			 * again, then fetch alone. */
 			n = cache_file_read(c, st, key, objsize, off, buf, len);
 			if (n != -ENOENT)
 				return n;
+		} else {
+			/* A fetch of key may have ended between the miss above
+			 * and fetch_begin: the object is cached then. */
+			n = cache_file_read(c, st, key, objsize, off, buf, len);
+			if (n != -ENOENT) {
+				fetch_end(c, f, NULL);
+				return n;
+			}
 		}
 	}
 	atomic_fetch_add(&st->cache_misses, 1);
@@ -364,8 +399,12 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 	read_cache_insert(c, key, obj, objsize);
 	n = len;
 out:
-	if (c)
-		fetch_end(c, f);
+	if (c && f) {
+		/* The waiters get the object only when it was verified. */
+		fetch_end(c, f, n >= 0 ? obj : NULL);
+		if (n >= 0)
+			obj = NULL;
+	}
 	free(obj);
 	return n;
 }
