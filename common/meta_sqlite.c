@@ -307,6 +307,10 @@ struct meta {
 	_Atomic int dir_synced; /* meta_sync() synced the directory holding the WAL */
 	pthread_key_t key;
 	pthread_mutex_t lock; /* guards conns */
+	/* Slice ids taken from the counter and not handed out yet
+	 * [ids_next, ids_end), under ids_lock: see meta_slice_id_alloc. */
+	pthread_mutex_t ids_lock;
+	uint64_t ids_next, ids_end;
 	/* Held around every write transaction: threads of one process queue
 	 * here, woken at once, instead of polling SQLite's file lock. */
 	pthread_mutex_t write_lock;
@@ -862,25 +866,57 @@ static bool txn_abort(struct meta *m, struct conn *c)
 	return false;
 }
 
-/* The intent lock (struct meta's intent_fd): an open file description
- * lock on the whole file, F_RDLCK, F_WRLCK or F_UNLCK; waits for its turn. */
+/*
+ * The intent file holds two OFD locks, one byte each:
+ *  INTENT_BYTE, the intent lock: held exclusively by a non-deferring writer
+ *    around its transaction, shared for a moment by a deferring daemon
+ *    opening its batch (see batch_begin);
+ *  BATCH_BYTE, held exclusively by a deferring daemon while its batch is
+ *    open. A writer that holds the intent lock waits on it (batch_wait)
+ *    instead of polling SQLite's lock (busy_wait sleeps up to 1 ms a try):
+ *    the kernel wakes it the moment the batch commits.
+ * Every lock request waits for its turn unless said otherwise.
+ */
+#define INTENT_BYTE 0
+#define BATCH_BYTE 1
+
+static int intent_range(struct meta *m, int cmd, short type, off_t byte)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1 };
+	int rc;
+
+	if (m->intent_fd < 0)
+		return 0;
+	while ((rc = fcntl(m->intent_fd, cmd, &fl)) < 0 && errno == EINTR)
+		;
+	if (rc == 0 && cmd == F_OFD_GETLK)
+		return fl.l_type != F_UNLCK;
+	return rc;
+}
+
 static void intent_lock(struct meta *m, short type)
 {
-	struct flock fl = { .l_type = type, .l_whence = SEEK_SET };
-
-	if (m->intent_fd >= 0)
-		while (fcntl(m->intent_fd, F_OFD_SETLKW, &fl) < 0 && errno == EINTR)
-			;
+	intent_range(m, F_OFD_SETLKW, type, INTENT_BYTE);
 }
 
 /* Another writer waits for the database (holds the intent lock). */
 static bool intent_wanted(struct meta *m)
 {
-	struct flock fl = { .l_type = F_RDLCK, .l_whence = SEEK_SET };
+	return intent_range(m, F_OFD_GETLK, F_RDLCK, INTENT_BYTE) > 0;
+}
 
-	if (m->intent_fd < 0 || fcntl(m->intent_fd, F_OFD_GETLK, &fl) < 0)
-		return false;
-	return fl.l_type != F_UNLCK;
+/* The batch is open (F_WRLCK, which nobody else takes: a second deferring
+ * daemon is refused) or closed (F_UNLCK). */
+static void batch_lock(struct meta *m, short type)
+{
+	intent_range(m, F_OFD_SETLK, type, BATCH_BYTE);
+}
+
+/* Waits until no batch is open (the intent lock held: none opens next). */
+static void batch_wait(struct meta *m)
+{
+	if (intent_range(m, F_OFD_SETLKW, F_RDLCK, BATCH_BYTE) == 0)
+		intent_range(m, F_OFD_SETLK, F_UNLCK, BATCH_BYTE);
 }
 
 /* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
@@ -899,6 +935,7 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 		return rc;
 	pthread_mutex_lock(&m->write_lock);
 	intent_lock(m, F_WRLCK);
+	batch_wait(m);
 	for (tries = 1;; tries++) {
 		rc = exec_st(c, ST_BEGIN);
 		if (rc == 0) {
@@ -952,6 +989,8 @@ static _Thread_local uint64_t tl_seq;
 
 static void batch_closed(struct meta *m)
 {
+	if (m->batch_open)
+		batch_lock(m, F_UNLCK);
 	m->batch_open = 0;
 	atomic_store(&m->batch_dirty, 0);
 	m->batch_records = 0;
@@ -986,6 +1025,8 @@ static int batch_begin(struct meta *m)
 			break;
 		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
 	}
+	if (rc == 0)
+		batch_lock(m, F_WRLCK);
 	intent_lock(m, F_UNLCK);
 	if (rc)
 		return rc == -EAGAIN ? -EIO : rc;
@@ -1052,9 +1093,7 @@ static int batch_restore(struct meta *m)
 			conn_free(m->bc);
 			m->bc = NULL;
 		}
-		m->batch_open = 0;
-		atomic_store(&m->batch_dirty, 0);
-		m->batch_records = 0;
+		batch_closed(m);
 		m->stuck = 1;
 	}
 	return rc;
@@ -2027,6 +2066,7 @@ int meta_open(const char *db_path, struct meta **out)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&m->lock, NULL);
+	pthread_mutex_init(&m->ids_lock, NULL);
 	pthread_mutex_init(&m->write_lock, NULL);
 	pthread_mutex_init(&m->ckpt_lock, NULL);
 	mono_cond_init(&m->ckpt_cond);
@@ -2090,6 +2130,7 @@ void meta_close(struct meta *m)
 		conn_free(c);
 	}
 	pthread_mutex_destroy(&m->lock);
+	pthread_mutex_destroy(&m->ids_lock);
 	pthread_mutex_destroy(&m->write_lock);
 	pthread_mutex_destroy(&m->ckpt_lock);
 	pthread_cond_destroy(&m->ckpt_cond);
@@ -3305,16 +3346,34 @@ static int do_slice_alloc(struct conn *c, void *p)
 	return rc;
 }
 
+/* Ids are names and nothing more, so a range taken and never handed out
+ * (this handle closed first) is a harmless gap; taking SLICE_ID_RESERVE at
+ * a time spares each staging file a write transaction of its own, which
+ * in another process would end a deferring daemon's batch. */
+#define SLICE_ID_RESERVE 1024
+
 int meta_slice_id_alloc(struct meta *m, uint32_t count, uint64_t *first)
 {
-	struct slice_alloc_args a = { .count = count };
-	int rc;
+	struct slice_alloc_args a;
+	int rc = 0;
 
 	if (m == NULL || first == NULL || count == 0)
 		return -EINVAL;
-	rc = txn(m, do_slice_alloc, &a);
-	if (rc == 0)
-		*first = a.first;
+	pthread_mutex_lock(&m->ids_lock);
+	if (m->ids_end - m->ids_next < count) {
+		a = (struct slice_alloc_args){ .count = count < SLICE_ID_RESERVE ? SLICE_ID_RESERVE
+										 : count };
+		rc = txn(m, do_slice_alloc, &a);
+		if (rc == 0) {
+			m->ids_next = a.first;
+			m->ids_end = a.first + a.count;
+		}
+	}
+	if (rc == 0) {
+		*first = m->ids_next;
+		m->ids_next += count;
+	}
+	pthread_mutex_unlock(&m->ids_lock);
 	return rc;
 }
 

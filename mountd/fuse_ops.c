@@ -854,8 +854,9 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 			/* A shared mapping made through a passthrough open lives on
 			 * the staging file itself: it stays this inode's file (later
 			 * opens share it, so the mapping and they see one file) until
-			 * the mapping goes. */
-			write_back_keep_mapped(md, i);
+			 * the mapping goes. Or the kernel has not let go of the file
+			 * yet: the retry list tells which, off this thread. */
+			write_back_probe_later(md, i);
 		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
 			/* the reconciler has it; the inode waits for its commit */
 		} else if (rc == -ENODATA) {
@@ -916,10 +917,15 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 		struct meta_attr in = { .size = 0 };
 		unsigned valid = META_SET_SIZE | META_SET_MTIME_NOW;
 		if (i->w && i->w->passthrough) {
-			/* Shared staging file: truncate it; the commit stores it. */
+			/* Shared staging file: truncate it; the commit stores it.
+			 * The set-id bits go now, as on the path below. */
+			unsigned kill;
+
 			if (ftruncate(i->w->fd, 0) < 0)
 				rc = -errno;
 			i->w->size_changed = true;
+			if (rc == 0 && (kill = trunc_kill_suid(md, ino, caller, &in)) != 0)
+				rc = meta_setattr(md->meta, ino, kill, &in, NULL);
 		} else {
 			rc = commit_locked(md, i);
 			if (rc == 0) {

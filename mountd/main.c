@@ -71,7 +71,10 @@ static void usage(FILE *f)
 		"meta_batch_ms=MS (default 5: namespace changes are journaled on local\n"
 		"disk as they are made and committed to the metadata database in batches\n"
 		"this far apart, and at every fsync, fsyncdir and unmount; 0 commits each\n"
-		"change on its own)\n"
+		"change on its own);\n"
+		"commit_window_ms=MS (default 50: a file the reconciler finished\n"
+		"uploading waits this long for others to commit with it, unless an\n"
+		"fsync, truncate or unmount waits for it; 0 commits at once)\n"
 		"  -d, --debug             debug logging\n"
 		"  -h, --help              this text\n"
 		"  -V, --version           print the version\n",
@@ -174,6 +177,18 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->meta_batch_ms = (int)v;
+			continue;
+		}
+		if (strncmp(o, "commit_window_ms=", 17) == 0) {
+			char *end;
+			long v = strtol(o + 17, &end, 10);
+
+			if (!o[17] || *end || v < 0 || v > 3600000) {
+				snprintf(err, errlen,
+					 "-o %s: commit_window_ms takes milliseconds, 0 to 3600000", o);
+				return -EINVAL;
+			}
+			md->commit_window_ms = (int)v;
 			continue;
 		}
 		if (strncmp(o, "fsync=", 6) == 0) {
@@ -406,6 +421,7 @@ int main(int argc, char **argv)
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
+	md->commit_window_ms = -1; /* the reconciler's own default */
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
 	md->wb_mode = WB_AUTO;
 	md->cfg.reopen_timeout_ms = 120000;

@@ -127,6 +127,11 @@ struct wstate {
 	 * then meanwhile. */
 	bool mapped;
 	struct timespec mapped_commit; /* CLOCK_MONOTONIC of the last such commit */
+	/* Passthrough: the last close's lease probe was refused, maybe only
+	 * because the kernel had not let go of the file yet; the retry list
+	 * asks again (write_back_probe_later). */
+	bool probing;
+	struct timespec probe_since;   /* CLOCK_MONOTONIC of the first refusal */
 	struct block_print *prints; /* per PT_UNIT: what the last commit stored; owned */
 	size_t nprints;
 };
@@ -189,13 +194,15 @@ bool wstate_writeback_refused(const struct wstate *w, uint64_t off, size_t len);
  * reference). Caller holds ino->lock and checked !ino->pending. */
 void write_back_defer(struct mountd *md, struct inode *ino);
 /* Whether something besides w->fd holds the staging file open: a shared
- * mapping that outlived its passthrough open. */
+ * mapping that outlived its passthrough open, or (for a moment after a
+ * close) the kernel's own reference it has not dropped yet. */
 bool wstate_mapped(struct wstate *w);
-/* The last passthrough open of an inode closed while a mapping of its
- * staging file lives on: commits what it has now and keeps the staging
- * file on the retry list until the mapping goes. Caller holds ino->lock
- * and checked !ino->pending. */
-void write_back_keep_mapped(struct mountd *md, struct inode *ino);
+/* The last passthrough open of an inode closed and wstate_mapped() said
+ * yes: the retry list asks again shortly, then hands the file over, or
+ * (a mapping lives on) commits what it has and keeps the staging file
+ * until the mapping goes. Caller holds ino->lock and checked
+ * !ino->pending. */
+void write_back_probe_later(struct mountd *md, struct inode *ino);
 /* Registers the passthrough staging file of an inode again (its backing id
  * was closed with its last open); returns the id or a negative errno.
  * Caller holds ino->lock. */
@@ -414,6 +421,7 @@ struct mountd {
 	/* write-back retry list */
 	pthread_mutex_t pending_lock;
 	pthread_cond_t pending_cond;
+	bool pending_probes;          /* under pending_lock: a lease probe waits on the list */
 	struct inode *pending;
 	bool pending_stop;
 	pthread_t pending_thread;
@@ -436,6 +444,9 @@ struct mountd {
 	char pt_reason[64];           /* why pt_off: a token for .stats */
 	_Atomic int pt_unavailable;   /* the errno last logged by passthrough_unavailable() */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
+	/* -o commit_window_ms for the reconciler this daemon starts; -1: its
+	 * default. */
+	int commit_window_ms;
 	/* -o meta_batch_ms: namespace changes commit in batches this far apart
 	 * (meta_journal_open); 0: each on its own. */
 	int meta_batch_ms;

@@ -367,12 +367,29 @@ static int spawn_reconciler(struct mountd *md)
 		}
 		char vol[PATH_MAX + 16];
 		snprintf(vol, sizeof(vol), "sqlite://%s", md->cfg.db_path);
-		if (md->cfg.metrics)
-			execl(exe, exe, "--volume", vol, "--staging-dir", md->cfg.staging_dir,
-			      "--socket", md->rc_path, "--metrics", md->cfg.metrics, "-f", (char *)NULL);
-		else
-			execl(exe, exe, "--volume", vol, "--staging-dir", md->cfg.staging_dir,
-			      "--socket", md->rc_path, "-f", (char *)NULL);
+		char window[16];
+		const char *argv[16];
+		int n = 0;
+
+		argv[n++] = exe;
+		argv[n++] = "--volume";
+		argv[n++] = vol;
+		argv[n++] = "--staging-dir";
+		argv[n++] = md->cfg.staging_dir;
+		argv[n++] = "--socket";
+		argv[n++] = md->rc_path;
+		if (md->cfg.metrics) {
+			argv[n++] = "--metrics";
+			argv[n++] = md->cfg.metrics;
+		}
+		if (md->commit_window_ms >= 0) {
+			snprintf(window, sizeof(window), "%d", md->commit_window_ms);
+			argv[n++] = "--commit-window-ms";
+			argv[n++] = window;
+		}
+		argv[n++] = "-f";
+		argv[n] = NULL;
+		execv(exe, (char *const *)argv);
 		fprintf(stderr, "ferry-mountd: cannot run %s: %s\n", exe, strerror(errno));
 		_exit(127);
 	}
@@ -698,6 +715,8 @@ int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 {
 	struct timespec until, slice;
 
+	uint64_t asked_gen = UINT64_MAX;
+
 	mono_deadline_ms(&until, timeout_ms);
 	/* The reconciler's commit may be waiting for our open metadata batch,
 	 * which would otherwise commit only at the flusher's next round. */
@@ -706,6 +725,16 @@ int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 	while (i->inflight_seq) {
 		if (!rclient_up(md) && !atomic_load(&md->rc_restarting))
 			return -ENOTCONN;
+		/* A drain request makes the reconciler commit without waiting
+		 * for company (its commit window); asked again of a reconciler
+		 * started since. Its reply only raises rc_drained. Lock order:
+		 * ino->lock, then rc_lock, as in rclient_handoff. */
+		pthread_mutex_lock(&md->rc_lock);
+		if (md->rc_conn_gen != asked_gen && rclient_up(md)) {
+			asked_gen = md->rc_conn_gen;
+			(void)reconcile_drain(md->rc_sock, i->inflight_seq);
+		}
+		pthread_mutex_unlock(&md->rc_lock);
 		/* Short slices: a reconciler restart does not signal this inode. */
 		mono_deadline_ms(&slice, 250);
 		if (mono_passed(&until))

@@ -156,23 +156,17 @@ bool wstate_mapped(struct wstate *w)
 	 * asker holds open (fs/locks.c, check_conflicting_open); a mapping
 	 * holds its own open of the staging file. The lease is given back at
 	 * once: an open of the staging file in between (none is expected)
-	 * waits only for that. The RELEASE that asks can arrive a moment
-	 * before the kernel's last fput() of the closed passthrough file has
-	 * run (on a busy machine, the closing task may wait for a CPU), so a
-	 * refusal is asked again after growing pauses (31 ms in all). */
-	for (int tries = 0; tries < 5; tries++) {
-		if (fcntl(w->fd, F_SETLEASE, F_WRLCK) == 0) {
-			(void)fcntl(w->fd, F_SETLEASE, F_UNLCK);
-			return false;
-		}
-		if (errno != EAGAIN && errno != EBUSY) {
-			if (!atomic_exchange(&told, true))
-				log_warn("cannot tell whether a mapping outlives the close of a "
-					 "passthrough file (F_SETLEASE on the staging directory); "
-					 "stores through such a mapping after close are not kept");
-			return false;
-		}
-		usleep(1000 << tries);
+	 * waits only for that. */
+	if (fcntl(w->fd, F_SETLEASE, F_WRLCK) == 0) {
+		(void)fcntl(w->fd, F_SETLEASE, F_UNLCK);
+		return false;
+	}
+	if (errno != EAGAIN && errno != EBUSY) {
+		if (!atomic_exchange(&told, true))
+			log_warn("cannot tell whether a mapping outlives the close of a passthrough "
+				 "file (F_SETLEASE on the staging directory); stores through such a "
+				 "mapping after close are not kept");
+		return false;
 	}
 	return true;
 }
@@ -902,6 +896,14 @@ void wstate_drop(struct mountd *md, struct inode *ino)
  * at this interval, as the kernel would write back a local file's dirty
  * pages. */
 #define MAPPED_COMMIT_SEC 30
+/* The RELEASE of a passthrough file can come a moment before the kernel's
+ * last fput() of its staging file has run (deferred to the closing task's
+ * return to user space, which on a busy machine may wait for a CPU), and
+ * the lease probe is refused meanwhile as if a mapping held it. A refused
+ * probe is asked again from the retry thread every PROBE_RETRY_MS, off the
+ * FUSE thread that served the RELEASE, and believed after this long. */
+#define PROBE_RETRY_MS 2
+#define PROBE_GIVE_UP_SEC 0.05
 
 static double since(const struct timespec *t)
 {
@@ -911,13 +913,46 @@ static double since(const struct timespec *t)
 	return (double)(now.tv_sec - t->tv_sec) + (now.tv_nsec - t->tv_nsec) / 1e9;
 }
 
+/* A mapping outlives the file's last close: the staging file stays the
+ * inode's. Caller holds ino->lock; the inode is on the retry list. */
+static void mapped_found(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+
+	atomic_fetch_add(&md->stats.mapped_after_close, 1);
+	log_info("inode %llu: its staging file is still open elsewhere (a mapping) after the "
+		 "last close: it stays, and is committed from here", (unsigned long long)ino->ino);
+	/* What the closed opens wrote is committed as a close would; the
+	 * mapping's later stores follow from the retry list. A failure here is
+	 * retried there too. */
+	(void)wstate_commit(md, ino);
+	w->mapped = true;
+	clock_gettime(CLOCK_MONOTONIC, &w->mapped_commit);
+}
+
 /* One retry of a pending inode: true when it leaves the list. Caller holds
  * i->lock. */
 static bool write_back_retry(struct mountd *md, struct inode *i)
 {
 	struct wstate *w = i->w;
 	bool busy = i->nwriters > 0 || (w && w->npt > 0);
+	bool probed = w && w->probing;
 
+	if (probed) {
+		w->probing = false;
+		if (busy) {
+			i->pending = false; /* its next close decides */
+			return true;
+		}
+		if (wstate_mapped(w)) {
+			if (since(&w->probe_since) < PROBE_GIVE_UP_SEC) {
+				w->probing = true;
+				return false;
+			}
+			mapped_found(md, i);
+			return false;
+		}
+	}
 	if (w && w->mapped) {
 		if (busy)
 			return false; /* its next close is ours again; nothing to do */
@@ -937,8 +972,9 @@ static bool write_back_retry(struct mountd *md, struct inode *i)
 			if (rc == -ENODATA)
 				wstate_drop(md, i);
 			i->pending = false;
-			log_info("inode %llu: staged writes handed to ferry-reconciler on retry",
-				 (unsigned long long)i->ino);
+			if (!probed)
+				log_info("inode %llu: staged writes handed to ferry-reconciler on "
+					 "retry", (unsigned long long)i->ino);
 			return true;
 		}
 	}
@@ -968,10 +1004,13 @@ static void *write_back_main(void *arg)
 	pthread_mutex_lock(&md->pending_lock);
 	while (!md->pending_stop) {
 		struct timespec until;
-		mono_deadline_ms(&until, 2000); /* pending_cond waits on CLOCK_MONOTONIC */
+		bool probes = false;
+		/* pending_cond waits on CLOCK_MONOTONIC */
+		mono_deadline_ms(&until, md->pending_probes ? PROBE_RETRY_MS : 2000);
 		pthread_cond_timedwait(&md->pending_cond, &md->pending_lock, &until);
 		if (md->pending_stop)
 			break;
+		md->pending_probes = false;
 		/* Take the whole list; put back what still fails. */
 		struct inode *list = md->pending, *next, *keep = NULL;
 		md->pending = NULL;
@@ -985,11 +1024,13 @@ static void *write_back_main(void *arg)
 			if (done) {
 				inode_unref(md, i, 0, 1);
 			} else {
+				probes |= i->w && i->w->probing;
 				i->pnext = keep;
 				keep = i;
 			}
 		}
 		pthread_mutex_lock(&md->pending_lock);
+		md->pending_probes |= probes;
 		while (keep) {
 			next = keep->pnext;
 			keep->pnext = md->pending;
@@ -1012,20 +1053,17 @@ void write_back_defer(struct mountd *md, struct inode *ino)
 	pthread_mutex_unlock(&md->pending_lock);
 }
 
-void write_back_keep_mapped(struct mountd *md, struct inode *ino)
+void write_back_probe_later(struct mountd *md, struct inode *ino)
 {
 	struct wstate *w = ino->w;
 
-	atomic_fetch_add(&md->stats.mapped_after_close, 1);
-	log_info("inode %llu: its staging file is still open elsewhere (a mapping) after the "
-		 "last close: it stays, and is committed from here", (unsigned long long)ino->ino);
-	/* What the closed opens wrote is committed as a close would; the
-	 * mapping's later stores follow from the retry list. A failure here is
-	 * retried there too. */
-	(void)wstate_commit(md, ino);
-	w->mapped = true;
-	clock_gettime(CLOCK_MONOTONIC, &w->mapped_commit);
+	w->probing = true;
+	clock_gettime(CLOCK_MONOTONIC, &w->probe_since);
 	write_back_defer(md, ino);
+	pthread_mutex_lock(&md->pending_lock);
+	md->pending_probes = true;
+	pthread_cond_signal(&md->pending_cond);
+	pthread_mutex_unlock(&md->pending_lock);
 }
 
 int write_back_start(struct mountd *md)

@@ -140,6 +140,8 @@ static const char *state_name(enum job_state s)
 
 /* ---- drains ---- */
 
+static void commit_kick(struct rec *r);
+
 static uint64_t orphans_upto(struct rec *r, uint64_t upto)
 {
 	uint64_t n = 0;
@@ -192,6 +194,7 @@ int jobs_drain_add(struct rec *r, struct conn *c, uint64_t upto)
 	d->upto = upto;
 	conn_ref(c);
 	TAILQ_INSERT_TAIL(&r->drains, d, link);
+	commit_kick(r); /* someone waits: no window */
 	return 0;
 }
 
@@ -701,6 +704,15 @@ void jobs_object_done(struct rec *r, struct job *j, uint64_t obj, int rc, const 
  * A batch that found no memory halves the next one (down to one job), and
  * each batch that commits doubles it back: one failed allocation undoes
  * the whole transaction, and a big one needs many more of them.
+ *
+ * A batch also waits for company: up to --commit-window-ms after the first
+ * job joined an empty queue, unless the batch is full, someone waits for a
+ * drain (ferry-mountd asks for one whenever an fsync, a truncate or an
+ * unmount waits for a commit), or the reconciler is stopping. Each commit
+ * ends ferry-mountd's open metadata batch (another writer wants the
+ * database), so commits one or two files apart doubled the cost of every
+ * small file written meanwhile; nobody waits for a commit that nobody asked
+ * for.
  */
 #define COMMIT_BATCH_MAX 64
 
@@ -805,17 +817,53 @@ static void commit_done(struct task *t)
 	free(c);
 }
 
+static void commit_window_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct rec *r = arg;
+
+	(void)fd;
+	(void)what;
+	r->commit_window_armed = false;
+	r->commit_window_over = true;
+	commit_kick(r);
+}
+
+/* Whether the jobs on r->commitq go now; if not, the window's end is set. */
+static bool commit_due(struct rec *r)
+{
+	struct timeval tv;
+
+	if (r->commit_window_over || r->cfg.commit_window_ms == 0 || r->stopping ||
+	    !TAILQ_EMPTY(&r->drains) || r->ncommitq >= COMMIT_BATCH_MAX)
+		return true;
+	if (r->commit_window_armed)
+		return false;
+	if (!r->commit_timer && !(r->commit_timer = evtimer_new(r->base, commit_window_cb, r)))
+		return true; /* no memory for a timer: no window */
+	tv.tv_sec = r->cfg.commit_window_ms / 1000;
+	tv.tv_usec = (suseconds_t)(r->cfg.commit_window_ms % 1000) * 1000;
+	if (evtimer_add(r->commit_timer, &tv) < 0)
+		return true;
+	r->commit_window_armed = true;
+	return false;
+}
+
 static void commit_kick(struct rec *r)
 {
 	struct commit_task *c;
 	struct job *j;
 
-	if (r->committing || TAILQ_EMPTY(&r->commitq))
+	if (r->committing || TAILQ_EMPTY(&r->commitq) || !commit_due(r))
 		return;
+	if (r->commit_window_armed) {
+		evtimer_del(r->commit_timer);
+		r->commit_window_armed = false;
+	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
 		while ((j = TAILQ_FIRST(&r->commitq))) {
 			TAILQ_REMOVE(&r->commitq, j, commit_link);
+			r->ncommitq--;
 			set_err(j, -ENOMEM, "out of memory");
 			job_attempt_failed(r, j);
 		}
@@ -825,8 +873,11 @@ static void commit_kick(struct rec *r)
 		r->commit_batch = COMMIT_BATCH_MAX;
 	while (c->n < r->commit_batch && (j = TAILQ_FIRST(&r->commitq))) {
 		TAILQ_REMOVE(&r->commitq, j, commit_link);
+		r->ncommitq--;
 		c->jobs[c->n++] = j;
 	}
+	/* Jobs left behind (the batch was full) go with the next one. */
+	r->commit_window_over = r->ncommitq > 0;
 	c->t.run = commit_run;
 	c->t.done = commit_done;
 	c->r = r;
@@ -840,6 +891,7 @@ static void job_maybe_commit(struct rec *r, struct job *j)
 		return;
 	j->state = JOB_COMMITTING;
 	TAILQ_INSERT_TAIL(&r->commitq, j, commit_link);
+	r->ncommitq++;
 	commit_kick(r);
 }
 
@@ -1016,6 +1068,12 @@ void jobs_free_all(struct rec *r)
 	TAILQ_INIT(&r->ready);
 	TAILQ_INIT(&r->feed);
 	TAILQ_INIT(&r->commitq);
+	r->ncommitq = 0;
+	if (r->commit_timer) {
+		event_free(r->commit_timer);
+		r->commit_timer = NULL;
+		r->commit_window_armed = false;
+	}
 	while ((d = TAILQ_FIRST(&r->drains))) {
 		TAILQ_REMOVE(&r->drains, d, link);
 		conn_unref(d->conn);

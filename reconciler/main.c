@@ -55,6 +55,9 @@ static void usage(FILE *f)
 		"  --retries N             attempts before a job is kept as .orphan (default 5)\n"
 		"  --retry-delay MS        wait after the first failed attempt; each next wait is\n"
 		"                          4 times longer, at most 300 s (default 1000)\n"
+		"  --commit-window-ms MS   a finished upload waits up to MS for others to commit\n"
+		"                          with it, unless a drain (fsync, unmount) waits\n"
+		"                          (default 50; 0: commit at once)\n"
 		"  --shutdown-timeout SEC  on SIGTERM/SIGINT, give up after SEC seconds without\n"
 		"                          progress; what is left stays journaled (default 60)\n"
 		"  -f, --foreground        stay attached (otherwise return once serving)\n"
@@ -262,6 +265,7 @@ int main(int argc, char **argv)
 		{ "staging-dir", required_argument, NULL, 's' },
 		{ "socket", required_argument, NULL, 'S' },
 		{ "max-uploads", required_argument, NULL, 'u' },
+		{ "commit-window-ms", required_argument, NULL, 'w' },
 		{ "buffer-mib", required_argument, NULL, 'b' },
 		{ "metrics", required_argument, NULL, 'm' },
 		{ "retries", required_argument, NULL, 'r' },
@@ -295,6 +299,7 @@ int main(int argc, char **argv)
 	cfg->shutdown_timeout_s = 60;
 	cfg->max_jobs = 4096;
 	cfg->rescan_s = 30;
+	cfg->commit_window_ms = 50;
 	log_init("ferry-reconciler", LOG_LVL_INFO);
 
 	while ((opt = getopt_long(argc, argv, "fdhV", longopts, NULL)) != -1) {
@@ -307,6 +312,7 @@ int main(int argc, char **argv)
 		case 'm': free(cfg->metrics_addr); parse_metrics(cfg, optarg); break;
 		case 'r': cfg->retries = (unsigned)parse_num("--retries", optarg, 1, 1000); break;
 		case 'R': cfg->retry_delay_ms = (unsigned)parse_num("--retry-delay", optarg, 1, 3600000); break;
+		case 'w': cfg->commit_window_ms = (unsigned)parse_num("--commit-window-ms", optarg, 0, 3600000); break;
 		case 't': cfg->shutdown_timeout_s = (unsigned)parse_num("--shutdown-timeout", optarg, 1, 86400); break;
 		case 'f': cfg->foreground = true; break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;

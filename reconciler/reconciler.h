@@ -121,7 +121,8 @@ bool jobs_recent(struct rec *r, const char *name, uint64_t seq, int *err);
 size_t jobs_scan(struct rec *r, bool at_start, time_t min_age);
 /* Called by upload.c when one object of j is done (rc 0: stored). */
 void jobs_object_done(struct rec *r, struct job *j, uint64_t obj, int rc, const char *why);
-/* Drain requests. */
+/* Drain requests: the reply comes once every job up to upto finished;
+ * meanwhile commits go without waiting for company. */
 int jobs_drain_add(struct rec *r, struct conn *c, uint64_t upto);
 void jobs_conn_gone(struct rec *r, struct conn *c);
 /* At exit: frees every job (their records stay on disk). */
@@ -175,6 +176,7 @@ struct rec_config {
 	unsigned max_jobs;           /* stop reading requests above this many */
 	unsigned max_active;         /* jobs started at once */
 	unsigned rescan_s;           /* journal rescan period */
+	unsigned commit_window_ms;   /* a commit waits this long for company */
 };
 
 struct rec_counters {
@@ -213,7 +215,11 @@ struct rec {
 	/* jobs */
 	struct job_list all, ready, feed;
 	struct job_list commitq;     /* JOB_COMMITTING, not yet in a batch */
+	size_t ncommitq;
 	bool committing;             /* a commit batch is at a worker */
+	struct event *commit_timer;  /* ends the commit window (NULL: none yet) */
+	bool commit_window_armed;    /* commit_timer is pending */
+	bool commit_window_over;     /* the oldest job on commitq waited long enough */
 	size_t commit_batch;         /* jobs per commit batch now (0: the most) */
 	uint64_t slice_ids_next, slice_ids_end; /* allocated, not yet used: [next, end) */
 	struct job **by_name;        /* hash: name -> job */

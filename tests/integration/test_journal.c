@@ -1048,3 +1048,37 @@ Test(journal, closes_in_flight_do_not_hold_readers_or_utimes)
 		fm_expect_content(mp("f%d", round), body, strlen(body));
 	}
 }
+
+/* ferry-mountd asks the reconciler to commit at once whenever a call
+ * waits for an upload: with a commit window longer than this test may
+ * run, an fsync of a closed file (through a reader's fd) and a truncate
+ * of it return only because of that, with the data committed. */
+Test(journal, waits_for_an_upload_do_not_wait_for_the_commit_window, .timeout = 120)
+{
+	static const char body[] = "committed because someone waited\n";
+	struct stat st;
+	uint64_t handoffs0;
+
+	fm_umount();
+	mount_with("commit_window_ms=600000");
+	for (int round = 0; round < 2; round++) {
+		handoffs0 = stat_of("handoffs");
+		fm_write_file(mp("w%d", round), body, strlen(body));
+		for (int t = 0; t < 500 && stat_of("handoffs") == handoffs0; t++)
+			usleep(10 * 1000);
+		cr_assert_gt(stat_of("handoffs"), handoffs0, "the close was not handed over");
+		if (round == 0) {
+			settle(mp("w%d", round));
+			cr_assert_eq(stat_of("reconcile_handed_inflight"), 0);
+		} else {
+			/* A truncate of a file whose upload is in flight waits
+			 * for its commit first. */
+			OK(truncate(mp("w%d", round), 5));
+		}
+	}
+	fm_remount_cold();
+	fm_expect_content(mp("w0"), body, strlen(body));
+	fm_expect_content(mp("w1"), body, 5);
+	OK(stat(mp("w1"), &st));
+	cr_assert_eq(st.st_size, 5);
+}

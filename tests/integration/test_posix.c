@@ -1840,6 +1840,18 @@ Test(posix, perm_suid_sgid_cleared)
 	cr_assert_eq(st.st_mode & 07777, 0777, "after O_TRUNC by uid 65534: mode %o",
 		     st.st_mode & 07777);
 
+	/* the same while another open for write shares the file's staging
+	 * file (passthrough) */
+	put(mp("os"), "content");
+	OK(chmod(mp("os"), 06777));
+	int wfd = OK(open(mp("os"), O_WRONLY));
+	OK(NOBODY(.kind = OP_OPEN, .path = mp("os"), .flags = O_WRONLY | O_TRUNC));
+	st = lst(mp("os"));
+	OK(close(wfd));
+	cr_assert_eq(st.st_size, 0);
+	cr_assert_eq(st.st_mode & 07777, 0777, "after O_TRUNC by uid 65534 beside a writer: "
+		     "mode %o", st.st_mode & 07777);
+
 	/* chown clears them, even by root */
 	put(mp("c"), "x");
 	OK(chmod(mp("c"), 06755));

@@ -303,6 +303,39 @@ Test(reconciler, dirty_ranges_and_size_only)
 	free(want);
 }
 
+/* Stages len bytes of buf as "<prefix>-<i>" and hands it over as job seq
+ * i + 1 of inode ino. */
+static void hand_over(int sock, const char *prefix, int i, uint64_t ino, const void *buf,
+		      size_t len)
+{
+	struct reconcile_job j;
+	char name[32];
+
+	snprintf(name, sizeof(name), "%s-%d", prefix, i);
+	rcu_stage(&rc, name, buf, len);
+	rcu_job(&j, 1 + (uint64_t)i, ino, len, name);
+	rcu_handoff(&rc, sock, &j);
+}
+
+/* Reads replies up to Drained (in *rep then), each before it a Committed
+ * without error; its seq is marked in seen (if not NULL). Returns how
+ * many came. */
+static int read_until_drained(int sock, struct reconcile_reply *rep, bool *seen)
+{
+	int n = 0;
+
+	for (;;) {
+		cr_assert_eq(reconcile_recv_reply(sock, rep), 0);
+		if (rep->type == RECONCILE_REPLY_DRAINED)
+			return n;
+		cr_assert_eq(rep->type, RECONCILE_REPLY_COMMITTED);
+		cr_assert_eq(rep->error, 0);
+		if (seen)
+			seen[rep->seq - 1] = true;
+		n++;
+	}
+}
+
 Test(reconciler, drain_is_not_endless)
 {
 	enum { N = 60 };
@@ -310,41 +343,20 @@ Test(reconciler, drain_is_not_endless)
 	unsigned char buf[64 * 1024];
 	struct reconcile_reply rep;
 	bool seen[N] = { 0 };
-	int sock, committed_before = 0;
+	int sock, committed_before;
 
 	make_files(N, "dr-%d", inos);
 	rcu_start(&rc);
 	sock = rcu_connect(&rc);
 	for (int i = 0; i < N / 2; i++) {
-		struct reconcile_job j;
-		char name[32];
-
 		fm_fill_random(&st, buf, sizeof(buf));
-		snprintf(name, sizeof(name), "dr-%d", i);
-		rcu_stage(&rc, name, buf, sizeof(buf));
-		rcu_job(&j, 1 + (uint64_t)i, inos[i], sizeof(buf), name);
-		rcu_handoff(&rc, sock, &j);
+		hand_over(sock, "dr", i, inos[i], buf, sizeof(buf));
 	}
 	cr_assert_eq(reconcile_drain(sock, N / 2), 0);
 	/* A busy writer keeps handing over: the drain must not wait for it. */
-	for (int i = N / 2; i < N; i++) {
-		struct reconcile_job j;
-		char name[32];
-
-		snprintf(name, sizeof(name), "dr-%d", i);
-		rcu_stage(&rc, name, buf, sizeof(buf));
-		rcu_job(&j, 1 + (uint64_t)i, inos[i], sizeof(buf), name);
-		rcu_handoff(&rc, sock, &j);
-	}
-	for (;;) {
-		cr_assert_eq(reconcile_recv_reply(sock, &rep), 0);
-		if (rep.type == RECONCILE_REPLY_DRAINED)
-			break;
-		cr_assert_eq(rep.type, RECONCILE_REPLY_COMMITTED);
-		cr_assert_eq(rep.error, 0);
-		seen[rep.seq - 1] = true;
-		committed_before++;
-	}
+	for (int i = N / 2; i < N; i++)
+		hand_over(sock, "dr", i, inos[i], buf, sizeof(buf));
+	committed_before = read_until_drained(sock, &rep, seen);
 	cr_assert_eq(rep.upto_seq, N / 2);
 	cr_assert_eq(rep.failed, 0);
 	for (int i = 0; i < N / 2; i++)
@@ -362,6 +374,48 @@ Test(reconciler, drain_is_not_endless)
 	do
 		cr_assert_eq(reconcile_recv_reply(sock, &rep), 0);
 	while (rep.type != RECONCILE_REPLY_DRAINED);
+	close(sock);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+}
+
+/* Finished uploads wait for company up to --commit-window-ms; a drain
+ * request commits them at once. The window here outlasts the test's own
+ * time limit, so only the drain can have committed them. */
+Test(reconciler, commit_window_waits_until_a_drain_asks, .timeout = 120)
+{
+	enum { N = 4 };
+	uint64_t inos[N], st = 11;
+	unsigned char buf[4096];
+	struct reconcile_stats s;
+	struct reconcile_reply rep;
+	int sock;
+
+	make_files(N, "cw-%d", inos);
+	rc.extra[0] = "--commit-window-ms";
+	rc.extra[1] = "600000";
+	rc.extra[2] = NULL;
+	rcu_start(&rc);
+	sock = rcu_connect(&rc);
+	for (int i = 0; i < N; i++) {
+		fm_fill_random(&st, buf, sizeof(buf));
+		hand_over(sock, "cw", i, inos[i], buf, sizeof(buf));
+	}
+	/* Every object is stored, and still nothing is committed. */
+	for (int t = 0; t < 3000; t++) {
+		rcu_stats(&rc, &s);
+		if (s.uploads_total >= N)
+			break;
+		usleep(10 * 1000);
+	}
+	cr_assert_eq(s.uploads_total, N, "the uploads did not finish");
+	usleep(200 * 1000);
+	rcu_stats(&rc, &s);
+	cr_assert_eq(s.committed_total, 0, "commits went before the window or a drain");
+	cr_assert_eq(s.inflight, N);
+
+	cr_assert_eq(reconcile_drain(sock, N), 0);
+	cr_assert_eq(read_until_drained(sock, &rep, NULL), N);
+	cr_assert_eq(rep.failed, 0);
 	close(sock);
 	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
 }

@@ -972,6 +972,21 @@ Test(meta, write_commit_order_and_ids)
 	cr_assert_eq(meta_slice_id_alloc(m, 1, &next), 0);
 	cr_assert_eq(next, 4);
 	cr_assert_eq(meta_slice_id_alloc(m, 0, &next), -EINVAL);
+	/* Each handle takes ids ahead in ranges; another handle's never meet
+	 * this one's, and a request larger than a range is served whole. */
+	{
+		struct meta *o = NULL;
+		uint64_t theirs, big, mine;
+
+		cr_assert_eq(meta_open(db, &o), 0);
+		cr_assert_eq(meta_slice_id_alloc(o, 2, &theirs), 0);
+		cr_assert_eq(meta_slice_id_alloc(o, 5000, &big), 0);
+		cr_assert_eq(meta_slice_id_alloc(m, 1, &mine), 0);
+		cr_assert_eq(mine, 5);
+		cr_assert(theirs > 5 && big >= theirs + 2, "ids %llu and %llu overlap this handle's",
+			  (unsigned long long)theirs, (unsigned long long)big);
+		meta_close(o);
+	}
 
 	cr_assert_eq(meta_chunk_slices(m, f, 0, &got, &n), 0);
 	cr_assert_null(got);
@@ -1962,7 +1977,7 @@ Test(meta_journal, second_opener_is_refused, .init = setup_nodefer, .fini = tear
 }
 
 struct other_writer {
-	int allocs, failures;
+	int creates, failures;
 	_Atomic int done;
 };
 
@@ -1970,12 +1985,15 @@ static void *other_writer_main(void *p)
 {
 	struct other_writer *w = p;
 	struct meta *o = NULL;
-	uint64_t first;
+	char name[32];
 
+	/* A handle without a journal: each create is a transaction. */
 	cr_assert_eq(meta_open(db, &o), 0);
-	for (int i = 0; i < w->allocs; i++)
-		if (meta_slice_id_alloc(o, 1, &first) != 0)
+	for (int i = 0; i < w->creates; i++) {
+		snprintf(name, sizeof(name), "o%d", i);
+		if (meta_create(o, META_ROOT_INO, name, S_IFREG | 0644, 0, 0, 0, NULL, NULL) != 0)
 			w->failures++;
+	}
 	meta_close(o);
 	atomic_store(&w->done, 1);
 	return NULL;
@@ -1987,7 +2005,7 @@ static void *other_writer_main(void *p)
 Test(meta_journal, batches_do_not_starve_other_writers, .init = setup_nodefer,
      .fini = teardown, .timeout = 120)
 {
-	struct other_writer w = { .allocs = 200 };
+	struct other_writer w = { .creates = 200 };
 	char jp[160], name[32];
 	pthread_t t;
 	int i = 0;
@@ -2002,7 +2020,7 @@ Test(meta_journal, batches_do_not_starve_other_writers, .init = setup_nodefer,
 	}
 	pthread_join(t, NULL);
 	cr_assert_eq(w.failures, 0);
-	cr_log_info("%d creates while the other writer made %d transactions", i, w.allocs);
+	cr_log_info("%d creates while the other writer made %d transactions", i, w.creates);
 }
 
 /* A data commit that names a journal seq waits until the database holds
