@@ -305,6 +305,9 @@ struct meta {
 	char *path;
 	_Atomic int batched;  /* commits not synced one by one (meta_set_batched) */
 	_Atomic int dir_synced; /* meta_sync() synced the directory holding the WAL */
+	/* Commits this handle made, and how many of them the last meta_sync()
+	 * made durable: a sync with nothing new of ours to sync is skipped. */
+	_Atomic uint64_t commits_made, commits_synced;
 	pthread_key_t key;
 	pthread_mutex_t lock; /* guards conns */
 	/* Slice ids taken from the counter and not handed out yet
@@ -940,8 +943,8 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 		rc = exec_st(c, ST_BEGIN);
 		if (rc == 0) {
 			rc = fn(c, arg);
-			if (rc == 0)
-				rc = exec_st(c, ST_COMMIT);
+			if (rc == 0 && (rc = exec_st(c, ST_COMMIT)) == 0)
+				atomic_fetch_add(&m->commits_made, 1);
 			if (rc != 0 && !txn_abort(m, c)) {
 				/* Its connection is gone: no retry on it. */
 				if (rc == -EAGAIN)
@@ -1133,6 +1136,7 @@ static int batch_commit(struct meta *m)
 		return rc == -EAGAIN ? -EIO : rc;
 	}
 	batch_closed(m);
+	atomic_fetch_add(&m->commits_made, 1);
 	m->applied = m->jseq;
 	m->js.batches++;
 	/* Everything in it is in the database now: the next record goes at
@@ -3595,6 +3599,7 @@ uint64_t meta_ckpt_inline(struct meta *m)
 int meta_sync(struct meta *m)
 {
 	char wal[PATH_MAX];
+	uint64_t made, synced;
 	int fd, rc = 0;
 
 	if (m == NULL)
@@ -3606,6 +3611,10 @@ int meta_sync(struct meta *m)
 	}
 	if (!atomic_load(&m->batched))
 		return 0; /* every commit was synced already */
+	/* Read before the sync: a commit that lands during it may miss it. */
+	made = atomic_load(&m->commits_made);
+	if (made == atomic_load(&m->commits_synced))
+		return 0; /* nothing of ours since the last sync */
 	/*
 	 * A batched commit has appended its frames to the WAL with write();
 	 * syncing that file makes them (and all before them) durable, which is
@@ -3622,6 +3631,11 @@ int meta_sync(struct meta *m)
 	if (fdatasync(fd) < 0)
 		rc = -EIO;
 	close(fd);
+	/* Raised, never lowered: syncs run on several threads at once. */
+	synced = atomic_load(&m->commits_synced);
+	while (rc == 0 && synced < made &&
+	       !atomic_compare_exchange_weak(&m->commits_synced, &synced, made))
+		;
 	/* Once: the WAL's own name in its directory. */
 	if (rc == 0 && !atomic_load(&m->dir_synced)) {
 		char *slash = strrchr(wal, '/');

@@ -119,6 +119,12 @@ static void overlay_locked(struct inode *i, struct meta_attr *a)
 			}
 		}
 	}
+	if (i->inflight_seq || i->w) {
+		i->told_valid = true;
+		i->told_size = a->size;
+		i->told_mtime = a->mtime;
+		i->told_ctime = a->ctime;
+	}
 }
 
 /* The attributes of ino as a reader sees them: committed metadata plus

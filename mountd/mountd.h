@@ -66,6 +66,9 @@ struct stats {
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
+	/* Reconciler commits that dropped the kernel's cache of the inode, and
+	 * those that did not need to (it already held what the commit made). */
+	_Atomic uint64_t commit_invalidations, commit_invalidations_skipped;
 	_Atomic uint64_t releasing; /* RELEASEs being handled (open_handles) */
 	/* Staging files of jobs in flight opened for readers (they did not wait). */
 	_Atomic uint64_t inflight_reads;
@@ -341,6 +344,12 @@ struct inode {
 	int inflight_fd;
 	uint64_t inflight_fd_seq; /* the job inflight_fd belongs to */
 	bool inflight_whole;      /* its staging file holds every byte of the file */
+	/* The size and times of the last attributes replied while the inode had
+	 * staged or in-flight data (overlay_locked): a commit that leaves the
+	 * metadata at exactly these need not drop the kernel's cache. */
+	bool told_valid;
+	uint64_t told_size;
+	struct timespec told_mtime, told_ctime;
 	/* Guarded by md->rc_lock: */
 	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
 	struct inode *inext;      /* md->inflight list */

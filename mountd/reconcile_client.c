@@ -49,10 +49,15 @@ static void inflight_remove(struct mountd *md, struct inode *i)
 }
 
 /* Ends the reservation of ino for job seq. */
+static bool timespec_eq(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
 static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 {
 	struct inode *i = inode_ref_existing(md, r->ino);
-	bool ours = false;
+	bool ours = false, keep = false;
 
 	if (r->error)
 		log_warnx("inode %llu: the reconciler could not commit job %llu (%s): %s; its "
@@ -63,6 +68,18 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 		return;
 	pthread_mutex_lock(&i->lock);
 	if (i->inflight_seq == r->seq) {
+		struct meta_attr after;
+
+		/* The kernel's cache goes unless the last attributes it was
+		 * given (while the job was in flight) are what the commit made:
+		 * then it holds the committed file already, and the next stat
+		 * (git status after a checkout) needs no GETATTR. The bytes it
+		 * may have cached came from the staging file, the committed
+		 * content. A failed job changed nothing. */
+		keep = !r->error && i->told_valid && !i->w &&
+		       meta_getattr(md->meta, r->ino, &after) == 0 &&
+		       after.size == i->told_size && timespec_eq(&after.mtime, &i->told_mtime) &&
+		       timespec_eq(&after.ctime, &i->told_ctime);
 		i->inflight_seq = 0;
 		if (i->inflight_fd >= 0) {
 			close(i->inflight_fd); /* readers read the committed file now */
@@ -77,9 +94,12 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 	pthread_mutex_unlock(&i->lock);
 	atomic_fetch_sub(&md->rc_inflight, ours ? 1 : 0);
 	if (ours) {
-		/* The metadata changed under the kernel's cache: new slices, a
-		 * new size. */
-		fuse_lowlevel_notify_inval_inode(md->se, r->ino, 0, 0);
+		if (keep) {
+			atomic_fetch_add(&md->stats.commit_invalidations_skipped, 1);
+		} else {
+			atomic_fetch_add(&md->stats.commit_invalidations, 1);
+			fuse_lowlevel_notify_inval_inode(md->se, r->ino, 0, 0);
+		}
 		inode_unref(md, i, 0, 1); /* the reservation's reference */
 	}
 	inode_unref(md, i, 0, 1);

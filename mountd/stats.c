@@ -68,6 +68,8 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(cache_misses);
 	FIG(commits);
 	FIG(commit_failures);
+	FIG(commit_invalidations);
+	FIG(commit_invalidations_skipped);
 	FIG(io_errors);
 	FIG(passthrough_opens);
 	FIG(backing_open);

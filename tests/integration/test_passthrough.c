@@ -374,6 +374,66 @@ Test(passthrough, fsync_uploads_only_changed_blocks)
 	close(fd);
 }
 
+/* GETATTR requests one stat() of path costs: the .stats reads around it
+ * cost the same each, measured by a read with nothing in between. */
+static int64_t getattrs_of_stat(const char *path, struct stat *st)
+{
+	struct fm_stats s;
+	uint64_t g1, g2, g3;
+
+	fm_stats_read(&s);
+	g1 = fm_stats_need(&s, "fuse_requests_getattr");
+	OK(stat(path, st));
+	fm_stats_read(&s);
+	g2 = fm_stats_need(&s, "fuse_requests_getattr");
+	fm_stats_read(&s);
+	g3 = fm_stats_need(&s, "fuse_requests_getattr");
+	return (int64_t)(g2 - g1) - (int64_t)(g3 - g2);
+}
+
+static void same_attrs(const struct stat *a, const struct stat *b, const char *what)
+{
+	cr_assert(a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+		  a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+		  a->st_ctim.tv_nsec == b->st_ctim.tv_nsec,
+		  "%s: size %lld mtime %lld.%09ld ctime %lld.%09ld, before %lld %lld.%09ld "
+		  "%lld.%09ld", what, (long long)b->st_size, (long long)b->st_mtim.tv_sec,
+		  b->st_mtim.tv_nsec, (long long)b->st_ctim.tv_sec, b->st_ctim.tv_nsec,
+		  (long long)a->st_size, (long long)a->st_mtim.tv_sec, a->st_mtim.tv_nsec,
+		  (long long)a->st_ctim.tv_sec, a->st_ctim.tv_nsec);
+}
+
+/* The reconciler's commit of a closed file leaves the kernel's cache alone
+ * when the kernel already holds what the commit makes (it asked while the
+ * upload was in flight): a stat after the commit (git status after a
+ * checkout) needs no GETATTR, and shows what the metadata holds. */
+Test(passthrough, a_commit_that_changes_nothing_cached_keeps_the_kernel_cache)
+{
+	static const char body[] = "the kernel saw this size and mtime already\n";
+	struct stat before, after, cold, u;
+	uint64_t skipped0 = stat_of("commit_invalidations_skipped");
+
+	fm_write_file(mp("k"), body, strlen(body));
+	OK(stat(mp("k"), &before));
+	uploaded_after(mp("k"));
+	cr_assert_eq(getattrs_of_stat(mp("k"), &after), 0,
+		     "a stat after a commit that changed nothing asked the daemon");
+	same_attrs(&before, &after, "after the commit");
+	cr_assert_gt(stat_of("commit_invalidations_skipped"), skipped0);
+
+	/* The count is real: a file the kernel never asked about while it was
+	 * in flight is asked for (its cached size is the create's). */
+	fm_write_file(mp("u"), body, strlen(body));
+	uploaded_after(mp("u"));
+	cr_assert_eq(getattrs_of_stat(mp("u"), &u), 1);
+	cr_assert_eq(u.st_size, (off_t)strlen(body));
+
+	fm_remount_cold();
+	OK(stat(mp("k"), &cold));
+	same_attrs(&before, &cold, "after a remount");
+	fm_expect_content(mp("k"), body, strlen(body));
+}
+
 Test(passthrough, a_cached_open_keeps_writers_on_the_daemon_path)
 {
 	unsigned char buf[4096];
