@@ -794,9 +794,11 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 	if (of->writer && (empty || copy_size <= md->pt_copy_max) && !w && i->ncached == 0 &&
 	    md->pt_mode != PT_OFF && passthrough_allowed(md)) {
 		struct meta_attr a;
-		if (meta_getattr(md->meta, i->ino, &a) < 0)
+		if (meta_getattr(md->meta, i->ino, &a) < 0) {
 			clock_gettime(CLOCK_REALTIME, &a.mtime);
-		id = wstate_passthrough_start(md, i, of->fh, a.mtime);
+			a.size = UINT64_MAX; /* unknown: commit the size */
+		}
+		id = wstate_passthrough_start(md, i, of->fh, a.mtime, a.size);
 		if (id > 0 && !empty) {
 			/* A file with content: the staging file gets all of it,
 			 * as the kernel will read and write it there. */

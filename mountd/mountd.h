@@ -108,6 +108,7 @@ struct wstate {
 	uint64_t base_size;      /* daemon path: the committed size when staging began */
 	struct timespec mtime;   /* passthrough: the floor for the staging file's */
 	bool mtime_set;          /* passthrough: mtime set explicitly (utimens) */
+	struct timespec started_mtime; /* passthrough: the staging file's own, as made */
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
@@ -151,10 +152,11 @@ struct block_print {
 /* Starts a passthrough staging file for the inode (which has no write
  * state) and registers it; returns the backing id or a negative errno.
  * mtime_floor: the file's mtime now, which the staging file's (coarser)
- * clock must not take back.
+ * clock must not take back. meta_size: the file's size in the metadata
+ * now (a staging file left as it started commits nothing when that is 0).
  * Caller holds ino->lock. */
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
-			     struct timespec mtime_floor);
+			     struct timespec mtime_floor, uint64_t meta_size);
 /* Fills the new passthrough staging file of an inode with the file's
  * committed content (size bytes; holes stay holes) and the fingerprints
  * of what it holds, so that commits store only what changes. Caller holds

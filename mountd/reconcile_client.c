@@ -559,6 +559,19 @@ static int data_extents(int fd, uint64_t size, struct reconcile_job *job)
 	return 0;
 }
 
+/* A passthrough staging file that nothing changed since it started: the
+ * metadata's size was 0 then (w->size_changed unset), no utimens, and its
+ * own mtime still the one it was made with (a write, a truncate, even to
+ * the same size, stamps a new one). */
+static bool untouched(struct wstate *w)
+{
+	struct stat st;
+
+	return !w->size_changed && !w->mtime_set && fstat(w->fd, &st) == 0 && st.st_size == 0 &&
+	       st.st_mtim.tv_sec == w->started_mtime.tv_sec &&
+	       st.st_mtim.tv_nsec == w->started_mtime.tv_nsec;
+}
+
 int rclient_handoff(struct mountd *md, struct inode *i)
 {
 	struct wstate *w = i->w;
@@ -587,6 +600,12 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		}
 		if (job.ndirty == 0 && size > 0)
 			job.size_only = 1;
+		if (job.ndirty == 0 && size == 0 && untouched(w)) {
+			/* Created (or found empty) and closed as it was: the
+			 * metadata holds this file already. */
+			reconcile_job_clear(&job);
+			return -ENODATA;
+		}
 	} else if (w->passthrough) {
 		/* Committed before (fsync) or copied in at open: only the units
 		 * whose fingerprints changed since. */

@@ -108,9 +108,10 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 }
 
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
-			     struct timespec mtime_floor)
+			     struct timespec mtime_floor, uint64_t meta_size)
 {
 	struct wstate *w;
+	struct stat st;
 	int rc, id;
 
 	rc = staging_create(md, ino, fh, true, &w);
@@ -123,9 +124,15 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	}
 	w->passthrough = true;
 	w->backing_id = id;
-	/* The file was empty at open: a commit must store at least its size. */
-	w->size_changed = true;
+	/* The file is empty from here: a commit must store at least that,
+	 * unless the metadata holds it already (a new file, an empty one, or
+	 * one O_TRUNC truncated there first). */
+	w->size_changed = meta_size != 0;
 	w->mtime = mtime_floor;
+	if (fstat(w->fd, &st) == 0)
+		w->started_mtime = st.st_mtim;
+	else
+		w->size_changed = true; /* cannot tell later: commit */
 	ino->w = w;
 	atomic_fetch_add(&md->stats.passthrough_opens, 1);
 	return id;

@@ -434,6 +434,49 @@ Test(passthrough, a_commit_that_changes_nothing_cached_keeps_the_kernel_cache)
 	fm_expect_content(mp("k"), body, strlen(body));
 }
 
+/* A file created (or opened for writing while empty) and closed without a
+ * change has nothing to upload or commit: no handoff, no staging file
+ * left; what the metadata says (size 0, the creation's times) stays. A
+ * truncate or a write of such a file is still committed. */
+Test(passthrough, an_untouched_empty_file_is_not_handed_over)
+{
+	struct stat before, after;
+	uint64_t handoffs0 = stat_of("handoffs");
+	int fd;
+
+	fd = OK(open(mp("e"), O_CREAT | O_WRONLY, 0644));
+	OK(close(fd));
+	fd = OK(open(mp("e"), O_WRONLY));
+	OK(close(fd));
+	OK(stat(mp("e"), &before));
+	cr_assert_eq(stat_of("handoffs"), handoffs0, "an untouched empty file was handed over");
+
+	/* A truncate to the size it has is a change (mtime). */
+	fd = OK(open(mp("t"), O_CREAT | O_WRONLY, 0644));
+	struct timespec old[2] = { { 1000, 0 }, { 1000, 0 } };
+	OK(futimens(fd, old));
+	OK(ftruncate(fd, 0));
+	OK(close(fd));
+	/* and a write of nothing but an extent of zeros is content */
+	fd = OK(open(mp("z"), O_CREAT | O_WRONLY, 0644));
+	OK(fallocate(fd, 0, 0, 4096));
+	OK(close(fd));
+	uploaded_after(mp("z"));
+	cr_assert_geq(stat_of("handoffs"), handoffs0 + 2);
+
+	fm_remount_cold();
+	OK(stat(mp("e"), &after));
+	cr_assert_eq(after.st_size, 0);
+	cr_assert(after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+		  after.st_mtim.tv_nsec == before.st_mtim.tv_nsec, "mtime changed");
+	OK(stat(mp("t"), &after));
+	cr_assert_eq(after.st_size, 0);
+	cr_assert_gt(after.st_mtim.tv_sec, 1000, "the truncate's mtime was not kept");
+	OK(stat(mp("z"), &after));
+	cr_assert_eq(after.st_size, 4096);
+	fm_expect_content(mp("z"), (char[4096]){ 0 }, 4096);
+}
+
 Test(passthrough, a_cached_open_keeps_writers_on_the_daemon_path)
 {
 	unsigned char buf[4096];

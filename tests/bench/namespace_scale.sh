@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Issue 10's namespace scale workload, ferryfs beside ext4 on one fresh
+# loop-mounted ext4 image (the plain directory, and ferryfs's staging
+# directory, metadata and file:// objects, all on it):
+#
+#   create  N empty files in one directory (open(O_CREAT|O_WRONLY) + close)
+#   ls -l   of that directory, cold: ext4 after drop_caches; ferryfs after
+#           an unmount and mount (the kernel forgets every entry) and
+#           drop_caches (the metadata database's pages too)
+#   rm -rf  of the directory
+#
+# Prints the time of each phase per target, the ratio to ext4, and
+# ferry-mountd's VmRSS/VmHWM after each phase.
+#
+#   tests/bench/namespace_scale.sh [--files N] [--workdir DIR] [--build-dir DIR]
+#
+# Needs root (loop mount, FUSE mount, drop_caches).
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/../.." && pwd)
+files=100000 workdir=/var/tmp build=$top/build
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --files) files=${2:?}; shift ;;
+    --workdir) workdir=${2:?}; shift ;;
+    --build-dir) build=${2:?}; shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "namespace_scale.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ $(id -u) -eq 0 ]] || { echo "namespace_scale.sh: needs root" >&2; exit 2; }
+ferry=$build/bin/ferry
+[[ -x $ferry ]] || { echo "namespace_scale.sh: no $ferry (build first)" >&2; exit 2; }
+
+root=$(mktemp -d "$workdir/ferry-nsscale.XXXXXX")
+img=$root/scratch.img scratch=$root/scratch mnt=$root/mnt
+cleanup() {
+  set +e
+  mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
+  mountpoint -q "$mnt" && umount -l "$mnt"
+  mountpoint -q "$scratch" && umount "$scratch"
+  rm -rf "$root"
+}
+trap cleanup EXIT
+truncate -s 8G "$img"
+mkfs.ext4 -q -F "$img"
+mkdir -p "$scratch" "$mnt"
+mount -o loop "$img" "$scratch"
+
+now() { date +%s.%N; }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+create() { # dir n
+  python3 - "$1" "$2" <<'PY'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+os.makedirs(d, exist_ok=True)
+for i in range(n):
+    os.close(os.open(f"{d}/f{i:07d}", os.O_CREAT | os.O_WRONLY, 0o644))
+PY
+}
+mountd_mem() {
+  local pid
+  pid=$(pgrep -f "ferry-mountd.*$mnt" | head -1 || true)
+  [[ -n $pid ]] || { echo "-"; return; }
+  awk '/VmRSS|VmHWM/ {printf "%s %s MiB  ", $1, int($2/1024)}' "/proc/$pid/status"
+}
+declare -A T
+phase() { # target name command...
+  local t0 t1 tgt=$1 name=$2
+  shift 2
+  t0=$(now); "$@"; t1=$(now)
+  T[$tgt.$name]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  printf '  %-7s %-7s %8.2f s   %s\n' "$tgt" "$name" "${T[$tgt.$name]}" \
+    "$([[ $tgt == ferryfs ]] && mountd_mem)"
+}
+ls_l() { ls -l "$1" > /dev/null; }
+
+echo "namespace scale: $files empty files in one directory; ext4 on a fresh loop image ($img)"
+echo "kernel $(uname -r), $(nproc) CPUs, commit $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+drop
+phase ext4 create create "$scratch/plain/d" "$files"
+drop
+phase ext4 "ls -l" ls_l "$scratch/plain/d"
+phase ext4 "rm -rf" rm -rf "$scratch/plain/d"
+
+mkdir -p "$scratch/objs" "$scratch/staging" "$scratch/cache"
+"$ferry" format --storage "file://$scratch/objs" "$scratch/vol" >/dev/null
+mnt_ferry() { "$ferry" mount --staging-dir "$scratch/staging" --cache-dir "$scratch/cache" \
+  "$scratch/vol" "$mnt" >/dev/null; }
+mnt_ferry
+drop
+phase ferryfs create create "$mnt/d" "$files"
+"$ferry" umount "$mnt" >/dev/null
+drop
+mnt_ferry
+phase ferryfs "ls -l" ls_l "$mnt/d"
+phase ferryfs "rm -rf" rm -rf "$mnt/d"
+"$ferry" umount "$mnt" >/dev/null
+
+echo
+printf '  %-8s %10s %10s %8s\n' phase ext4 ferryfs ratio
+for p in create "ls -l" "rm -rf"; do
+  printf '  %-8s %9.2fs %9.2fs %7.2fx\n' "$p" "${T[ext4.$p]}" "${T[ferryfs.$p]}" \
+    "$(awk -v a="${T[ferryfs.$p]}" -v b="${T[ext4.$p]}" 'BEGIN { printf "%.3f", a / b }')"
+done
+echo "  (target: each within 3x of ext4 at 100,000 files)"
