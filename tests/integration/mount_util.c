@@ -728,6 +728,23 @@ void fm_mount(void)
 	do_mount(false);
 }
 
+void fm_mount_with(const char *opts)
+{
+	static char all[512];
+	char *env = getenv("FERRY_IT_MOUNT_OPTIONS");
+	char *saved = env ? strdup(env) : NULL;
+
+	snprintf(all, sizeof(all), "%s%s%s", saved && *saved ? saved : "",
+		 saved && *saved ? "," : "", opts);
+	setenv("FERRY_IT_MOUNT_OPTIONS", all, 1);
+	fm_mount();
+	if (saved)
+		setenv("FERRY_IT_MOUNT_OPTIONS", saved, 1);
+	else
+		unsetenv("FERRY_IT_MOUNT_OPTIONS");
+	free(saved);
+}
+
 void fm_umount(void)
 {
 	const char *argv[] = { fm_bin("ferry"), "umount", fm.mnt, NULL };

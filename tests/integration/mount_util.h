@@ -78,6 +78,9 @@ const char *fm_mount_options(void);
 
 /* ferry mount / ferry umount / both; each asserts success. */
 void fm_mount(void);
+/* fm_mount() with extra -o options after those of $FERRY_IT_MOUNT_OPTIONS
+ * (which later mounts keep using alone). */
+void fm_mount_with(const char *opts);
 void fm_umount(void);
 void fm_remount(void);
 /* Unmount, then mount with a new, empty --cache-dir: every byte read

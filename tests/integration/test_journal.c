@@ -51,25 +51,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Mounts with extra -o options after those of the environment (the
- * environment's own FERRY_IT_MOUNT_OPTIONS is kept for later mounts). */
-static void mount_with(const char *opts)
-{
-	static char all[512];
-	char *env = getenv("FERRY_IT_MOUNT_OPTIONS");
-	char *saved = env ? strdup(env) : NULL;
-
-	snprintf(all, sizeof(all), "%s%s%s", saved && *saved ? saved : "",
-		 saved && *saved ? "," : "", opts);
-	setenv("FERRY_IT_MOUNT_OPTIONS", all, 1);
-	fm_mount();
-	if (saved)
-		setenv("FERRY_IT_MOUNT_OPTIONS", saved, 1);
-	else
-		unsetenv("FERRY_IT_MOUNT_OPTIONS");
-	free(saved);
-}
-
 static uint64_t stat_of(const char *name)
 {
 	struct fm_stats s;
@@ -468,7 +449,7 @@ static void kill_inside_batch(bool both)
 
 	FMT(oracle, "%s", sp("oracle"));
 	fm_umount();
-	mount_with("meta_batch_ms=1000");
+	fm_mount_with("meta_batch_ms=1000");
 	cr_assert_eq(stat_of("meta_batch_ms"), 1000);
 	OK(mkdir(oracle, 0755));
 	build_tree(oracle);
@@ -618,7 +599,7 @@ Test(journal, fsync_commits_the_batch)
 	double t0;
 
 	fm_umount();
-	mount_with("meta_batch_ms=1000");
+	fm_mount_with("meta_batch_ms=1000");
 	cr_assert_eq(stat_of("meta_batch_ms"), 1000);
 
 	/* fsync of a file commits it and its new directory. */
@@ -878,7 +859,7 @@ Test(journal, random_kill_points_in_a_create_storm, .timeout = 300)
 		int cap = 4096, last_created = -1, ndone = 0;
 		double t0;
 
-		mount_with("meta_batch_ms=200");
+		fm_mount_with("meta_batch_ms=200");
 		OK(mkdir(mp("s%d", round), 0755));
 		OK(mkdir(mp("s%d/moved", round), 0755));
 		cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
@@ -1060,7 +1041,7 @@ Test(journal, waits_for_an_upload_do_not_wait_for_the_commit_window, .timeout = 
 	uint64_t handoffs0;
 
 	fm_umount();
-	mount_with("commit_window_ms=600000");
+	fm_mount_with("commit_window_ms=600000");
 	for (int round = 0; round < 2; round++) {
 		handoffs0 = stat_of("handoffs");
 		fm_write_file(mp("w%d", round), body, strlen(body));
