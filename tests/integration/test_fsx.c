@@ -118,6 +118,7 @@ static struct {
 	int linger_seen, linger_unseen; /* wait_mapping_seen() */
 	int settled, unsettled;         /* wait_staging_gone() */
 	int copied_up;                  /* opens that copied the file up */
+	bool running, reported;         /* run() under way; fail_at() logged */
 	int full_checks;
 	/* Figures of the mounts before the current one (remounts restart
 	 * ferry-mountd's counters). */
@@ -154,9 +155,9 @@ static void dump_log(size_t bad_off, bool have_bad)
 {
 	int from = X.nlog > RING ? X.nlog - RING : 0;
 
-	cr_log_error("fsx %s: seed 0x%llx, the last %d steps (FERRY_FSX_SEED=0x%llx replays):",
-		     X.name, (unsigned long long)X.seed, X.nlog - from,
-		     (unsigned long long)X.seed);
+	cr_log_error("fsx %s: seed 0x%llx (FERRY_FSX_SEED=0x%llx replays), the log of steps "
+		     "#%d to #%d:", X.name, (unsigned long long)X.seed, (unsigned long long)X.seed,
+		     X.ring[from % RING].op, X.op);
 	for (int i = from; i < X.nlog; i++) {
 		const struct logged *l = &X.ring[i % RING];
 		bool touched = have_bad && l->file == X.cur && l->len && bad_off >= l->off &&
@@ -178,6 +179,7 @@ static void fail_at(size_t bad_off, bool have_bad, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	dump_log(bad_off, have_bad);
+	X.reported = true;
 	cr_assert_fail("fsx %s, step %d, file f%d: %s\n(seed 0x%llx: FERRY_FSX_SEED=0x%llx "
 		       "replays it; the last steps are logged above)", X.name, X.op, X.cur, msg,
 		       (unsigned long long)X.seed, (unsigned long long)X.seed);
@@ -1185,6 +1187,7 @@ static void run(const char *name, int nfiles, int nops, uint64_t salt)
 	cr_assert(X.buf && X.got);
 	cr_log_info("fsx %s: seed 0x%llx (FERRY_FSX_SEED), %d steps on %d file(s), mount -o %s",
 		    name, (unsigned long long)X.seed, nops, nfiles, fm_mount_options());
+	X.running = true;
 	for (int i = 0; i < nfiles; i++)
 		init_file(i);
 
@@ -1224,6 +1227,7 @@ static void run(const char *name, int nfiles, int nops, uint64_t salt)
 	/* Everything closed, then every byte from the object store. */
 	remount(true);
 	collect_figures();
+	X.running = false;
 
 	char counts[512];
 	size_t k = 0;
@@ -1248,12 +1252,23 @@ static void run(const char *name, int nfiles, int nops, uint64_t salt)
 	free(X.got);
 }
 
-Test(fsx, one_file, .timeout = 300)
+/* A test's .fini (before the fixture's): an assertion outside the checks
+ * above (of the fixture: a remount that failed) ended the run; the last
+ * steps say how it got there. */
+static void log_if_stopped(void)
+{
+	if (X.running && !X.reported) {
+		cr_log_error("fsx %s stopped at step %d by the assertion above", X.name, X.op);
+		dump_log(0, false);
+	}
+}
+
+Test(fsx, one_file, .fini = log_if_stopped, .timeout = 300)
 {
 	run("one_file", 1, NOPS, 1);
 }
 
-Test(fsx, three_files, .timeout = 300)
+Test(fsx, three_files, .fini = log_if_stopped, .timeout = 300)
 {
 	run("three_files", 3, NOPS, 2);
 }
@@ -1275,7 +1290,8 @@ static void setup_copy_max(void)
 
 TestSuite(fsx_copy_max, .init = setup_copy_max, .fini = fm_teardown, .timeout = 300);
 
-Test(fsx_copy_max, two_files_mostly_on_the_daemon_path, .timeout = 300)
+Test(fsx_copy_max, two_files_mostly_on_the_daemon_path, .fini = log_if_stopped,
+     .timeout = 300)
 {
 	/* The option is in effect: a write open of a file past 64 KiB with
 	 * nothing else open takes the daemon path (with passthrough on). The
