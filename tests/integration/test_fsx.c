@@ -14,7 +14,7 @@
  * Each step is applied to the ferryfs file, to a plain file on the local
  * disk (the oracle: ext4 answers every POSIX question) and to an in-memory
  * model. The size is compared after every step, the whole content every
- * few steps and always after a reopen or remount. A disagreement between
+ * few steps and always after an open or remount. A disagreement between
  * the model and the oracle is a bug of this test, not of ferryfs.
  *
  * A second suite mounts with -o passthrough_copy_max=64k, so a reopen of
@@ -126,6 +126,7 @@ static struct {
 } X;
 
 static void check_hold(struct file *f, const char *when);
+static void check_content(struct file *f, int fd, const char *when);
 
 static uint64_t rnd(uint64_t n)
 {
@@ -442,8 +443,9 @@ static void open_figs(struct open_figs *o)
 	o->reopen_waits = fm_stats_need(&s, "reopen_waits");
 }
 
-/* Opens f with flags, logging what the open was; true if it copied the
- * file up into a new staging file. */
+/* Opens f with flags, logging what the open was, and checks the whole
+ * file through the new fd; true if the open copied the file up into a new
+ * staging file. */
 static bool open_logged(struct file *f, int flags, int *fd, const char *name)
 {
 	struct open_figs a, b;
@@ -468,6 +470,9 @@ static bool open_logged(struct file *f, int flags, int *fd, const char *name)
 	      b.reopen_waits > a.reopen_waits ? ", after waiting for an upload" : "");
 	if (b.copy_ups > a.copy_ups)
 		X.copied_up++;
+	/* Whatever the open did, the file is the same. */
+	check_content(f, *fd, "right after an open");
+	check_hold(f, "right after an open");
 	return b.copy_ups > a.copy_ups;
 }
 
@@ -780,14 +785,12 @@ static void do_reopen_rw(struct file *f)
 		close_rw(f, "");
 	if (rnd(10) == 0) {
 		/* the empty-file path: no copy-up, the old content goes */
-		open_logged(f, O_RDWR | O_TRUNC, &f->wfd, "O_RDWR|O_TRUNC");
 		SYS(ftruncate(f->ofd, 0));
 		model_truncate(f, 0);
+		open_logged(f, O_RDWR | O_TRUNC, &f->wfd, "O_RDWR|O_TRUNC");
 	} else {
 		open_rw(f);
 	}
-	check_content(f, f->wfd, "after a reopen O_RDWR");
-	check_hold(f, "after a reopen O_RDWR");
 }
 
 static void do_reopen_ro(struct file *f)
@@ -1004,7 +1007,6 @@ static void do_settle(struct file *f)
 	close_all(f);
 	wait_staging_gone(f);
 	open_rw(f);
-	check_content(f, f->wfd, "after a reopen with nothing staged");
 }
 
 /*
@@ -1056,7 +1058,6 @@ static void do_linger(struct file *f)
 		size_t at = (size_t)rnd(mlen), len = 1 + (size_t)rnd(16 * KiB);
 
 		open_rw(f);
-		check_content(f, f->wfd, "reopened while a mapping outlives the close");
 		if (at + len > mlen)
 			len = mlen - at;
 		fm_fill_random(&X.rs, X.buf, len);
