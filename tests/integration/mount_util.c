@@ -1202,3 +1202,20 @@ void fm_expect_content(const char *path, const void *want, size_t len)
 	cr_assert(memcmp(back, want, len) == 0, "%s: wrong bytes", path);
 	free(back);
 }
+
+int fm_staging_files_of(uint64_t ino)
+{
+	char dir[PATH_MAX], prefix[32];
+	struct dirent *e;
+	int n = 0;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "%s", fm.staging[0] ? fm.staging : sp("vol/staging"));
+	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
+	d = opendir(dir);
+	cr_assert(d, "%s: %s", dir, strerror(errno));
+	while ((e = readdir(d)))
+		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	closedir(d);
+	return n;
+}

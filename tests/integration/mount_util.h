@@ -111,6 +111,9 @@ int fm_daemon_pids(const char *prog, pid_t *out, int max);
 
 /* Is anything mounted at path (per /proc/self/mountinfo)? */
 bool fm_is_mounted(const char *path);
+/* How many staging files of inode ino (named <ino>-...) the fixture's
+ * staging directory holds. */
+int fm_staging_files_of(uint64_t ino);
 
 /* Path inside the mount / inside the scratch directory. Results live in a
  * ring of 16 static buffers, so a few can be used in one expression. */

@@ -943,25 +943,6 @@ static bool wait_mapping_seen(uint64_t before)
 	return true;
 }
 
-/* Staging files of inode ino (named <ino>-...). */
-static int staging_files_of(ino_t ino)
-{
-	char dir[PATH_MAX], prefix[32];
-	struct dirent *e;
-	int n = 0;
-	DIR *d;
-
-	snprintf(dir, sizeof(dir), "%s", fm.staging[0] ? fm.staging : sp("vol/staging"));
-	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
-	d = opendir(dir);
-	if (!d)
-		FAIL("opendir %s: %s", dir, fm_errname(errno));
-	while ((e = readdir(d)))
-		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-	closedir(d);
-	return n;
-}
-
 /* Waits (bounded: 5 s, more than the 2 s of ferry-mountd's retry list)
  * until no staging file of f is left: nothing is staged or uploading, so
  * the next write open copies the file up anew. Logs and counts the
@@ -972,9 +953,9 @@ static bool wait_staging_gone(struct file *f)
 	int tries;
 
 	SYS(stat(f->path, &st));
-	for (tries = 0; tries < 250 && staging_files_of(st.st_ino) > 0; tries++)
+	for (tries = 0; tries < 250 && fm_staging_files_of(st.st_ino) > 0; tries++)
 		usleep(20 * 1000);
-	if (staging_files_of(st.st_ino) > 0) {
+	if (fm_staging_files_of(st.st_ino) > 0) {
 		X.unsettled++;
 		logop(0, 0, "  a staging file is still there after %d ms", tries * 20);
 		return false;

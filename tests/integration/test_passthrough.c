@@ -261,24 +261,6 @@ Test(passthrough, mmap_write_then_close)
 	check_pattern(mp("m"), 11, len);
 }
 
-/* Staging files of inode ino (named <ino>-...). */
-static int staging_files_of(uint64_t ino)
-{
-	char dir[PATH_MAX], prefix[32];
-	struct dirent *e;
-	int n = 0;
-	DIR *d;
-
-	snprintf(dir, sizeof(dir), "%s", fm.staging[0] ? fm.staging : sp("vol/staging"));
-	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
-	d = opendir(dir);
-	cr_assert(d, "%s: %s", dir, strerror(errno));
-	while ((e = readdir(d)))
-		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-	closedir(d);
-	return n;
-}
-
 /*
  * A shared mapping made through a passthrough open lives on the staging
  * file itself after the last close (the kernel maps the backing file), so
@@ -306,11 +288,11 @@ Test(passthrough, a_mapping_outliving_close_is_committed_when_dropped)
 	cr_assert_eq(stat_of("mapped_after_close"), before + 1,
 		     "the close of a mapped passthrough file was not held back for its mapping");
 	fill(23, p, len, 0); /* after close, and never msync'ed */
-	cr_assert_eq(staging_files_of(st.st_ino), 1, "the mapped staging file went away");
+	cr_assert_eq(fm_staging_files_of(st.st_ino), 1, "the mapped staging file went away");
 	OK(munmap(p, len));
-	for (tries = 0; tries < 200 && staging_files_of(st.st_ino) > 0; tries++)
+	for (tries = 0; tries < 200 && fm_staging_files_of(st.st_ino) > 0; tries++)
 		usleep(100 * 1000);
-	cr_assert_eq(staging_files_of(st.st_ino), 0,
+	cr_assert_eq(fm_staging_files_of(st.st_ino), 0,
 		     "20 s after munmap the staging file is still there (not committed)");
 	fm_crash(); /* nothing more from this daemon: the commit happened */
 	fm_mount();
