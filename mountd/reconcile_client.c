@@ -568,8 +568,7 @@ static bool untouched(struct wstate *w)
 	struct stat st;
 
 	return !w->size_changed && !w->mtime_set && fstat(w->fd, &st) == 0 && st.st_size == 0 &&
-	       st.st_mtim.tv_sec == w->started_mtime.tv_sec &&
-	       st.st_mtim.tv_nsec == w->started_mtime.tv_nsec;
+	       timespec_eq(&st.st_mtim, &w->started_mtime);
 }
 
 int rclient_handoff(struct mountd *md, struct inode *i)
