@@ -235,6 +235,16 @@ Test(passthrough, truncate_during_write)
  * is committed (a new open waits for the last close's upload). */
 /* fsync() returns once the file's last close is uploaded and committed
  * (a reader's open does not wait for that). */
+/* Waits until the RELEASE of a close has handed its staging file to the
+ * reconciler: the kernel sends RELEASE without waiting for it, so a later
+ * request (an fsync) may reach ferry-mountd first. */
+static void handed_over_since(uint64_t handoffs0)
+{
+	for (int i = 0; i < 60000 && stat_of("handoffs") <= handoffs0; i++)
+		usleep(1000);
+	cr_assert_gt(stat_of("handoffs"), handoffs0, "no handoff after a close");
+}
+
 static uint64_t uploaded_after(const char *path)
 {
 	int fd = OK(open(path, O_RDONLY));
@@ -389,13 +399,15 @@ Test(passthrough, a_commit_that_changes_nothing_cached_keeps_the_kernel_cache)
 {
 	static const char body[] = "the kernel saw this size and mtime already\n";
 	struct stat before, after, cold, u;
-	uint64_t skipped0;
+	uint64_t skipped0, h0;
 
 	/* Commits only when asked (fsync): the stat below always comes while
 	 * the upload is in flight, however slow this machine is. */
 	remount_with("commit_window_ms=600000");
 	skipped0 = stat_of("commit_invalidations_skipped");
+	h0 = stat_of("handoffs");
 	fm_write_file(mp("k"), body, strlen(body));
+	handed_over_since(h0);
 	OK(stat(mp("k"), &before));
 	uploaded_after(mp("k"));
 	cr_assert_eq(getattrs_of_stat(mp("k"), &after), 0,
@@ -405,7 +417,9 @@ Test(passthrough, a_commit_that_changes_nothing_cached_keeps_the_kernel_cache)
 
 	/* The count is real: a file the kernel never asked about while it was
 	 * in flight is asked for (its cached size is the create's). */
+	h0 = stat_of("handoffs");
 	fm_write_file(mp("u"), body, strlen(body));
+	handed_over_since(h0);
 	uploaded_after(mp("u"));
 	cr_assert_eq(getattrs_of_stat(mp("u"), &u), 1);
 	cr_assert_eq(u.st_size, (off_t)strlen(body));
