@@ -1203,6 +1203,29 @@ void fm_expect_content(const char *path, const void *want, size_t len)
 	free(back);
 }
 
+void fm_wait_released(int held)
+{
+	struct fm_stats s;
+	struct timespec t0, now;
+	uint64_t n;
+
+	/* A .stats read's own handle is not counted in what it shows; an
+	 * earlier read's may be, until its RELEASE: it goes too. */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		fm_stats_read(&s);
+		n = fm_stats_need(&s, "open_handles");
+		if (n == (uint64_t)held)
+			return;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - t0.tv_sec >= 120)
+			break;
+		usleep(10 * 1000);
+	}
+	cr_assert_fail("ferry-mountd holds %llu open handles 2 minutes after the closes, not %d",
+		       (unsigned long long)n, held);
+}
+
 int fm_staging_files_of(uint64_t ino)
 {
 	char dir[PATH_MAX], prefix[32];

@@ -109,6 +109,15 @@ bool fm_asan(void);
  * whose command line names the fixture's directory: how many, up to max. */
 int fm_daemon_pids(const char *prog, pid_t *out, int max);
 
+/* Waits until ferry-mountd holds exactly `held` open handles (.stats
+ * open_handles), asserting after 2 minutes. The kernel sends RELEASE after
+ * close() returned (a passthrough writer's close sends nothing else), so
+ * until then ferry-mountd has not seen the close: no handoff yet, the
+ * staging file still shared by the next open, a reader still holding the
+ * inode in cached mode. held: the files and directories of the mount the
+ * caller still has open (or mapped). */
+void fm_wait_released(int held);
+
 /* Is anything mounted at path (per /proc/self/mountinfo)? */
 bool fm_is_mounted(const char *path);
 /* How many staging files of inode ino (named <ino>-...) the fixture's
