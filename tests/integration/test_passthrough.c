@@ -343,6 +343,9 @@ Test(passthrough, fsync_uploads_only_changed_blocks)
 	/* close() after fsync: everything is stored already, nothing goes again */
 	up0 = uploaded_after(mp("c"));
 	OK(close(fd));
+	/* The close's RELEASE first, or the fsync below commits in its place
+	 * and the close's own upload is never looked at. */
+	fm_wait_released(0);
 	cr_assert_eq(uploaded_after(mp("c")), up0, "the close re-uploaded what fsync stored");
 	/* The fsync'ed content survives a daemon killed before any more commit. */
 	fm_crash();
@@ -444,6 +447,8 @@ Test(passthrough, an_untouched_empty_file_is_not_handed_over)
 	OK(close(fd));
 	fd = OK(open(mp("e"), O_WRONLY));
 	OK(close(fd));
+	/* Only a close ferry-mountd has seen can have been handed over. */
+	fm_wait_released(0);
 	OK(stat(mp("e"), &before));
 	cr_assert_eq(stat_of("handoffs"), handoffs0, "an untouched empty file was handed over");
 
@@ -457,6 +462,9 @@ Test(passthrough, an_untouched_empty_file_is_not_handed_over)
 	fd = OK(open(mp("z"), O_CREAT | O_WRONLY, 0644));
 	OK(fallocate(fd, 0, 0, 4096));
 	OK(close(fd));
+	/* Both RELEASEs first: an fsync that overtook one would commit the
+	 * file itself, and its RELEASE would find nothing to hand over. */
+	fm_wait_released(0);
 	uploaded_after(mp("z"));
 	cr_assert_geq(stat_of("handoffs"), handoffs0 + 2);
 
@@ -480,6 +488,9 @@ Test(passthrough, a_cached_open_keeps_writers_on_the_daemon_path)
 	int r, w;
 
 	fm_write_file(mp("e"), "", 0);
+	/* Until its RELEASE the create's staging file is the inode's, and the
+	 * opens below would share it. */
+	fm_wait_released(0);
 	o0 = stat_of("passthrough_opens");
 	r = OK(open(mp("e"), O_RDONLY)); /* cached mode: the kernel allows no passthrough now */
 	w0 = stat_of("fuse_requests_write");
@@ -741,6 +752,9 @@ Test(passthrough, existing_file_gets_passthrough_and_uploads_only_changes)
 	cu0 = stat_of("copy_ups");
 	wr0 = stat_of("fuse_requests_write");
 	up0 = uploaded_after(mp("e"));
+	/* Until the RELEASE of that reader's fd the inode is open in cached
+	 * mode, and a writer takes the daemon path. */
+	fm_wait_released(0);
 	fd = OK(open(mp("e"), O_RDWR));
 	cr_assert_eq(stat_of("passthrough_opens"), pt0 + 1, "no passthrough for an existing file");
 	cr_assert_eq(stat_of("copy_ups"), cu0 + 1);
@@ -756,6 +770,8 @@ Test(passthrough, existing_file_gets_passthrough_and_uploads_only_changes)
 	cr_assert(memcmp(got, want + 7 * MiB, sizeof(got)) == 0);
 	OK(close(fd));
 	cr_assert_eq(stat_of("fuse_requests_write"), wr0, "writes went through the daemon");
+	/* The close's RELEASE hands the changes over: the upload measured. */
+	fm_wait_released(0);
 	/* four 64 KiB units changed: 4096..8191 in unit 0, one in unit 112,
 	 * two for the write across the boundary of units 192 and 193 */
 	uint64_t up1 = uploaded_after(mp("e"));
@@ -785,10 +801,15 @@ Test(passthrough, write_open_without_writes_changes_nothing)
 
 	write_pattern(mp("q"), 7, 3 * MiB, MiB);
 	up0 = uploaded_after(mp("q"));
+	/* Not open in cached mode any more (that reader's RELEASE): the
+	 * write opens below get passthrough with a copy-up. */
+	fm_wait_released(0);
 	OK(stat(mp("q"), &a));
 	usleep(20 * 1000);
 	OK(close(OK(open(mp("q"), O_WRONLY))));
 	OK(close(OK(open(mp("q"), O_RDWR))));
+	/* What the RELEASEs do is what is checked: wait for them. */
+	fm_wait_released(0);
 	cr_assert_eq(uploaded_after(mp("q")), up0);
 	OK(stat(mp("q"), &b));
 	cr_assert(a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec,
@@ -898,6 +919,7 @@ Test(passthrough, sparse_tebibyte_file_stores_only_its_data)
 	cr_assert_eq(stat_of("objects_put") - put0, 1);
 	up0 = uploaded_after(mp("sparse"));
 	OK(close(fd));
+	fm_wait_released(0); /* as in fsync_uploads_only_changed_blocks */
 	cr_assert_eq(uploaded_after(mp("sparse")), up0, "the close stored again what fsync had");
 	fm_remount_cold();
 	fd = OK(open(mp("sparse"), O_RDONLY));
