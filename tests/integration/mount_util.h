@@ -114,8 +114,11 @@ int fm_daemon_pids(const char *prog, pid_t *out, int max);
  * close() returned (a passthrough writer's close sends nothing else), so
  * until then ferry-mountd has not seen the close: no handoff yet, the
  * staging file still shared by the next open, a reader still holding the
- * inode in cached mode. held: the files and directories of the mount the
- * caller still has open (or mapped). */
+ * inode in cached mode. A RELEASE that finds the kernel still holding the
+ * staging file puts the file on the retry list (.stats pending_commits),
+ * which hands it over later: that list must be empty too (so not for a
+ * test whose commits are meant to fail). held: the files and directories
+ * of the mount the caller still has open (or mapped). */
 void fm_wait_released(int held);
 
 /* Is anything mounted at path (per /proc/self/mountinfo)? */
