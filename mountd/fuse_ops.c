@@ -950,11 +950,15 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 	/* A writer of a file with content may copy it into staging: its size,
 	 * or UINT64_MAX where that cannot be. */
 	uint64_t copy = empty ? 0 : !i->w && a.ino && S_ISREG(a.mode) ? a.size : UINT64_MAX;
-	if (rc == 0 && writer && !created && !(fi->flags & O_TRUNC) && caller != 0 && !i->w &&
-	    i->ncached == 0 && md->pt_mode != PT_OFF && (empty || copy <= md->pt_copy_max)) {
-		/* This open may get passthrough, whose writes bypass the daemon:
-		 * clear set-id bits now, as a write by this caller would
-		 * (HANDLE_KILLPRIV_V2). */
+	/* This open may get passthrough, a new staging file or the one another
+	 * writer (or a close not yet handed over) keeps: its writes bypass the
+	 * daemon, so set-id bits go now, as a write by this caller would
+	 * (HANDLE_KILLPRIV_V2). */
+	bool may_passthrough = (i->w && i->w->passthrough) ||
+			       (!i->w && i->ncached == 0 && md->pt_mode != PT_OFF &&
+				(empty || copy <= md->pt_copy_max));
+	if (rc == 0 && writer && may_passthrough && !created && !(fi->flags & O_TRUNC) &&
+	    caller != 0) {
 		struct meta_attr in = { 0 };
 		unsigned kill = trunc_kill_suid(md, ino, caller, &in);
 		if (kill)

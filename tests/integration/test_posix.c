@@ -1822,6 +1822,18 @@ Test(posix, perm_suid_sgid_cleared)
 		     "mode %o", st.st_mode & 07777);
 	expect_str(mp("e"), "!");
 
+	/* the same while another open for write keeps the file's staging
+	 * file (passthrough): the append shares it, bypassing the daemon */
+	put(mp("ws"), "content");
+	int hold = OK(open(mp("ws"), O_WRONLY));
+	OK(chmod(mp("ws"), 06777));
+	OK(NOBODY(.kind = OP_APPEND, .path = mp("ws")));
+	st = lst(mp("ws"));
+	OK(close(hold));
+	cr_assert_eq(st.st_mode & 07777, 0777, "after a write by uid 65534 beside a writer: "
+		     "mode %o", st.st_mode & 07777);
+	expect_str(mp("ws"), "content!");
+
 	/* truncate by a non-owner */
 	put(mp("t"), "content");
 	OK(chmod(mp("t"), 06777));
