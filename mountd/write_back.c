@@ -204,10 +204,15 @@ int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime)
 	*size = (uint64_t)st.st_size;
 	*mtime = st.st_mtim;
 	/* The kernel stamps files from a coarse clock that may lag the one the
-	 * metadata used at create: never let mtime go back, unless asked to. */
+	 * metadata used at create: never let mtime go back, unless asked to.
+	 * A staging file with its creation's stamp still was not written since
+	 * (or in the same tick): its mtime is the metadata's, which is what
+	 * the file shows again once the staging file goes unwritten. */
 	if (!w->mtime_set && (st.st_mtim.tv_sec < w->mtime.tv_sec ||
 			      (st.st_mtim.tv_sec == w->mtime.tv_sec &&
-			       st.st_mtim.tv_nsec < w->mtime.tv_nsec)))
+			       st.st_mtim.tv_nsec < w->mtime.tv_nsec) ||
+			      (st.st_mtim.tv_sec == w->started_mtime.tv_sec &&
+			       st.st_mtim.tv_nsec == w->started_mtime.tv_nsec)))
 		*mtime = w->mtime;
 	return 0;
 }

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -479,6 +480,50 @@ Test(passthrough, an_untouched_empty_file_is_not_handed_over)
 	OK(stat(mp("z"), &after));
 	cr_assert_eq(after.st_size, 4096);
 	fm_expect_content(mp("z"), (char[4096]){ 0 }, 4096);
+}
+
+/* The mtime an open file shows is the one it keeps after close when nobody
+ * wrote it: a staging file's own creation stamp is not a write. Another
+ * process writing and asking for times meanwhile makes the staging file
+ * system stamp files finely (multigrain timestamps), so that stamp would be
+ * later than the create's; attributes are asked for every time. */
+Test(passthrough, an_unwritten_file_shows_one_mtime_open_and_closed)
+{
+	enum { FILES = 600 };
+	static struct timespec seen[FILES];
+	char name[32];
+	struct stat st;
+	pid_t busy;
+	int fd, changed = 0;
+
+	remount_with("attr_timeout=0");
+	busy = fork();
+	cr_assert(busy >= 0);
+	if (busy == 0) {
+		int bfd = open(mp("busy"), O_CREAT | O_RDWR, 0644);
+
+		for (;;) {
+			if (bfd < 0 || pwrite(bfd, "x", 1, 0) != 1 || fstat(bfd, &st) < 0)
+				_exit(1);
+		}
+	}
+	for (int k = 0; k < FILES; k++) {
+		snprintf(name, sizeof(name), "u%d", k);
+		fd = OK(open(mp(name), O_CREAT | O_WRONLY, 0644));
+		OK(fstat(fd, &st));
+		seen[k] = st.st_mtim;
+		OK(close(fd));
+	}
+	kill(busy, SIGKILL);
+	waitpid(busy, NULL, 0);
+	fm_wait_released(0);
+	for (int k = 0; k < FILES; k++) {
+		snprintf(name, sizeof(name), "u%d", k);
+		OK(stat(mp(name), &st));
+		changed += st.st_mtim.tv_sec != seen[k].tv_sec || st.st_mtim.tv_nsec != seen[k].tv_nsec;
+	}
+	cr_assert_eq(changed, 0, "%d of %d unwritten files show another mtime after close",
+		     changed, FILES);
 }
 
 Test(passthrough, a_cached_open_keeps_writers_on_the_daemon_path)
