@@ -3,8 +3,11 @@
  * root directory, its key's components being directories. Paths are walked
  * one component at a time with O_NOFOLLOW relative to the root's fd, so a
  * key (validated by objstore.c) or a planted symlink never leads outside the
- * root. put writes a temporary file in the target directory, fsyncs it,
- * renames it over the key and fsyncs the directory.
+ * root. put writes a temporary file in the target directory, renames it
+ * over the key, then fsyncs the file and the directory: the name may show
+ * before the bytes are durable, but nothing refers to an object before its
+ * put returns (and a reader checks what it reads), and a journaling file
+ * system then makes both durable in one commit instead of two.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -181,6 +184,14 @@ file_put(struct objstore *s, const char *key, const void *buf, size_t len)
 		objstore_seterr(r, "PUT %s: write: %s", key, strerror(-r));
 		goto out;
 	}
+	if (renameat(dfd, tmp, dfd, leaf) < 0) {
+		r = -errno;
+		objstore_seterr(r == -EISDIR ? -EIO : r, "PUT %s: rename: %s", key, strerror(-r));
+		if (r == -EISDIR)
+			r = -EIO;
+		goto out;
+	}
+	have_tmp = 0;
 	if (fsync(fd) < 0) {
 		r = objstore_seterr(-EIO, "PUT %s: fsync: %s", key, strerror(errno));
 		goto out;
@@ -191,14 +202,6 @@ file_put(struct objstore *s, const char *key, const void *buf, size_t len)
 		goto out;
 	}
 	fd = -1;
-	if (renameat(dfd, tmp, dfd, leaf) < 0) {
-		r = -errno;
-		objstore_seterr(r == -EISDIR ? -EIO : r, "PUT %s: rename: %s", key, strerror(-r));
-		if (r == -EISDIR)
-			r = -EIO;
-		goto out;
-	}
-	have_tmp = 0;
 	if (fsync(dfd) < 0) {
 		r = objstore_seterr(-EIO, "PUT %s: fsync directory: %s", key, strerror(errno));
 		goto out;
