@@ -870,7 +870,7 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		} else if (rc == -ENODATA) {
 			wstate_drop(md, i);
 		} else {
-			if (rc != -ENOTCONN && rc != -E2BIG) {
+			if (rc != -ENOTCONN && rc != -E2BIG && rc != -EAGAIN) { /* stall: logged once */
 				atomic_fetch_add(&md->stats.handoff_failures, 1);
 				log_errno(rc, "inode %llu: cannot hand the staging file to "
 					  "ferry-reconciler; committing here", (unsigned long long)i->ino);

@@ -65,7 +65,7 @@ struct stats {
 	_Atomic uint64_t copy_ups, copy_up_bytes; /* non-empty files brought into staging at open */
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
-	_Atomic uint64_t handoffs, handoff_failures, reopen_waits;
+	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
 	/* Reconciler commits that dropped the kernel's cache of the inode, and
 	 * those that did not need to (it already held what the commit made). */
 	_Atomic uint64_t commit_invalidations, commit_invalidations_skipped;
@@ -497,6 +497,7 @@ struct mountd {
 	_Atomic uint64_t rc_inflight;
 	struct inode *inflight;       /* inodes with a job in flight (each holds a reference) */
 	_Atomic bool rc_restarting;   /* the reader is starting a new reconciler */
+	_Atomic bool rc_stalled;      /* a hand-off found no room (logged once per stall) */
 };
 
 #endif

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,11 @@
 #include "mountd.h"
 #include "reconcile_job.h"
 
+/* How long a close waits for the reconciler to read hand-offs again before
+ * it commits its file itself; once one has given up, the next ones do not
+ * wait until the reconciler reads again. */
+#define HANDOFF_ROOM_WAIT_MS 10000
+
 static void inflight_remove(struct mountd *md, struct inode *i)
 {
 	pthread_mutex_lock(&md->rc_lock);
@@ -52,6 +58,47 @@ static void inflight_remove(struct mountd *md, struct inode *i)
 static bool timespec_eq(const struct timespec *a, const struct timespec *b)
 {
 	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/*
+ * Whether the connection can take a frame now, waiting up to timeout_ms
+ * without rc_lock. The reconciler stops reading while it holds --max-jobs
+ * jobs (or when it is stopped or stuck); a send that blocked under rc_lock
+ * would then stall every other user of the connection (.stats, drains, the
+ * reader thread's commits). POLLOUT on a Unix stream socket means at least
+ * three quarters of the send buffer are free: a frame fits. An error says
+ * yes: the send finds out what it is.
+ */
+static bool rclient_room_fd(int sock, int timeout_ms)
+{
+	struct pollfd p = { .fd = sock, .events = POLLOUT };
+	int rc;
+
+	if (sock < 0)
+		return true;
+	do
+		rc = poll(&p, 1, timeout_ms);
+	while (rc < 0 && errno == EINTR);
+	return rc != 0;
+}
+
+static bool rclient_room(struct mountd *md, int timeout_ms)
+{
+	int sock;
+
+	pthread_mutex_lock(&md->rc_lock);
+	sock = md->rc_sock;
+	pthread_mutex_unlock(&md->rc_lock);
+	if (rclient_room_fd(sock, timeout_ms)) {
+		atomic_store(&md->rc_stalled, false);
+		return true;
+	}
+	if (!atomic_exchange(&md->rc_stalled, true))
+		log_warnx("ferry-reconciler has taken no hand-off for %d s (stopped, stuck, or "
+			  "holding its most jobs); closes commit their files here until it does",
+			  HANDOFF_ROOM_WAIT_MS / 1000);
+	atomic_fetch_add(&md->stats.handoff_stalls, 1);
+	return false;
 }
 
 static void job_committed(struct mountd *md, const struct reconcile_reply *r)
@@ -654,6 +701,10 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	 * died with them only in its metadata journal: the reconciler's commit
 	 * waits for them (their batch is normally committed by then). */
 	job.meta_seq = meta_journal_last(md->meta);
+	if (!rclient_room(md, atomic_load(&md->rc_stalled) ? 0 : HANDOFF_ROOM_WAIT_MS)) {
+		reconcile_job_clear(&job);
+		return -EAGAIN;
+	}
 	pthread_mutex_lock(&md->rc_lock);
 	job.seq = ++md->rc_next_seq;
 	/* Journal first: from here on a SIGKILL of either side loses nothing. */
@@ -768,7 +819,8 @@ int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 		 * started since. Its reply only raises rc_drained. Lock order:
 		 * ino->lock, then rc_lock, as in rclient_handoff. */
 		pthread_mutex_lock(&md->rc_lock);
-		if (md->rc_conn_gen != asked_gen && rclient_up(md)) {
+		if (md->rc_conn_gen != asked_gen && rclient_up(md) &&
+		    rclient_room_fd(md->rc_sock, 0)) {
 			asked_gen = md->rc_conn_gen;
 			(void)reconcile_drain(md->rc_sock, i->inflight_seq);
 		}
@@ -792,7 +844,8 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out)
 		return -ENOTCONN;
 	pthread_mutex_lock(&md->rc_lock);
 	gen = md->rc_stats_gen;
-	rc = reconcile_stats_query(md->rc_sock);
+	/* A reconciler that reads nothing answers nothing either. */
+	rc = rclient_room_fd(md->rc_sock, 0) ? reconcile_stats_query(md->rc_sock) : -EAGAIN;
 	mono_deadline_ms(&until, 2000);
 	while (rc == 0 && md->rc_stats_gen == gen && rclient_up(md))
 		if (pthread_cond_timedwait(&md->rc_cond, &md->rc_lock, &until) == ETIMEDOUT)
@@ -815,6 +868,7 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 {
 	struct timespec until, slice;
 	uint64_t upto, last_inflight, gen;
+	bool asked;
 	int rc;
 
 	if (!rclient_coming(md))
@@ -823,8 +877,11 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 	upto = md->rc_next_seq;
 	gen = md->rc_conn_gen;
 	/* A send that fails means the connection died: the reader thread sees
-	 * it too, and the request goes again to the reconciler it starts. */
-	(void)reconcile_drain(md->rc_sock, upto);
+	 * it too, and the request goes again to the reconciler it starts. One
+	 * that reads nothing now is asked again below once it does. */
+	asked = rclient_room_fd(md->rc_sock, 0);
+	if (asked)
+		(void)reconcile_drain(md->rc_sock, upto);
 	last_inflight = atomic_load(&md->rc_inflight);
 	mono_deadline_ms(&until, idle_timeout_ms);
 	/* The deadline moves while jobs still complete: a big upload that
@@ -833,8 +890,10 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 	 * not signal here when it only starts): the request goes to the new
 	 * one, which has every job still in flight again. */
 	while (md->rc_drained < upto && rclient_coming(md)) {
-		if (md->rc_conn_gen != gen && rclient_up(md)) {
+		if ((md->rc_conn_gen != gen || !asked) && rclient_up(md) &&
+		    rclient_room_fd(md->rc_sock, 0)) {
 			gen = md->rc_conn_gen;
+			asked = true;
 			(void)reconcile_drain(md->rc_sock, upto);
 		}
 		mono_deadline_ms(&slice, 250);

@@ -83,6 +83,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(writeback_bypassed);
 	FIG(handoffs);
 	FIG(handoff_failures);
+	FIG(handoff_stalls);
 	FIG(mapped_after_close);
 	FIG(reopen_waits);
 	FIG(inflight_reads);

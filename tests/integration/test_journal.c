@@ -1063,3 +1063,76 @@ Test(journal, waits_for_an_upload_do_not_wait_for_the_commit_window, .timeout = 
 	OK(stat(mp("w1"), &st));
 	cr_assert_eq(st.st_size, 5);
 }
+
+/* The value of `name` in .stats text, or UINT64_MAX. */
+static uint64_t stats_value(const char *text, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, name, n) == 0 && p[n] == ' ')
+			return strtoull(p + n + 1, NULL, 10);
+	return UINT64_MAX;
+}
+
+/*
+ * A reconciler that reads nothing (stopped here; also one holding its most
+ * jobs) stalls no close and no .stats read: past what the connection holds,
+ * closes commit their files themselves, nothing is lost, and the stalled
+ * hand-offs are counted. Asked from a child, so a hang fails the test
+ * instead of hanging it.
+ */
+Test(journal, a_reconciler_that_reads_nothing_stalls_no_close, .timeout = 600)
+{
+	enum { FILES = 800 };
+	char body[64];
+	pid_t child;
+	int st = 0, waited;
+
+	if (fm.no_reconciler) {
+		fm_teardown();
+		cr_skip_test("needs a reconciler");
+	}
+	reconciler_signal(SIGSTOP);
+	child = fork();
+	cr_assert(child >= 0);
+	if (child == 0) {
+		/* Files written (a create waits for a free worker thread),
+		 * then every close handled and every .stats read answered. */
+		for (int k = 0; k < FILES; k++) {
+			int fd = open(mp("s%d", k), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+
+			snprintf(body, sizeof(body), "file %d of a stalled reconciler", k);
+			if (fd < 0 || write(fd, body, strlen(body)) != (ssize_t)strlen(body) ||
+			    close(fd) < 0)
+				_exit(2);
+		}
+		for (;;) {
+			char *text = fm_slurp(mp(".stats"));
+			uint64_t open = text ? stats_value(text, "open_handles") : UINT64_MAX;
+			uint64_t pending = text ? stats_value(text, "pending_commits") : UINT64_MAX;
+
+			free(text);
+			if (open == 0 && pending == 0)
+				_exit(0);
+			usleep(100 * 1000);
+		}
+	}
+	for (waited = 0; waited < 3000 && waitpid(child, &st, WNOHANG) == 0; waited++)
+		usleep(100 * 1000);
+	if (waited == 3000) {
+		kill(child, SIGKILL);
+		waitpid(child, NULL, 0);
+	}
+	uint64_t stalls = waited < 3000 ? stat_of("handoff_stalls") : 0;
+	reconciler_signal(SIGCONT);
+	cr_assert_lt(waited, 3000, "creates, closes or .stats still stalled 5 minutes after the "
+		     "reconciler stopped reading");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writing the files failed");
+	cr_assert_gt(stalls, 0, "no hand-off found the connection full");
+	fm_remount_cold();
+	for (int k = 0; k < FILES; k++) {
+		snprintf(body, sizeof(body), "file %d of a stalled reconciler", k);
+		fm_expect_content(mp("s%d", k), body, strlen(body));
+	}
+}
