@@ -1666,6 +1666,35 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 /* ---- xattrs ---- */
 
+/* POSIX ACLs are not enforced here (the kernel enforces them only with
+ * FUSE_POSIX_ACL, which this daemon does not ask for): storing one would
+ * show `+` in ls and grant or deny nothing. They are refused as on a file
+ * system mounted noacl, which also tells ls and cp (they remember it per
+ * device) to stop asking for every file. */
+static bool posix_acl_name(const char *name)
+{
+	return strcmp(name, "system.posix_acl_access") == 0 ||
+	       strcmp(name, "system.posix_acl_default") == 0;
+}
+
+/* Drops the POSIX ACL names (stored before they were refused) from a
+ * listxattr list in place; returns the new length. */
+static size_t list_without_acls(char *list, size_t len)
+{
+	size_t in = 0, out = 0;
+
+	while (in < len) {
+		size_t n = strnlen(list + in, len - in) + 1;
+
+		if (!posix_acl_name(list + in)) {
+			memmove(list + out, list + in, n);
+			out += n;
+		}
+		in += n;
+	}
+	return out;
+}
+
 static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
 			size_t size, int flags)
 {
@@ -1674,6 +1703,10 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 	count(req, OP_SETXATTR);
 	if (ino == STATS_INO) {
 		fuse_reply_err(req, EPERM);
+		return;
+	}
+	if (posix_acl_name(name)) {
+		fuse_reply_err(req, EOPNOTSUPP);
 		return;
 	}
 	/* Before the change: a concurrent getxattr asks the database. */
@@ -1695,6 +1728,10 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	int rc;
 
 	count(req, OP_GETXATTR);
+	if (posix_acl_name(name)) {
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
+	}
 	if (ino == STATS_INO) {
 		fuse_reply_err(req, ENODATA);
 		return;
@@ -1722,6 +1759,8 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	rc = ino == STATS_INO || xattr_none(MD(req), ino) ?
 		     0 :
 		     meta_listxattr(MD(req)->meta, ino, &list, &len);
+	if (rc == 0 && list)
+		len = list_without_acls(list, len);
 	if (rc < 0)
 		fuse_reply_err(req, -rc);
 	else if (size == 0)
@@ -1738,6 +1777,10 @@ static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	count(req, OP_REMOVEXATTR);
 	if (ino == STATS_INO) {
 		fuse_reply_err(req, EPERM);
+		return;
+	}
+	if (posix_acl_name(name)) {
+		fuse_reply_err(req, EOPNOTSUPP);
 		return;
 	}
 	fuse_reply_err(req, -meta_removexattr(MD(req)->meta, ino, name));

@@ -1384,6 +1384,54 @@ static bool list_has(const char *list, ssize_t len, const char *name)
 	return false;
 }
 
+static uint64_t stat_getxattr(void)
+{
+	struct fm_stats s;
+
+	fm_stats_read(&s);
+	return fm_stats_need(&s, "fuse_requests_getxattr");
+}
+
+/* POSIX ACLs would not be enforced (no FUSE_POSIX_ACL): refused as on a
+ * file system mounted noacl, never stored and ignored. ls then stops asking
+ * for them after the first file of the mount. */
+Test(posix, posix_acls_are_refused_not_ignored)
+{
+	/* version 2; user::rw- user:65534:r-- group::--- mask::r-- other::--- */
+	static const uint32_t acl[] = { 2, 0x00060001, 0xffffffff, 0x00040002, 65534,
+					0x00000004, 0xffffffff, 0x00040010, 0xffffffff,
+					0x00000020, 0xffffffff };
+	char buf[256], cmd[PATH_MAX + 64];
+	ssize_t n;
+	uint64_t x0;
+
+	put(mp("f"), "x");
+	OK(chmod(mp("f"), 0600));
+	FAILS(setxattr(mp("f"), "system.posix_acl_access", acl, sizeof(acl), 0), EOPNOTSUPP);
+	FAILS(getxattr(mp("f"), "system.posix_acl_access", buf, sizeof(buf)), EOPNOTSUPP);
+	FAILS(removexattr(mp("f"), "system.posix_acl_access"), EOPNOTSUPP);
+	OK(mkdir(mp("d"), 0755));
+	FAILS(setxattr(mp("d"), "system.posix_acl_default", acl, sizeof(acl), 0), EOPNOTSUPP);
+	FAILS(getxattr(mp("d"), "system.posix_acl_default", buf, sizeof(buf)), EOPNOTSUPP);
+	/* what uid 65534 may do is what the mode says */
+	FAILS(NOBODY(.kind = OP_OPEN, .path = mp("f"), .flags = O_RDONLY), EACCES);
+	OK(setxattr(mp("f"), "user.kept", "v", 1, 0));
+	n = OK(listxattr(mp("f"), buf, sizeof(buf)));
+	cr_assert(list_has(buf, n, "user.kept"));
+	cr_assert(!list_has(buf, n, "system.posix_acl_access"));
+
+	for (int k = 0; k < 40; k++) {
+		snprintf(cmd, sizeof(cmd), "%s/f%d", mp("d"), k);
+		put(cmd, "x");
+	}
+	x0 = stat_getxattr();
+	snprintf(cmd, sizeof(cmd), "ls -l '%s' > /dev/null", mp("d"));
+	cr_assert_eq(system(cmd), 0);
+	/* one (security.selinux) per file, and the first file's ACL question */
+	cr_assert_leq(stat_getxattr() - x0, 40 + 3, "ls -l of 40 files asked %llu GETXATTRs",
+		      (unsigned long long)(stat_getxattr() - x0));
+}
+
 Test(posix, xattrs_set_get_list_remove)
 {
 	char buf[8192], bin[4000];
