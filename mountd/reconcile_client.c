@@ -82,16 +82,31 @@ static bool rclient_room_fd(int sock, int timeout_ms)
 	return rc != 0;
 }
 
-static bool rclient_room(struct mountd *md, int timeout_ms)
+/*
+ * Takes rc_lock once the connection has room for a frame, waiting up to
+ * timeout_ms without the lock. Room is checked again under the lock, which
+ * every sender holds for a whole frame: other closes that saw room at the
+ * same moment, or a reconciler restart that changed the socket, cannot
+ * make the send block. false (lock not held) if there was none in time.
+ */
+static bool rclient_lock_with_room(struct mountd *md, int timeout_ms)
 {
+	struct timespec until;
+	int64_t left_ns;
 	int sock;
 
-	pthread_mutex_lock(&md->rc_lock);
-	sock = md->rc_sock;
-	pthread_mutex_unlock(&md->rc_lock);
-	if (rclient_room_fd(sock, timeout_ms)) {
-		atomic_store(&md->rc_stalled, false);
-		return true;
+	mono_deadline_ms(&until, timeout_ms);
+	for (;;) {
+		pthread_mutex_lock(&md->rc_lock);
+		if (rclient_room_fd(md->rc_sock, 0)) {
+			atomic_store(&md->rc_stalled, false);
+			return true;
+		}
+		sock = md->rc_sock;
+		pthread_mutex_unlock(&md->rc_lock);
+		left_ns = ((int64_t)until.tv_sec * 1000000000 + until.tv_nsec) - mono_now_ns();
+		if (left_ns <= 0 || !rclient_room_fd(sock, (int)((left_ns + 999999) / 1000000)))
+			break;
 	}
 	if (!atomic_exchange(&md->rc_stalled, true))
 		log_warnx("ferry-reconciler has taken no hand-off for %d s (stopped, stuck, or "
@@ -701,11 +716,10 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	 * died with them only in its metadata journal: the reconciler's commit
 	 * waits for them (their batch is normally committed by then). */
 	job.meta_seq = meta_journal_last(md->meta);
-	if (!rclient_room(md, atomic_load(&md->rc_stalled) ? 0 : HANDOFF_ROOM_WAIT_MS)) {
+	if (!rclient_lock_with_room(md, atomic_load(&md->rc_stalled) ? 0 : HANDOFF_ROOM_WAIT_MS)) {
 		reconcile_job_clear(&job);
 		return -EAGAIN;
 	}
-	pthread_mutex_lock(&md->rc_lock);
 	job.seq = ++md->rc_next_seq;
 	/* Journal first: from here on a SIGKILL of either side loses nothing. */
 	rc = reconcile_job_write(md->staging_dirfd, &job, 0);

@@ -129,7 +129,12 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	 * one O_TRUNC truncated there first). */
 	w->size_changed = meta_size != 0;
 	w->mtime = mtime_floor;
-	if (fstat(w->fd, &st) == 0)
+	/* The staging file starts with the file's mtime, not its own creation
+	 * stamp: unwritten, it shows what the file had (and keeps after an
+	 * untouched close); the kernel's first write stamps it anew, even in
+	 * the tick the staging file was made in. */
+	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, mtime_floor };
+	if (futimens(w->fd, ts) == 0 && fstat(w->fd, &st) == 0)
 		w->started_mtime = st.st_mtim;
 	else
 		w->size_changed = true; /* cannot tell later: commit */
@@ -204,15 +209,10 @@ int wstate_stat(struct wstate *w, uint64_t *size, struct timespec *mtime)
 	*size = (uint64_t)st.st_size;
 	*mtime = st.st_mtim;
 	/* The kernel stamps files from a coarse clock that may lag the one the
-	 * metadata used at create: never let mtime go back, unless asked to.
-	 * A staging file with its creation's stamp still was not written since
-	 * (or in the same tick): its mtime is the metadata's, which is what
-	 * the file shows again once the staging file goes unwritten. */
+	 * metadata used at create: never let mtime go back, unless asked to. */
 	if (!w->mtime_set && (st.st_mtim.tv_sec < w->mtime.tv_sec ||
 			      (st.st_mtim.tv_sec == w->mtime.tv_sec &&
-			       st.st_mtim.tv_nsec < w->mtime.tv_nsec) ||
-			      (st.st_mtim.tv_sec == w->started_mtime.tv_sec &&
-			       st.st_mtim.tv_nsec == w->started_mtime.tv_nsec)))
+			       st.st_mtim.tv_nsec < w->mtime.tv_nsec)))
 		*mtime = w->mtime;
 	return 0;
 }

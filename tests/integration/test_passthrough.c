@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MiB (1024L * 1024)
@@ -524,6 +525,45 @@ Test(passthrough, an_unwritten_file_shows_one_mtime_open_and_closed)
 	}
 	cr_assert_eq(changed, 0, "%d of %d unwritten files show another mtime after close",
 		     changed, FILES);
+}
+
+/* A write right after a passthrough open (in the clock tick its staging
+ * file was made in) still moves mtime: an empty file appended to, and a
+ * copied-up file overwritten at the same size, both with an old mtime.
+ * (Kernels with multigrain timestamps, 6.13 on, stamp a write after a stat
+ * finely, so there it holds even without the staging file's start stamp
+ * being the file's own; older ones stamp in coarse ticks.) */
+Test(passthrough, a_write_right_after_open_moves_mtime)
+{
+	static const struct timespec old[2] = { { 1000, 0 }, { 1000, 0 } };
+	struct timespec before;
+	struct stat st;
+	int fd;
+
+	fm_write_file(mp("empty"), "", 0);
+	fm_write_file(mp("full"), "0123456789", 10);
+	OK(utimensat(AT_FDCWD, mp("empty"), old, 0));
+	OK(utimensat(AT_FDCWD, mp("full"), old, 0));
+	fm_wait_released(0);
+	clock_gettime(CLOCK_REALTIME, &before);
+	for (int round = 0; round < 20; round++) {
+		fd = OK(open(mp("empty"), O_WRONLY | O_APPEND));
+		fm_pwrite_all(fd, "a", 1, 0);
+		OK(close(fd));
+		fd = OK(open(mp("full"), O_RDWR));
+		fm_pwrite_all(fd, "abcdefghij", 10, 0);
+		OK(close(fd));
+		fm_wait_released(0);
+		OK(stat(mp("empty"), &st));
+		cr_assert_geq(st.st_mtim.tv_sec, before.tv_sec - 1, "round %d: append kept mtime %lld",
+			      round, (long long)st.st_mtim.tv_sec);
+		OK(stat(mp("full"), &st));
+		cr_assert_geq(st.st_mtim.tv_sec, before.tv_sec - 1, "round %d: overwrite kept mtime %lld",
+			      round, (long long)st.st_mtim.tv_sec);
+		OK(utimensat(AT_FDCWD, mp("empty"), old, 0));
+		OK(utimensat(AT_FDCWD, mp("full"), old, 0));
+	}
+	cr_assert_eq(stat_of("copy_ups") > 0, true, "the overwrite was not copied up");
 }
 
 Test(passthrough, a_cached_open_keeps_writers_on_the_daemon_path)
