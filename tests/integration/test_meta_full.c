@@ -514,6 +514,7 @@ static void drained(void)
 {
 	struct fm_stats s;
 
+	fm_wait_released(0); /* the gauge is 0 before a close's handoff too */
 	for (int i = 0; i < 600; i++) {
 		fm_stats_read(&s);
 		if (fm_stats_need(&s, "passthrough_staging_blocks") == 0)

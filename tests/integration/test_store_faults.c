@@ -144,6 +144,8 @@ Test(store_faults, vanished_bucket_then_back)
 	fm_pwrite_all(fd, a, MiB, 0);
 	FAILS(fsync(fd), EIO);
 	OK(close(fd)); /* staged and journaled on the node */
+	/* Handed over first: the staging gauge is 0 before the handoff too. */
+	fm_wait_released(0);
 	s3_proxy_fault(proxy, S3F_NONE, 0, NULL, NULL);
 	for (int i = 0; i < 600; i++) {
 		fm_stats_read(&s);
