@@ -504,8 +504,12 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		rc = i ? commit_locked(md, i) : 0;
 		if (rc == 0)
 			rc = meta_setattr(md->meta, ino, valid, &in, &out);
-		if (rc == 0 && i && i->w)
+		if (rc == 0 && i && i->w) {
 			rc = wstate_truncate(i->w, in.size);
+			/* The size change is staged again (for the handoff at
+			 * close): it must carry this mtime, not the last write's. */
+			i->w->mtime = out.mtime;
+		}
 	} else if (i && i->w && !(valid & ~(META_SET_ATIME | META_SET_ATIME_NOW | META_SET_MTIME |
 					     META_SET_MTIME_NOW | META_SET_CTIME))) {
 		/* Times only, with writes staged on the daemon path (the

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -855,6 +856,77 @@ Test(data, remount_reads_back_everything)
 		FAILS(stat(mp("tree/page"), &st), ENOENT);
 		FAILS(stat(mp("tree/hard"), &st), ENOENT);
 	}
+}
+
+/* A truncate while the file is still open for writing (truncate(path) racing
+ * the RELEASE of a close() looks the same to the daemon) marks mtime; the
+ * writes staged before it, committed at close, must not bring back their
+ * older mtime. They did on the daemon path (the commit carried the last
+ * write's time), so a remount showed an older mtime than before. */
+static bool ts_later(struct timespec a, struct timespec b)
+{
+	return a.tv_sec > b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec > b.tv_nsec);
+}
+
+static bool ts_same(struct timespec a, struct timespec b)
+{
+	return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+/* One round in directory dir of the mount as it is; remounts at the end. */
+static void truncate_while_open_round(const char *dir)
+{
+	struct timespec pause = { 0, 30 * 1000 * 1000 };
+	struct stat written, truncated[2], st;
+	char buf[3 * 4096];
+	int fd;
+
+	memset(buf, 'x', sizeof(buf));
+	OK(mkdir(mp("%s", dir), 0755));
+	for (int how = 0; how < 2; how++) {
+		const char *name = mp("%s/%s", dir, how ? "by_path" : "by_fd");
+
+		fd = OK(open(name, O_CREAT | O_WRONLY, 0644));
+		fm_pwrite_all(fd, buf, sizeof(buf), 0);
+		OK(fstat(fd, &written));
+		nanosleep(&pause, NULL);
+		if (how)
+			OK(truncate(name, 5000));
+		else
+			OK(ftruncate(fd, 5000));
+		OK(fstat(fd, &truncated[how]));
+		cr_assert(ts_later(truncated[how].st_mtim, written.st_mtim),
+			  "%s: mtime %lld.%09ld after the truncate, %lld.%09ld before", name,
+			  (long long)truncated[how].st_mtim.tv_sec, truncated[how].st_mtim.tv_nsec,
+			  (long long)written.st_mtim.tv_sec, written.st_mtim.tv_nsec);
+		OK(close(fd));
+		st = lst(name);
+		cr_assert(ts_same(st.st_mtim, truncated[how].st_mtim),
+			  "%s: mtime %lld.%09ld after close, %lld.%09ld at the truncate", name,
+			  (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+			  (long long)truncated[how].st_mtim.tv_sec, truncated[how].st_mtim.tv_nsec);
+	}
+	fm_remount_cold();
+	for (int how = 0; how < 2; how++) {
+		const char *name = mp("%s/%s", dir, how ? "by_path" : "by_fd");
+
+		st = lst(name);
+		cr_assert_eq(st.st_size, 5000, "%s: size %lld", name, (long long)st.st_size);
+		cr_assert(ts_same(st.st_mtim, truncated[how].st_mtim),
+			  "%s: mtime %lld.%09ld after remount, %lld.%09ld at the truncate", name,
+			  (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+			  (long long)truncated[how].st_mtim.tv_sec, truncated[how].st_mtim.tv_nsec);
+	}
+}
+
+/* On the mount as the run has it, then on the daemon path without the
+ * writeback cache (where the daemon stamps the truncate itself). */
+Test(data, truncate_while_open_keeps_its_mtime_across_remount)
+{
+	truncate_while_open_round("as_run");
+	fm_umount();
+	fm_mount_with("passthrough=off,writeback=off");
+	truncate_while_open_round("daemon_path");
 }
 
 /* ---- concurrency ---------------------------------------------------------- */
