@@ -181,6 +181,19 @@ objstore_put(struct objstore *s, const char *key, const void *buf, size_t len)
 	return s->ops->put(s, key, buf, len);
 }
 
+void
+objstore_defer_durability(struct objstore *s)
+{
+	if (s->ops->defer)
+		s->ops->defer(s);
+}
+
+int
+objstore_sync(struct objstore *s)
+{
+	return s->ops->sync ? s->ops->sync(s) : 0;
+}
+
 ssize_t
 objstore_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len)
 {

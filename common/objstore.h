@@ -56,8 +56,21 @@ int objstore_open(const struct store_url *url, const struct objstore_opts *opts,
 int objstore_check(struct objstore *s, int create);
 void objstore_close(struct objstore *s); /* accepts NULL */
 
-/* Stores len bytes under key, atomically: a reader sees all or nothing. */
+/* Stores len bytes under key, atomically: a reader sees all or nothing.
+ * Durable (on stable storage) when it returns, unless the store defers. */
 int objstore_put(struct objstore *s, const char *key, const void *buf, size_t len);
+/*
+ * From now on, puts on s may return before their objects are on stable
+ * storage; objstore_sync() makes every put that returned before it durable.
+ * For a caller that puts many objects and then commits metadata naming
+ * them (ferry-reconciler's batches): one flush per batch instead of one per
+ * object. file:// only (an S3 put is durable when the server answers);
+ * elsewhere a no-op. Call before the store is shared between threads.
+ */
+void objstore_defer_durability(struct objstore *s);
+/* Makes every put that returned before this call durable: 0, or -EIO
+ * (then those objects must be put again before anything refers to them). */
+int objstore_sync(struct objstore *s);
 /* Reads up to len bytes from offset off. Returns the byte count (short only
  * at the end of the object) or a negative errno. */
 ssize_t objstore_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len);

@@ -16,6 +16,8 @@ struct objstore_ops {
 	int (*head)(struct objstore *s, const char *key, uint64_t *size);
 	int (*list)(struct objstore *s, const char *prefix,
 		    int (*cb)(const char *key, uint64_t size, void *arg), void *arg);
+	void (*defer)(struct objstore *s);  /* NULL: puts are durable anyway */
+	int (*sync)(struct objstore *s);
 };
 
 struct objstore {

@@ -862,7 +862,7 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 			 * read through the staging file (op_read's overlay). */
 		} else if (unlinked) {
 			wstate_drop(md, i); /* nobody can see these bytes again */
-		} else if (w->passthrough && wstate_mapped(w)) {
+		} else if (w->passthrough && wstate_mapped_at_release(md, w)) {
 			/* A shared mapping made through a passthrough open lives on
 			 * the staging file itself: it stays this inode's file (later
 			 * opens share it, so the mapping and they see one file) until

@@ -73,6 +73,7 @@ struct stats {
 	/* Staging files of jobs in flight opened for readers (they did not wait). */
 	_Atomic uint64_t inflight_reads;
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
+	_Atomic uint64_t release_probes_deferred; /* lease probe still refused after the settle loop */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
 };
 
@@ -202,6 +203,10 @@ void write_back_defer(struct mountd *md, struct inode *ino);
  * mapping that outlived its passthrough open, or (for a moment after a
  * close) the kernel's own reference it has not dropped yet. */
 bool wstate_mapped(struct wstate *w);
+/* wstate_mapped() for the last close of a passthrough file: a refusal is
+ * asked again a few times on the spot, yielding the CPU between (see
+ * write_back.c); still refused, it counts in release_probes_deferred. */
+bool wstate_mapped_at_release(struct mountd *md, struct wstate *w);
 /* The last passthrough open of an inode closed and wstate_mapped() said
  * yes: the retry list asks again shortly, then hands the file over, or
  * (a mapping lives on) commits what it has and keeps the staging file
@@ -355,6 +360,7 @@ struct inode {
 	/* Guarded by md->rc_lock: */
 	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
 	struct inode *inext;      /* md->inflight list */
+	struct inode **iprevp;    /* what points at this one in it (O(1) removal) */
 	uint32_t nwriters;        /* open handles with write access */
 	/* Writeback cache: a write-back failed before the inode had a staging
 	 * file to cut (one could not be made: a read-only or full staging

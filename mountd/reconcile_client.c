@@ -43,14 +43,22 @@
  * wait until the reconciler reads again. */
 #define HANDOFF_ROOM_WAIT_MS 10000
 
+/* Caller holds md->rc_lock. */
+static void inflight_unlink(struct inode *i)
+{
+	if (i->iprevp) {
+		*i->iprevp = i->inext;
+		if (i->inext)
+			i->inext->iprevp = i->iprevp;
+		i->inext = NULL;
+		i->iprevp = NULL;
+	}
+}
+
 static void inflight_remove(struct mountd *md, struct inode *i)
 {
 	pthread_mutex_lock(&md->rc_lock);
-	for (struct inode **pp = &md->inflight; *pp; pp = &(*pp)->inext)
-		if (*pp == i) {
-			*pp = i->inext;
-			break;
-		}
+	inflight_unlink(i);
 	pthread_mutex_unlock(&md->rc_lock);
 }
 
@@ -728,7 +736,11 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	if (rc == 0) {
 		/* For a resend, should the reconciler have to be restarted. */
 		snprintf(i->inflight_name, sizeof(i->inflight_name), "%s", job.name);
+		inflight_unlink(i); /* never on it twice */
 		i->inext = md->inflight;
+		if (i->inext)
+			i->inext->iprevp = &i->inext;
+		i->iprevp = &md->inflight;
 		md->inflight = i;
 	}
 	pthread_mutex_unlock(&md->rc_lock);

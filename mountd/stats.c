@@ -85,6 +85,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(handoff_failures);
 	FIG(handoff_stalls);
 	FIG(mapped_after_close);
+	FIG(release_probes_deferred);
 	FIG(reopen_waits);
 	FIG(inflight_reads);
 	FIG(gc_rounds);

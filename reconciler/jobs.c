@@ -723,6 +723,7 @@ struct commit_task {
 	struct job *jobs[COMMIT_BATCH_MAX];
 	struct meta_commit_item items[COMMIT_BATCH_MAX];
 	int unlink_err[COMMIT_BATCH_MAX];
+	int store_sync_err;             /* objstore_sync() failed: nothing was committed */
 };
 
 static void commit_kick(struct rec *r);
@@ -743,6 +744,14 @@ static void commit_run(struct task *t)
 							 .new_size = j->rj.length,
 							 .mtime = &j->rj.mtime,
 							 .meta_seq = j->rj.meta_seq };
+	}
+	/* Puts return before their objects are durable (the store defers):
+	 * none may be named by a commit before this. */
+	if ((rc = objstore_sync(r->store)) < 0) {
+		log_warnx("error: the object store cannot make uploaded objects durable: %s",
+			  objstore_last_error());
+		c->store_sync_err = rc;
+		return;
 	}
 	meta_write_commit_batch(r->meta, c->items, c->n);
 	for (size_t i = 0; i < c->n; i++)
@@ -799,6 +808,18 @@ static void commit_done(struct task *t)
 	struct commit_task *c = (struct commit_task *)t;
 	struct rec *r = c->r;
 
+	if (!t->cancelled && c->store_sync_err) {
+		/* Which uploads the failed flush lost is not known (the page
+		 * cache may no longer say), so none is trusted: a new start
+		 * uploads every journaled job again (ferry-mountd starts one
+		 * and hands its jobs over again). Nothing was committed. */
+		log_warnx("error: exiting so that a new ferry-reconciler uploads the %zu jobs "
+			  "in hand again; they stay journaled", r->njobs);
+		r->exit_code = 1;
+		event_base_loopexit(r->base, NULL);
+		free(c);
+		return;
+	}
 	if (!t->cancelled) {
 		bool nomem = false;
 

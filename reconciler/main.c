@@ -354,6 +354,8 @@ int main(int argc, char **argv)
 	if ((rc = objstore_open(&surl, NULL, &r->store, err, sizeof(err))) < 0)
 		start_failed("storage %s: %s", r->vol.storage_url, err);
 	r->async_store = objstore_async_capable(r->store);
+	/* Every commit batch syncs the objects it names first (commit_run). */
+	objstore_defer_durability(r->store);
 	/* An unreachable store is not fatal: jobs wait and retry. */
 	if ((rc = objstore_check(r->store, surl.kind == STORE_FILE)) < 0)
 		log_warnx("storage %s is not usable now: %s (%s); jobs will retry",

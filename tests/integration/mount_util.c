@@ -986,6 +986,40 @@ uint64_t fm_stats_need(const struct fm_stats *s, const char *name)
 	return v;
 }
 
+uint64_t fm_stat(const char *name)
+{
+	struct fm_stats s;
+
+	fm_stats_read(&s);
+	return fm_stats_need(&s, name);
+}
+
+pid_t fm_reconciler_pid(void)
+{
+	pid_t p[4];
+	int n = 0;
+
+	for (int i = 0; i < 200 && (n = fm_daemon_pids("ferry-reconciler", p, 4)) != 1; i++)
+		usleep(50 * 1000);
+	cr_assert_eq(n, 1, "%d ferry-reconcilers for this mount", n);
+	return p[0];
+}
+
+void fm_wait_committed(const char *when, int timeout_s)
+{
+	struct timespec t0, now;
+	uint64_t v;
+
+	fm_wait_released(0); /* the gauge is 0 before a close's handoff too */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while ((v = fm_stat("passthrough_staging_blocks")) != 0) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		cr_assert_lt(now.tv_sec - t0.tv_sec, timeout_s, "%s: %llu blocks still staged after "
+			     "%d s", when, (unsigned long long)v, timeout_s);
+		usleep(50 * 1000);
+	}
+}
+
 struct as_user_result {
 	long ret;
 	int err;

@@ -160,6 +160,14 @@ void fm_stats_read(struct fm_stats *s);
 bool fm_stats_get(const struct fm_stats *s, const char *name, uint64_t *value);
 /* Value of name, asserting that it is present. */
 uint64_t fm_stats_need(const struct fm_stats *s, const char *name);
+/* fm_stats_need() of a fresh read of .stats. */
+uint64_t fm_stat(const char *name);
+/* The pid of the mount's one ferry-reconciler, waiting (10 s at most) for
+ * one to run alone (after a restart, the old one may still be going). */
+pid_t fm_reconciler_pid(void);
+/* Waits (timeout_s at most, asserting) until nothing closed is only on
+ * local disk: every close's RELEASE handled, then the staging gauge 0. */
+void fm_wait_committed(const char *when, int timeout_s);
 
 /*
  * Run fn(arg) in a forked child that dropped to uid/gid (setgroups(0),

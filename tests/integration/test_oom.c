@@ -42,31 +42,10 @@ static void oom_fini(void)
 
 TestSuite(oom, .init = oom_init, .fini = oom_fini, .timeout = 900);
 
-static uint64_t stat_of(const char *name)
-{
-	struct fm_stats s;
-
-	fm_stats_read(&s);
-	return fm_stats_need(&s, name);
-}
-
 /* Waits (bounded) until nothing closed is only on local disk. */
 static void wait_committed(const char *when)
 {
-	struct timespec t0, now;
-	uint64_t v;
-
-	fm_wait_released(0); /* the gauge is 0 before a close's handoff too */
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (;;) {
-		v = stat_of("passthrough_staging_blocks");
-		if (v == 0)
-			return;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		cr_assert_lt(now.tv_sec - t0.tv_sec, 300, "%s: %llu blocks still staged after 5 "
-			     "minutes", when, (unsigned long long)v);
-		usleep(100 * 1000);
-	}
+	fm_wait_committed(when, 300);
 }
 
 /* Commits made by either daemon so far. */
@@ -76,17 +55,6 @@ static uint64_t commits_made(void)
 
 	fm_stats_read(&s);
 	return fm_stats_need(&s, "commits") + fm_stats_need(&s, "reconcile_committed_total");
-}
-
-static pid_t reconciler_pid(void)
-{
-	pid_t p[4];
-	int n = 0;
-
-	for (int i = 0; i < 100 && (n = fm_daemon_pids("ferry-reconciler", p, 4)) != 1; i++)
-		usleep(50 * 1000);
-	cr_assert_eq(n, 1, "%d ferry-reconcilers for this mount", n);
-	return p[0];
 }
 
 /* ---- allocation failures ---- */
@@ -163,7 +131,7 @@ Test(oom, failing_allocations_in_the_reconciler_lose_nothing)
 
 	faults_load();
 	fm_mount();
-	rec = reconciler_pid();
+	rec = fm_reconciler_pid();
 	w = wl_start(&o);
 	wl_wait_done(w, 2 * (uint64_t)o.names);
 	for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
@@ -177,13 +145,13 @@ Test(oom, failing_allocations_in_the_reconciler_lose_nothing)
 			clock_gettime(CLOCK_MONOTONIC, &now);
 		} while (counts[1] < failed0 + EPISODE_FAILURES && now.tv_sec - t0.tv_sec < EPISODE_S);
 		faults_off();
-		committed = stat_of("reconcile_committed_total");
+		committed = fm_stat("reconcile_committed_total");
 		cr_log_info("%s failing: %llu failed in %lld s; %llu ops done", modes[m].what,
 			    (unsigned long long)(counts[1] - failed0),
 			    (long long)(now.tv_sec - t0.tv_sec), (unsigned long long)wl_done(w));
 		/* Memory back: commits go on, and so does the writer. */
 		clock_gettime(CLOCK_MONOTONIC, &t0);
-		while (stat_of("reconcile_committed_total") < committed + 10) {
+		while (fm_stat("reconcile_committed_total") < committed + 10) {
 			wl_poll(w, 100);
 			clock_gettime(CLOCK_MONOTONIC, &now);
 			cr_assert_lt(now.tv_sec - t0.tv_sec, 300, "after %s failed: no commits",
@@ -197,9 +165,9 @@ Test(oom, failing_allocations_in_the_reconciler_lose_nothing)
 	wl_stop(w);
 	/* The same reconciler all along: it never crashed, nor had to be
 	 * replaced; and no job was given up for want of memory. */
-	cr_assert_eq(reconciler_pid(), rec, "ferry-reconciler %d was replaced", rec);
+	cr_assert_eq(fm_reconciler_pid(), rec, "ferry-reconciler %d was replaced", rec);
 	wait_committed("after the failures stopped");
-	cr_assert_eq(stat_of("reconcile_orphans"), 0, "jobs were given up (kept as .orphan)");
+	cr_assert_eq(fm_stat("reconcile_orphans"), 0, "jobs were given up (kept as .orphan)");
 	fm_remount_cold();
 	wl_check(w);
 	wl_free(w);
@@ -265,7 +233,7 @@ Test(oom, bounded_memory_under_a_hard_address_space_limit)
 	}
 	cr_assert(buf);
 	fm_mount();
-	rec = reconciler_pid();
+	rec = fm_reconciler_pid();
 	size0 = status_kib(rec, "VmSize:");
 	cr_assert_lt((unsigned long long)size0 << 10, AS_LIMIT * 3 / 4, "ferry-reconciler starts at "
 		     "%ld KiB of address space", size0);
@@ -287,8 +255,8 @@ Test(oom, bounded_memory_under_a_hard_address_space_limit)
 	cr_log_info("ferry-reconciler: peak resident %ld KiB (bound %d KiB), address space %ld KiB "
 		    "(limit %llu KiB), after %d files of %d MiB", hwm, RSS_BOUND_KIB,
 		    status_kib(rec, "VmPeak:"), AS_LIMIT >> 10, BIG_FILES, BIG_FILE / MiB);
-	cr_assert_eq(reconciler_pid(), rec, "ferry-reconciler %d was replaced", rec);
-	cr_assert_eq(stat_of("reconcile_orphans"), 0, "jobs were given up (kept as .orphan)");
+	cr_assert_eq(fm_reconciler_pid(), rec, "ferry-reconciler %d was replaced", rec);
+	cr_assert_eq(fm_stat("reconcile_orphans"), 0, "jobs were given up (kept as .orphan)");
 	cr_assert_lt(hwm, RSS_BOUND_KIB, "ferry-reconciler's peak resident size %ld KiB is over "
 		     "its bound of %d KiB", hwm, RSS_BOUND_KIB);
 	fm_remount_cold();

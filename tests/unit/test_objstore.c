@@ -9,6 +9,7 @@
  *   scripts/s3-server stop /tmp/ferry-s3
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -23,6 +24,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <sys/resource.h>
 
 #include <criterion/criterion.h>
 
@@ -352,6 +355,62 @@ Test(file, concurrency)
 
 	check_concurrency(s);
 	objstore_close(s);
+	rm_rf(tmpdir);
+}
+
+static int
+open_fds(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *de;
+
+	cr_assert_not_null(d);
+	while ((de = readdir(d)))
+		n += de->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* Deferred durability: puts are readable at once and keep their files open
+ * for the sync (two fds each), which fsyncs and closes them; past the cap
+ * (an eighth of the open-file limit here) a put syncs itself. */
+Test(file, deferred_durability)
+{
+	struct objstore *s = open_file_store();
+	struct rlimit old, low;
+	char key[64], buf[16];
+	int base;
+
+	cr_assert_eq(objstore_sync(s), 0, "a store that does not defer syncs nothing");
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+	low = old;
+	low.rlim_cur = 160; /* cap: 20 puts */
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+	objstore_defer_durability(s);
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+	cr_assert_eq(objstore_put(s, "warm/up", "w", 1), 0); /* opens the root once */
+	cr_assert_eq(objstore_sync(s), 0, "%s", objstore_last_error());
+	base = open_fds();
+	for (int i = 0; i < 50; i++) {
+		snprintf(key, sizeof(key), "d%d/obj%d", i % 3, i);
+		snprintf(buf, sizeof(buf), "v%d", i);
+		cr_assert_eq(objstore_put(s, key, buf, strlen(buf)), 0, "%s", objstore_last_error());
+		cr_assert_eq(objstore_get(s, key, 0, buf, sizeof(buf)), (ssize_t)strlen(buf));
+		cr_assert_eq(open_fds(), base + 2 * (i < 20 ? i + 1 : 20),
+			     "after put %d: %d fds open, %d before", i, open_fds(), base);
+	}
+	cr_assert_eq(objstore_sync(s), 0, "%s", objstore_last_error());
+	cr_assert_eq(open_fds(), base, "the sync closes what it synced");
+	cr_assert_eq(objstore_sync(s), 0, "nothing pending");
+	for (int i = 0; i < 50; i++) {
+		snprintf(key, sizeof(key), "d%d/obj%d", i % 3, i);
+		cr_assert_eq(objstore_get(s, key, 0, buf, sizeof(buf)), i < 10 ? 2 : 3);
+	}
+	/* Closing with puts never synced releases their files too. */
+	cr_assert_eq(objstore_put(s, "late/one", "x", 1), 0);
+	objstore_close(s);
+	cr_assert_eq(open_fds(), base - 1, "closed with the root fd");
 	rm_rf(tmpdir);
 }
 
