@@ -681,8 +681,9 @@ enum {
 	CR_RM, CR_RM_REQ,
 	CR_SMALL, CR_SMALL_FPS, CR_SMALL_REQ, CR_SMALL_DRAIN,
 	CR_RAND, CR_RAND_OPEN, CR_RAND_CLOSE, CR_RAND_REQ,
-	CR_SYNC, CR_SYNC_LAT, CR_SYNC_OPEN, CR_SYNC_CLOSE, CR_SYNC_REQ, CR_SYNC_PUT,
-	CR_SYNC_LOCAL, CR_SYNC_LOCAL_LAT,
+	CR_SYNC, CR_SYNC_LAT, CR_SYNC_FIRST, CR_SYNC_MED, CR_SYNC_OPEN, CR_SYNC_CLOSE,
+	CR_SYNC_REQ, CR_SYNC_PUT,
+	CR_SYNC_LOCAL, CR_SYNC_LOCAL_LAT, CR_SYNC_LOCAL_FIRST, CR_SYNC_LOCAL_MED,
 	CR_UMOUNT,
 	CR_N
 };
@@ -1413,7 +1414,17 @@ struct rand_res {
 	unsigned long ops;
 	double tfill, twrite, tclose;
 	double topen; /* reopen: the open() of the laid-out file */
+	/* sync_each: the first write+fdatasync and the median one, in ms (the
+	 * first also flushes what the open left dirty: a copy-up on ferryfs) */
+	double first_ms, median_ms;
 };
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
 
 /*
  * 4 KiB random writes into a file that is empty at open, the open that gets a
@@ -1438,10 +1449,14 @@ static int rand_run(struct bench *b, const struct counter *ctr, const char *path
 	uint64_t pages = bytes / PAGE, nblocks = bytes / BLOCK, seed = b->o.seed | 1;
 	unsigned char *pg = b->buf;
 	unsigned long i;
-	double t0, t1;
+	double t0, t1, *lat = NULL; /* sync_each: each op's time, ms (owned) */
 	int fd, rc;
 
 	memset(r, 0, sizeof(*r));
+	if (sync_each && max_ops > 0 && !(lat = calloc(max_ops, sizeof(*lat)))) {
+		errf("out of memory");
+		return -1;
+	}
 	t0 = now_s();
 	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
@@ -1485,6 +1500,7 @@ static int rand_run(struct bench *b, const struct counter *ctr, const char *path
 	for (i = 0; i < max_ops; i++) {
 		uint64_t page = xorshift64(&seed) % pages;
 		uint64_t st[2] = { STAMP_MAGIC ^ 0xff, i };
+		double top = lat ? now_s() : 0;
 
 		memcpy(pg, st, sizeof(st));
 		if (pwrite(fd, pg, PAGE, (off_t)(page * PAGE)) != (ssize_t)PAGE) {
@@ -1496,6 +1512,8 @@ static int rand_run(struct bench *b, const struct counter *ctr, const char *path
 			errf("fdatasync %s after write %lu: %s", path, i, strerror(errno));
 			goto fail;
 		}
+		if (lat)
+			lat[i] = (now_s() - top) * 1e3;
 		if (seconds > 0 && (i & 63) == 63 && now_s() - t0 >= seconds) {
 			i++;
 			break;
@@ -1503,6 +1521,13 @@ static int rand_run(struct bench *b, const struct counter *ctr, const char *path
 	}
 	r->twrite = now_s() - t0;
 	r->ops = i;
+	if (lat && i > 0) {
+		r->first_ms = lat[0];
+		qsort(lat, i, sizeof(*lat), cmp_double);
+		r->median_ms = lat[i / 2];
+	}
+	free(lat);
+	lat = NULL;
 	if (ctr && counter_snap(ctr, smid) < 0)
 		goto fail;
 	t1 = now_s();
@@ -1516,6 +1541,7 @@ static int rand_run(struct bench *b, const struct counter *ctr, const char *path
 		return -1;
 	return 0;
 fail:
+	free(lat);
 	close(fd);
 	return -1;
 }
@@ -2489,12 +2515,16 @@ static void cmp_rows_init(struct bench *b)
 	rowc_init(b, CR_RAND_REQ, "%.3f", 0, "  FUSE requests per write");
 	rowc_init(b, CR_SYNC, "%.0f", 1, "rand write 4 KiB + fdatasync, existing file (IOPS)");
 	rowc_init(b, CR_SYNC_LAT, "%.2f", -1, "  per write + fdatasync (ms)");
+	rowc_init(b, CR_SYNC_FIRST, "%.2f", 0, "  the first one (ms)");
+	rowc_init(b, CR_SYNC_MED, "%.2f", -1, "  the median one (ms)");
 	rowc_init(b, CR_SYNC_OPEN, "%.1f", 0, "  open() of the existing file (ms)");
 	rowc_init(b, CR_SYNC_CLOSE, "%.1f", 0, "  close() after the writes (ms)");
 	rowc_init(b, CR_SYNC_REQ, "%.3f", 0, "  FUSE requests per write+fdatasync");
 	rowc_init(b, CR_SYNC_PUT, "%.2f", 0, "  ferryfs objects put per fdatasync");
 	rowc_init(b, CR_SYNC_LOCAL, "%.0f", 1, "the same, ferryfs remounted -o fsync=local (IOPS)");
 	rowc_init(b, CR_SYNC_LOCAL_LAT, "%.2f", -1, "  per write + fdatasync (ms)");
+	rowc_init(b, CR_SYNC_LOCAL_FIRST, "%.2f", 0, "  the first one (ms)");
+	rowc_init(b, CR_SYNC_LOCAL_MED, "%.2f", -1, "  the median one (ms)");
 	rowc_init(b, CR_UMOUNT, "%.2f", 0, "`ferry umount` at the end of the turn (s)");
 	for (int p = 0; p < CP_N; p++) {
 		memset(&b->cphases[p], 0, sizeof(b->cphases[p]));
@@ -2690,6 +2720,7 @@ struct cmp_ctx {
 
 struct step_out {
 	double secs, topen, tclose;
+	double first_ms, median_ms; /* rand_res's */
 	double drained;         /* ferryfs: the wait for quiet before the step */
 	unsigned long ops;
 	struct snap s0, smid, s1;
@@ -2883,6 +2914,8 @@ static int step_rand(struct bench *b, void *arg, void *out)
 	o->secs = r.twrite;
 	o->topen = r.topen;
 	o->tclose = r.tclose;
+	o->first_ms = r.first_ms;
+	o->median_ms = r.median_ms;
 	o->ops = r.ops;
 	if (!c->counting && rand_check(b, path, bytes, r.ops) < 0)
 		return -1;
@@ -3012,6 +3045,8 @@ static int cmp_turn(struct bench *b, struct cmp_ctx *c)
 	if (timed) {
 		rowc_set(b, CR_SYNC, c->w, (double)o.ops / o.secs);
 		rowc_set(b, CR_SYNC_LAT, c->w, o.secs * 1e3 / (double)o.ops);
+		rowc_set(b, CR_SYNC_FIRST, c->w, o.first_ms);
+		rowc_set(b, CR_SYNC_MED, c->w, o.median_ms);
 		rowc_set(b, CR_SYNC_OPEN, c->w, o.topen * 1e3);
 		rowc_set(b, CR_SYNC_CLOSE, c->w, o.tclose * 1e3);
 		if (c->ferry)
@@ -3023,6 +3058,8 @@ static int cmp_turn(struct bench *b, struct cmp_ctx *c)
 			 * fsync=local row compares with the same figures. */
 			rowc_set(b, CR_SYNC_LOCAL, c->w, (double)o.ops / o.secs);
 			rowc_set(b, CR_SYNC_LOCAL_LAT, c->w, o.secs * 1e3 / (double)o.ops);
+			rowc_set(b, CR_SYNC_LOCAL_FIRST, c->w, o.first_ms);
+			rowc_set(b, CR_SYNC_LOCAL_MED, c->w, o.median_ms);
 		}
 	}
 	return 0;
@@ -3052,6 +3089,8 @@ static int cmp_sync_local(struct bench *b, struct cmp_ctx *c, struct target *t)
 		return -1;
 	rowc_set(b, CR_SYNC_LOCAL, c->w, (double)o.ops / o.secs);
 	rowc_set(b, CR_SYNC_LOCAL_LAT, c->w, o.secs * 1e3 / (double)o.ops);
+	rowc_set(b, CR_SYNC_LOCAL_FIRST, c->w, o.first_ms);
+	rowc_set(b, CR_SYNC_LOCAL_MED, c->w, o.median_ms);
 	{
 		struct snap d;
 
