@@ -68,8 +68,11 @@ int objstore_put(struct objstore *s, const char *key, const void *buf, size_t le
  * elsewhere a no-op. Call before the store is shared between threads.
  */
 void objstore_defer_durability(struct objstore *s);
-/* Makes every put that returned before this call durable: 0, or -EIO
- * (then those objects must be put again before anything refers to them). */
+/* Makes every put that returned before this call durable: 0; -ENOMEM
+ * (nothing changed: try again); or -EIO, which is sticky (every later call
+ * fails too): which objects reached the disk is not known, so none of
+ * those puts may be named, and the store must be reopened and the objects
+ * put again. */
 int objstore_sync(struct objstore *s);
 /* Reads up to len bytes from offset off. Returns the byte count (short only
  * at the end of the object) or a negative errno. */

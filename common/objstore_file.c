@@ -10,14 +10,17 @@
  * system then makes both durable in one commit instead of two.
  *
  * With durability deferred (objstore_defer_durability), a put starts the
- * file's write-out and keeps the file and its directory open instead; the
- * next objstore_sync() fsyncs them all. ext4 allocates the blocks of every
- * such file in the running journal transaction, so the first fsync commits
- * them all and the rest find nothing left to do: one journal commit per
- * batch instead of one per object, and far fewer stalls for the writers
- * that share the disk. A failed sync is sticky: after a failed fsync the
- * page cache no longer says what is on disk, so every later sync fails too
- * (until the store is reopened, when a restart uploads everything again).
+ * file's write-out and keeps the file open instead, and a directory it
+ * makes is not fsynced either; the next objstore_sync() fsyncs those files,
+ * then every directory from the root down to each of them (a directory
+ * made by another put, whose own fsync may not have run yet, included).
+ * ext4 allocates the blocks of every such file in the running journal
+ * transaction, so the first fsync commits them all and the rest find
+ * little left to do: one journal commit per batch instead of one per
+ * object, and far fewer stalls for the writers that share the disk. A
+ * failed sync is sticky: after a failed fsync the page cache no longer says
+ * what is on disk, so every later sync fails too (until the store is
+ * reopened, when a restart uploads everything again).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -37,11 +40,12 @@
 
 /* A put whose durability waits for objstore_sync(). */
 struct pending_put {
-	int fd, dfd;            /* the object's file and its directory */
+	int fd;                 /* the object's file */
+	char *dir;              /* its key's directory part ("" at the root); owned */
 };
 
 /* Past this many puts waiting for a sync (or an eighth of the open-file
- * limit: each holds two fds), a put syncs itself. */
+ * limit), a put syncs itself. */
 #define PENDING_MAX 256
 
 struct file_store {
@@ -129,7 +133,9 @@ walk_dirs(struct file_store *fs, const char *op, const char *key, int create, co
 						strerror(-r));
 				goto fail;
 			}
-			if (fsync(dfd) < 0) {
+			/* (Deferred: the sync fsyncs every directory above
+			 * each object it makes durable.) */
+			if (!fs->defer && fsync(dfd) < 0) {
 				r = -errno;
 				objstore_seterr(r, "%s %s: fsync directory: %s", op, key, strerror(-r));
 				goto fail;
@@ -184,25 +190,30 @@ write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
-/* Hands the put's file and directory fds to the pending list (and sets
- * them to -1), after starting the file's write-out; false when the list is
- * full (the caller syncs the put itself). */
+/* Hands the put's file fd to the pending list (and sets it to -1), after
+ * starting its write-out; false when the list is full or there is no
+ * memory (the caller syncs the put itself). */
 static bool
-pending_add(struct file_store *fs, int *fd, int *dfd)
+pending_add(struct file_store *fs, const char *key, const char *leaf, int *fd)
 {
+	char *dir = strndup(key, leaf > key ? (size_t)(leaf - key - 1) : 0);
 	bool added = false;
 
+	if (dir == NULL)
+		return false;
 	/* Failure here is only a lost head start: the sync writes it. */
 	(void)sync_file_range(*fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 	pthread_mutex_lock(&fs->pending_lock);
 	if (fs->npending < fs->pending_cap) {
 		fs->pending[fs->npending].fd = *fd;
-		fs->pending[fs->npending].dfd = *dfd;
+		fs->pending[fs->npending].dir = dir;
 		fs->npending++;
-		*fd = *dfd = -1;
+		*fd = -1;
+		dir = NULL;
 		added = true;
 	}
 	pthread_mutex_unlock(&fs->pending_lock);
+	free(dir);
 	return added;
 }
 
@@ -242,7 +253,7 @@ file_put(struct objstore *s, const char *key, const void *buf, size_t len)
 		goto out;
 	}
 	have_tmp = 0;
-	if (fs->defer && pending_add(fs, &fd, &dfd)) {
+	if (fs->defer && pending_add(fs, key, leaf, &fd)) {
 		r = 0;
 		goto out;
 	}
@@ -284,33 +295,106 @@ file_defer(struct objstore *s)
 	fs->defer = true;
 }
 
+/* A directory to fsync in a sync: a prefix of a pending put's dir. */
+struct sync_dir {
+	const char *path;       /* points into a pending_put's dir */
+	size_t len;
+};
+
+/* Adds dir[0..len) to the set d[0..*n) unless it is there (a batch names
+ * a few directories: a linear scan is enough). */
+static void
+sync_dir_add(struct sync_dir *d, size_t *n, const char *dir, size_t len)
+{
+	for (size_t i = 0; i < *n; i++)
+		if (d[i].len == len && memcmp(d[i].path, dir, len) == 0)
+			return;
+	d[*n].path = dir;
+	d[*n].len = len;
+	(*n)++;
+}
+
+/* fsyncs the store's directory path[0..len) ("" is the root). */
+static int
+sync_dir_one(struct file_store *fs, const char *path, size_t len)
+{
+	char key[OBJSTORE_KEY_MAX + 3];
+	const char *leaf;
+	int dfd, r = 0;
+
+	if (len == 0) {
+		dfd = root_open(fs, "SYNC", "");
+	} else {
+		/* walk_dirs opens the directory holding a key's last part. */
+		snprintf(key, sizeof(key), "%.*s/x", (int)len, path);
+		dfd = walk_dirs(fs, "SYNC", key, 0, &leaf);
+	}
+	if (dfd < 0)
+		return objstore_seterr(-EIO, "SYNC: directory %.*s: %s", (int)len, path,
+				       strerror(-dfd));
+	if (fsync(dfd) < 0)
+		r = objstore_seterr(-EIO, "SYNC: fsync of directory /%.*s: %s", (int)len, path,
+				    strerror(errno));
+	close(dfd);
+	return r;
+}
+
 static int
 file_sync(struct objstore *s)
 {
 	struct file_store *fs = fs_of(s);
 	struct pending_put *todo = fs->syncing;
-	size_t n;
+	struct sync_dir *dirs = NULL;   /* the directories to fsync; owned */
+	size_t n, ndirs = 0, maxdirs = 1;
 	int r = 0;
 
 	if (!fs->defer)
 		return 0;
 	pthread_mutex_lock(&fs->sync_lock);
+	/* The directories' room first: no memory for it fails this sync
+	 * alone (-ENOMEM), with every put still pending. */
 	pthread_mutex_lock(&fs->pending_lock);
 	n = fs->npending;
+	for (size_t i = 0; i < n; i++) {
+		maxdirs += 1;
+		for (const char *p = fs->pending[i].dir; *p; p++)
+			maxdirs += *p == '/';
+	}
+	pthread_mutex_unlock(&fs->pending_lock);
+	if (n > 0 && (dirs = calloc(maxdirs, sizeof(*dirs))) == NULL) {
+		pthread_mutex_unlock(&fs->sync_lock);
+		return objstore_seterr(-ENOMEM, "SYNC: out of memory");
+	}
+	/* Only what was counted: puts added since stay for the next sync
+	 * (only this function takes entries out). */
+	pthread_mutex_lock(&fs->pending_lock);
 	memcpy(todo, fs->pending, n * sizeof(*todo));
-	fs->npending = 0;
+	memmove(fs->pending, fs->pending + n, (fs->npending - n) * sizeof(*todo));
+	fs->npending -= n;
 	pthread_mutex_unlock(&fs->pending_lock);
 	for (size_t i = 0; i < n; i++) {
 		if (r == 0 && fsync(todo[i].fd) < 0)
 			r = objstore_seterr(-EIO, "SYNC: fsync of an object: %s", strerror(errno));
 		close(todo[i].fd);
 	}
-	for (size_t i = 0; i < n; i++) {
-		if (r == 0 && fsync(todo[i].dfd) < 0)
-			r = objstore_seterr(-EIO, "SYNC: fsync of an object directory: %s",
-					    strerror(errno));
-		close(todo[i].dfd);
+	/* Every directory from the root down to each object, once. */
+	if (r == 0 && n > 0) {
+		sync_dir_add(dirs, &ndirs, "", 0);
+		for (size_t i = 0; i < n; i++) {
+			const char *d = todo[i].dir;
+
+			for (const char *p = d; *p; p++)
+				if (*p == '/')
+					sync_dir_add(dirs, &ndirs, d, (size_t)(p - d));
+			if (*d)
+				sync_dir_add(dirs, &ndirs, d, strlen(d));
+		}
+		for (size_t i = 0; i < ndirs && r == 0; i++)
+			r = sync_dir_one(fs, dirs[i].path, dirs[i].len);
 	}
+	for (size_t i = 0; i < n; i++)
+		free(todo[i].dir);
+	free(dirs);
 	pthread_mutex_lock(&fs->pending_lock);
 	if (r < 0)
 		fs->sync_failed = true;
@@ -613,7 +697,7 @@ file_close(struct objstore *s)
 	/* Puts never synced: nothing may refer to them yet. */
 	for (size_t i = 0; i < fs->npending; i++) {
 		close(fs->pending[i].fd);
-		close(fs->pending[i].dfd);
+		free(fs->pending[i].dir);
 	}
 	pthread_mutex_destroy(&fs->pending_lock);
 	pthread_mutex_destroy(&fs->sync_lock);

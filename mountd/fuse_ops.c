@@ -382,6 +382,17 @@ static int commit_locked(struct mountd *md, struct inode *i)
 	return i->w ? wstate_commit(md, i) : 0;
 }
 
+/* A size change of a file with writes staged on the daemon path, after
+ * meta_setattr() made it (after: what it returned): the staged writes are
+ * cut at the new size, and the commit at close, which stages the size
+ * again, carries this change's mtime, not the last write's (that would
+ * bring the older one back). Caller holds i->lock; i->w is set. */
+static int staged_truncate(struct inode *i, uint64_t size, const struct meta_attr *after)
+{
+	i->w->mtime = after->mtime;
+	return wstate_truncate(i->w, size);
+}
+
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		       struct fuse_file_info *fi)
 {
@@ -504,12 +515,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		rc = i ? commit_locked(md, i) : 0;
 		if (rc == 0)
 			rc = meta_setattr(md->meta, ino, valid, &in, &out);
-		if (rc == 0 && i && i->w) {
-			rc = wstate_truncate(i->w, in.size);
-			/* The size change is staged again (for the handoff at
-			 * close): it must carry this mtime, not the last write's. */
-			i->w->mtime = out.mtime;
-		}
+		if (rc == 0 && i && i->w)
+			rc = staged_truncate(i, in.size, &out);
 	} else if (i && i->w && !(valid & ~(META_SET_ATIME | META_SET_ATIME_NOW | META_SET_MTIME |
 					     META_SET_MTIME_NOW | META_SET_CTIME))) {
 		/* Times only, with writes staged on the daemon path (the
@@ -939,13 +946,15 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 			if (rc == 0 && (kill = trunc_kill_suid(md, ino, caller, &in)) != 0)
 				rc = meta_setattr(md->meta, ino, kill, &in, NULL);
 		} else {
+			struct meta_attr after;
+
 			rc = commit_locked(md, i);
 			if (rc == 0) {
 				valid |= trunc_kill_suid(md, ino, caller, &in);
-				rc = meta_setattr(md->meta, ino, valid, &in, NULL);
+				rc = meta_setattr(md->meta, ino, valid, &in, &after);
 			}
 			if (rc == 0 && i->w)
-				rc = wstate_truncate(i->w, 0);
+				rc = staged_truncate(i, 0, &after);
 		}
 	} else if (writer && !created && !i->w) {
 		rc = meta_getattr(md->meta, ino, &a);

@@ -66,6 +66,7 @@ struct stats {
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
+	_Atomic uint64_t reconciler_restarts;
 	/* Reconciler commits that dropped the kernel's cache of the inode, and
 	 * those that did not need to (it already held what the commit made). */
 	_Atomic uint64_t commit_invalidations, commit_invalidations_skipped;
@@ -504,6 +505,8 @@ struct mountd {
 	struct inode *inflight;       /* inodes with a job in flight (each holds a reference) */
 	_Atomic bool rc_restarting;   /* the reader is starting a new reconciler */
 	_Atomic bool rc_stalled;      /* a hand-off found no room (logged once per stall) */
+	_Atomic bool rc_committed;    /* a job committed since the last reconciler start */
+	unsigned rc_restart_pause_ms; /* reader thread: the pause before the next restart */
 };
 
 #endif

@@ -162,6 +162,8 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 		pthread_cond_broadcast(&i->committed);
 	}
 	pthread_mutex_unlock(&i->lock);
+	if (ours && !r->error)
+		atomic_store(&md->rc_committed, true);
 	atomic_fetch_sub(&md->rc_inflight, ours ? 1 : 0);
 	if (ours) {
 		if (keep) {
@@ -188,6 +190,9 @@ static int reconciler_connect(struct mountd *md, int *sock);
  * and counts as committed). Runs on the reader thread. Returns 0 when the
  * new reconciler serves.
  */
+#define RESTART_PAUSE_FIRST_MS 100
+#define RESTART_PAUSE_MAX_MS 30000
+
 static int reconciler_restart(struct mountd *md)
 {
 	struct reconcile_reply done[64];
@@ -201,6 +206,22 @@ static int reconciler_restart(struct mountd *md)
 		waitpid(md->rc_child, &st, 0);
 		md->rc_child = 0;
 	}
+	/* One that died before committing anything (a disk that fails every
+	 * flush of the object store, where each reconciler gives up at its
+	 * first commit) is followed by the next after a pause growing to
+	 * RESTART_PAUSE_MAX_MS, so such a disk costs a restart every 30 s, not
+	 * a busy loop. Its jobs stay journaled meanwhile. */
+	if (atomic_exchange(&md->rc_committed, false))
+		md->rc_restart_pause_ms = 0;
+	else
+		md->rc_restart_pause_ms = md->rc_restart_pause_ms ?
+			(md->rc_restart_pause_ms * 2 > RESTART_PAUSE_MAX_MS ?
+				 RESTART_PAUSE_MAX_MS : md->rc_restart_pause_ms * 2) :
+			RESTART_PAUSE_FIRST_MS;
+	for (unsigned waited = 0; waited < md->rc_restart_pause_ms &&
+				  !atomic_load(&md->rc_stopping); waited += 50)
+		usleep(50 * 1000);
+	atomic_fetch_add(&md->stats.reconciler_restarts, 1);
 	rc = reconciler_launch(md);
 	if (rc == 0)
 		rc = reconciler_connect(md, &sock);

@@ -747,7 +747,12 @@ static void commit_run(struct task *t)
 	}
 	/* Puts return before their objects are durable (the store defers):
 	 * none may be named by a commit before this. */
-	if ((rc = objstore_sync(r->store)) < 0) {
+	if ((rc = objstore_sync(r->store)) == -ENOMEM) {
+		for (size_t i = 0; i < c->n; i++)
+			c->items[i].rc = rc; /* retried as any commit short of memory */
+		return;
+	}
+	if (rc < 0) {
 		log_warnx("error: the object store cannot make uploaded objects durable: %s",
 			  objstore_last_error());
 		c->store_sync_err = rc;

@@ -1012,7 +1012,8 @@ void fm_wait_committed(const char *when, int timeout_s)
 
 	fm_wait_released(0); /* the gauge is 0 before a close's handoff too */
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	while ((v = fm_stat("passthrough_staging_blocks")) != 0) {
+	/* (and while no reconciler is up to report it) */
+	while ((v = fm_stat("passthrough_staging_blocks")) != 0 || !fm_stat("reconciler_up")) {
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		cr_assert_lt(now.tv_sec - t0.tv_sec, timeout_s, "%s: %llu blocks still staged after "
 			     "%d s", when, (unsigned long long)v, timeout_s);

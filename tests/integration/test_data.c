@@ -873,27 +873,34 @@ static bool ts_same(struct timespec a, struct timespec b)
 	return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
-/* One round in directory dir of the mount as it is; remounts at the end. */
+/* One round in directory dir of the mount as it is; remounts at the end.
+ * The truncate: ftruncate() of the writer's fd, truncate() by path, or an
+ * open(O_TRUNC) of another fd. */
+static const char *const trunc_ways[] = { "by_fd", "by_path", "by_open_trunc" };
+#define NWAYS 3
+
 static void truncate_while_open_round(const char *dir)
 {
 	struct timespec pause = { 0, 30 * 1000 * 1000 };
-	struct stat written, truncated[2], st;
+	struct stat written, truncated[NWAYS], st;
 	char buf[3 * 4096];
 	int fd;
 
 	memset(buf, 'x', sizeof(buf));
 	OK(mkdir(mp("%s", dir), 0755));
-	for (int how = 0; how < 2; how++) {
-		const char *name = mp("%s/%s", dir, how ? "by_path" : "by_fd");
+	for (int how = 0; how < NWAYS; how++) {
+		const char *name = mp("%s/%s", dir, trunc_ways[how]);
 
 		fd = OK(open(name, O_CREAT | O_WRONLY, 0644));
 		fm_pwrite_all(fd, buf, sizeof(buf), 0);
 		OK(fstat(fd, &written));
 		nanosleep(&pause, NULL);
-		if (how)
+		if (how == 0)
+			OK(ftruncate(fd, 5000));
+		else if (how == 1)
 			OK(truncate(name, 5000));
 		else
-			OK(ftruncate(fd, 5000));
+			OK(close(OK(open(name, O_WRONLY | O_TRUNC))));
 		OK(fstat(fd, &truncated[how]));
 		cr_assert(ts_later(truncated[how].st_mtim, written.st_mtim),
 			  "%s: mtime %lld.%09ld after the truncate, %lld.%09ld before", name,
@@ -907,11 +914,12 @@ static void truncate_while_open_round(const char *dir)
 			  (long long)truncated[how].st_mtim.tv_sec, truncated[how].st_mtim.tv_nsec);
 	}
 	fm_remount_cold();
-	for (int how = 0; how < 2; how++) {
-		const char *name = mp("%s/%s", dir, how ? "by_path" : "by_fd");
+	for (int how = 0; how < NWAYS; how++) {
+		const char *name = mp("%s/%s", dir, trunc_ways[how]);
+		off_t want = how == 2 ? 0 : 5000;
 
 		st = lst(name);
-		cr_assert_eq(st.st_size, 5000, "%s: size %lld", name, (long long)st.st_size);
+		cr_assert_eq(st.st_size, want, "%s: size %lld", name, (long long)st.st_size);
 		cr_assert(ts_same(st.st_mtim, truncated[how].st_mtim),
 			  "%s: mtime %lld.%09ld after remount, %lld.%09ld at the truncate", name,
 			  (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
