@@ -195,8 +195,8 @@ static int reconciler_connect(struct mountd *md, int *sock);
 
 static int reconciler_restart(struct mountd *md)
 {
-	struct reconcile_reply done[64];
-	size_t ndone = 0;
+	struct reconcile_reply *done = NULL; /* jobs found finished; owned */
+	size_t ndone = 0, cap = 0;
 	int sock = -1, rc, st;
 
 	atomic_store(&md->rc_restarting, true);
@@ -249,10 +249,23 @@ static int reconciler_restart(struct mountd *md)
 		if (fd < 0 || reconcile_job_read(md->staging_dirfd, rec, &j, err, sizeof(err)) < 0) {
 			if (fd >= 0)
 				close(fd);
-			if (ndone < sizeof(done) / sizeof(done[0]))
-				done[ndone++] = (struct reconcile_reply){
-					.type = RECONCILE_REPLY_COMMITTED, .seq = i->inflight_seq,
-					.ino = i->ino };
+			if (ndone == cap) {
+				size_t nc = cap ? 2 * cap : 64;
+				struct reconcile_reply *n = realloc(done, nc * sizeof(*n));
+
+				if (!n) {
+					/* Its waiters time out (EIO); the next
+					 * mount finds it finished. */
+					log_warnx("inode %llu: no memory to end its finished job",
+						  (unsigned long long)i->ino);
+					continue;
+				}
+				done = n;
+				cap = nc;
+			}
+			done[ndone++] = (struct reconcile_reply){
+				.type = RECONCILE_REPLY_COMMITTED, .seq = i->inflight_seq,
+				.ino = i->ino };
 			continue;
 		}
 		rc = reconcile_handoff(md->rc_sock, &j, fd);
@@ -273,6 +286,7 @@ out:
 	atomic_store(&md->rc_restarting, false);
 	for (size_t k = 0; k < ndone; k++)
 		job_committed(md, &done[k]);
+	free(done);
 	return rc;
 }
 
