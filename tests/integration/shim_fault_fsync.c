@@ -28,7 +28,7 @@ typedef int (*sync_fn)(int);
 enum { ST_UNKNOWN, ST_OFF_HERE, ST_ACTIVE };
 static _Atomic int state = ST_UNKNOWN;
 static char ctl_path[4096], under[4096];
-static _Atomic unsigned long long *counts;
+static _Atomic unsigned long long *_Atomic counts; /* mapped once, never unmapped */
 
 static void copy_env(char *dst, size_t cap, const char *name)
 {
@@ -64,7 +64,7 @@ static int acting(void)
 		copy_env(cnt, sizeof(cnt), "FERRY_FAULT_FSYNC_COUNT");
 		if (cnt[0] && (fd = open(cnt, O_RDWR | O_CLOEXEC)) >= 0) {
 			void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-			unsigned long long *none = NULL;
+			_Atomic unsigned long long *none = NULL;
 
 			close(fd);
 			if (m != MAP_FAILED &&
@@ -91,8 +91,10 @@ static int should_fail(int fd)
 	path[n] = '\0';
 	if (strncmp(path, under, strlen(under)) != 0)
 		return 0;
-	if (atomic_load(&counts))
-		atomic_fetch_add(&counts[0], 1);
+	_Atomic unsigned long long *c = atomic_load(&counts);
+
+	if (c)
+		atomic_fetch_add(&c[0], 1);
 	return 1;
 }
 
