@@ -343,7 +343,7 @@ static int
 file_sync(struct objstore *s)
 {
 	struct file_store *fs = fs_of(s);
-	struct pending_put *todo = fs->syncing;
+	struct pending_put *batch = fs->syncing; /* what this sync takes out */
 	struct sync_dir *dirs = NULL;   /* the directories to fsync; owned */
 	size_t n, ndirs = 0, maxdirs = 1;
 	int r = 0;
@@ -368,20 +368,20 @@ file_sync(struct objstore *s)
 	/* Only what was counted: puts added since stay for the next sync
 	 * (only this function takes entries out). */
 	pthread_mutex_lock(&fs->pending_lock);
-	memcpy(todo, fs->pending, n * sizeof(*todo));
-	memmove(fs->pending, fs->pending + n, (fs->npending - n) * sizeof(*todo));
+	memcpy(batch, fs->pending, n * sizeof(*batch));
+	memmove(fs->pending, fs->pending + n, (fs->npending - n) * sizeof(*batch));
 	fs->npending -= n;
 	pthread_mutex_unlock(&fs->pending_lock);
 	for (size_t i = 0; i < n; i++) {
-		if (r == 0 && fsync(todo[i].fd) < 0)
+		if (r == 0 && fsync(batch[i].fd) < 0)
 			r = objstore_seterr(-EIO, "SYNC: fsync of an object: %s", strerror(errno));
-		close(todo[i].fd);
+		close(batch[i].fd);
 	}
 	/* Every directory from the root down to each object, once. */
 	if (r == 0 && n > 0) {
 		sync_dir_add(dirs, &ndirs, "", 0);
 		for (size_t i = 0; i < n; i++) {
-			const char *d = todo[i].dir;
+			const char *d = batch[i].dir;
 
 			for (const char *p = d; *p; p++)
 				if (*p == '/')
@@ -393,7 +393,7 @@ file_sync(struct objstore *s)
 			r = sync_dir_one(fs, dirs[i].path, dirs[i].len);
 	}
 	for (size_t i = 0; i < n; i++)
-		free(todo[i].dir);
+		free(batch[i].dir);
 	free(dirs);
 	pthread_mutex_lock(&fs->pending_lock);
 	if (r < 0)
