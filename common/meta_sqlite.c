@@ -292,6 +292,8 @@ static int gc_seen_column(sqlite3 *db)
 	return rc == SQLITE_OK ? 0 : rc == SQLITE_NOMEM ? -ENOMEM : -EIO;
 }
 
+#define HOT_DIRS 16
+
 struct conn {
 	sqlite3 *db;
 	sqlite3_stmt *st[ST_COUNT];
@@ -347,6 +349,18 @@ struct meta {
 	pthread_t flush_thread;
 	int flush_started, flush_stop;
 	struct meta_journal_stats js;
+	/* Directories whose rows the open batch changed, held here and written
+	 * once, when the batch commits (hot_flush), instead of at every entry
+	 * made or removed in them: a create storm in one directory would
+	 * otherwise rewrite its row at each file. Only on bc, under
+	 * write_lock, while a batch is open; every read of an inode row on bc
+	 * looks here first (inode_get, meta_lookup, readdir). */
+	struct hot_dir {
+		uint64_t ino;
+		struct meta_attr a;
+	} hot[HOT_DIRS];
+	unsigned nhot;
+	uint64_t hot_puts; /* rows held here so far: a change that made any has written */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -997,9 +1011,11 @@ static void batch_closed(struct meta *m)
 	m->batch_open = 0;
 	atomic_store(&m->batch_dirty, 0);
 	m->batch_records = 0;
+	m->nhot = 0; /* written by a commit, or rolled back with the batch */
 }
 
 static int batch_restore(struct meta *m);
+static int hot_flush(struct meta *m);
 
 static int batch_begin(struct meta *m)
 {
@@ -1126,7 +1142,8 @@ static int batch_commit(struct meta *m)
 
 	if (!m->batch_open)
 		return 0;
-	if (m->jseq > m->applied)
+	rc = hot_flush(m);
+	if (rc == 0 && m->jseq > m->applied)
 		rc = run_ints(m->bc, ST_JOURNAL_PUT, 1, (const int64_t[]){ (int64_t)m->jseq });
 	if (rc == 0)
 		rc = exec_st(m->bc, ST_COMMIT);
@@ -1163,14 +1180,28 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 {
 	struct timespec now;
 	bool journaled = false;
+	/* A change that fails after writing part of itself must leave nothing
+	 * behind. A savepoint around each costs two statements more than the
+	 * change itself, so only a replay takes one (a record it cannot make
+	 * again is skipped, the rest goes on); a live change that fails part
+	 * way instead loses the whole batch, which the journal makes again
+	 * without it (batch_lost). Changes fail that way only when the
+	 * database does (full disk, I/O): their checks come before their
+	 * writes. */
+	bool savepoint = tl_replaying;
+	sqlite3_int64 changes = 0;
 	int rc;
 
 	rc = batch_begin(m);
 	if (rc)
 		return rc;
-	rc = exec_st(m->bc, ST_SAVEPOINT);
-	if (rc)
-		goto broken;
+	if (savepoint) {
+		rc = exec_st(m->bc, ST_SAVEPOINT);
+		if (rc)
+			goto broken;
+	} else {
+		changes = sqlite3_total_changes64(m->bc->db) + (sqlite3_int64)m->hot_puts;
+	}
 	if (tl_replaying) {
 		rc = fn(m->bc, arg);
 	} else {
@@ -1197,11 +1228,16 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 	if (sqlite3_get_autocommit(m->bc->db))
 		goto broken; /* SQLite rolled the whole batch back itself */
 	if (rc) {
+		if (!savepoint) {
+			if (sqlite3_total_changes64(m->bc->db) + (sqlite3_int64)m->hot_puts != changes)
+				batch_lost(m); /* made again from the journal, without this one */
+			return rc;
+		}
 		if (exec_st(m->bc, ST_SAVEPOINT_ROLLBACK) || exec_st(m->bc, ST_SAVEPOINT_RELEASE))
 			goto broken;
 		return rc;
 	}
-	if (exec_st(m->bc, ST_SAVEPOINT_RELEASE))
+	if (savepoint && exec_st(m->bc, ST_SAVEPOINT_RELEASE))
 		goto broken;
 	if (r == NULL && !tl_replaying)
 		return batch_commit(m); /* not journaled: committed, or not made */
@@ -1278,13 +1314,89 @@ static void read_done(struct conn **pc)
 
 /* ---- rows --------------------------------------------------------------- */
 
+static int inode_write(struct conn *c, enum st id, const struct meta_attr *a);
+
+/* The batch's own copy of directory ino's row, or NULL. */
+static const struct meta_attr *hot_find(struct conn *c, uint64_t ino)
+{
+	struct meta *m = c->m;
+
+	if (m == NULL || c != m->bc)
+		return NULL;
+	for (unsigned i = 0; i < m->nhot; i++)
+		if (m->hot[i].ino == ino)
+			return &m->hot[i].a;
+	return NULL;
+}
+
+/* Writes the rows held in m->hot and empties it. */
+static int hot_flush(struct meta *m)
+{
+	int rc = 0;
+
+	for (unsigned i = 0; i < m->nhot && rc == 0; i++)
+		rc = inode_write(m->bc, ST_INODE_UPDATE, &m->hot[i].a);
+	m->nhot = 0; /* a failure loses the batch (batch_lost), these with it */
+	return rc;
+}
+
+/* Holds a directory's changed row in m->hot: 1 if held, 0 if it must be
+ * written now (not the batch's connection, a replay, not a directory). */
+static int hot_put(struct conn *c, const struct meta_attr *a)
+{
+	struct meta *m = c->m;
+	unsigned i;
+	int rc;
+
+	if (m == NULL || c != m->bc || !m->batch_open || tl_replaying || !S_ISDIR(a->mode))
+		return 0;
+	for (i = 0; i < m->nhot && m->hot[i].ino != a->ino; i++)
+		;
+	if (i == HOT_DIRS) {
+		/* Full: the oldest goes to the database. */
+		rc = inode_write(c, ST_INODE_UPDATE, &m->hot[0].a);
+		if (rc)
+			return rc;
+		memmove(&m->hot[0], &m->hot[1], sizeof(m->hot[0]) * (HOT_DIRS - 1));
+		i = --m->nhot;
+	}
+	if (i == m->nhot)
+		m->nhot++;
+	m->hot[i].ino = a->ino;
+	m->hot[i].a = *a;
+	m->hot_puts++;
+	return 1;
+}
+
+/* Row ino is being deleted: no copy of it may be written back. */
+static void hot_forget(struct conn *c, uint64_t ino)
+{
+	struct meta *m = c->m;
+
+	if (m == NULL || c != m->bc)
+		return;
+	for (unsigned i = 0; i < m->nhot; i++) {
+		if (m->hot[i].ino == ino) {
+			memmove(&m->hot[i], &m->hot[i + 1], sizeof(m->hot[0]) * (m->nhot - i - 1));
+			m->nhot--;
+			return;
+		}
+	}
+}
+
 static int inode_get(struct conn *c, uint64_t ino, struct meta_attr *a)
 {
+	const struct meta_attr *h;
 	sqlite3_stmt *st = NULL;
 	int rc;
 
 	if (!ino_ok(ino))
 		return -ENOENT;
+	h = hot_find(c, ino);
+	if (h != NULL) {
+		*a = *h;
+		return 0;
+	}
 	rc = stmt(c, ST_GETATTR, &st);
 	if (rc)
 		return rc;
@@ -1322,6 +1434,10 @@ static int inode_write(struct conn *c, enum st id, const struct meta_attr *a)
 
 static int inode_put(struct conn *c, const struct meta_attr *a)
 {
+	int rc = hot_put(c, a);
+
+	if (rc)
+		return rc > 0 ? 0 : rc;
 	return inode_write(c, ST_INODE_UPDATE, a);
 }
 
@@ -2183,6 +2299,7 @@ int meta_getattr(struct meta *m, uint64_t ino, struct meta_attr *out)
 
 int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_attr *out)
 {
+	const struct meta_attr *h;
 	sqlite3_stmt *st = NULL;
 	struct meta_attr a, p;
 	READ_CONN(c);
@@ -2212,6 +2329,8 @@ int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_a
 	else if (rc == 0)
 		rc = -ENOENT;
 	stmt_done(st);
+	if (rc == 0 && (h = hot_find(c, a.ino)) != NULL)
+		a = *h;
 	if (rc == -ENOENT) {
 		/* Say why: no parent, or not a directory. */
 		int prc = dir_get(c, parent, &p);
@@ -2836,6 +2955,10 @@ static int readdir_page(struct conn *c, uint64_t ino, uint64_t after, int plus,
 			rc = -EIO;
 			goto out;
 		}
+		const struct meta_attr *h = hot_find(c, e->attr.ino);
+
+		if (h != NULL)
+			e->attr = *h;
 		if (!plus) {
 			uint32_t mode = e->attr.mode;
 
@@ -3778,8 +3901,10 @@ static int inode_free(struct conn *c, uint64_t ino)
 		rc = run_ints(c, ST_XATTR_DELETE_ALL, 1, v);
 	if (rc == 0)
 		rc = run_ints(c, ST_SYMLINK_DELETE, 1, v);
-	if (rc == 0)
+	if (rc == 0) {
+		hot_forget(c, ino);
 		rc = run_ints(c, ST_INODE_DELETE, 1, v);
+	}
 	if (rc == 0)
 		rc = run_ints(c, ST_ORPHAN_DELETE, 1, v);
 	if (rc == 0)

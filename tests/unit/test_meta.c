@@ -1913,6 +1913,66 @@ Test(meta_journal, replay_after_kill_makes_the_same_tree, .init = setup_nodefer,
 	free(got_times);
 }
 
+/* A batch holds the rows of the directories it changed and writes them
+ * when it commits: until then every read through the daemon's meta sees
+ * them (getattr, lookup, readdirplus), a directory removed and released in
+ * the batch is not written back, more directories than it holds are
+ * written as they go, and after the commit another connection reads the
+ * same tree. */
+Test(meta_journal, directory_rows_held_by_the_batch_are_the_ones_committed,
+     .init = setup_nodefer, .fini = teardown)
+{
+	struct meta_attr root0, d, a, g, l, sub;
+	char jp[160], name[32], *live, *after, *other;
+	struct meta_journal_stats js;
+	struct meta *o = NULL;
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0); /* commits only when asked */
+	cr_assert_eq(meta_getattr(m, META_ROOT_INO, &root0), 0);
+	for (int i = 0; i < 40; i++) { /* more directories than a batch holds */
+		snprintf(name, sizeof(name), "d%d", i);
+		cr_assert_eq(meta_create(m, META_ROOT_INO, name, S_IFDIR | 0755, 1, 2, 0, NULL, &d),
+			     0);
+		for (int k = 0; k < 3; k++) {
+			snprintf(name, sizeof(name), "f%d", k);
+			cr_assert_eq(meta_create(m, d.ino, name, S_IFREG | 0644, 1, 2, 0, NULL, &a),
+				     0);
+		}
+		cr_assert_eq(meta_create(m, d.ino, "sub", S_IFDIR | 0700, 1, 2, 0, NULL, &sub), 0);
+		cr_assert_eq(meta_create(m, sub.ino, "x", S_IFREG | 0600, 1, 2, 0, NULL, &a), 0);
+		if (i % 2) { /* sub emptied, removed and released in the same batch */
+			cr_assert_eq(meta_unlink(m, sub.ino, "x", NULL), 0);
+			cr_assert_eq(meta_inode_release(m, a.ino), 0);
+			cr_assert_eq(meta_rmdir(m, d.ino, "sub", NULL), 0);
+			cr_assert_eq(meta_inode_release(m, sub.ino), 0);
+		}
+		cr_assert_eq(meta_getattr(m, d.ino, &g), 0);
+		cr_assert_eq(g.nlink, i % 2 ? 2u : 3u, "d%d nlink %u", i, g.nlink);
+		cr_assert(g.mtime.tv_sec > d.mtime.tv_sec ||
+			  (g.mtime.tv_sec == d.mtime.tv_sec && g.mtime.tv_nsec >= d.mtime.tv_nsec));
+		snprintf(name, sizeof(name), "d%d", i);
+		cr_assert_eq(meta_lookup(m, META_ROOT_INO, name, &l), 0);
+		cr_assert_eq(memcmp(&l, &g, sizeof(l)), 0, "lookup and getattr of d%d differ", i);
+	}
+	cr_assert_eq(meta_getattr(m, META_ROOT_INO, &g), 0);
+	cr_assert_eq(g.nlink, root0.nlink + 40);
+	meta_journal_stats_get(m, &js);
+	cr_assert_gt(js.pending, 200, "nothing is committed yet");
+	live = dump_tree(m, 1);
+	cr_assert_eq(meta_flush(m), 0);
+	after = dump_tree(m, 1);
+	cr_assert_str_eq(after, live, "the committed tree differs from the batch's");
+	cr_assert_eq(meta_open(db, &o), 0);
+	other = dump_tree(o, 1);
+	cr_assert_str_eq(other, live, "another connection reads another tree");
+	cr_assert_eq(raw_int("SELECT nlink FROM inode WHERE ino = 1"), (int64_t)root0.nlink + 40);
+	meta_close(o);
+	free(live);
+	free(after);
+	free(other);
+}
+
 /* A torn or damaged tail (a power loss mid-append) ends the journal: the
  * records before it replay, and later records go after them. */
 Test(meta_journal, damaged_tail_ends_the_journal, .init = setup_nodefer, .fini = teardown)
