@@ -125,6 +125,8 @@ enum st {
 	ST_READDIR,
 	ST_NEXT_INO,
 	ST_NEXT_COOKIE,
+	ST_COUNTERS_GET,
+	ST_COUNTERS_PUT,
 	ST_NEXT_SLICE,
 	ST_SYMLINK_INSERT,
 	ST_SYMLINK_GET,
@@ -197,6 +199,8 @@ static const char *const st_sql[ST_COUNT] = {
 			" RETURNING next_ino - 1, next_cookie - 1",
 	[ST_NEXT_COOKIE] = "UPDATE counters SET next_cookie = next_cookie + 1 WHERE id = 1"
 			   " RETURNING next_cookie - 1",
+	[ST_COUNTERS_GET] = "SELECT next_ino, next_cookie FROM counters WHERE id = 1",
+	[ST_COUNTERS_PUT] = "UPDATE counters SET next_ino = ?1, next_cookie = ?2 WHERE id = 1",
 	[ST_NEXT_SLICE] = "UPDATE counters SET next_slice = next_slice + ?1 WHERE id = 1"
 			  " AND next_slice >= 1 AND next_slice <= 9223372036854775807 - ?1"
 			  " RETURNING next_slice - ?1",
@@ -361,6 +365,12 @@ struct meta {
 	} hot[HOT_DIRS];
 	unsigned nhot;
 	uint64_t hot_puts; /* rows held here so far: a change that made any has written */
+	/* The counters row's next_ino and next_cookie, held the same way (an
+	 * UPDATE ... RETURNING per create cost more than the rest of it). */
+	struct ctr {
+		int held, dirty;
+		uint64_t ino, cookie;
+	} ctr;
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -1012,6 +1022,7 @@ static void batch_closed(struct meta *m)
 	atomic_store(&m->batch_dirty, 0);
 	m->batch_records = 0;
 	m->nhot = 0; /* written by a commit, or rolled back with the batch */
+	m->ctr.held = 0;
 }
 
 static int batch_restore(struct meta *m);
@@ -1190,6 +1201,7 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 	 * writes. */
 	bool savepoint = tl_replaying;
 	sqlite3_int64 changes = 0;
+	struct ctr ctr0;
 	int rc;
 
 	rc = batch_begin(m);
@@ -1202,6 +1214,7 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 	} else {
 		changes = sqlite3_total_changes64(m->bc->db) + (sqlite3_int64)m->hot_puts;
 	}
+	ctr0 = m->ctr; /* a change that fails takes no number */
 	if (tl_replaying) {
 		rc = fn(m->bc, arg);
 	} else {
@@ -1228,6 +1241,7 @@ static int batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, t
 	if (sqlite3_get_autocommit(m->bc->db))
 		goto broken; /* SQLite rolled the whole batch back itself */
 	if (rc) {
+		m->ctr = ctr0;
 		if (!savepoint) {
 			if (sqlite3_total_changes64(m->bc->db) + (sqlite3_int64)m->hot_puts != changes)
 				batch_lost(m); /* made again from the journal, without this one */
@@ -1336,7 +1350,14 @@ static int hot_flush(struct meta *m)
 
 	for (unsigned i = 0; i < m->nhot && rc == 0; i++)
 		rc = inode_write(m->bc, ST_INODE_UPDATE, &m->hot[i].a);
+	if (rc == 0 && m->ctr.dirty) {
+		rc = run_ints(m->bc, ST_COUNTERS_PUT, 2,
+			      (const int64_t[]){ (int64_t)m->ctr.ino, (int64_t)m->ctr.cookie });
+		if (rc == 0 && sqlite3_changes(m->bc->db) != 1)
+			rc = -EIO;
+	}
 	m->nhot = 0; /* a failure loses the batch (batch_lost), these with it */
+	m->ctr.held = m->ctr.dirty = 0;
 	return rc;
 }
 
@@ -1550,10 +1571,54 @@ static int dentry_insert(struct conn *c, uint64_t parent, const char *name, size
 	return rc;
 }
 
+/* The batch's counters (see struct ctr), loaded at their first use in it:
+ * NULL if c is not the batch's connection (then the row is updated at
+ * once). */
+static struct ctr *ctr_held(struct conn *c, int *rc)
+{
+	struct meta *m = c->m;
+	sqlite3_stmt *st = NULL;
+	int64_t a = 0, b = 0;
+
+	*rc = 0;
+	if (m == NULL || c != m->bc || !m->batch_open)
+		return NULL;
+	if (m->ctr.held)
+		return &m->ctr;
+	*rc = stmt(c, ST_COUNTERS_GET, &st);
+	if (*rc)
+		return NULL;
+	*rc = step(st);
+	if (*rc > 0) {
+		*rc = col_int(st, 0, 2, INT64_MAX - 1, &a);
+		if (*rc == 0)
+			*rc = col_int(st, 1, 1, INT64_MAX - 1, &b);
+	} else if (*rc == 0) {
+		*rc = -EIO; /* no counters row */
+	}
+	stmt_done(st);
+	if (*rc)
+		return NULL;
+	m->ctr = (struct ctr){ .held = 1, .ino = (uint64_t)a, .cookie = (uint64_t)b };
+	return &m->ctr;
+}
+
 static int next_cookie(struct conn *c, uint64_t *cookie)
 {
+	int rc;
+	struct ctr *h = ctr_held(c, &rc);
 	int64_t v;
-	int rc = query_int(c, ST_NEXT_COOKIE, 0, NULL, 1, INT64_MAX - 1, 0, &v);
+
+	if (rc)
+		return rc;
+	if (h != NULL) {
+		if (h->cookie >= INT64_MAX - 1)
+			return -EIO; /* ran out */
+		*cookie = h->cookie++;
+		h->dirty = 1;
+		return 0;
+	}
+	rc = query_int(c, ST_NEXT_COOKIE, 0, NULL, 1, INT64_MAX - 1, 0, &v);
 
 	if (rc == 0)
 		*cookie = (uint64_t)v;
@@ -1565,7 +1630,18 @@ static int next_ino(struct conn *c, uint64_t *ino, uint64_t *cookie)
 	sqlite3_stmt *st = NULL;
 	int64_t a, b;
 	int rc;
+	struct ctr *h = ctr_held(c, &rc);
 
+	if (rc)
+		return rc;
+	if (h != NULL) {
+		if (h->ino >= INT64_MAX - 1 || h->cookie >= INT64_MAX - 1)
+			return -EIO; /* ran out */
+		*ino = h->ino++;
+		*cookie = h->cookie++;
+		h->dirty = 1;
+		return 0;
+	}
 	rc = stmt(c, ST_NEXT_INO, &st);
 	if (rc)
 		return rc;

@@ -18,6 +18,7 @@
 
 #include "broker_client.h"
 #include "fd_limit.h"
+#include "heap_trim.h"
 #include "log.h"
 #include "mountd.h"
 #include "reconcile_plan.h"
@@ -513,6 +514,7 @@ int main(int argc, char **argv)
 	/* Staging files of open writers, of uploads being read in flight,
 	 * connections: far more than 1024 on a busy mount. */
 	fd_limit_raise();
+	heap_trim_threshold_raise();
 	rc = meta_open(md->cfg.db_path, &md->meta);
 	if (rc == -ENOENT)
 		start_failed(md, "no ferryfs volume at %s (run `ferry format` first)", argv[optind]);

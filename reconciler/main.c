@@ -23,6 +23,7 @@
 #include <event2/thread.h>
 
 #include "fd_limit.h"
+#include "heap_trim.h"
 #include "log.h"
 #include "objstore_async.h"
 #include "reconciler.h"
@@ -336,6 +337,7 @@ int main(int argc, char **argv)
 		detach();
 	signal(SIGPIPE, SIG_IGN);
 	fd_limit_raise();
+	heap_trim_threshold_raise();
 
 	/* The volume. */
 	rc = meta_open(cfg->db_path, &r->meta);

@@ -1926,6 +1926,7 @@ Test(meta_journal, directory_rows_held_by_the_batch_are_the_ones_committed,
 	char jp[160], name[32], *live, *after, *other;
 	struct meta_journal_stats js;
 	struct meta *o = NULL;
+	uint64_t last = 0;
 
 	journal_path(jp, sizeof(jp));
 	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0); /* commits only when asked */
@@ -1941,6 +1942,8 @@ Test(meta_journal, directory_rows_held_by_the_batch_are_the_ones_committed,
 		}
 		cr_assert_eq(meta_create(m, d.ino, "sub", S_IFDIR | 0700, 1, 2, 0, NULL, &sub), 0);
 		cr_assert_eq(meta_create(m, sub.ino, "x", S_IFREG | 0600, 1, 2, 0, NULL, &a), 0);
+		cr_assert_gt(a.ino, last);
+		last = a.ino;
 		if (i % 2) { /* sub emptied, removed and released in the same batch */
 			cr_assert_eq(meta_unlink(m, sub.ino, "x", NULL), 0);
 			cr_assert_eq(meta_inode_release(m, a.ino), 0);
@@ -1967,6 +1970,11 @@ Test(meta_journal, directory_rows_held_by_the_batch_are_the_ones_committed,
 	other = dump_tree(o, 1);
 	cr_assert_str_eq(other, live, "another connection reads another tree");
 	cr_assert_eq(raw_int("SELECT nlink FROM inode WHERE ino = 1"), (int64_t)root0.nlink + 40);
+	/* The batch's inode counter went to the database with it: the next
+	 * create, on another connection, takes the next number. */
+	cr_assert_eq(meta_create(o, META_ROOT_INO, "next", S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
+	cr_assert_eq(g.ino, last + 1, "ino %llu after %llu", (unsigned long long)g.ino,
+		     (unsigned long long)last);
 	meta_close(o);
 	free(live);
 	free(after);
