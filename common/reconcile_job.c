@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "reconcile.pb-c.h"
@@ -399,6 +400,96 @@ int reconcile_job_remove(int dirfd, const char *name)
 	if (unlinkat(dirfd, path, 0) < 0 && errno != ENOENT)
 		return -errno;
 	return 0;
+}
+
+int reconcile_job_attach(int dirfd, int fd, const struct reconcile_job *j, bool *in_xattr)
+{
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	*in_xattr = false;
+	rc = reconcile_job_encode(j, &buf, &len);
+	if (rc < 0)
+		return rc;
+	if (fsetxattr(fd, RECONCILE_JOB_XATTR, buf, len, 0) == 0) {
+		*in_xattr = true;
+		rc = 0;
+	} else if (errno == EOPNOTSUPP || errno == E2BIG || errno == ENOSPC || errno == ERANGE ||
+		   errno == EPERM || errno == EACCES) {
+		/* No user xattrs here, or none this large (ext4 keeps a value
+		 * within one block): the record goes in a file of its own. */
+		rc = reconcile_job_write(dirfd, j, 0);
+	} else {
+		rc = -errno;
+	}
+	free(buf);
+	return rc;
+}
+
+int reconcile_job_detach(int dirfd, int fd, const char *name, bool in_xattr)
+{
+	if (!in_xattr)
+		return reconcile_job_remove(dirfd, name);
+	if (fremovexattr(fd, RECONCILE_JOB_XATTR) < 0 && errno != ENODATA)
+		return -errno;
+	return 0;
+}
+
+int reconcile_job_attached(int fd)
+{
+	if (fgetxattr(fd, RECONCILE_JOB_XATTR, NULL, 0) >= 0)
+		return 1;
+	return errno == ENODATA || errno == EOPNOTSUPP ? 0 : -errno;
+}
+
+int reconcile_job_load(int dirfd, int fd, const char *name, struct reconcile_job *out,
+		       bool *in_xattr, char *err, size_t errlen)
+{
+	uint8_t buf[RECONCILE_FRAME_MAX];
+	char jobfile[RECONCILE_NAME_MAX + 32];
+	size_t nl = name ? strlen(name) : 0, ol = strlen(RECONCILE_ORPHAN_SUFFIX);
+	int own = -1, rc;
+	ssize_t n;
+
+	memset(out, 0, sizeof(*out));
+	*in_xattr = false;
+	if (!nl || nl > RECONCILE_NAME_MAX + ol || strchr(name, '/'))
+		return fail(-EINVAL, err, errlen, "not a staging file name");
+	if (fd < 0) {
+		own = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		if (own < 0 && errno != ENOENT)
+			return fail(-errno, err, errlen, "%s: %s", name, strerror(errno));
+		fd = own;
+	}
+	n = fd >= 0 ? fgetxattr(fd, RECONCILE_JOB_XATTR, buf, sizeof(buf)) : -1;
+	if (n < 0 && fd >= 0 && errno != ENODATA && errno != EOPNOTSUPP) {
+		rc = fail(errno == ERANGE ? -EFBIG : -errno, err, errlen, "%s: record: %s", name,
+			  strerror(errno));
+		goto out;
+	}
+	if (n < 0) {
+		/* No xattr: a record of its own, if any. */
+		snprintf(jobfile, sizeof(jobfile), "%s%s", name, RECONCILE_JOB_SUFFIX);
+		rc = reconcile_job_read(dirfd, jobfile, out, err, errlen);
+		goto out;
+	}
+	rc = reconcile_job_decode(buf, (size_t)n, out, err, errlen);
+	if (rc < 0)
+		goto out;
+	if (strcmp(out->name, name) != 0 &&
+	    !(nl == strlen(out->name) + ol && strncmp(name, out->name, nl - ol) == 0 &&
+	      strcmp(name + nl - ol, RECONCILE_ORPHAN_SUFFIX) == 0)) {
+		rc = fail(-EINVAL, err, errlen, "the record on %s names staging file %s", name,
+			  out->name);
+		reconcile_job_clear(out);
+		goto out;
+	}
+	*in_xattr = true;
+out:
+	if (own >= 0)
+		close(own);
+	return rc;
 }
 
 /* ---- requests ---- */

@@ -5,12 +5,16 @@
  * and reply, the journal record of a job in the staging directory, and the
  * blocking client calls ferry-mountd uses.
  *
- * The journal: before it sends a Handoff, the sender writes the same message
- * to <staging_name>.job in the staging directory (reconcile_job_write(): a
+ * The journal: before it sends a Handoff, the sender records the same
+ * message with the staging file: as its extended attribute user.ferry.job
+ * (reconcile_job_attach(): one call, and the record goes when the file
+ * does), or, where the file system has no user xattrs, as the file
+ * <staging_name>.job in the staging directory (reconcile_job_write(): a
  * temporary ".<name>.job.tmp", then rename). The reconciler removes the
- * staging file and then the .job once the job is committed, or renames them
- * to <name>.orphan and <name>.orphan.job when it gives up; at start-up it
- * finishes every .job it finds. So a job survives SIGKILL of either process.
+ * staging file (and then a .job) once the job is committed, or renames
+ * them to <name>.orphan and <name>.orphan.job (always a file) when it gives
+ * up; at start-up it finishes every job it finds recorded either way. So a
+ * job survives SIGKILL of either process.
  *
  * Ownership: a struct reconcile_job owns its dirty array; clear it with
  * reconcile_job_clear(). Buffers returned by the encoders are malloc'ed and
@@ -20,6 +24,7 @@
 #ifndef FERRY_RECONCILE_JOB_H
 #define FERRY_RECONCILE_JOB_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -79,6 +84,22 @@ int reconcile_job_read(int dirfd, const char *job_file, struct reconcile_job *ou
 		       size_t errlen);
 /* Removes <name>.job (a missing one is fine). */
 int reconcile_job_remove(int dirfd, const char *name);
+
+#define RECONCILE_JOB_XATTR "user.ferry.job"
+/* Records j on its staging file fd (RECONCILE_JOB_XATTR); where that
+ * cannot be done (no user xattrs on this file system, a record too large
+ * for it), as reconcile_job_write(dirfd, j, 0). *in_xattr says which. */
+int reconcile_job_attach(int dirfd, int fd, const struct reconcile_job *j, bool *in_xattr);
+/* Removes the record attach made (a missing one is fine). */
+int reconcile_job_detach(int dirfd, int fd, const char *name, bool in_xattr);
+/* Reads the record of staging file `name` in dirfd: its xattr (from fd if
+ * fd >= 0, else from the file opened by name), else <name>.job. It must
+ * name `name` (or, for "<x>.orphan", x). *in_xattr says where it was.
+ * -ENOENT when there is neither; else as reconcile_job_read(). */
+int reconcile_job_load(int dirfd, int fd, const char *name, struct reconcile_job *out,
+		       bool *in_xattr, char *err, size_t errlen);
+/* 1 if fd carries a record xattr, 0 if not, or -errno. */
+int reconcile_job_attached(int fd);
 
 /* ---- requests: ferry-mountd -> ferry-reconciler ---- */
 

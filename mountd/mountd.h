@@ -112,6 +112,7 @@ struct wstate {
 	bool mtime_set;          /* passthrough: mtime set explicitly (utimens) */
 	struct timespec started_mtime; /* passthrough: the staging file's own, as made */
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
+	bool flush_recorded;     /* a <path>.fj may exist (rclient_journal wrote one) */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
 	/* Writeback cache: a write-back the staging file refused (ENOSPC,

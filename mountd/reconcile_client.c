@@ -241,12 +241,13 @@ static int reconciler_restart(struct mountd *md)
 	md->rc_conn_gen++;
 	for (struct inode *i = md->inflight; i && rc == 0; i = i->inext) {
 		struct reconcile_job j;
-		char rec[RECONCILE_NAME_MAX + 16], err[128];
+		char err[128];
+		bool in_xattr;
 		int fd;
 
-		snprintf(rec, sizeof(rec), "%s%s", i->inflight_name, RECONCILE_JOB_SUFFIX);
 		fd = openat(md->staging_dirfd, i->inflight_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-		if (fd < 0 || reconcile_job_read(md->staging_dirfd, rec, &j, err, sizeof(err)) < 0) {
+		if (fd < 0 || reconcile_job_load(md->staging_dirfd, fd, i->inflight_name, &j,
+						 &in_xattr, err, sizeof(err)) < 0) {
 			if (fd >= 0)
 				close(fd);
 			if (ndone == cap) {
@@ -381,6 +382,17 @@ void staging_superseded(struct mountd *md, uint64_t ino)
  * Any other is a daemon-path file whose close() never returned: kept as
  * .orphan, never deleted. with_jobs 0: every leftover is kept as .orphan.
  */
+/* 1 if staging file n carries its job record (an xattr). */
+static bool staging_attached(struct mountd *md, const char *n)
+{
+	int fd = openat(md->staging_dirfd, n, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	bool yes = fd >= 0 && reconcile_job_attached(fd) == 1;
+
+	if (fd >= 0)
+		close(fd);
+	return yes;
+}
+
 void staging_recover(struct mountd *md, bool with_jobs)
 {
 	DIR *d = fdopendir(dup(md->staging_dirfd));
@@ -402,8 +414,9 @@ void staging_recover(struct mountd *md, bool with_jobs)
 		    fstatat(md->staging_dirfd, n, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
 			continue;
 		snprintf(job, sizeof(job), "%s%s", n, RECONCILE_JOB_SUFFIX);
-		if (with_jobs && faccessat(md->staging_dirfd, job, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
-			continue;
+		if (with_jobs && (faccessat(md->staging_dirfd, job, F_OK, AT_SYMLINK_NOFOLLOW) == 0 ||
+				  staging_attached(md, n)))
+			continue; /* handed off: the reconciler takes it up */
 		/* A record made at close() (daemon path): it becomes the job. */
 		char fj[NAME_MAX + 8];
 		snprintf(fj, sizeof(fj), "%s%s", n, STAGING_FLUSH_SUFFIX);
@@ -681,6 +694,7 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	struct wstate *w = i->w;
 	struct reconcile_job job = { 0 };
 	const char *name = strrchr(w->path, '/') + 1;
+	bool attached = false;
 	uint64_t size;
 	int rc;
 
@@ -765,7 +779,7 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	}
 	job.seq = ++md->rc_next_seq;
 	/* Journal first: from here on a SIGKILL of either side loses nothing. */
-	rc = reconcile_job_write(md->staging_dirfd, &job, 0);
+	rc = reconcile_job_attach(md->staging_dirfd, w->fd, &job, &attached);
 	if (rc == 0)
 		rc = reconcile_handoff(md->rc_sock, &job, w->fd);
 	if (rc == 0) {
@@ -782,7 +796,7 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	if (rc < 0) {
 		/* The caller commits the file itself now; a record left behind
 		 * could later replay these bytes over newer ones. */
-		reconcile_job_remove(md->staging_dirfd, job.name);
+		reconcile_job_detach(md->staging_dirfd, w->fd, job.name, attached);
 		reconcile_job_clear(&job);
 		return rc;
 	}
@@ -842,6 +856,7 @@ int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 	 * finds, and this file is still open and changing. staging_recover()
 	 * turns it into a .job after a crash; the handoff at release supersedes
 	 * it. */
+	w->flush_recorded = true; /* from the first try on, one may be left */
 	rc = reconcile_job_write(md->staging_dirfd, &job, flags);
 	if (rc == 0) {
 		char from[RECONCILE_NAME_MAX + 16], to[RECONCILE_NAME_MAX + 16];

@@ -69,6 +69,8 @@ static void flush_record_remove(struct wstate *w)
 {
 	char fj[PATH_MAX];
 
+	if (!w->flush_recorded)
+		return; /* most never have one: spare the unlink */
 	snprintf(fj, sizeof(fj), "%s%s", w->path, STAGING_FLUSH_SUFFIX);
 	unlink(fj);
 }

@@ -195,8 +195,8 @@ static void conn_error(struct conn *c, int err, const char *msg)
 }
 
 /* Checks that fd is the staging file the job names, and that it is journaled. */
-static int handoff_check(struct rec *r, const struct reconcile_job *rj, int fd, char *msg,
-			 size_t msglen)
+static int handoff_check(struct rec *r, const struct reconcile_job *rj, int fd, bool *rec_xattr,
+			 char *msg, size_t msglen)
 {
 	struct stat a, b;
 	char rec[RECONCILE_NAME_MAX + 16];
@@ -218,10 +218,11 @@ static int handoff_check(struct rec *r, const struct reconcile_job *rj, int fd, 
 			 rj->name, (long long)a.st_size, rj->length);
 		return -EINVAL;
 	}
+	*rec_xattr = reconcile_job_attached(fd) == 1;
 	snprintf(rec, sizeof(rec), "%s%s", rj->name, RECONCILE_JOB_SUFFIX);
-	if (faccessat(r->staging_fd, rec, F_OK, AT_SYMLINK_NOFOLLOW) < 0) {
-		snprintf(msg, msglen, "no journal record %s: write it (reconcile_job_write) before "
-			 "the handoff", rec);
+	if (!*rec_xattr && faccessat(r->staging_fd, rec, F_OK, AT_SYMLINK_NOFOLLOW) < 0) {
+		snprintf(msg, msglen, "no journal record for %.*s (xattr or .job): record it "
+			 "(reconcile_job_attach) before the handoff", RECONCILE_NAME_MAX, rj->name);
 		return -ENOENT;
 	}
 	return 0;
@@ -234,6 +235,7 @@ static int handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *r
 				       .ino = rj->ino };
 	struct job *known;
 	char msg[RECONCILE_MSG_MAX];
+	bool rec_xattr = false;
 	int rc, err;
 
 	if (r->stopping) {
@@ -281,13 +283,13 @@ static int handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *r
 		close(fd);
 		return 0;
 	}
-	rc = handoff_check(r, rj, fd, msg, sizeof(msg));
+	rc = handoff_check(r, rj, fd, &rec_xattr, msg, sizeof(msg));
 	if (rc < 0) {
 		close(fd);
 		conn_error(c, rc, msg);
 		return 0;
 	}
-	rc = jobs_add(r, rj, fd, rj->name, false, c);
+	rc = jobs_add(r, rj, fd, rj->name, false, rec_xattr, c);
 	if (rc == -ENOMEM)
 		return rc;
 	if (rc < 0) {

@@ -239,7 +239,7 @@ static void try_start(struct rec *r)
 static void backoff_cb(evutil_socket_t fd, short what, void *arg);
 
 int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, bool orphan,
-	     struct conn *conn)
+	     bool rec_xattr, struct conn *conn)
 {
 	struct job *j = calloc(1, sizeof(*j)), *p;
 	bool urgent = false;
@@ -263,6 +263,7 @@ int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, 
 	memset(rj, 0, sizeof(*rj));
 	j->fd = fd;
 	j->orphan = orphan;
+	j->rec_xattr = rec_xattr;
 	j->conn = conn;
 	if (conn)
 		conn_ref(conn);
@@ -376,7 +377,12 @@ static void job_orphan(struct rec *r, struct job *j)
 		 * completes. */
 		snprintf(file, sizeof(file), "%s%s", j->rj.name, RECONCILE_ORPHAN_SUFFIX);
 		snprintf(rec, sizeof(rec), "%s%s", file, RECONCILE_JOB_SUFFIX);
-		if (renameat(r->staging_fd, j->jobfile, r->staging_fd, rec) < 0 ||
+		/* An orphan's record is always a file of its own, which the
+		 * start-up scan looks for. */
+		if (j->rec_xattr && reconcile_job_write(r->staging_fd, &j->rj, 0) == 0)
+			j->rec_xattr = false;
+		if (j->rec_xattr ||
+		    renameat(r->staging_fd, j->jobfile, r->staging_fd, rec) < 0 ||
 		    renameat(r->staging_fd, j->file, r->staging_fd, file) < 0)
 			log_warn("job %s: cannot rename it to %s", j->file, file);
 		snprintf(j->file, sizeof(j->file), "%s", file);
@@ -776,7 +782,7 @@ static void commit_run(struct task *t)
 			continue;
 		if (unlinkat(r->staging_fd, j->file, 0) < 0 && errno != ENOENT)
 			c->unlink_err[i] = errno;
-		if (unlinkat(r->staging_fd, j->jobfile, 0) < 0 && errno != ENOENT &&
+		if (!j->rec_xattr && unlinkat(r->staging_fd, j->jobfile, 0) < 0 && errno != ENOENT &&
 		    !c->unlink_err[i])
 			c->unlink_err[i] = errno;
 	}
@@ -934,7 +940,7 @@ static int cmp_seq(const void *a, const void *b)
 
 struct found {
 	struct reconcile_job rj;
-	bool orphan;
+	bool orphan, rec_xattr;
 };
 
 static int cmp_found(const void *a, const void *b)
@@ -970,29 +976,62 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 	rewinddir(d);
 	while ((de = readdir(d))) {
 		struct reconcile_job rj;
-		bool orphan;
+		bool orphan, rec_xattr = false, plain;
 		char file[RECONCILE_NAME_MAX + 16];
 		struct stat st;
+		time_t stamp;
 		int e;
 
-		if (de->d_name[0] == '.' || !ends_with(de->d_name, RECONCILE_JOB_SUFFIX))
+		if (de->d_name[0] == '.')
 			continue;
-		orphan = ends_with(de->d_name, RECONCILE_ORPHAN_SUFFIX RECONCILE_JOB_SUFFIX);
+		/* A staging file whose record is its xattr, or a record file. */
+		plain = reconcile_name_check(de->d_name) == 0 && !ends_with(de->d_name, ".sock");
+		if (!plain && !ends_with(de->d_name, RECONCILE_JOB_SUFFIX))
+			continue;
+		orphan = !plain && ends_with(de->d_name, RECONCILE_ORPHAN_SUFFIX RECONCILE_JOB_SUFFIX);
 		if (orphan && !at_start)
 			continue;
 		/* Known already? (the name is in the record's file name) */
-		snprintf(file, sizeof(file), "%.*s", (int)(strlen(de->d_name) - strlen(RECONCILE_JOB_SUFFIX)
-							 - (orphan ? strlen(RECONCILE_ORPHAN_SUFFIX) : 0)),
-			 de->d_name);
+		if (plain)
+			snprintf(file, sizeof(file), "%.*s", RECONCILE_NAME_MAX, de->d_name);
+		else
+			snprintf(file, sizeof(file), "%.*s",
+				 (int)(strlen(de->d_name) - strlen(RECONCILE_JOB_SUFFIX) -
+				       (orphan ? strlen(RECONCILE_ORPHAN_SUFFIX) : 0)),
+				 de->d_name);
 		if (jobs_find_name(r, file))
+			continue;
+		if (fstatat(r->staging_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISREG(st.st_mode))
 			continue;
 		/* A record stamped ahead of our clock is not young: the wall
 		 * clock stepped back since (by up to a day, or more), and
-		 * waiting for it to catch up would leave the job unfinished. */
-		if (min_age && (fstatat(r->staging_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-				(st.st_mtime <= now && now - st.st_mtime < min_age)))
+		 * waiting for it to catch up would leave the job unfinished.
+		 * An xattr's stamp is its file's ctime. */
+		stamp = plain && st.st_ctime > st.st_mtime ? st.st_ctime : st.st_mtime;
+		if (min_age && stamp <= now && now - stamp < min_age)
 			continue;
-		e = reconcile_job_read(r->staging_fd, de->d_name, &rj, err, sizeof(err));
+		if (orphan) {
+			e = reconcile_job_read(r->staging_fd, de->d_name, &rj, err, sizeof(err));
+		} else {
+			/* The xattr, if the staging file has one, is the newer
+			 * record (made at the handoff, after any .job). */
+			e = reconcile_job_load(r->staging_fd, -1, file, &rj, &rec_xattr, err,
+					       sizeof(err));
+			if (e == 0 && plain != rec_xattr) {
+				/* Each record is taken up once: an xattr from its
+				 * staging file's entry, a .job from its own. */
+				reconcile_job_clear(&rj);
+				continue;
+			}
+			if (e == -ENOENT && plain)
+				continue; /* a staging file still written, or not recorded */
+			if (e == -ENOENT && !plain) {
+				/* The .job went meanwhile (committed): as before. */
+				e = reconcile_job_read(r->staging_fd, de->d_name, &rj, err,
+						       sizeof(err));
+			}
+		}
 		if (e == -ENOMEM) {
 			/* Not the record's fault: it is read again at the next
 			 * rescan (orphans too, if this was the start's scan). */
@@ -1038,6 +1077,7 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 		}
 		f[n].rj = rj;
 		f[n].orphan = orphan;
+		f[n].rec_xattr = rec_xattr;
 		n++;
 	}
 	closedir(d);
@@ -1048,7 +1088,7 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 		bool orphan = f[i].orphan;
 
 		snprintf(file, sizeof(file), "%s%s", f[i].rj.name, orphan ? RECONCILE_ORPHAN_SUFFIX : "");
-		if (jobs_add(r, &f[i].rj, -1, file, orphan, NULL) == 0) {
+		if (jobs_add(r, &f[i].rj, -1, file, orphan, f[i].rec_xattr, NULL) == 0) {
 			added++;
 			orphans += orphan;
 		} else {

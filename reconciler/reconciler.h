@@ -80,6 +80,7 @@ struct job {
 	struct reconcile_job rj;       /* the record: seq, ino, length, ranges, mtime, name */
 	char file[RECONCILE_NAME_MAX + 16];    /* staging file on disk: name or name.orphan */
 	char jobfile[RECONCILE_NAME_MAX + 24]; /* its record: file.job */
+	bool rec_xattr;                /* no file.job: the record is the file's xattr */
 	bool orphan;                   /* retried from <name>.orphan.job */
 	int fd;                        /* staging file, -1 until opened */
 	struct conn *conn;             /* gets the Committed reply; NULL: from the journal */
@@ -110,9 +111,10 @@ struct job {
 TAILQ_HEAD(job_list, job);
 
 /* Adds a job (from a handoff, conn set, or from the journal). Takes rj's
- * contents and fd. Returns 0 or -ENOMEM. */
+ * contents and fd. rec_xattr: its record is the staging file's xattr, not
+ * file.job. Returns 0 or -ENOMEM. */
 int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, bool orphan,
-	     struct conn *conn);
+	     bool rec_xattr, struct conn *conn);
 struct job *jobs_find_name(struct rec *r, const char *name);
 /* A job that finished recently (name and seq): its result, or false. */
 bool jobs_recent(struct rec *r, const char *name, uint64_t seq, int *err);

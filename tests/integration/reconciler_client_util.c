@@ -172,14 +172,36 @@ void rcu_job(struct reconcile_job *j, uint64_t seq, uint64_t ino, uint64_t lengt
 	snprintf(j->name, sizeof(j->name), "%s", name);
 }
 
+/* The record of j on fd (see rcu_handoff). */
+static void record(const struct rcu *r, int fd, const struct reconcile_job *j)
+{
+	bool in_xattr = false;
+	int rc;
+
+	if (j->seq % 2)
+		rc = reconcile_job_write(r->staging_fd, j, 0);
+	else
+		rc = reconcile_job_attach(r->staging_fd, fd, j, &in_xattr);
+	cr_assert_eq(rc, 0, "journal record of %s: %s", j->name, strerror(-rc));
+	cr_assert(j->seq % 2 || in_xattr, "no xattr record on %s", j->name);
+}
+
+void rcu_record(const struct rcu *r, const struct reconcile_job *j)
+{
+	int fd = openat(r->staging_fd, j->name, O_RDONLY | O_CLOEXEC);
+
+	cr_assert(fd >= 0, "open %s: %s", j->name, strerror(errno));
+	record(r, fd, j);
+	close(fd);
+}
+
 void rcu_handoff(const struct rcu *r, int sock, const struct reconcile_job *j)
 {
 	int fd, rc;
 
-	rc = reconcile_job_write(r->staging_fd, j, 0);
-	cr_assert_eq(rc, 0, "journal record of %s: %s", j->name, strerror(-rc));
 	fd = openat(r->staging_fd, j->name, O_RDONLY | O_CLOEXEC);
 	cr_assert(fd >= 0, "open %s: %s", j->name, strerror(errno));
+	record(r, fd, j);
 	rc = reconcile_handoff(sock, j, fd);
 	cr_assert_eq(rc, 0, "handoff of %s: %s", j->name, strerror(-rc));
 	close(fd);
@@ -254,6 +276,25 @@ int rcu_count(const struct rcu *r, const char *suffix)
 	while ((de = readdir(d)))
 		if (de->d_name[0] != '.' && has_suffix(de->d_name, suffix))
 			n++;
+	closedir(d);
+	return n;
+}
+
+int rcu_count_attached(const struct rcu *r)
+{
+	DIR *d = opendir(r->staging);
+	struct dirent *de;
+	int n = 0;
+
+	cr_assert(d);
+	while ((de = readdir(d))) {
+		int fd = openat(r->staging_fd, de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW |
+						       O_NONBLOCK);
+		if (fd >= 0 && reconcile_job_attached(fd) == 1)
+			n++;
+		if (fd >= 0)
+			close(fd);
+	}
 	closedir(d);
 	return n;
 }

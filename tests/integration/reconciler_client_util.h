@@ -38,8 +38,13 @@ int rcu_connect(const struct rcu *r);
 /* Writes a staging file name with data[0..len) at offset 0 (data NULL: a
  * sparse file of len bytes). */
 void rcu_stage(const struct rcu *r, const char *name, const void *data, size_t len);
-/* Journal record, then the handoff with the staging file's fd. */
+/* Journal record, then the handoff with the staging file's fd. The record
+ * is the file's xattr for an even seq and a .job for an odd one, so both
+ * kinds ferry-mountd makes (the second where user xattrs are missing) are
+ * taken up, recovered and removed. */
 void rcu_handoff(const struct rcu *r, int sock, const struct reconcile_job *j);
+/* The record alone, as rcu_handoff() makes it. */
+void rcu_record(const struct rcu *r, const struct reconcile_job *j);
 /* A whole-file job. */
 void rcu_job(struct reconcile_job *j, uint64_t seq, uint64_t ino, uint64_t length, const char *name);
 /* Reads replies until a Committed for seq (others are skipped); returns
@@ -53,6 +58,8 @@ void rcu_wait_range(int sock, uint64_t first, int n, int *errs);
 void rcu_stats(const struct rcu *r, struct reconcile_stats *s);
 /* Number of names in the staging dir ending with suffix. */
 int rcu_count(const struct rcu *r, const char *suffix);
+/* Number of staging files carrying a record xattr. */
+int rcu_count_attached(const struct rcu *r);
 /* Open fds of the daemon, but for its database connections. */
 int rcu_nfds(const struct rcu *r);
 /* What the last rcu_nfds() counted, one target a line. */

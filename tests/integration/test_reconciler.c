@@ -596,13 +596,18 @@ Test(reconciler, sigkill_mid_stream_then_restart)
 	}
 	cr_assert_eq(rcu_stop(&rc, SIGKILL), 128 + SIGKILL);
 	close(sock);
+	/* Both kinds of record are left to finish. */
 	cr_assert_gt(rcu_count(&rc, ".job"), 0, "everything finished before the kill");
-	/* And one more record a sender wrote but never handed over. */
+	cr_assert_gt(rcu_count_attached(&rc), 0, "every xattr record finished before the kill");
+	/* And two more records a sender made but never handed over. */
 	{
 		struct reconcile_job j;
-		rcu_job(&j, 1000, inos[0], len, "k-0b");
+		rcu_job(&j, 1001, inos[0], len, "k-0b");
 		rcu_stage(&rc, "k-0b", data[0], len);
 		cr_assert_eq(reconcile_job_write(rc.staging_fd, &j, RECONCILE_JOB_SYNC), 0);
+		rcu_job(&j, 1002, inos[0], len, "k-0c");
+		rcu_stage(&rc, "k-0c", data[0], len);
+		rcu_record(&rc, &j);
 	}
 
 	/* The restart finishes every record. */
@@ -673,14 +678,15 @@ Test(reconciler, commits_in_seq_order_and_replays_are_harmless)
 
 Test(reconciler, failing_job_is_kept_as_orphan_and_retried_at_start)
 {
-	unsigned char data[300000];
-	uint64_t ino, st = 21;
+	static unsigned char data[2][300000];
+	uint64_t ino[2], st = 21;
 	struct reconcile_job j;
 	struct reconcile_stats s;
 	int sock, err;
 
+	/* Two files: one job recorded as a .job (odd seq), one as an xattr. */
 	fm_fill_random(&st, data, sizeof(data));
-	make_files(1, "orph", &ino);
+	make_files(2, "orph%d", ino);
 	/* Objects cannot be stored: the store's directory is a file now. */
 	cr_assert_eq(rename(sp("vol/objects"), sp("vol/objects.away")), 0);
 	fm_write_file(sp("vol/objects"), "x", 1);
@@ -689,31 +695,37 @@ Test(reconciler, failing_job_is_kept_as_orphan_and_retried_at_start)
 	rc.extra[2] = "--retry-delay";
 	rc.extra[3] = "50";
 	rcu_start(&rc);
-	rcu_stage(&rc, "orph-1", data, sizeof(data));
-	rcu_job(&j, 1, ino, sizeof(data), "orph-1");
 	sock = rcu_connect(&rc);
-	rcu_handoff(&rc, sock, &j);
-	err = rcu_wait_committed(sock, 1);
-	cr_assert_eq(err, -EIO);
-	cr_assert_eq(reconcile_drain(sock, 1), 0);
+	for (int k = 0; k < 2; k++) {
+		char name[16];
+		snprintf(name, sizeof(name), "orph-%d", k + 1);
+		rcu_stage(&rc, name, data[k], sizeof(data[k]));
+		rcu_job(&j, (uint64_t)k + 1, ino[k], sizeof(data[k]), name);
+		rcu_handoff(&rc, sock, &j);
+	}
+	for (int k = 0; k < 2; k++) {
+		err = rcu_wait_committed(sock, (uint64_t)k + 1);
+		cr_assert_eq(err, -EIO);
+	}
+	cr_assert_eq(reconcile_drain(sock, 2), 0);
 	{
 		struct reconcile_reply rep;
 		cr_assert_eq(reconcile_recv_reply(sock, &rep), 0);
-		cr_assert(rep.type == RECONCILE_REPLY_DRAINED && rep.failed == 1);
+		cr_assert(rep.type == RECONCILE_REPLY_DRAINED && rep.failed == 2);
 	}
 	close(sock);
 	rcu_stats(&rc, &s);
-	cr_assert_eq(s.failures_total, 3);
-	cr_assert_eq(s.orphans, 1);
-	cr_assert_eq(s.staging_blocks, 1, "an orphan is still only on local disk");
-	cr_assert_eq(rcu_count(&rc, ".orphan"), 1);
-	cr_assert_eq(rcu_count(&rc, ".orphan.job"), 1);
+	cr_assert_eq(s.failures_total, 6);
+	cr_assert_eq(s.orphans, 2);
+	cr_assert_eq(s.staging_blocks, 2, "an orphan is still only on local disk");
+	cr_assert_eq(rcu_count(&rc, ".orphan"), 2);
+	cr_assert_eq(rcu_count(&rc, ".orphan.job"), 2, "an orphan's record is always a file");
 	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
 	char *log = log_text();
 	cr_assert(strstr(log, "kept as"), "%s", log);
 	free(log);
 
-	/* The store is back; the next start retries it. */
+	/* The store is back; the next start retries them. */
 	cr_assert_eq(unlink(sp("vol/objects")), 0);
 	cr_assert_eq(rename(sp("vol/objects.away"), sp("vol/objects")), 0);
 	rcu_start(&rc);
@@ -722,7 +734,8 @@ Test(reconciler, failing_job_is_kept_as_orphan_and_retried_at_start)
 	cr_assert_eq(rcu_count(&rc, ""), 0);
 	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
 	mount_cold();
-	check_file("orph", data, sizeof(data));
+	check_file("orph0", data[0], sizeof(data[0]));
+	check_file("orph1", data[1], sizeof(data[1]));
 	fm_umount();
 }
 

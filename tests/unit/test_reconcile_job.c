@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "reconcile_job.h"
@@ -341,6 +342,78 @@ Test(reconcile_job, journal_records)
 	/* An invalid job is not written. */
 	job_init(&k, ".x");
 	cr_assert_eq(reconcile_job_write(dfd, &k, 0), -EINVAL);
+	close(dfd);
+	rmdir(dir);
+	reconcile_job_clear(&j);
+}
+
+/* The record as the staging file's xattr: attached, loaded (before any
+ * .job), refused when it names another file or is damaged, detached. On a
+ * file system without user xattrs it would be a .job: load reads either. */
+Test(reconcile_job, xattr_records)
+{
+	char dir[] = "/var/tmp/ferry-ut-xjob.XXXXXX", err[256];
+	struct reconcile_job j, k;
+	struct reconcile_range rr[] = { { 3, 9 } };
+	bool in_xattr;
+	int dfd, fd;
+
+	cr_assert(mkdtemp(dir));
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fd = openat(dfd, "77-1", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	cr_assert_geq(fd, 0);
+	job_init(&j, "77-1");
+	set_ranges(&j, 1, rr);
+	cr_assert_eq(reconcile_job_attached(fd), 0);
+	cr_assert_eq(reconcile_job_load(dfd, fd, "77-1", &k, &in_xattr, err, sizeof(err)), -ENOENT);
+	cr_assert_eq(reconcile_job_attach(dfd, fd, &j, &in_xattr), 0);
+	cr_assert(in_xattr, "this file system keeps user xattrs: the record must be one");
+	cr_assert_eq(count_entries(dfd), 1, "no .job file");
+	cr_assert_eq(reconcile_job_attached(fd), 1);
+	/* Read through the fd, and by name. */
+	cr_assert_eq(reconcile_job_load(dfd, fd, "77-1", &k, &in_xattr, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_assert(in_xattr && k.seq == 7 && k.ndirty == 1 && k.dirty[0].start == 3 &&
+		  !strcmp(k.name, "77-1"));
+	reconcile_job_clear(&k);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "77-1", &k, &in_xattr, err, sizeof(err)), 0, "%s",
+		     err);
+	reconcile_job_clear(&k);
+	/* The xattr is the newer record: it wins over a .job beside it. */
+	j.seq = 5;
+	cr_assert_eq(reconcile_job_write(dfd, &j, 0), 0);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "77-1", &k, &in_xattr, err, sizeof(err)), 0);
+	cr_assert(in_xattr && k.seq == 7);
+	reconcile_job_clear(&k);
+	/* Renamed to an orphan, the file's record still reads as its own. */
+	cr_assert_eq(renameat(dfd, "77-1", dfd, "77-1.orphan"), 0);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "77-1.orphan", &k, &in_xattr, err, sizeof(err)),
+		     0, "%s", err);
+	reconcile_job_clear(&k);
+	/* Under another name it is refused, naming the file it records. */
+	cr_assert_eq(renameat(dfd, "77-1.orphan", dfd, "78-1"), 0);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "78-1", &k, &in_xattr, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "77-1"), "%s", err);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "../78-1", &k, &in_xattr, err, sizeof(err)),
+		     -EINVAL);
+	/* Damaged. */
+	cr_assert_eq(fsetxattr(fd, RECONCILE_JOB_XATTR, "\xff\xff\xff", 3, 0), 0);
+	cr_assert_eq(reconcile_job_load(dfd, fd, "78-1", &k, &in_xattr, err, sizeof(err)),
+		     -EBADMSG);
+	/* Detached: gone; the .job beside it (made above) is what loads now. */
+	cr_assert_eq(reconcile_job_detach(dfd, fd, "78-1", true), 0);
+	cr_assert_eq(reconcile_job_detach(dfd, fd, "78-1", true), 0); /* gone already: fine */
+	cr_assert_eq(reconcile_job_attached(fd), 0);
+	cr_assert_eq(renameat(dfd, "78-1", dfd, "77-1"), 0);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "77-1", &k, &in_xattr, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_assert(!in_xattr && k.seq == 5);
+	reconcile_job_clear(&k);
+	cr_assert_eq(reconcile_job_detach(dfd, fd, "77-1", false), 0);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "77-1", &k, &in_xattr, err, sizeof(err)), -ENOENT);
+	close(fd);
+	unlinkat(dfd, "77-1", 0);
+	cr_assert_eq(count_entries(dfd), 0);
 	close(dfd);
 	rmdir(dir);
 	reconcile_job_clear(&j);
