@@ -1022,16 +1022,27 @@ static void batch_closed(struct meta *m)
 	atomic_store(&m->batch_dirty, 0);
 	m->batch_records = 0;
 	m->nhot = 0; /* written by a commit, or rolled back with the batch */
-	m->ctr.held = 0;
+	m->ctr = (struct ctr){ 0 };
 }
 
 static int batch_restore(struct meta *m);
 static int hot_flush(struct meta *m);
 
+static void batch_lost(struct meta *m);
+
+/* SQLite rolled the open batch back on its own (a read that failed with
+ * SQLITE_NOMEM or SQLITE_IOERR): make it again before anything uses it. */
+static void batch_check(struct meta *m)
+{
+	if (m->batch_open && !tl_replaying && sqlite3_get_autocommit(m->bc->db))
+		batch_lost(m);
+}
+
 static int batch_begin(struct meta *m)
 {
 	int rc, tries;
 
+	batch_check(m);
 	if (m->batch_open)
 		return 0;
 	if (m->stuck && !tl_replaying) {
@@ -1151,6 +1162,7 @@ static int batch_commit(struct meta *m)
 {
 	int rc = 0;
 
+	batch_check(m);
 	if (!m->batch_open)
 		return 0;
 	rc = hot_flush(m);
@@ -1303,6 +1315,7 @@ static int read_conn(struct meta *m, struct conn **out)
 {
 	if (atomic_load(&m->batch_dirty) || atomic_load(&m->stuck)) {
 		pthread_mutex_lock(&m->write_lock);
+		batch_check(m);
 		/* Acknowledged changes that no batch holds (the database could
 		 * not take them): try again, so this read sees them. */
 		if (m->stuck && !m->batch_open)
@@ -1350,7 +1363,7 @@ static int hot_flush(struct meta *m)
 
 	for (unsigned i = 0; i < m->nhot && rc == 0; i++)
 		rc = inode_write(m->bc, ST_INODE_UPDATE, &m->hot[i].a);
-	if (rc == 0 && m->ctr.dirty) {
+	if (rc == 0 && m->ctr.held && m->ctr.dirty) {
 		rc = run_ints(m->bc, ST_COUNTERS_PUT, 2,
 			      (const int64_t[]){ (int64_t)m->ctr.ino, (int64_t)m->ctr.cookie });
 		if (rc == 0 && sqlite3_changes(m->bc->db) != 1)
@@ -1662,6 +1675,38 @@ static int next_ino(struct conn *c, uint64_t *ino, uint64_t *cookie)
 		*cookie = (uint64_t)b;
 	}
 	return rc;
+}
+
+/* A replayed create makes the inode it made live, whatever the counter
+ * says: a record refused before it (its change could not be made again)
+ * must not move every later create to another number than the one the
+ * kernel and later records know. The counter goes past it. */
+static int replay_ino(struct conn *c, uint64_t want, uint64_t *ino, uint64_t *cookie)
+{
+	struct meta_attr a;
+	struct ctr *h;
+	int rc;
+
+	if (!ino_ok(want) || want >= INT64_MAX - 1)
+		return -EIO;
+	rc = inode_get(c, want, &a);
+	if (rc == 0)
+		return -ESTALE; /* taken: by another writer while the journal waited */
+	if (rc != -ENOENT)
+		return rc;
+	h = ctr_held(c, &rc);
+	if (rc)
+		return rc;
+	if (h == NULL)
+		return -EIO; /* replays run in the batch */
+	rc = next_cookie(c, cookie);
+	if (rc)
+		return rc;
+	if (h->ino <= want)
+		h->ino = want + 1;
+	h->dirty = 1;
+	*ino = want;
+	return 0;
 }
 
 static int dir_has_child(struct conn *c, uint64_t ino)
@@ -2528,6 +2573,7 @@ struct create_args {
 	uint64_t rdev;
 	const char *target;
 	size_t tlen;
+	uint64_t want_ino; /* a replay: the inode number the change made live */
 	struct meta_attr out;
 };
 
@@ -2549,7 +2595,10 @@ static int do_create(struct conn *c, void *p)
 		return rc;
 	if (isdir && par.nlink == UINT32_MAX)
 		return -EMLINK;
-	rc = next_ino(c, &ino, &cookie);
+	if (a->want_ino)
+		rc = replay_ino(c, a->want_ino, &ino, &cookie);
+	else
+		rc = next_ino(c, &ino, &cookie);
 	if (rc)
 		return rc;
 
@@ -3977,10 +4026,10 @@ static int inode_free(struct conn *c, uint64_t ino)
 		rc = run_ints(c, ST_XATTR_DELETE_ALL, 1, v);
 	if (rc == 0)
 		rc = run_ints(c, ST_SYMLINK_DELETE, 1, v);
-	if (rc == 0) {
-		hot_forget(c, ino);
+	if (rc == 0)
 		rc = run_ints(c, ST_INODE_DELETE, 1, v);
-	}
+	if (rc == 0)
+		hot_forget(c, ino); /* only once the row is gone */
 	if (rc == 0)
 		rc = run_ints(c, ST_ORPHAN_DELETE, 1, v);
 	if (rc == 0)
@@ -4107,7 +4156,8 @@ static int replay_one(struct meta *m, const struct mj_rec *r)
 		struct create_args a = { .parent = r->v[0], .name = name, .nlen = r->slen[0],
 					 .mode = (uint32_t)r->v[1], .uid = (uint32_t)r->v[2],
 					 .gid = (uint32_t)r->v[3], .rdev = r->v[4],
-					 .target = r->slen[1] ? name2 : NULL, .tlen = r->slen[1] };
+					 .target = r->slen[1] ? name2 : NULL, .tlen = r->slen[1],
+					 .want_ino = r->v[J_RESULT] };
 		rc = batch_run(m, NULL, NULL, do_create, &a);
 		/* The same state and the same changes give the same inode; if
 		 * not, later records name the wrong one. */

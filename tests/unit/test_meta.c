@@ -2139,3 +2139,226 @@ Test(meta_journal, commit_waits_for_the_journal_seq, .init = setup_nodefer, .fin
 	cr_assert_eq(attr(vals[0]).size, 10);
 	meta_close(o);
 }
+
+/* ---- failures inside a batch (injected with triggers, or SQLite memory) --- */
+
+/* inode_free() drops the held row (hot_forget) before DELETE FROM inode; when
+ * that DELETE fails it has changed no row, so batch_run() does not lose the
+ * batch, and the held copy (nlink 0) is gone: the row reads as before the
+ * rmdir, a create inside the removed directory is accepted, and a later
+ * replay of the journal (here after another change fails part way) refuses
+ * that create, so every later create gets another inode number (ESTALE). */
+Test(meta_journal, a_failed_release_keeps_the_removed_directory_removed, .init = setup_nodefer,
+     .fini = teardown)
+{
+	struct meta_attr d, x, y, g;
+	struct meta_journal_stats js;
+	char jp[160], sql[512];
+	int rc;
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "d", S_IFDIR | 0755, 1, 2, 0, NULL, &d), 0);
+	snprintf(sql, sizeof(sql),
+		 "CREATE TRIGGER no_del BEFORE DELETE ON inode WHEN OLD.ino = %llu"
+		 " BEGIN SELECT RAISE(ABORT, 'injected'); END;"
+		 "CREATE TRIGGER boom BEFORE INSERT ON dentry WHEN NEW.name = CAST('boom' AS BLOB)"
+		 " BEGIN SELECT RAISE(ABORT, 'injected'); END",
+		 (unsigned long long)d.ino);
+	raw_sql(sql); /* commits the batch first */
+	cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "d", NULL), 0);
+	cr_assert_eq(meta_getattr(m, d.ino, &g), 0);
+	cr_assert_eq(g.nlink, 0);
+	rc = meta_inode_release(m, d.ino);
+	cr_assert_neq(rc, 0, "the injected DELETE failure");
+	cr_assert_eq(meta_getattr(m, d.ino, &g), 0);
+	cr_assert_eq(g.nlink, 0, "removed directory reads nlink %u after a failed release", g.nlink);
+	rc = meta_create(m, d.ino, "x", S_IFREG | 0644, 1, 2, 0, NULL, &x);
+	cr_assert_eq(rc, -ENOENT, "create in a removed directory: %d", rc);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "y", S_IFREG | 0644, 1, 2, 0, NULL, &y), 0);
+	/* A change that fails part way: the batch is made again from the journal. */
+	rc = meta_create(m, META_ROOT_INO, "boom", S_IFREG | 0644, 1, 2, 0, NULL, NULL);
+	cr_assert_neq(rc, 0);
+	meta_journal_stats_get(m, &js);
+	cr_assert_eq(js.replay_errors, 0, "%llu records refused at replay",
+		     (unsigned long long)js.replay_errors);
+	rc = meta_lookup(m, META_ROOT_INO, "y", &g);
+	cr_assert_eq(rc, 0);
+	cr_assert_eq(g.ino, y.ino, "y was made live as %llu, replayed as %llu",
+		     (unsigned long long)y.ino, (unsigned long long)g.ino);
+	rc = meta_getattr(m, y.ino, &g);
+	cr_assert_eq(rc, 0, "getattr of y's inode number: %d", rc);
+	/* And the next create takes a number of its own. */
+	struct meta_attr z;
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "z", S_IFREG | 0644, 1, 2, 0, NULL, &z), 0);
+	cr_assert_neq(z.ino, y.ino, "z got the inode number y was given live (%llu)",
+		      (unsigned long long)y.ino);
+}
+
+/* m->ctr.dirty outlives batch_closed(): a batch lost with numbers taken
+ * leaves {held 0, dirty 1} with that batch's values, batch_run() restores
+ * that snapshot when a replayed record fails before it takes a number, and
+ * hot_flush() then writes those stale values. While m was stuck another
+ * writer took numbers past them: the counters go back and the next create
+ * collides with an existing inode. */
+Test(meta_journal, counters_of_a_lost_batch_are_never_written, .init = setup_nodefer,
+     .fini = teardown)
+{
+	struct meta *o = NULL;
+	struct meta_attr a, g;
+	char jp[160];
+	int rc;
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
+	/* Updating the root's row fails once an entry 'poison' exists: live the
+	 * root's row is held (no UPDATE), a replay writes it at each change. */
+	raw_sql("CREATE TRIGGER poison BEFORE UPDATE ON inode WHEN NEW.ino = 1 AND EXISTS"
+		" (SELECT 1 FROM dentry WHERE name = CAST('poison' AS BLOB))"
+		" BEGIN SELECT RAISE(ABORT, 'injected'); END;"
+		"CREATE TRIGGER boom BEFORE INSERT ON dentry WHEN NEW.name = CAST('boom' AS BLOB)"
+		" BEGIN SELECT RAISE(ABORT, 'injected'); END");
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "poison", S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
+	/* Fails part way: batch lost, the replay fails (the trigger), m is stuck. */
+	cr_assert_neq(meta_create(m, META_ROOT_INO, "boom", S_IFREG | 0644, 1, 2, 0, NULL, NULL), 0);
+	raw_sql("DROP TRIGGER poison; DROP TRIGGER boom");
+	/* Another writer, while no batch is open. */
+	cr_assert_eq(meta_open(db, &o), 0);
+	cr_assert_eq(meta_create(o, META_ROOT_INO, "poison", S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
+	for (int i = 0; i < 5; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "o%d", i);
+		cr_assert_eq(meta_create(o, META_ROOT_INO, name, S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
+	}
+	meta_close(o);
+	int64_t next0 = raw_int("SELECT next_ino FROM counters");
+	/* m comes unstuck (its replay refuses 'poison': EEXIST) and commits. */
+	cr_assert_eq(meta_getattr(m, META_ROOT_INO, &g), 0);
+	cr_assert_eq(meta_flush(m), 0);
+	int64_t next1 = raw_int("SELECT next_ino FROM counters");
+	cr_assert_geq(next1, next0, "next_ino went back from %lld to %lld", (long long)next0,
+		      (long long)next1);
+	rc = meta_create(m, META_ROOT_INO, "after", S_IFREG | 0644, 1, 2, 0, NULL, &g);
+	cr_assert_eq(rc, 0, "create after the counters went back: %d", rc);
+}
+
+/* A commit whose hot_flush() fails part way: the batch is made again from the
+ * journal and the next commit holds everything, counters included. */
+Test(meta_journal, a_commit_failing_on_held_rows_is_made_again, .init = setup_nodefer,
+     .fini = teardown)
+{
+	struct meta_attr d1, d2, f, g, root0;
+	struct meta_journal_stats js;
+	char jp[160];
+	int rc;
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
+	cr_assert_eq(meta_getattr(m, META_ROOT_INO, &root0), 0);
+	/* Only the live commit raises the root's nlink by 2 in one UPDATE. */
+	raw_sql("CREATE TRIGGER two BEFORE UPDATE ON inode WHEN NEW.ino = 1 AND"
+		" NEW.nlink = OLD.nlink + 2 BEGIN SELECT RAISE(ABORT, 'injected'); END");
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "d1", S_IFDIR | 0755, 1, 2, 0, NULL, &d1), 0);
+	cr_assert_eq(meta_create(m, d1.ino, "f", S_IFREG | 0644, 1, 2, 0, NULL, &f), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "d2", S_IFDIR | 0755, 1, 2, 0, NULL, &d2), 0);
+	rc = meta_flush(m);
+	cr_assert_neq(rc, 0, "the injected failure");
+	meta_journal_stats_get(m, &js);
+	cr_assert_eq(js.replay_errors, 0);
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(raw_int("SELECT nlink FROM inode WHERE ino = 1"), (int64_t)root0.nlink + 2);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM inode WHERE ino >= (SELECT next_ino FROM counters)"), 0);
+	cr_assert_eq(meta_lookup(m, d1.ino, "f", &g), 0);
+	cr_assert_eq(g.ino, f.ino);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "n", S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
+	cr_assert_eq(g.ino, d2.ino + 1);
+}
+
+/* A read on the batch's connection that SQLite answers by rolling the whole
+ * transaction back (SQLITE_NOMEM here, SQLITE_IOERR alike) leaves batch_open
+ * set, with the held rows and counters of a transaction that is gone. */
+Test(meta_journal, a_batch_rolled_back_under_a_read_is_made_again, .init = setup_nodefer, .fini = teardown)
+{
+	struct meta *o = NULL;
+	struct meta_attr a, b, g;
+	struct meta_journal_stats js;
+	char jp[160], name[48];
+	int rc;
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "a0", S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
+	cr_assert_eq(meta_statfs(m, NULL, NULL), 0); /* prepared on the batch's connection */
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(meta_open(db, &o), 0);
+	for (int i = 0; i < 3000; i++) { /* m's cached pages go stale */
+		snprintf(name, sizeof(name), "file-with-a-long-name-%d", i);
+		cr_assert_eq(meta_create(o, META_ROOT_INO, name, S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
+	}
+	meta_close(o);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "a", S_IFDIR | 0755, 1, 2, 0, NULL, &a), 0);
+	sqlite3_hard_heap_limit64(sqlite3_memory_used());
+	rc = meta_statfs(m, NULL, NULL);
+	sqlite3_hard_heap_limit64(0);
+	rc = meta_lookup(m, META_ROOT_INO, "a", &g);
+	cr_assert_eq(rc, 0, "the acknowledged create of a is not seen: %d", rc);
+	rc = meta_create(m, META_ROOT_INO, "b", S_IFDIR | 0755, 1, 2, 0, NULL, &b);
+	cr_assert_eq(rc, 0, "create b: %d", rc);
+	rc = meta_flush(m);
+	cr_assert_eq(rc, 0, "flush: %d", rc);
+	rc = meta_flush(m);
+	cr_assert_eq(rc, 0, "flush again: %d", rc);
+	meta_journal_stats_get(m, &js);
+	cr_assert_eq(js.replay_errors, 0, "%llu records refused at replay",
+		     (unsigned long long)js.replay_errors);
+	cr_assert_eq(js.pending, 0);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "a", &g), 0);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "b", &g), 0);
+	cr_assert_eq(raw_int("SELECT nlink FROM inode WHERE ino = 1"), 4);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM inode WHERE ino >= (SELECT next_ino FROM counters)"), 0);
+}
+
+/* A record the replay refuses moves no later create to another inode
+ * number: the kernel and later records know each by the number it got live.
+ * Here the replay first fails as a database would (a trigger on the root's
+ * row, which only a replay writes per create: live, the batch holds it), so
+ * the meta is stuck; meanwhile another writer links a file in as p, so the
+ * next replay refuses p's create (EEXIST) and must still give q its number. */
+Test(meta_journal, a_refused_record_moves_no_later_inode_number, .init = setup_nodefer,
+     .fini = teardown)
+{
+	struct meta_attr f, p, q, g;
+	struct meta_journal_stats js;
+	struct meta *o = NULL;
+	char jp[160];
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 1, 2, 0, NULL, &f), 0);
+	raw_sql("CREATE TRIGGER stall BEFORE UPDATE ON inode WHEN NEW.ino = 1"
+		" AND EXISTS (SELECT 1 FROM dentry WHERE name = CAST('q' AS BLOB))"
+		" BEGIN SELECT RAISE(ABORT, 'injected'); END;"
+		"CREATE TRIGGER boom BEFORE INSERT ON dentry WHEN NEW.name = CAST('boom' AS BLOB)"
+		" BEGIN SELECT RAISE(ABORT, 'injected'); END"); /* commits f */
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "p", S_IFREG | 0644, 1, 2, 0, NULL, &p), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "q", S_IFREG | 0644, 1, 2, 0, NULL, &q), 0);
+	/* Fails part way (its inode row is written): the batch is lost, and
+	 * its replay fails at q: stuck. */
+	cr_assert_neq(meta_create(m, META_ROOT_INO, "boom", S_IFREG | 0644, 1, 2, 0, NULL, NULL), 0);
+	raw_sql("DROP TRIGGER stall; DROP TRIGGER boom");
+	cr_assert_eq(meta_open(db, &o), 0);
+	cr_assert_eq(meta_link(o, f.ino, META_ROOT_INO, "p", NULL), 0); /* takes no number */
+	meta_close(o);
+	/* The next read makes the batch again: p is refused, q keeps its number. */
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "q", &g), 0);
+	cr_assert_eq(g.ino, q.ino, "q made live as %llu, replayed as %llu",
+		     (unsigned long long)q.ino, (unsigned long long)g.ino);
+	meta_journal_stats_get(m, &js);
+	cr_assert_eq(js.replay_errors, 1, "p's record is refused");
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "p", &g), 0);
+	cr_assert_eq(g.ino, f.ino);
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "r", S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
+	cr_assert_gt(g.ino, q.ino);
+	(void)p;
+}
