@@ -96,6 +96,17 @@ static long ms_since(const struct timespec *t0)
 	return (now.tv_sec - t0->tv_sec) * 1000 + (now.tv_nsec - t0->tv_nsec) / 1000000;
 }
 
+/* Writes to fd until the disk is full: big pieces, then small ones, so
+ * every last page goes. */
+static void fill(int fd, const char *chunk, size_t size)
+{
+	if (fd < 0)
+		return;
+	for (size_t piece = size; piece >= 512; piece /= 2)
+		while (write(fd, chunk, piece) == (ssize_t)piece)
+			;
+}
+
 static void *filler_main(void *arg)
 {
 	static char chunk[64 * 1024];
@@ -107,13 +118,7 @@ static void *filler_main(void *arg)
 	memset(chunk, 0xa5, sizeof(chunk));
 	snprintf(path, sizeof(path), "%s/filler", metafs);
 	fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-	if (fd >= 0) {
-		/* Big pieces, then small ones: every last page goes. */
-		for (size_t piece = sizeof(chunk); piece >= 512; piece /= 2)
-			while (write(fd, chunk, piece) == (ssize_t)piece)
-				;
-		close(fd);
-	}
+	fill(fd, chunk, sizeof(chunk));
 	atomic_store(&fill_state, 1);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
@@ -123,8 +128,13 @@ static void *filler_main(void *arg)
 			break;
 		if (ms_since(&t0) >= HOLD_MAX_MS)
 			break;
+		/* Space SQLite gives back meanwhile (a WAL cut after a
+		 * checkpoint) is taken again: the disk stays full. */
+		fill(fd, chunk, sizeof(chunk));
 		usleep(10 * 1000);
 	}
+	if (fd >= 0)
+		close(fd);
 	unlink(path);
 	atomic_store(&fill_state, 2);
 	return NULL;
