@@ -1091,6 +1091,11 @@ Test(meta, orphans_release_purge)
 	commit1(f2, 0, 52, 0, 100, 100);
 	commit1(keep, 0, 53, 0, 100, 100);
 	cr_assert_eq(meta_setxattr(m, f1, "user.a", "v", 1, 0), 0);
+	{
+		/* A time set (journaled: it records its seq for the commits). */
+		struct meta_attr in = { .mtime = { 1600000000, 5 } };
+		cr_assert_eq(meta_setattr(m, f2, META_SET_MTIME, &in, NULL), 0);
+	}
 
 	/* Linked: release leaves it alone. */
 	cr_assert_eq(meta_inode_release(m, f1), 0);
@@ -1119,6 +1124,8 @@ Test(meta, orphans_release_purge)
 	cr_assert_eq(meta_getattr(m, d, &a), -ENOENT);
 	cr_assert_eq(orphan_count(), 0);
 	cr_assert_eq(raw_int("SELECT COUNT(*) FROM symlink"), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM times_seq WHERE ino NOT IN (SELECT ino FROM inode)"),
+		     0);
 	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice"), 2);
 	cr_assert_eq(raw_int("SELECT COUNT(*) FROM slice"), 1);
 	cr_assert_eq(attr(keep).nlink, 1);
