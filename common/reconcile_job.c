@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,6 +444,19 @@ int reconcile_job_attached(int fd)
 	return errno == ENODATA || errno == EOPNOTSUPP ? 0 : -errno;
 }
 
+/* Whether /proc/self/fd/N/name reaches a file in directory fd N. */
+static bool proc_fds(void)
+{
+	static _Atomic int known; /* 0: not asked yet, 1: yes, 2: no */
+	int k = atomic_load(&known);
+
+	if (k == 0) {
+		k = access("/proc/self/fd", X_OK) == 0 ? 1 : 2;
+		atomic_store(&known, k);
+	}
+	return k == 1;
+}
+
 int reconcile_job_load(int dirfd, int fd, const char *name, struct reconcile_job *out,
 		       bool *in_xattr, char *err, size_t errlen)
 {
@@ -456,14 +470,28 @@ int reconcile_job_load(int dirfd, int fd, const char *name, struct reconcile_job
 	*in_xattr = false;
 	if (!nl || nl > RECONCILE_NAME_MAX + ol || strchr(name, '/'))
 		return fail(-EINVAL, err, errlen, "not a staging file name");
-	if (fd < 0) {
-		own = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-		if (own < 0 && errno != ENOENT)
-			return fail(-errno, err, errlen, "%s: %s", name, strerror(errno));
-		fd = own;
+	if (fd < 0 && proc_fds()) {
+		/* By name, without an open: an open of a staging file still
+		 * written would make ferry-mountd's check for a mapping that
+		 * outlives the close (a write lease) fail. */
+		char path[64 + RECONCILE_NAME_MAX + 16];
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dirfd, name);
+		n = lgetxattr(path, RECONCILE_JOB_XATTR, buf, sizeof(buf));
+		if (n < 0 && errno == ENOENT)
+			errno = ENODATA; /* no file: then no record but a .job */
+	} else {
+		if (fd < 0) {
+			own = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+			if (own < 0 && errno != ENOENT)
+				return fail(-errno, err, errlen, "%s: %s", name, strerror(errno));
+			fd = own;
+		}
+		n = fd >= 0 ? fgetxattr(fd, RECONCILE_JOB_XATTR, buf, sizeof(buf)) : -1;
+		if (n < 0 && fd < 0)
+			errno = ENODATA;
 	}
-	n = fd >= 0 ? fgetxattr(fd, RECONCILE_JOB_XATTR, buf, sizeof(buf)) : -1;
-	if (n < 0 && fd >= 0 && errno != ENODATA && errno != EOPNOTSUPP) {
+	if (n < 0 && errno != ENODATA && errno != EOPNOTSUPP) {
 		rc = fail(errno == ERANGE ? -EFBIG : -errno, err, errlen, "%s: record: %s", name,
 			  strerror(errno));
 		goto out;
