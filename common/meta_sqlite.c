@@ -1576,10 +1576,16 @@ static int dentry_insert(struct conn *c, uint64_t parent, const char *name, size
 		rc = bind_i64(st, 3, (int64_t)ino);
 	if (rc == 0)
 		rc = bind_i64(st, 4, (int64_t)cookie);
-	if (rc == 0)
-		rc = step(st);
-	if (rc > 0)
-		rc = 0;
+	if (rc == 0) {
+		int sr = sqlite3_step(st);
+
+		if (sr == SQLITE_DONE)
+			rc = 0;
+		else if (sqlite3_extended_errcode(c->db) == SQLITE_CONSTRAINT_PRIMARYKEY)
+			rc = -EEXIST; /* (parent, name) is taken; nothing was written */
+		else
+			rc = db_err(sr);
+	}
 	stmt_done(st);
 	return rc;
 }
@@ -2588,17 +2594,17 @@ static int do_create(struct conn *c, void *p)
 	rc = dir_get_live(c, a->parent, &par);
 	if (rc)
 		return rc;
-	rc = dentry_get(c, a->parent, a->name, a->nlen, &ino);
-	if (rc == 0)
-		return -EEXIST;
-	if (rc != -ENOENT)
-		return rc;
 	if (isdir && par.nlink == UINT32_MAX)
 		return -EMLINK;
 	if (a->want_ino)
 		rc = replay_ino(c, a->want_ino, &ino, &cookie);
 	else
 		rc = next_ino(c, &ino, &cookie);
+	if (rc)
+		return rc;
+	/* The entry first: a name taken fails its insert (-EEXIST) before
+	 * anything is written, so no lookup of the name is needed first. */
+	rc = dentry_insert(c, a->parent, a->name, a->nlen, ino, cookie);
 	if (rc)
 		return rc;
 
@@ -2632,8 +2638,6 @@ static int do_create(struct conn *c, void *p)
 			stmt_done(st);
 		}
 	}
-	if (rc == 0)
-		rc = dentry_insert(c, a->parent, a->name, a->nlen, ino, cookie);
 	if (rc)
 		return rc;
 	par.mtime = par.ctime = now;
