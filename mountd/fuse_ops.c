@@ -772,10 +772,12 @@ static bool passthrough_allowed(struct mountd *md)
  * O_TRUNC, or length 0) with nothing else staged starts one; so does a
  * writer of a file of copy_size bytes up to passthrough_copy_max, whose
  * content is copied in first (copy_size UINT64_MAX: not copyable).
+ * created: the attributes of a file this request made (see open_file).
  * Caller holds i->lock.
  */
 static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file *of,
-			    bool empty, uint64_t copy_size, struct fuse_file_info *fi)
+			    bool empty, uint64_t copy_size, const struct meta_attr *created,
+			    struct fuse_file_info *fi)
 {
 	struct wstate *w = i->w;
 	int id;
@@ -805,7 +807,9 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 	if (of->writer && (empty || copy_size <= md->pt_copy_max) && !w && i->ncached == 0 &&
 	    md->pt_mode != PT_OFF && passthrough_allowed(md)) {
 		struct meta_attr a;
-		if (meta_getattr(md->meta, i->ino, &a) < 0) {
+		if (created)
+			a = *created; /* nobody else knows the inode yet */
+		else if (meta_getattr(md->meta, i->ino, &a) < 0) {
 			clock_gettime(CLOCK_REALTIME, &a.mtime);
 			a.size = UINT64_MAX; /* unknown: commit the size */
 		}
@@ -897,10 +901,11 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 	free(of);
 }
 
-/* Opens a handle on ino; truncates first for O_TRUNC. created: the file was
- * just made by CREATE. */
-static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created,
-		     struct fuse_file_info *fi)
+/* Opens a handle on ino; truncates first for O_TRUNC. created: the
+ * attributes meta_create() gave the file when this request (CREATE) just
+ * made it, else NULL. */
+static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
+		     const struct meta_attr *created, struct fuse_file_info *fi)
 {
 	bool writer = (fi->flags & O_ACCMODE) != O_RDONLY;
 	struct open_file *of;
@@ -978,7 +983,7 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller, bool created
 			rc = meta_setattr(md->meta, ino, kill, &in, NULL);
 	}
 	if (rc == 0)
-		rc = open_mode_locked(md, i, of, writer && empty, copy, fi);
+		rc = open_mode_locked(md, i, of, writer && empty, copy, created, fi);
 	if (rc == 0 && writer)
 		i->nwriters++;
 	pthread_mutex_unlock(&i->lock);
@@ -1022,7 +1027,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (ino == STATS_INO)
 		rc = open_special(md, fi);
 	else
-		rc = open_file(md, ino, fuse_req_ctx(req)->uid, false, fi);
+		rc = open_file(md, ino, fuse_req_ctx(req)->uid, NULL, fi);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -1063,7 +1068,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		return;
 	}
 	fi->flags &= ~O_TRUNC; /* it is new: nothing to truncate */
-	rc = open_file(md, a.ino, ctx->uid, true, fi);
+	rc = open_file(md, a.ino, ctx->uid, &a, fi);
 	if (rc < 0) {
 		/* The file exists now; report the open failure honestly. */
 		fuse_reply_err(req, -rc);
