@@ -33,22 +33,9 @@ done
 ferry=$build/bin/ferry
 [[ -x $ferry ]] || { echo "namespace_scale.sh: no $ferry (build first)" >&2; exit 2; }
 
-root=$(mktemp -d "$workdir/ferry-nsscale.XXXXXX")
-img=$root/scratch.img scratch=$root/scratch mnt=$root/mnt
-cleanup() {
-  set +e
-  mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
-  mountpoint -q "$mnt" && umount -l "$mnt"
-  mountpoint -q "$scratch" && umount "$scratch"
-  rm -rf "$root"
-}
-trap cleanup EXIT
-truncate -s 8G "$img"
-# Inodes for the plain copy, ferryfs's staging and objects, with room: the
-# default (one per 16 KiB) runs out near 500,000 files on 8 GiB.
-mkfs.ext4 -q -F -N $((files * 3 + 65536)) "$img"
-mkdir -p "$scratch" "$mnt"
-mount -o loop "$img" "$scratch"
+# shellcheck source=tests/bench/loop_image.sh
+. "$top/tests/bench/loop_image.sh"
+loop_image "$workdir" ferry-nsscale "$files"
 
 now() { date +%s.%N; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }

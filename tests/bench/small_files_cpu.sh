@@ -35,20 +35,9 @@ done
 ferry=$build/bin/ferry
 [[ -x $ferry ]] || { echo "small_files_cpu.sh: no $ferry (build first)" >&2; exit 2; }
 
-root=$(mktemp -d "$workdir/ferry-sfcpu.XXXXXX")
-img=$root/scratch.img scratch=$root/scratch mnt=$root/mnt
-cleanup() {
-  set +e
-  mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
-  mountpoint -q "$mnt" && umount -l "$mnt"
-  mountpoint -q "$scratch" && umount "$scratch"
-  rm -rf "$root"
-}
-trap cleanup EXIT
-truncate -s 8G "$img"
-mkfs.ext4 -q -F "$img"
-mkdir -p "$scratch" "$mnt"
-mount -o loop "$img" "$scratch"
+# shellcheck source=tests/bench/loop_image.sh
+. "$top/tests/bench/loop_image.sh"
+loop_image "$workdir" ferry-sfcpu "$files"
 
 tck=$(getconf CLK_TCK)
 proc_cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }     # ticks of pid $1

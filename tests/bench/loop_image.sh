@@ -1,0 +1,29 @@
+# Sourced by the benchmarks in tests/bench: a fresh ext4 image, loop-mounted
+# under a temporary directory of its own, that holds everything a run
+# writes (the plain copy, ferryfs's staging, metadata and file:// objects),
+# and is unmounted and removed when the script exits, whatever happened.
+#
+#   loop_image WORKDIR NAME FILES
+#
+# makes WORKDIR/NAME.XXXXXX (8 GiB image, inodes for 3 x FILES and room:
+# the default, one per 16 KiB, runs out near 500,000 files) and sets root,
+# img, scratch (the mounted file system) and mnt (an empty directory for a
+# FUSE mount, unmounted with $ferry at exit).
+
+loop_image() {
+  root=$(mktemp -d "$1/$2.XXXXXX")
+  img=$root/scratch.img scratch=$root/scratch mnt=$root/mnt
+  trap loop_image_cleanup EXIT
+  truncate -s 8G "$img"
+  mkfs.ext4 -q -F -N $(($3 * 3 + 65536)) "$img"
+  mkdir -p "$scratch" "$mnt"
+  mount -o loop "$img" "$scratch"
+}
+
+loop_image_cleanup() {
+  set +e
+  mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
+  mountpoint -q "$mnt" && umount -l "$mnt"
+  mountpoint -q "$scratch" && umount "$scratch"
+  rm -rf "$root"
+}
