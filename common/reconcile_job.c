@@ -630,6 +630,8 @@ static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *
 		s.committed_total = r->stats.committed_total;
 		s.upload_bytes_total = r->stats.upload_bytes_total;
 		s.buffer_bytes = r->stats.buffer_bytes;
+		s.has_waiting = true;
+		s.waiting = r->stats.waiting;
 		rep.body_case = FERRY__RECONCILE__REPLY__BODY_STATS;
 		rep.stats = &s;
 		break;
@@ -717,6 +719,7 @@ int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_repl
 			.committed_total = s->committed_total,
 			.upload_bytes_total = s->upload_bytes_total,
 			.buffer_bytes = s->buffer_bytes,
+			.waiting = s->has_waiting ? s->waiting : 0,
 		};
 		break;
 	}

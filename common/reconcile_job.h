@@ -147,6 +147,7 @@ struct reconcile_stats {
 	uint64_t committed_total;
 	uint64_t upload_bytes_total;
 	uint64_t buffer_bytes;
+	uint64_t waiting;          /* jobs not started yet (deferred or no slot) */
 };
 
 struct reconcile_reply {

@@ -75,7 +75,11 @@ static void usage(FILE *f)
 		"change on its own);\n"
 		"commit_window_ms=MS (default 50: a file the reconciler finished\n"
 		"uploading waits this long for others to commit with it, unless an\n"
-		"fsync, truncate or unmount waits for it; 0 commits at once)\n"
+		"fsync, truncate or unmount waits for it; 0 commits at once);\n"
+		"upload_quiet_ms=MS (default 100: a closed file's upload waits while\n"
+		"others keep being closed, until MS pass without one; 0 starts at once);\n"
+		"upload_delay_max_ms=MS (default 5000: ... but no longer than MS after\n"
+		"its close; an fsync, a drain or unmount ends every wait)\n"
 		"  -d, --debug             debug logging\n"
 		"  -h, --help              this text\n"
 		"  -V, --version           print the version\n",
@@ -96,10 +100,38 @@ void mountd_ready(struct mountd *md, const char *msg)
 
 /* Takes ferry's own options (passthrough=, fsync=) out of a -o list; the rest
  * goes to libfuse, which refuses what it does not know. */
+/* A reconciler option (NAME=MS, rc_opt_defs): 1 if o is one (*rc: 0, or
+ * -EINVAL with err set), 0 if not. */
+static int rc_opt_parse(struct mountd *md, const char *o, char *err, size_t errlen, int *rc)
+{
+	for (int k = 0; k < RC_NOPTS; k++) {
+		const struct rc_opt_def *d = &rc_opt_defs[k];
+		size_t len = strlen(d->name);
+		char *end;
+		long v;
+
+		if (strncmp(o, d->name, len) != 0 || o[len] != '=')
+			continue;
+		errno = 0;
+		v = strtol(o + len + 1, &end, 10);
+		if (!o[len + 1] || *end || errno || v < 0 || v > d->max) {
+			snprintf(err, errlen, "-o %s: %s takes milliseconds, 0 to %ld", o, d->name,
+				 d->max);
+			*rc = -EINVAL;
+			return 1;
+		}
+		md->rc_opt[k] = (int)v;
+		*rc = 0;
+		return 1;
+	}
+	return 0;
+}
+
 static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errlen)
 {
 	char *out = opts, *save = NULL;
 	bool first = true;
+	int rc;
 
 	for (char *o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
 		if (strncmp(o, "passthrough=", 12) == 0) {
@@ -180,16 +212,9 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 			md->meta_batch_ms = (int)v;
 			continue;
 		}
-		if (strncmp(o, "commit_window_ms=", 17) == 0) {
-			char *end;
-			long v = strtol(o + 17, &end, 10);
-
-			if (!o[17] || *end || v < 0 || v > 3600000) {
-				snprintf(err, errlen,
-					 "-o %s: commit_window_ms takes milliseconds, 0 to 3600000", o);
-				return -EINVAL;
-			}
-			md->commit_window_ms = (int)v;
+		if (rc_opt_parse(md, o, err, errlen, &rc) != 0) {
+			if (rc < 0)
+				return rc;
 			continue;
 		}
 		if (strncmp(o, "fsync=", 6) == 0) {
@@ -422,7 +447,8 @@ int main(int argc, char **argv)
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
-	md->commit_window_ms = -1; /* the reconciler's own default */
+	for (int k = 0; k < RC_NOPTS; k++)
+		md->rc_opt[k] = -1; /* the reconciler's own default */
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
 	md->wb_mode = WB_AUTO;
 	md->cfg.reopen_timeout_ms = 120000;

@@ -260,6 +260,15 @@ void passthrough_unavailable(struct mountd *md, uint64_t ino, int err);
  * the reconciler). Caller holds ino->lock. */
 void wstate_forget(struct mountd *md, struct inode *ino);
 
+/* Reconciler options a mount sets with -o NAME=MS. */
+enum { RC_OPT_COMMIT_WINDOW, RC_OPT_UPLOAD_QUIET, RC_OPT_UPLOAD_DELAY_MAX, RC_NOPTS };
+struct rc_opt_def {
+	const char *name;  /* the -o name */
+	const char *flag;  /* ferry-reconciler's option */
+	long max;
+};
+extern const struct rc_opt_def rc_opt_defs[RC_NOPTS];
+
 /* ---- reconcile_client.c: closed staging files to ferry-reconciler ---- */
 /* Takes a seq epoch, recovers staging files left by a crash, starts (or
  * connects to) the reconciler and the reply reader. */
@@ -463,9 +472,9 @@ struct mountd {
 	char pt_reason[64];           /* why pt_off: a token for .stats */
 	_Atomic int pt_unavailable;   /* the errno last logged by passthrough_unavailable() */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
-	/* -o commit_window_ms for the reconciler this daemon starts; -1: its
-	 * default. */
-	int commit_window_ms;
+	/* -o options handed to the reconciler this daemon starts (rc_opt_defs
+	 * names them); -1: its default. */
+	int rc_opt[RC_NOPTS];
 	/* -o meta_batch_ms: namespace changes commit in batches this far apart
 	 * (meta_journal_open); 0: each on its own. */
 	int meta_batch_ms;

@@ -70,7 +70,7 @@ static bool timespec_eq(const struct timespec *a, const struct timespec *b)
 
 /*
  * Whether the connection can take a frame now, waiting up to timeout_ms
- * without rc_lock. The reconciler stops reading while it holds --max-jobs
+ * without rc_lock. The reconciler stops reading while it holds its most
  * jobs (or when it is stopped or stuck); a send that blocked under rc_lock
  * would then stall every other user of the connection (.stats, drains, the
  * reader thread's commits). POLLOUT on a Unix stream socket means at least
@@ -469,6 +469,12 @@ void staging_recover(struct mountd *md, bool with_jobs)
 			  "never returned)", kept, md->cfg.staging_dir, RECONCILE_ORPHAN_SUFFIX);
 }
 
+const struct rc_opt_def rc_opt_defs[RC_NOPTS] = {
+	[RC_OPT_COMMIT_WINDOW] = { "commit_window_ms", "--commit-window-ms", 3600000 },
+	[RC_OPT_UPLOAD_QUIET] = { "upload_quiet_ms", "--upload-quiet-ms", 600000 },
+	[RC_OPT_UPLOAD_DELAY_MAX] = { "upload_delay_max_ms", "--upload-delay-max-ms", 3600000 },
+};
+
 static int spawn_reconciler(struct mountd *md)
 {
 	char exe[PATH_MAX], *slash;
@@ -505,8 +511,8 @@ static int spawn_reconciler(struct mountd *md)
 		}
 		char vol[PATH_MAX + 16];
 		snprintf(vol, sizeof(vol), "sqlite://%s", md->cfg.db_path);
-		char window[16];
-		const char *argv[16];
+		char val[RC_NOPTS][16];
+		const char *argv[16 + 2 * RC_NOPTS];
 		int n = 0;
 
 		argv[n++] = exe;
@@ -520,10 +526,12 @@ static int spawn_reconciler(struct mountd *md)
 			argv[n++] = "--metrics";
 			argv[n++] = md->cfg.metrics;
 		}
-		if (md->commit_window_ms >= 0) {
-			snprintf(window, sizeof(window), "%d", md->commit_window_ms);
-			argv[n++] = "--commit-window-ms";
-			argv[n++] = window;
+		for (int k = 0; k < RC_NOPTS; k++) {
+			if (md->rc_opt[k] < 0)
+				continue;
+			snprintf(val[k], sizeof(val[k]), "%d", md->rc_opt[k]);
+			argv[n++] = rc_opt_defs[k].flag;
+			argv[n++] = val[k];
 		}
 		argv[n++] = "-f";
 		argv[n] = NULL;

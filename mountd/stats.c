@@ -110,6 +110,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 		fprintf(f, "passthrough_staging_blocks %llu\n", (unsigned long long)rs.staging_blocks);
 		fprintf(f, "passthrough_staging_bytes %llu\n", (unsigned long long)rs.staging_bytes);
 		fprintf(f, "reconcile_inflight %llu\n", (unsigned long long)rs.inflight);
+		fprintf(f, "reconcile_waiting %llu\n", (unsigned long long)rs.waiting);
 		fprintf(f, "reconcile_failures_total %llu\n", (unsigned long long)rs.failures_total);
 		fprintf(f, "reconcile_committed_total %llu\n", (unsigned long long)rs.committed_total);
 		fprintf(f, "reconcile_orphans %llu\n", (unsigned long long)rs.orphans);

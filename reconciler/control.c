@@ -173,10 +173,14 @@ void conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep
 		conn_close(c);
 		return;
 	}
-	/* Most replies fit the socket right away. */
+	/* Most replies fit the socket right away. A failed write closes the
+	 * connection, which drops the references its drains held: hold one
+	 * until the end here. */
+	conn_ref(c);
 	write_cb(c->fd, EV_WRITE, c);
 	if (!c->dead && evbuffer_get_length(c->out))
 		event_add(c->wev, NULL);
+	conn_unref(c);
 }
 
 /* A request we refuse: one Error, one log line, then the connection ends. */

@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "reconciler.h"
 
@@ -166,16 +167,20 @@ static void drain_reply(struct rec *r, struct conn *c, uint64_t upto)
 
 static void drains_check(struct rec *r)
 {
-	struct drain_wait *d, *next;
+	struct drain_wait *d;
 
-	for (d = TAILQ_FIRST(&r->drains); d; d = next) {
-		next = TAILQ_NEXT(d, link);
+again:
+	TAILQ_FOREACH(d, &r->drains, link) {
 		if (!drained(r, d->upto))
 			continue;
-		drain_reply(r, d->conn, d->upto);
+		/* Off the list first: a reply the peer cannot take closes its
+		 * connection, which drops that connection's drains from the
+		 * list (jobs_conn_gone); so look again from the start. */
 		TAILQ_REMOVE(&r->drains, d, link);
+		drain_reply(r, d->conn, d->upto);
 		conn_unref(d->conn);
 		free(d);
+		goto again;
 	}
 }
 
@@ -194,7 +199,8 @@ int jobs_drain_add(struct rec *r, struct conn *c, uint64_t upto)
 	d->upto = upto;
 	conn_ref(c);
 	TAILQ_INSERT_TAIL(&r->drains, d, link);
-	commit_kick(r); /* someone waits: no window */
+	jobs_start_ready(r); /* someone waits: no deferral, */
+	commit_kick(r);      /* and no window */
 	return 0;
 }
 
@@ -230,10 +236,92 @@ static void job_free(struct job *j)
 	free(j);
 }
 
-static void try_start(struct rec *r)
+static void ready_remove(struct rec *r, struct job *j)
 {
-	while (r->nactive < r->cfg.max_active && !TAILQ_EMPTY(&r->ready))
-		job_start(r, TAILQ_FIRST(&r->ready));
+	TAILQ_REMOVE(&r->ready, j, ready_link);
+	j->on_ready = false;
+	r->nready--;
+	r->ready_bytes -= j->rj.length;
+}
+
+/* ---- deferral: the foreground first ---- */
+
+/*
+ * A burst of small files (a checkout, an untar, a build) hands the
+ * reconciler a job per file, and each job costs CPU, a metadata
+ * transaction, an fsync of the object (file://) and a commit notice back
+ * to ferry-mountd: on a small node, started at once they take about as
+ * much from the writer as its own work does. So a handed-over job waits
+ * while others keep coming, and starts once the handoffs pause for
+ * upload_quiet_ms, or upload_delay_max_ms after its own handoff (a writer
+ * that never pauses), or when the waiting jobs reach half of max_jobs or
+ * their bytes the upload buffer (the backlog and the time to drain it
+ * stay bounded). Anyone waiting on a commit does not wait for the pause:
+ * a drain (ferry drain, unmount, fsync=remote, an open that needs the
+ * commit) starts every job at once, as does shutdown. Jobs found in the
+ * journal before any handoff (at start) have nobody writing behind them
+ * and start at once; those a later scan finds wait like the rest.
+ *
+ * The data is no less durable meanwhile: a handed-over file is on the
+ * staging disk, with its record, whether or not its upload started.
+ */
+static bool start_due(struct rec *r, const struct job *j, int64_t now, int64_t *wait_ns)
+{
+	int64_t quiet = (int64_t)r->cfg.upload_quiet_ms * 1000000;
+	int64_t most = (int64_t)r->cfg.upload_delay_max_ms * 1000000;
+	int64_t to_quiet, to_most;
+
+	if (quiet == 0 || r->stopping || r->last_handoff_ns == 0 || !TAILQ_EMPTY(&r->drains) ||
+	    r->nready >= r->cfg.max_jobs / 2 || r->ready_bytes >= r->cfg.buffer_bytes)
+		return true;
+	to_quiet = r->last_handoff_ns + quiet - now;
+	to_most = j->added_ns + most - now;
+	if (to_quiet <= 0 || to_most <= 0)
+		return true;
+	*wait_ns = to_quiet < to_most ? to_quiet : to_most;
+	return false;
+}
+
+static void defer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct rec *r = arg;
+
+	(void)fd;
+	(void)what;
+	r->defer_armed = false;
+	jobs_start_ready(r);
+}
+
+/* Looks at the ready jobs again in wait_ns; false if no timer could be
+ * set (the caller then starts them now rather than strand them). */
+static bool defer_arm(struct rec *r, int64_t wait_ns)
+{
+	struct timeval tv;
+
+	/* An armed timer fires no later than this one would: the head's own
+	 * limit does not move, and the quiet end only moves later. */
+	if (r->defer_armed)
+		return true;
+	if (!r->defer_timer && !(r->defer_timer = evtimer_new(r->base, defer_cb, r)))
+		return false;
+	tv.tv_sec = (time_t)(wait_ns / 1000000000);
+	tv.tv_usec = (suseconds_t)(wait_ns % 1000000000 / 1000) + 1;
+	if (evtimer_add(r->defer_timer, &tv) < 0)
+		return false;
+	r->defer_armed = true;
+	return true;
+}
+
+void jobs_start_ready(struct rec *r)
+{
+	int64_t now = mono_now_ns(), wait_ns = 0;
+	struct job *j;
+
+	while (r->nactive < r->cfg.max_active && (j = TAILQ_FIRST(&r->ready))) {
+		if (!start_due(r, j, now, &wait_ns) && defer_arm(r, wait_ns))
+			return;
+		job_start(r, j);
+	}
 }
 
 static void backoff_cb(evutil_socket_t fd, short what, void *arg);
@@ -262,6 +350,9 @@ int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, 
 	j->rj = *rj;
 	memset(rj, 0, sizeof(*rj));
 	j->fd = fd;
+	j->added_ns = mono_now_ns();
+	if (conn)
+		r->last_handoff_ns = j->added_ns;
 	j->orphan = orphan;
 	j->rec_xattr = rec_xattr;
 	j->conn = conn;
@@ -310,7 +401,9 @@ int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, 
 	else
 		TAILQ_INSERT_HEAD(&r->ready, j, ready_link);
 	j->on_ready = true;
-	try_start(r);
+	r->nready++;
+	r->ready_bytes += j->rj.length;
+	jobs_start_ready(r);
 	return 0;
 }
 
@@ -343,7 +436,7 @@ static void job_finish(struct rec *r, struct job *j, int err, const char *msg, e
 	TAILQ_REMOVE(&q->jobs, j, iq_link);
 	name_remove(r, j);
 	if (j->on_ready)
-		TAILQ_REMOVE(&r->ready, j, ready_link);
+		ready_remove(r, j);
 	if (j->started)
 		r->nactive--;
 	if (j->feeding)
@@ -359,7 +452,7 @@ static void job_finish(struct rec *r, struct job *j, int err, const char *msg, e
 	else if (was_head)
 		job_maybe_commit(r, TAILQ_FIRST(&q->jobs));
 	drains_check(r);
-	try_start(r);
+	jobs_start_ready(r);
 	rec_check_done(r);
 }
 
@@ -609,8 +702,7 @@ static void job_start(struct rec *r, struct job *j)
 	int rc;
 
 	if (j->on_ready) {
-		TAILQ_REMOVE(&r->ready, j, ready_link);
-		j->on_ready = false;
+		ready_remove(r, j);
 	}
 	if (!j->started) {
 		j->started = true;
@@ -1132,9 +1224,16 @@ void jobs_free_all(struct rec *r)
 		job_free(j);
 	}
 	TAILQ_INIT(&r->ready);
+	r->nready = 0;
+	r->ready_bytes = 0;
 	TAILQ_INIT(&r->feed);
 	TAILQ_INIT(&r->commitq);
 	r->ncommitq = 0;
+	if (r->defer_timer) {
+		event_free(r->defer_timer);
+		r->defer_timer = NULL;
+		r->defer_armed = false;
+	}
 	if (r->commit_timer) {
 		event_free(r->commit_timer);
 		r->commit_timer = NULL;

@@ -59,6 +59,11 @@ static void usage(FILE *f)
 		"  --commit-window-ms MS   a finished upload waits up to MS for others to commit\n"
 		"                          with it, unless a drain (fsync, unmount) waits\n"
 		"                          (default 50; 0: commit at once)\n"
+		"  --upload-quiet-ms MS    a handed-over file waits while others keep coming, until\n"
+		"                          MS pass without one (default 100; 0: start at once);\n"
+		"                          a drain (fsync, unmount, ferry drain) ends every wait\n"
+		"  --upload-delay-max-ms MS  ... but no longer than MS after its own handoff\n"
+		"                          (default 5000)\n"
 		"  --shutdown-timeout SEC  on SIGTERM/SIGINT, give up after SEC seconds without\n"
 		"                          progress; what is left stays journaled (default 60)\n"
 		"  -f, --foreground        stay attached (otherwise return once serving)\n"
@@ -237,6 +242,7 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 	if (r->rescan_ev)
 		event_del(r->rescan_ev);
 	rec_progress(r);
+	jobs_start_ready(r); /* deferred ones too: nobody writes any more */
 	deadline_ev = event_new(r->base, -1, EV_PERSIST, deadline_cb, r);
 	if (deadline_ev)
 		event_add(deadline_ev, &sec);
@@ -267,6 +273,8 @@ int main(int argc, char **argv)
 		{ "socket", required_argument, NULL, 'S' },
 		{ "max-uploads", required_argument, NULL, 'u' },
 		{ "commit-window-ms", required_argument, NULL, 'w' },
+		{ "upload-quiet-ms", required_argument, NULL, 'q' },
+		{ "upload-delay-max-ms", required_argument, NULL, 'D' },
 		{ "buffer-mib", required_argument, NULL, 'b' },
 		{ "metrics", required_argument, NULL, 'm' },
 		{ "retries", required_argument, NULL, 'r' },
@@ -298,9 +306,11 @@ int main(int argc, char **argv)
 	cfg->retries = 5;
 	cfg->retry_delay_ms = 1000;
 	cfg->shutdown_timeout_s = 60;
-	cfg->max_jobs = 4096;
+	cfg->max_jobs = 16384;
 	cfg->rescan_s = 30;
 	cfg->commit_window_ms = 50;
+	cfg->upload_quiet_ms = 100;
+	cfg->upload_delay_max_ms = 5000;
 	log_init("ferry-reconciler", LOG_LVL_INFO);
 
 	while ((opt = getopt_long(argc, argv, "fdhV", longopts, NULL)) != -1) {
@@ -314,6 +324,8 @@ int main(int argc, char **argv)
 		case 'r': cfg->retries = (unsigned)parse_num("--retries", optarg, 1, 1000); break;
 		case 'R': cfg->retry_delay_ms = (unsigned)parse_num("--retry-delay", optarg, 1, 3600000); break;
 		case 'w': cfg->commit_window_ms = (unsigned)parse_num("--commit-window-ms", optarg, 0, 3600000); break;
+		case 'q': cfg->upload_quiet_ms = (unsigned)parse_num("--upload-quiet-ms", optarg, 0, 600000); break;
+		case 'D': cfg->upload_delay_max_ms = (unsigned)parse_num("--upload-delay-max-ms", optarg, 0, 3600000); break;
 		case 't': cfg->shutdown_timeout_s = (unsigned)parse_num("--shutdown-timeout", optarg, 1, 86400); break;
 		case 'f': cfg->foreground = true; break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;

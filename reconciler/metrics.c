@@ -51,6 +51,7 @@ void metrics_snapshot(struct rec *r, struct reconcile_stats *s)
 	s->committed_total = r->c.committed_total;
 	s->upload_bytes_total = r->c.upload_bytes_total;
 	s->buffer_bytes = r->buffer_used;
+	s->waiting = r->nready;
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,
@@ -89,6 +90,9 @@ static void http_cb(struct evhttp_request *req, void *arg)
 	metric(b, "passthrough_staging_bytes", "gauge",
 	       "Bytes handed over to the reconciler and not yet committed", s.staging_bytes);
 	metric(b, "reconcile_inflight", "gauge", "Jobs handed over and not finished", s.inflight);
+	metric(b, "reconcile_waiting", "gauge",
+	       "Jobs not started yet: a burst of handoffs goes on, or no start slot is free",
+	       s.waiting);
 	metric(b, "reconcile_failures_total", "counter", "Failed job attempts", s.failures_total);
 	metric(b, "reconcile_orphans", "gauge",
 	       "Jobs given up this run, kept as .orphan until the next start", s.orphans);

@@ -87,6 +87,7 @@ struct job {
 	enum job_state state;
 	bool started;                  /* counted in r->nactive */
 	bool on_ready;                 /* on r->ready */
+	int64_t added_ns;              /* CLOCK_MONOTONIC when it was added */
 	struct reconcile_plan plan;
 	uint64_t *done;                /* bitmap of stored objects */
 	uint64_t ndone;
@@ -121,6 +122,9 @@ bool jobs_recent(struct rec *r, const char *name, uint64_t seq, int *err);
 /* Scans the staging directory for records not yet known; at_start: also
  * orphans, and no age limit. Returns how many jobs it added. */
 size_t jobs_scan(struct rec *r, bool at_start, time_t min_age);
+/* Starts ready jobs that are due (see start_due in jobs.c): after a
+ * deferral ends, a drain, or at shutdown. */
+void jobs_start_ready(struct rec *r);
 /* Called by upload.c when one object of j is done (rc 0: stored). */
 void jobs_object_done(struct rec *r, struct job *j, uint64_t obj, int rc, const char *why);
 /* Drain requests: the reply comes once every job up to upto finished;
@@ -179,6 +183,11 @@ struct rec_config {
 	unsigned max_active;         /* jobs started at once */
 	unsigned rescan_s;           /* journal rescan period */
 	unsigned commit_window_ms;   /* a commit waits this long for company */
+	/* A handed-over job waits while ferry-mountd keeps handing others
+	 * over (a burst of writes), until upload_quiet_ms pass without one,
+	 * or upload_delay_max_ms after its own handoff; 0: no waiting. */
+	unsigned upload_quiet_ms;
+	unsigned upload_delay_max_ms;
 };
 
 struct rec_counters {
@@ -216,6 +225,11 @@ struct rec {
 
 	/* jobs */
 	struct job_list all, ready, feed;
+	size_t nready;               /* jobs on ready, and their bytes */
+	uint64_t ready_bytes;
+	int64_t last_handoff_ns;     /* CLOCK_MONOTONIC of the latest handoff */
+	struct event *defer_timer;   /* looks at ready again when a deferral ends */
+	bool defer_armed;
 	struct job_list commitq;     /* JOB_COMMITTING, not yet in a batch */
 	size_t ncommitq;
 	bool committing;             /* a commit batch is at a worker */

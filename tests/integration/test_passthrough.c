@@ -435,6 +435,46 @@ Test(passthrough, a_commit_that_changes_nothing_cached_keeps_the_kernel_cache)
 	fm_expect_content(mp("k"), body, strlen(body));
 }
 
+/* Uploads wait while files keep being closed (-o upload_quiet_ms); here
+ * the wait outlasts the test, so only someone who needs the commit can end
+ * it: an fsync, an open that must see the commit, an unmount. */
+Test(passthrough, deferred_uploads_end_when_someone_waits)
+{
+	static const char a[] = "fsynced\n", b[] = "reopened", c[] = "at unmount\n";
+	struct stat st;
+	uint64_t h0;
+	int fd;
+
+	remount_with("upload_quiet_ms=600000,upload_delay_max_ms=600000");
+	h0 = stat_of("handoffs");
+	fm_write_file(mp("a"), a, strlen(a));
+	handed_over_since(h0);
+	cr_assert_eq(stat_of("reconcile_waiting"), 1);
+	cr_assert_eq(stat_of("reconcile_committed_total"), 0);
+	uploaded_after(mp("a"));
+	cr_assert_eq(stat_of("reconcile_committed_total"), 1, "fsync did not end the wait");
+	cr_assert_eq(stat_of("reconcile_waiting"), 0);
+
+	h0 = stat_of("handoffs");
+	fm_write_file(mp("b"), b, strlen(b));
+	handed_over_since(h0);
+	fd = OK(open(mp("b"), O_WRONLY | O_APPEND));
+	fm_pwrite_all(fd, "!", 1, (off_t)strlen(b));
+	OK(close(fd));
+
+	h0 = stat_of("handoffs");
+	fm_write_file(mp("c"), c, strlen(c));
+	handed_over_since(h0);
+	cr_assert_geq(stat_of("reconcile_waiting"), 1);
+	OK(stat(mp("c"), &st));
+	fm_umount();
+	cr_assert_eq(fm_staging_files_of(st.st_ino), 0, "unmount left c's upload waiting");
+	fm_mount();
+	fm_expect_content(mp("a"), a, strlen(a));
+	fm_expect_content(mp("b"), "reopened!", 9);
+	fm_expect_content(mp("c"), c, strlen(c));
+}
+
 /* A file created (or opened for writing while empty) and closed without a
  * change has nothing to upload or commit: no handoff, no staging file
  * left; what the metadata says (size 0, the creation's times) stays. A

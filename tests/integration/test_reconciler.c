@@ -420,6 +420,275 @@ Test(reconciler, commit_window_waits_until_a_drain_asks, .timeout = 120)
 	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
 }
 
+/* ---- deferral: uploads wait for a burst of handoffs to end ---- */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Stats over sock, which must have no other reply coming first: a new
+ * connection (rcu_stats) would make the reconciler scan the journal, and
+ * take up the records of handoffs it has not read yet as jobs that need
+ * not wait. */
+static void stats_on(int sock, struct reconcile_stats *s)
+{
+	struct reconcile_reply rep;
+
+	cr_assert_eq(reconcile_stats_query(sock), 0);
+	cr_assert_eq(reconcile_recv_reply(sock, &rep), 0);
+	cr_assert_eq(rep.type, RECONCILE_REPLY_STATS, "reply %d before the stats", (int)rep.type);
+	*s = rep.stats;
+}
+
+/* Starts the reconciler with --upload-quiet-ms quiet and
+ * --upload-delay-max-ms most (and more arguments after, NULL-ended). */
+static void start_deferring(const char *quiet, const char *most, const char *more[])
+{
+	int n = 0;
+
+	rc.extra[n++] = "--upload-quiet-ms";
+	rc.extra[n++] = quiet;
+	rc.extra[n++] = "--upload-delay-max-ms";
+	rc.extra[n++] = most;
+	for (int i = 0; more && more[i]; i++)
+		rc.extra[n++] = more[i];
+	rc.extra[n] = NULL;
+	rcu_start(&rc);
+}
+
+/* A connection the reconciler has accepted: a reply proves it. (Its
+ * accept scans the journal for records a dead sender never handed over;
+ * before the first handoff, what it finds need not wait, and records of
+ * handoffs sent ahead of the accept would be among them.) */
+static int connect_accepted(void)
+{
+	struct reconcile_stats s;
+	int sock = rcu_connect(&rc);
+
+	stats_on(sock, &s);
+	return sock;
+}
+
+/* While handoffs keep coming nothing starts; once they pause for the
+ * quiet time, everything goes. Only a lower bound on time is asserted: a
+ * slow machine makes every step longer, never shorter. */
+Test(reconciler, uploads_wait_while_handoffs_keep_coming, .timeout = 120)
+{
+	enum { N = 20 };
+	uint64_t inos[N], st = 21;
+	unsigned char buf[8192];
+	struct reconcile_stats s;
+	int64_t last;
+	int sock;
+
+	make_files(N, "q-%d", inos);
+	start_deferring("1500", "600000", NULL);
+	sock = connect_accepted();
+	for (int i = 0; i < N; i++) {
+		fm_fill_random(&st, buf, sizeof(buf));
+		hand_over(sock, "q", i, inos[i], buf, sizeof(buf));
+	}
+	last = now_ms();
+	stats_on(sock, &s);
+	if (now_ms() - last < 1000) {
+		/* (A machine so slow that a second went by proves nothing here.) */
+		cr_assert_eq(s.uploads_total, 0, "uploads started while handoffs kept coming");
+		cr_assert_eq(s.waiting, N, "%llu jobs waiting, want %d",
+			     (unsigned long long)s.waiting, N);
+	}
+	rcu_wait_range(sock, 1, N, NULL);
+	cr_assert_geq(now_ms() - last, 1400, "committed %lld ms after the last handoff, before "
+		      "the quiet time", (long long)(now_ms() - last));
+	rcu_stats(&rc, &s);
+	cr_assert_eq(s.waiting, 0);
+	cr_assert_eq(s.committed_total, N);
+	close(sock);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+	mount_cold();
+	for (int i = 0; i < N; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "q-%d", i);
+		st = 21;
+		for (int k = 0; k <= i; k++)
+			fm_fill_random(&st, buf, sizeof(buf));
+		check_file(name, buf, sizeof(buf));
+	}
+	fm_umount();
+}
+
+/* Someone waiting on a commit does not wait for the pause: a drain starts
+ * every waiting job, and so does shutdown. Both waits here outlast the
+ * test's time limit. */
+Test(reconciler, a_drain_or_a_stop_ends_the_wait, .timeout = 120)
+{
+	enum { N = 6 };
+	uint64_t inos[N], st = 22;
+	unsigned char buf[4096];
+	struct reconcile_stats s;
+	struct reconcile_reply rep;
+	int sock, left;
+	bool seen[N] = { 0 };
+
+	make_files(N, "w-%d", inos);
+	start_deferring("600000", "600000", NULL);
+	sock = connect_accepted();
+	for (int i = 0; i < N / 2; i++) {
+		fm_fill_random(&st, buf, sizeof(buf));
+		hand_over(sock, "w", i, inos[i], buf, sizeof(buf));
+	}
+	usleep(300 * 1000);
+	stats_on(sock, &s);
+	cr_assert_eq(s.uploads_total, 0);
+	cr_assert_eq(s.waiting, N / 2);
+	cr_assert_eq(reconcile_drain(sock, N / 2), 0);
+	cr_assert_eq(read_until_drained(sock, &rep, seen), N / 2);
+	cr_assert_eq(rep.failed, 0);
+
+	/* More, then SIGTERM: each is committed and answered before the exit. */
+	for (int i = N / 2; i < N; i++) {
+		fm_fill_random(&st, buf, sizeof(buf));
+		hand_over(sock, "w", i, inos[i], buf, sizeof(buf));
+	}
+	cr_assert_eq(reconcile_stats_query(sock), 0);
+	do
+		cr_assert_eq(reconcile_recv_reply(sock, &rep), 0);
+	while (rep.type != RECONCILE_REPLY_STATS);
+	cr_assert_eq(rep.stats.waiting, N - N / 2, "the later jobs did not wait");
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+	for (left = N - N / 2; left > 0; left--) {
+		cr_assert_eq(reconcile_recv_reply(sock, &rep), 0, "%d replies missing", left);
+		cr_assert(rep.type == RECONCILE_REPLY_COMMITTED && rep.error == 0);
+		cr_assert(!seen[rep.seq - 1]);
+		seen[rep.seq - 1] = true;
+	}
+	close(sock);
+	cr_assert_eq(rcu_count(&rc, ""), 0);
+}
+
+/* A peer that asked for a drain and cannot take the reply: the reply's
+ * failed write closes that connection, which drops the drains it waited
+ * on, the one being answered included; the reconciler goes on (it used to
+ * free the drain and the connection under its own feet). The drain comes
+ * on a second connection whose read side is shut first, so the Drained
+ * reply is the first write to fail there. */
+Test(reconciler, a_peer_gone_before_its_drain_reply, .timeout = 120)
+{
+	enum { N = 8 };
+	uint64_t inos[N], st = 26;
+	unsigned char buf[16384];
+	struct reconcile_stats s;
+	int sock, gone;
+
+	make_files(N, "g-%d", inos);
+	start_deferring("600000", "600000", NULL);
+	sock = connect_accepted();
+	for (int i = 0; i < N; i++) {
+		fm_fill_random(&st, buf, sizeof(buf));
+		hand_over(sock, "g", i, inos[i], buf, sizeof(buf));
+	}
+	stats_on(sock, &s); /* every handoff read */
+	cr_assert_eq(s.waiting, N);
+	gone = connect_accepted();
+	OK(shutdown(gone, SHUT_RD));
+	cr_assert_eq(reconcile_drain(gone, N), 0);
+	cr_assert_eq(reconcile_drain(gone, N / 2), 0);
+	rcu_wait_range(sock, 1, N, NULL);
+	usleep(100 * 1000);
+	cr_assert(rcu_alive(&rc), "the reconciler died");
+	close(gone);
+	close(sock);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+}
+
+/* A writer that never pauses: a job waits no longer than
+ * --upload-delay-max-ms after its own handoff. */
+Test(reconciler, the_wait_has_a_limit, .timeout = 120)
+{
+	enum { N = 3 };
+	uint64_t inos[N], st = 23;
+	unsigned char buf[4096];
+	int64_t t0;
+	int sock;
+
+	make_files(N, "l-%d", inos);
+	start_deferring("600000", "700", NULL);
+	sock = connect_accepted();
+	t0 = now_ms();
+	for (int i = 0; i < N; i++) {
+		fm_fill_random(&st, buf, sizeof(buf));
+		hand_over(sock, "l", i, inos[i], buf, sizeof(buf));
+	}
+	rcu_wait_range(sock, 1, N, NULL);
+	cr_assert_geq(now_ms() - t0, 650, "committed after %lld ms, before the limit",
+		      (long long)(now_ms() - t0));
+	close(sock);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+}
+
+/* The waiting backlog is bounded: jobs whose bytes reach the upload buffer
+ * (--buffer-mib) start without the pause. */
+Test(reconciler, a_backlog_past_the_buffer_starts_at_once, .timeout = 120)
+{
+	enum { N = 3 };
+	const size_t len = 600 * 1024;
+	const char *more[] = { "--buffer-mib", "1", NULL };
+	unsigned char *buf = malloc(len);
+	uint64_t inos[N], st = 24;
+	int sock;
+
+	cr_assert(buf);
+	make_files(N, "b-%d", inos);
+	start_deferring("600000", "600000", more);
+	sock = connect_accepted();
+	for (int i = 0; i < N; i++) {
+		fm_fill_random(&st, buf, len);
+		hand_over(sock, "b", i, inos[i], buf, len);
+	}
+	/* The first two pass 1 MiB; the third waits alone. */
+	rcu_wait_range(sock, 1, 2, NULL);
+	cr_assert_eq(reconcile_drain(sock, N), 0);
+	rcu_wait_range(sock, 3, 1, NULL);
+	close(sock);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+	free(buf);
+}
+
+/* Jobs found in the journal at start have no writer behind them: they
+ * start at once, however long the quiet time. */
+Test(reconciler, journal_jobs_at_start_do_not_wait, .timeout = 120)
+{
+	enum { N = 4 };
+	uint64_t inos[N], st = 25;
+	unsigned char buf[4096];
+	struct reconcile_stats s;
+
+	make_files(N, "j-%d", inos);
+	for (int i = 0; i < N; i++) {
+		struct reconcile_job j;
+		char name[32];
+
+		snprintf(name, sizeof(name), "j-%d", i);
+		fm_fill_random(&st, buf, sizeof(buf));
+		rcu_stage(&rc, name, buf, sizeof(buf));
+		rcu_job(&j, 1 + (uint64_t)i, inos[i], sizeof(buf), name);
+		rcu_record(&rc, &j);
+		reconcile_job_clear(&j);
+	}
+	start_deferring("600000", "600000", NULL);
+	for (int t = 0; t < 6000; t++) {
+		rcu_stats(&rc, &s);
+		if (s.committed_total == N)
+			break;
+		usleep(10 * 1000);
+	}
+	cr_assert_eq(s.committed_total, N, "jobs of the journal waited");
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+}
+
 /* Frames a peer should not send; the reconciler answers Error or closes,
  * leaks no fd, and serves the next peer. */
 static void expect_refused(int sock, const char *what)
