@@ -222,9 +222,20 @@ int reconcile_job_encode(const struct reconcile_job *j, uint8_t **buf, size_t *l
 	return with_handoff(j, pack_handoff, &p);
 }
 
-/* Takes a decoded Handoff into out and checks it. */
-static int handoff_take(const Ferry__Reconcile__Handoff *h, struct reconcile_job *out, char *err,
-			size_t errlen)
+/* The record kept on the staging file itself names no file: the file is
+ * the one it is on. Then it is about 40 bytes, and ext4 keeps it in the
+ * inode (a 256-byte inode has room for some 60 bytes of value) instead of
+ * allocating, journaling and later freeing a block for it per file. */
+static int pack_unnamed(Ferry__Reconcile__Handoff *h, void *arg)
+{
+	h->staging_name = (char *)"";
+	return pack_handoff(h, arg);
+}
+
+/* Takes a decoded Handoff into out and checks it. implied: the staging
+ * name of a record that names none (one kept on the file itself), or NULL. */
+static int handoff_take(const Ferry__Reconcile__Handoff *h, const char *implied,
+			struct reconcile_job *out, char *err, size_t errlen)
 {
 	int rc;
 
@@ -246,7 +257,10 @@ static int handoff_take(const Ferry__Reconcile__Handoff *h, struct reconcile_job
 	out->mtime.tv_nsec = (long)h->mtime_nsec;
 	out->size_only = h->has_size_only && h->size_only;
 	out->meta_seq = h->has_meta_seq ? h->meta_seq : 0;
-	strcpy(out->name, h->staging_name);
+	if (!h->staging_name[0] && implied && strlen(implied) <= RECONCILE_NAME_MAX)
+		strcpy(out->name, implied);
+	else
+		strcpy(out->name, h->staging_name);
 	if (h->n_dirty) {
 		out->dirty = malloc(h->n_dirty * sizeof(*out->dirty));
 		if (!out->dirty)
@@ -263,8 +277,8 @@ static int handoff_take(const Ferry__Reconcile__Handoff *h, struct reconcile_job
 	return rc;
 }
 
-int reconcile_job_decode(const uint8_t *buf, size_t len, struct reconcile_job *out, char *err,
-			 size_t errlen)
+static int job_decode(const uint8_t *buf, size_t len, const char *implied,
+		      struct reconcile_job *out, char *err, size_t errlen)
 {
 	Ferry__Reconcile__Handoff *h;
 	struct alloc_watch w;
@@ -277,9 +291,15 @@ int reconcile_job_decode(const uint8_t *buf, size_t len, struct reconcile_job *o
 		return fail(-ENOMEM, err, errlen, "out of memory decoding a handoff");
 	if (!h)
 		return fail(-EBADMSG, err, errlen, "undecodable handoff (%zu bytes)", len);
-	rc = handoff_take(h, out, err, errlen);
+	rc = handoff_take(h, implied, out, err, errlen);
 	ferry__reconcile__handoff__free_unpacked(h, &w.a);
 	return rc;
+}
+
+int reconcile_job_decode(const uint8_t *buf, size_t len, struct reconcile_job *out, char *err,
+			 size_t errlen)
+{
+	return job_decode(buf, len, NULL, out, err, errlen);
 }
 
 /* ---- the journal ---- */
@@ -410,7 +430,7 @@ int reconcile_job_attach(int dirfd, int fd, const struct reconcile_job *j, bool 
 	int rc;
 
 	*in_xattr = false;
-	rc = reconcile_job_encode(j, &buf, &len);
+	rc = with_handoff(j, pack_unnamed, &(struct packed){ &buf, &len });
 	if (rc < 0)
 		return rc;
 	if (fsetxattr(fd, RECONCILE_JOB_XATTR, buf, len, 0) == 0) {
@@ -502,7 +522,15 @@ int reconcile_job_load(int dirfd, int fd, const char *name, struct reconcile_job
 		rc = reconcile_job_read(dirfd, jobfile, out, err, errlen);
 		goto out;
 	}
-	rc = reconcile_job_decode(buf, (size_t)n, out, err, errlen);
+	/* A record that names no file is about this one (an orphan keeps
+	 * the record its file had before it was renamed). */
+	{
+		char implied[RECONCILE_NAME_MAX + 1];
+		bool orphan = nl > ol && strcmp(name + nl - ol, RECONCILE_ORPHAN_SUFFIX) == 0;
+
+		snprintf(implied, sizeof(implied), "%.*s", (int)(orphan ? nl - ol : nl), name);
+		rc = job_decode(buf, (size_t)n, implied, out, err, errlen);
+	}
 	if (rc < 0)
 		goto out;
 	if (strcmp(out->name, name) != 0 &&
@@ -555,7 +583,7 @@ int reconcile_request_decode(const uint8_t *buf, size_t len, size_t nfds,
 			rc = fail(-EBADF, err, errlen, "a handoff needs exactly one fd, got %zu", nfds);
 			goto out;
 		}
-		rc = handoff_take(q->handoff, &out->job, err, errlen);
+		rc = handoff_take(q->handoff, NULL, &out->job, err, errlen);
 		break;
 	case FERRY__RECONCILE__REQUEST__BODY_DRAIN:
 		out->type = RECONCILE_REQ_DRAIN;

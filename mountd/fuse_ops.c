@@ -741,13 +741,28 @@ static unsigned trunc_kill_suid(struct mountd *md, uint64_t ino, uid_t caller,
 	return in->mode != a.mode ? META_SET_MODE : 0;
 }
 
-/* Whether the staging file system has less than --staging-min-free. */
+/* Whether the staging file system has less than --staging-min-free. The
+ * answer is kept for ROOM_CHECK_NS: a burst of small files would otherwise
+ * pay a statfs per file, and noticing the threshold a few milliseconds
+ * late only lets one more file start in passthrough. */
+#define ROOM_CHECK_NS (20 * 1000 * 1000)
 static bool staging_room_low(struct mountd *md)
 {
+	int64_t now, then;
 	struct statvfs sv;
+	bool low;
 
-	return md->staging_min_free && fstatvfs(md->staging_dirfd, &sv) == 0 &&
-	       (uint64_t)sv.f_bavail * sv.f_frsize < md->staging_min_free;
+	if (!md->staging_min_free)
+		return false;
+	now = mono_now_ns();
+	then = atomic_load(&md->staging_room_checked_ns);
+	if (then && now - then < ROOM_CHECK_NS)
+		return atomic_load(&md->staging_room_low);
+	low = fstatvfs(md->staging_dirfd, &sv) == 0 &&
+	      (uint64_t)sv.f_bavail * sv.f_frsize < md->staging_min_free;
+	atomic_store(&md->staging_room_low, low);
+	atomic_store(&md->staging_room_checked_ns, now);
+	return low;
 }
 
 /* Whether a new passthrough staging file may start now. */

@@ -472,6 +472,8 @@ struct mountd {
 	char pt_reason[64];           /* why pt_off: a token for .stats */
 	_Atomic int pt_unavailable;   /* the errno last logged by passthrough_unavailable() */
 	uint64_t staging_min_free;    /* bytes; below it new opens take the daemon path */
+	_Atomic int64_t staging_room_checked_ns; /* staging_room_low()'s last look */
+	_Atomic bool staging_room_low;
 	/* -o options handed to the reconciler this daemon starts (rc_opt_defs
 	 * names them); -1: its default. */
 	int rc_opt[RC_NOPTS];
@@ -500,7 +502,7 @@ struct mountd {
 	char *rc_path;                /* owned */
 	int rc_sock;
 	pid_t rc_child;               /* the reconciler we spawned, or 0 */
-	pid_t pid;                    /* ours, for the child's parent-death check */
+	pid_t pid;                    /* ours: the child's parent-death check, staging names */
 	_Atomic bool rc_up, rc_stopping;
 	pthread_t rc_reader;
 	bool rc_reader_live;

@@ -30,23 +30,26 @@ static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, boo
 	static _Atomic uint64_t serial;
 	struct wstate *w;
 	char name[128];
+	pid_t pid;
 	int rc;
 
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
+	/* (md->pid: a getpid() per file is a system call per file.) */
+	pid = md->pid ? md->pid : getpid();
 	/* <ino>-<fh>-<pid>-<serial>[-s<seq>.p]: ".p" marks a passthrough file,
 	 * which holds the whole file and so can be committed after a crash
 	 * even without a journal record, as job <seq> (staging_recover()); pid
 	 * and serial keep names unique across restarts. */
 	if (pt)
 		snprintf(name, sizeof(name), "%llu-%llu-%d-%llu-s%llu%s",
-			 (unsigned long long)ino->ino, (unsigned long long)fh, (int)getpid(),
+			 (unsigned long long)ino->ino, (unsigned long long)fh, (int)pid,
 			 (unsigned long long)atomic_fetch_add(&serial, 1),
 			 (unsigned long long)rclient_seq_next(md), STAGING_PT_SUFFIX);
 	else
 		snprintf(name, sizeof(name), "%llu-%llu-%d-%llu", (unsigned long long)ino->ino,
-			 (unsigned long long)fh, (int)getpid(),
+			 (unsigned long long)fh, (int)pid,
 			 (unsigned long long)atomic_fetch_add(&serial, 1));
 	w->fd = openat(md->staging_dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (w->fd < 0) {

@@ -8,8 +8,9 @@
 # Prints per file: the writer's wall time; the CPU time (user + system, from
 # /proc) of the writer, ferry-mountd and ferry-reconciler while the loop
 # ran; and the whole machine's busy and idle time. The reconciler's uploads
-# go on during the loop, so its share is what it takes from the writer's
-# CPUs; what it has left at the end is drained (untimed) before unmounting.
+# that go on during the loop take their share from the writer's CPUs; what
+# it holds back (-o upload_quiet_ms) or has left at the end is timed apart:
+# the wall time and reconciler CPU until every file is committed.
 #
 #   tests/bench/small_files_cpu.sh [--files N] [--size BYTES] [--runs K]
 #                                  [--workdir DIR] [--build-dir DIR]
@@ -65,7 +66,7 @@ PY
 
 echo "small files: $files x (create + write($size) + close) in one directory, $runs runs each;"
 echo "ext4 on a fresh loop image ($img); kernel $(uname -r), $(nproc) CPUs, commit $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-printf '  %-8s %4s %10s %10s %12s %16s %12s %12s\n' target run "wall us" "writer" "ferry-mountd" "ferry-reconciler" "machine busy" "machine idle"
+printf '  %-8s %4s %10s %10s %12s %16s %12s %12s %10s %10s\n' target run "wall us" "writer" "ferry-mountd" "ferry-reconciler" "machine busy" "machine idle" "then: wall" "reconciler"
 for r in $(seq 1 "$runs"); do
   plain=$scratch/plain-$r
   read -r c0 i0 < <(machine)
@@ -87,9 +88,17 @@ for r in $(seq 1 "$runs"); do
   read -r wall wcpu < <(loop "$mnt/d")
   read -r c1 i1 < <(machine)
   m1=$(proc_cpu "$mpid") q1=$(proc_cpu "$rpid")
-  printf '  %-8s %4d %10s %10s %12d %16d %12d %12d\n' ferryfs "$r" "$wall" "$wcpu" \
-    "$(per_file "m1 - m0")" "$(per_file "q1 - q0")" "$(per_file "c1 - c0")" "$(per_file "i1 - i0")"
+  # Then until every file is committed (uploads the reconciler held back
+  # while the loop ran, or had not finished).
+  d0=$(date +%s%N)
+  until grep -qx 'reconcile_inflight 0' "$mnt/.stats" &&
+        grep -qx 'reconcile_handed_inflight 0' "$mnt/.stats"; do sleep 0.05; done
+  d1=$(date +%s%N) q2=$(proc_cpu "$rpid")
+  printf '  %-8s %4d %10s %10s %12d %16d %12d %12d %10d %10d\n' ferryfs "$r" "$wall" "$wcpu" \
+    "$(per_file "m1 - m0")" "$(per_file "q1 - q0")" "$(per_file "c1 - c0")" "$(per_file "i1 - i0")" \
+    $(( (d1 - d0) / 1000 / files )) "$(per_file "q2 - q1")"
   "$ferry" umount "$mnt" >/dev/null
 done
 echo "  (CPU columns: microseconds per file while the loop ran, counted in clock ticks"
-echo "  of $((1000 / tck)) ms: ext4's loop is too short for them; busy + idle = CPUs x wall)"
+echo "  of $((1000 / tck)) ms: ext4's loop is too short for them; busy + idle = CPUs x wall."
+echo "  then: after the loop, until every file is committed: wall and reconciler CPU per file)"

@@ -390,8 +390,30 @@ Test(reconcile_job, xattr_records)
 	cr_assert_eq(reconcile_job_load(dfd, -1, "77-1.orphan", &k, &in_xattr, err, sizeof(err)),
 		     0, "%s", err);
 	reconcile_job_clear(&k);
-	/* Under another name it is refused, naming the file it records. */
+	/* The record names no file (it is about the file it is on), so it
+	 * stays small: ext4 keeps a value of up to some 60 bytes in a 256-byte
+	 * inode instead of a block of its own. */
+	{
+		uint8_t raw[512];
+		ssize_t n = fgetxattr(fd, RECONCILE_JOB_XATTR, raw, sizeof(raw));
+		cr_assert(n > 0 && n <= 56, "the record takes %zd bytes", n);
+		cr_assert(!memmem(raw, (size_t)n, "77-1", 4), "the record names its file");
+	}
+	/* So under another name, it is that file's record... */
 	cr_assert_eq(renameat(dfd, "77-1.orphan", dfd, "78-1"), 0);
+	cr_assert_eq(reconcile_job_load(dfd, -1, "78-1", &k, &in_xattr, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_assert(!strcmp(k.name, "78-1") && k.seq == 7);
+	reconcile_job_clear(&k);
+	/* ...while a record that names a file (as records did before) is
+	 * refused under another name, naming the file it records. */
+	{
+		uint8_t *raw = NULL;
+		size_t n = 0;
+		cr_assert_eq(reconcile_job_encode(&j, &raw, &n), 0);
+		cr_assert_eq(fsetxattr(fd, RECONCILE_JOB_XATTR, raw, n, 0), 0);
+		free(raw);
+	}
 	cr_assert_eq(reconcile_job_load(dfd, -1, "78-1", &k, &in_xattr, err, sizeof(err)), -EINVAL);
 	cr_assert(strstr(err, "77-1"), "%s", err);
 	cr_assert_eq(reconcile_job_load(dfd, -1, "../78-1", &k, &in_xattr, err, sizeof(err)),
