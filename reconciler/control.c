@@ -33,6 +33,9 @@
 #define CONN_WAITING_MAX 32      /* replies waiting for memory to be queued */
 #define SHORT_RETRY_FIRST_MS 50
 #define SHORT_RETRY_MAX_MS 1000
+/* After a read that took handoffs, the next waits this long (see
+ * conn_pace). */
+#define READ_PACE_MS 5
 
 struct conn {
 	struct rec *r;
@@ -55,6 +58,9 @@ struct conn {
 	unsigned nwaiting, waiting_first;
 	struct event *retry_ev;
 	long retry_ms;
+	struct event *pace_ev;  /* ends a pause in reading (conn_pace) */
+	bool paced;
+	uint64_t handoffs;      /* handoffs taken on this connection */
 	TAILQ_ENTRY(conn) link;
 };
 
@@ -81,6 +87,7 @@ static void conn_close(struct conn *c)
 	event_free(c->rev);
 	event_free(c->wev);
 	event_free(c->retry_ev);
+	event_free(c->pace_ev);
 	if (c->held) {
 		free(c->held_buf);
 		rpc_fds_close(c->held_fds, c->held_nfds);
@@ -242,6 +249,7 @@ static int handle_handoff(struct rec *r, struct conn *c, struct reconcile_job *r
 	bool rec_xattr = false;
 	int rc, err;
 
+	c->handoffs++;
 	if (r->stopping) {
 		rep.error = -ESHUTDOWN;
 		snprintf(rep.message, sizeof(rep.message), "the reconciler is stopping: the job "
@@ -419,10 +427,51 @@ out:
 	rec_check_done(r);
 }
 
+static void read_cb(evutil_socket_t fd, short what, void *arg);
+
+static void pace_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+	struct rec *r = c->r;
+
+	(void)fd;
+	(void)what;
+	c->paced = false;
+	if (c->dead || c->closing || c->read_short || r->throttled)
+		return;
+	event_add(c->rev, NULL);
+	read_cb(c->fd, EV_READ, c);
+}
+
+/*
+ * A burst of closes sends a handoff per file, and waking up for each one
+ * costs this daemon and the sender a context switch and an IPI per file
+ * (most of what a handoff costs on a small VM). Uploads wait for the burst
+ * to end anyway (upload_quiet_ms), so after a read that took handoffs the
+ * connection is left alone for READ_PACE_MS, and the next read takes what
+ * came meanwhile in one go. The socket holds a few hundred handoffs, far
+ * more than come in that time. With upload_quiet_ms 0 (start at once),
+ * every handoff is read as it comes.
+ */
+static void conn_pace(struct conn *c)
+{
+	struct rec *r = c->r;
+	struct timeval tv = { 0, READ_PACE_MS * 1000 };
+
+	if (!r->cfg.upload_quiet_ms || c->dead || c->closing || c->read_short || r->throttled ||
+	    r->stopping)
+		return;
+	if (evtimer_add(c->pace_ev, &tv) < 0)
+		return;
+	event_del(c->rev);
+	c->paced = true;
+}
+
 static void read_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct conn *c = arg;
 	struct rec *r = c->r;
+	uint64_t handoffs = c->handoffs;
 
 	conn_ref(c); /* handlers may close it */
 	while (!c->dead && !c->closing && !r->throttled && !c->read_short) {
@@ -468,6 +517,8 @@ static void read_cb(evutil_socket_t fd, short what, void *arg)
 		}
 		free(buf);
 	}
+	if (c->handoffs != handoffs)
+		conn_pace(c);
 	conn_unref(c);
 	rec_check_done(r);
 }
@@ -512,8 +563,9 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 			c->rev = event_new(r->base, fd, EV_READ | EV_PERSIST, read_cb, c);
 			c->wev = event_new(r->base, fd, EV_WRITE | EV_PERSIST, write_cb, c);
 			c->retry_ev = evtimer_new(r->base, retry_cb, c);
+			c->pace_ev = evtimer_new(r->base, pace_cb, c);
 		}
-		if (!c || !c->out || !c->rev || !c->wev || !c->retry_ev) {
+		if (!c || !c->out || !c->rev || !c->wev || !c->retry_ev || !c->pace_ev) {
 			log_warnx("out of memory for a connection");
 			if (c) {
 				if (c->out)
@@ -524,6 +576,8 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 					event_free(c->wev);
 				if (c->retry_ev)
 					event_free(c->retry_ev);
+				if (c->pace_ev)
+					event_free(c->pace_ev);
 				free(c);
 			}
 			close(fd);
@@ -599,7 +653,7 @@ void control_throttle(struct rec *r, bool on)
 	if (on)
 		log_warnx("%zu jobs known: not reading requests until some finish", r->njobs);
 	TAILQ_FOREACH(c, &r->conns, link) {
-		if (c->closing || c->read_short)
+		if (c->closing || c->read_short || c->paced)
 			continue;
 		if (on)
 			event_del(c->rev);
