@@ -277,6 +277,13 @@ static int reconciler_restart(struct mountd *md)
 	pthread_cond_broadcast(&md->rc_cond);
 	pthread_mutex_unlock(&md->rc_lock);
 out:
+	/* Jobs the new reconciler finished before we could hand them over
+	 * (its start-up scan took them up) end before it counts as up: a
+	 * reader of .stats who sees it up with nothing staged must also see
+	 * those jobs committed. */
+	for (size_t k = 0; k < ndone; k++)
+		job_committed(md, &done[k]);
+	free(done);
 	if (rc == 0) {
 		atomic_store(&md->rc_up, true);
 		log_info("started a new ferry-reconciler and handed it the jobs in flight again");
@@ -285,9 +292,6 @@ out:
 			  "for the next mount; new ones are committed by ferry-mountd");
 	}
 	atomic_store(&md->rc_restarting, false);
-	for (size_t k = 0; k < ndone; k++)
-		job_committed(md, &done[k]);
-	free(done);
 	return rc;
 }
 

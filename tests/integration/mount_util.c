@@ -1012,8 +1012,16 @@ void fm_wait_committed(const char *when, int timeout_s)
 
 	fm_wait_released(0); /* the gauge is 0 before a close's handoff too */
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	/* (and while no reconciler is up to report it) */
-	while ((v = fm_stat("passthrough_staging_blocks")) != 0 || !fm_stat("reconciler_up")) {
+	/* (and while no reconciler is up to report it). Both from one read of
+	 * .stats: a reconciler that is down reports 0 blocks, and one that
+	 * came up by the next read may still have them. */
+	for (;;) {
+		struct fm_stats s;
+
+		fm_stats_read(&s);
+		v = fm_stats_need(&s, "passthrough_staging_blocks");
+		if (v == 0 && fm_stats_need(&s, "reconciler_up"))
+			break;
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		cr_assert_lt(now.tv_sec - t0.tv_sec, timeout_s, "%s: %llu blocks still staged after "
 			     "%d s", when, (unsigned long long)v, timeout_s);

@@ -102,7 +102,13 @@ Test(object_sync, failed_flushes_commit_nothing_and_are_uploaded_again)
 	OK(unlink(sp("fsync-ctl")));
 	fm_wait_committed("after the faults", 120);
 	cr_assert_neq(fm_reconciler_pid(), first, "the reconciler that saw a flush fail went on");
-	cr_assert_gt(jobs_committed(), committed);
+	{
+		uint64_t now = jobs_committed();
+		char *st = fm_slurp(mp(".stats"));
+		cr_assert_gt(now, committed, "jobs committed: %llu, before: %llu; .stats:\n%s",
+			     (unsigned long long)now, (unsigned long long)committed, st ? st : "?");
+		free(st);
+	}
 	fm_remount_cold();
 	fm_assert_same_content(mp("before"), sp("model-before"));
 	fm_assert_same_content(mp("during"), sp("model-during"));
