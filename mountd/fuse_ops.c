@@ -898,7 +898,8 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
 			/* the reconciler has it; the inode waits for its commit */
 		} else if (rc == -ENODATA) {
-			wstate_drop(md, i);
+			if (!wstate_recycle(md, i))
+				wstate_drop(md, i);
 		} else {
 			if (rc != -ENOTCONN && rc != -E2BIG && rc != -EAGAIN) { /* stall: logged once */
 				atomic_fetch_add(&md->stats.handoff_failures, 1);

@@ -591,6 +591,9 @@ int main(int argc, char **argv)
 		start_failed(md, "read cache %s: %s", cache_vol, strerror(-rc));
 	if ((rc = staging_open(md)) < 0)
 		start_failed(md, "staging directory %s: %s", md->cfg.staging_dir, strerror(-rc));
+	staging_pool_sweep(md);
+	if ((rc = staging_pool_new(md)) < 0)
+		start_failed(md, "out of memory");
 	if ((rc = inode_table_new(&md->inodes)) < 0 ||
 	    (rc = handle_table_new(1u << 20, &md->handles)) < 0)
 		start_failed(md, "out of memory");
@@ -682,8 +685,10 @@ int main(int argc, char **argv)
 	else if (rc != 0 && rc != -ENODEV)
 		log_warnx("the FUSE loop ended with %d", rc);
 out:
+	atomic_store(&md->fuse_done, true);
 	gc_stop(md);
 	write_back_stop(md);
+	staging_pool_free(md); /* while the session's fd (or the broker) is there */
 	if (mounted)
 		fuse_session_unmount(md->se); /* nothing for a brokered mount: */
 	broker_link_umount(md);               /* the broker unmounts that */

@@ -62,6 +62,10 @@ struct stats {
 	_Atomic uint64_t broker_relinks;     /* reconnections to ferry-brokerd */
 	_Atomic uint64_t blocks_unchanged;   /* passthrough commits that skipped a block */
 	_Atomic uint64_t passthrough_no_room; /* opens refused passthrough for staging space */
+	/* staging_pool.c: opens served from the pool, those that found it
+	 * empty (and made their own file), files the filler failed to make */
+	_Atomic uint64_t staging_pool_hits, staging_pool_misses, staging_pool_failures;
+	_Atomic uint64_t staging_pool_returns; /* untouched files given back at close */
 	_Atomic uint64_t copy_ups, copy_up_bytes; /* non-empty files brought into staging at open */
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
@@ -189,6 +193,10 @@ int wstate_commit(struct mountd *md, struct inode *ino);
 /* Drops the write state (after a successful commit, or for an unlinked
  * inode whose data nobody can see again). Caller holds ino->lock. */
 void wstate_drop(struct mountd *md, struct inode *ino);
+/* wstate_drop() for a passthrough staging file that stayed empty and was
+ * never handed over: its file goes back to the staging pool. false: not
+ * such a file, or the pool is full (the caller drops it). */
+bool wstate_recycle(struct mountd *md, struct inode *ino);
 /* Copies the dirty bytes overlapping [off, off+len) over buf. */
 int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off);
 /* Truncates the staged view: dirty ranges past size go, the size is set. */
@@ -239,6 +247,26 @@ int broker_link_backing_close(struct mountd *md, int id);
 /* Asks the broker to unmount (at exit; nothing if it is gone already). */
 void broker_link_umount(struct mountd *md);
 void broker_link_close(struct mountd *md); /* accepts a mount without a broker */
+
+/* ---- staging_pool.c: passthrough staging files made ahead of opens ---- */
+struct staging_pool;
+int staging_pool_new(struct mountd *md);
+/* Gives a ready staging file the name `name` (in the staging directory)
+ * and hands over its fd and backing id (the caller owns both from here);
+ * *exact_stamps: the staging file system keeps a stamp as given. -EAGAIN
+ * when none is ready (the filler is woken; the caller makes its own), or
+ * the rename's errno. */
+int staging_pool_take(struct mountd *md, const char *name, int *fd, int *backing_id,
+		      bool *exact_stamps);
+/* Takes back staging file `name` (open as fd), empty and unregistered,
+ * as a pool file: 0 (the pool owns fd now), or -EAGAIN (full) or the
+ * rename's errno (the caller keeps fd). */
+int staging_pool_give(struct mountd *md, int fd, const char *name);
+/* Stops the filler and removes the files left: at exit, once no request
+ * runs (their backing ids go with the connection). Accepts no pool. */
+void staging_pool_free(struct mountd *md);
+/* Removes the pool files of a daemon that is gone (at start). */
+void staging_pool_sweep(struct mountd *md);
 
 /* ---- backing.c: passthrough backing files ---- */
 /* Registers fd as a backing file; returns the id (> 0) or a negative errno.
@@ -444,6 +472,8 @@ struct mountd {
 	struct stats stats;
 	int lock_fd;
 	int staging_dirfd;
+	struct staging_pool *pool;   /* owned; NULL after staging_pool_free() */
+	_Atomic bool fuse_done;      /* the FUSE loop ended: no notifications */
 	time_t started;            /* wall clock: the special files' times */
 	int64_t started_mono_ns;   /* uptime: the wall clock may jump */
 	/* write-back retry list */

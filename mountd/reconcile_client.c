@@ -170,7 +170,11 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 			atomic_fetch_add(&md->stats.commit_invalidations_skipped, 1);
 		} else {
 			atomic_fetch_add(&md->stats.commit_invalidations, 1);
-			fuse_lowlevel_notify_inval_inode(md->se, r->ino, 0, 0);
+			/* Not once the loop is over: the mount is gone, and
+			 * libfuse closes /dev/fuse at the unmount, before the
+			 * destroy that drains these commits (EBADF, logged). */
+			if (!atomic_load(&md->fuse_done))
+				fuse_lowlevel_notify_inval_inode(md->se, r->ino, 0, 0);
 		}
 		inode_unref(md, i, 0, 1); /* the reservation's reference */
 	}
@@ -407,6 +411,7 @@ void staging_recover(struct mountd *md, bool with_jobs)
 		log_warn("cannot list the staging directory %s", md->cfg.staging_dir);
 		return;
 	}
+	rewinddir(d); /* the dup shares staging_dirfd's offset */
 	while ((de = readdir(d))) {
 		const char *n = de->d_name;
 		char job[NAME_MAX + 8], to[NAME_MAX + 1];

@@ -76,6 +76,10 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(backing_close);
 	FIG(blocks_unchanged);
 	FIG(passthrough_no_room);
+	FIG(staging_pool_hits);
+	FIG(staging_pool_misses);
+	FIG(staging_pool_failures);
+	FIG(staging_pool_returns);
 	FIG(copy_ups);
 	FIG(copy_up_bytes);
 	FIG(copy_up_too_big);

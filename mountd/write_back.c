@@ -22,49 +22,75 @@
 #include "block.h"
 #include "slice.h"
 
-/* Creates a new, empty staging file <ino>-<fh> and its write state. Names
- * are never reused: an mmap of an older staging file may outlive its open. */
-static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, bool pt,
-			  struct wstate **out)
+/* A new staging file's name: <ino>-<fh>-<pid>-<serial>[-s<seq>.p]. ".p"
+ * marks a passthrough file, which holds the whole file and so can be
+ * committed after a crash even without a journal record, as job <seq>
+ * (staging_recover()); pid and serial keep names unique across restarts.
+ * Names are never reused: an mmap of an older staging file may outlive its
+ * open. */
+static void staging_name(struct mountd *md, uint64_t ino, uint64_t fh, bool pt, char *name,
+			 size_t len)
 {
 	static _Atomic uint64_t serial;
-	struct wstate *w;
-	char name[128];
-	pid_t pid;
-	int rc;
-
-	w = calloc(1, sizeof(*w));
-	if (!w)
-		return -ENOMEM;
 	/* (md->pid: a getpid() per file is a system call per file.) */
-	pid = md->pid ? md->pid : getpid();
-	/* <ino>-<fh>-<pid>-<serial>[-s<seq>.p]: ".p" marks a passthrough file,
-	 * which holds the whole file and so can be committed after a crash
-	 * even without a journal record, as job <seq> (staging_recover()); pid
-	 * and serial keep names unique across restarts. */
+	pid_t pid = md->pid ? md->pid : getpid();
+
 	if (pt)
-		snprintf(name, sizeof(name), "%llu-%llu-%d-%llu-s%llu%s",
-			 (unsigned long long)ino->ino, (unsigned long long)fh, (int)pid,
+		snprintf(name, len, "%llu-%llu-%d-%llu-s%llu%s", (unsigned long long)ino,
+			 (unsigned long long)fh, (int)pid,
 			 (unsigned long long)atomic_fetch_add(&serial, 1),
 			 (unsigned long long)rclient_seq_next(md), STAGING_PT_SUFFIX);
 	else
-		snprintf(name, sizeof(name), "%llu-%llu-%d-%llu", (unsigned long long)ino->ino,
+		snprintf(name, len, "%llu-%llu-%d-%llu", (unsigned long long)ino,
 			 (unsigned long long)fh, (int)pid,
 			 (unsigned long long)atomic_fetch_add(&serial, 1));
-	w->fd = openat(md->staging_dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (w->fd < 0) {
-		rc = -errno;
+}
+
+/* The write state of staging file `name`, open as fd (taken over). */
+static int wstate_new(struct mountd *md, const char *name, int fd, struct wstate **out)
+{
+	struct wstate *w = calloc(1, sizeof(*w));
+
+	if (!w || asprintf(&w->path, "%s/%s", md->cfg.staging_dir, name) < 0) {
 		free(w);
-		return rc;
-	}
-	if (asprintf(&w->path, "%s/%s", md->cfg.staging_dir, name) < 0) {
 		unlinkat(md->staging_dirfd, name, 0);
-		close(w->fd);
-		free(w);
+		close(fd);
 		return -ENOMEM;
 	}
+	w->fd = fd;
 	*out = w;
 	return 0;
+}
+
+/* Creates a new, empty staging file and its write state. */
+static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, bool pt,
+			  struct wstate **out)
+{
+	char name[128];
+	int fd;
+
+	staging_name(md, ino->ino, fh, pt, name, sizeof(name));
+	fd = openat(md->staging_dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	return wstate_new(md, name, fd, out);
+}
+
+/* A passthrough staging file from the pool, registered already (*id). */
+static int staging_from_pool(struct mountd *md, struct inode *ino, uint64_t fh,
+			     struct wstate **out, int *id, bool *exact_stamps)
+{
+	char name[128];
+	int fd, rc;
+
+	staging_name(md, ino->ino, fh, true, name, sizeof(name));
+	rc = staging_pool_take(md, name, &fd, id, exact_stamps);
+	if (rc < 0)
+		return rc;
+	rc = wstate_new(md, name, fd, out);
+	if (rc < 0)
+		backing_close(md, *id);
+	return rc;
 }
 
 /* Removes a staging file's close() record, if any. */
@@ -116,17 +142,23 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 			     struct timespec mtime_floor, uint64_t meta_size)
 {
-	struct wstate *w;
+	struct wstate *w = NULL;
+	bool exact = false;
 	struct stat st;
 	int rc, id;
 
-	rc = staging_create(md, ino, fh, true, &w);
-	if (rc < 0)
-		return rc;
-	id = backing_open(md, w->fd);
-	if (id < 0) {
-		staging_destroy(md, ino->ino, w);
-		return id;
+	/* A new or empty file takes a file from the pool: made and
+	 * registered ahead (a file with content is copied in first, which
+	 * dwarfs what the pool spares). */
+	if (meta_size != 0 || staging_from_pool(md, ino, fh, &w, &id, &exact) < 0) {
+		rc = staging_create(md, ino, fh, true, &w);
+		if (rc < 0)
+			return rc;
+		id = backing_open(md, w->fd);
+		if (id < 0) {
+			staging_destroy(md, ino->ino, w);
+			return id;
+		}
 	}
 	w->passthrough = true;
 	w->backing_id = id;
@@ -140,10 +172,14 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	 * untouched close); the kernel's first write stamps it anew, even in
 	 * the tick the staging file was made in. */
 	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, mtime_floor };
-	if (futimens(w->fd, ts) == 0 && fstat(w->fd, &st) == 0)
+	if (futimens(w->fd, ts) < 0)
+		w->size_changed = true; /* cannot tell later: commit */
+	else if (exact)
+		w->started_mtime = mtime_floor; /* kept as given: no need to ask */
+	else if (fstat(w->fd, &st) == 0)
 		w->started_mtime = st.st_mtim;
 	else
-		w->size_changed = true; /* cannot tell later: commit */
+		w->size_changed = true;
 	ino->w = w;
 	atomic_fetch_add(&md->stats.passthrough_opens, 1);
 	return id;
@@ -933,6 +969,30 @@ void wstate_drop(struct mountd *md, struct inode *ino)
 	backing_close(md, w->backing_id);
 	staging_destroy(md, ino->ino, w);
 	ino->w = NULL;
+}
+
+bool wstate_recycle(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+	const char *name;
+	struct stat st;
+
+	/* Never committed, nothing recorded, no backing id left, and no byte
+	 * in it (a file that had some is not reused even when cut to 0: its
+	 * name may still be in a record). */
+	if (!w || !w->passthrough || w->nprints || w->ndirty || w->flush_recorded ||
+	    w->backing_id > 0 || w->fd < 0 || fstat(w->fd, &st) < 0 || st.st_size != 0 ||
+	    st.st_blocks != 0)
+		return false;
+	name = strrchr(w->path, '/') + 1;
+	if (staging_pool_give(md, w->fd, name) < 0)
+		return false;
+	free(w->path);
+	free(w->dirty);
+	free(w->prints);
+	free(w);
+	ino->w = NULL;
+	return true;
 }
 
 /* ---- the retry list ---- */
