@@ -337,6 +337,7 @@ struct meta {
 	 * so a stream of batches never starves them (see batch_begin). -1:
 	 * none (the volume's directory is read-only). */
 	int intent_fd;
+	int64_t intent_asked_ns; /* intent_wanted()'s last look (write_lock) */
 	/* Deferred commits (meta_journal_open); all under write_lock. */
 	int jfd;               /* the journal, -1: commits are immediate */
 	struct conn *bc;       /* the batch's connection, owned here */
@@ -926,9 +927,21 @@ static void intent_lock(struct meta *m, short type)
 	intent_range(m, F_OFD_SETLKW, type, INTENT_BYTE);
 }
 
-/* Another writer waits for the database (holds the intent lock). */
+/* Another writer waits for the database (holds the intent lock). Asked at
+ * most once per INTENT_ASK_NS (write_lock held): asking is a system call,
+ * and a burst of creates would ask once per file; the writer waits at most
+ * that much longer (and never past the flusher's next round). */
+#define INTENT_ASK_NS 1000000LL
 static bool intent_wanted(struct meta *m)
 {
+	struct timespec now;
+	int64_t ns;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
+	if (ns - m->intent_asked_ns < INTENT_ASK_NS)
+		return false;
+	m->intent_asked_ns = ns;
 	return intent_range(m, F_OFD_GETLK, F_RDLCK, INTENT_BYTE) > 0;
 }
 
