@@ -865,6 +865,7 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 {
 	struct inode *i = of->ino;
 	struct wstate *w;
+	int close_id = 0; /* closed at the end, unless the pool takes it */
 
 	pthread_mutex_lock(&i->lock);
 	w = i->w;
@@ -875,7 +876,9 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 	else if (w)
 		w->npt--;
 	if (w && w->passthrough && w->npt == 0 && w->backing_id > 0) {
-		backing_close(md, w->backing_id);
+		/* The id holds our own open of the staging file, which the
+		 * lease probe below does not count: it can wait. */
+		close_id = w->backing_id;
 		w->backing_id = 0;
 	}
 	if (w && i->nwriters == 0 && w->npt == 0 && !i->pending) {
@@ -898,7 +901,9 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
 			/* the reconciler has it; the inode waits for its commit */
 		} else if (rc == -ENODATA) {
-			if (!wstate_recycle(md, i))
+			if (wstate_recycle(md, i, close_id))
+				close_id = 0; /* the pool's, with the file */
+			else
 				wstate_drop(md, i);
 		} else {
 			if (rc != -ENOTCONN && rc != -E2BIG && rc != -EAGAIN) { /* stall: logged once */
@@ -913,6 +918,7 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		}
 	}
 	pthread_mutex_unlock(&i->lock);
+	backing_close(md, close_id); /* ignores 0 */
 	inode_unref(md, i, nlookup, 1);
 	free(of);
 }

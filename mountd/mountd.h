@@ -194,9 +194,10 @@ int wstate_commit(struct mountd *md, struct inode *ino);
  * inode whose data nobody can see again). Caller holds ino->lock. */
 void wstate_drop(struct mountd *md, struct inode *ino);
 /* wstate_drop() for a passthrough staging file that stayed empty and was
- * never handed over: its file goes back to the staging pool. false: not
- * such a file, or the pool is full (the caller drops it). */
-bool wstate_recycle(struct mountd *md, struct inode *ino);
+ * never handed over: its file (and backing_id, if > 0) go back to the
+ * staging pool. false: not such a file, or the pool is full (the caller
+ * drops it and closes backing_id). */
+bool wstate_recycle(struct mountd *md, struct inode *ino, int backing_id);
 /* Copies the dirty bytes overlapping [off, off+len) over buf. */
 int wstate_overlay(struct wstate *w, void *buf, size_t len, off_t off);
 /* Truncates the staged view: dirty ranges past size go, the size is set. */
@@ -258,10 +259,10 @@ int staging_pool_new(struct mountd *md);
  * the rename's errno. */
 int staging_pool_take(struct mountd *md, const char *name, int *fd, int *backing_id,
 		      bool *exact_stamps);
-/* Takes back staging file `name` (open as fd), empty and unregistered,
- * as a pool file: 0 (the pool owns fd now), or -EAGAIN (full) or the
- * rename's errno (the caller keeps fd). */
-int staging_pool_give(struct mountd *md, int fd, const char *name);
+/* Takes back staging file `name` (open as fd, registered as backing_id, or
+ * 0: not registered), empty, as a pool file: 0 (the pool owns fd and id
+ * now), or -EAGAIN (full) or the rename's errno (the caller keeps both). */
+int staging_pool_give(struct mountd *md, int fd, const char *name, int backing_id);
 /* Stops the filler and removes the files left: at exit, once no request
  * runs (their backing ids go with the connection). Accepts no pool. */
 void staging_pool_free(struct mountd *md);

@@ -11,8 +11,9 @@
  * daemon's recovery), and a later start removes those of a daemon that is
  * gone (staging_pool_sweep). The pool owns each file's fd and backing id
  * until staging_pool_take() hands both to the caller. A file created and
- * closed untouched comes back (staging_pool_give) instead of being removed:
- * an empty file costs the staging file system two renames, not a file.
+ * closed untouched comes back (staging_pool_give), still registered,
+ * instead of being removed: an empty file costs the staging file system two
+ * renames, not a file, and no registration.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -259,7 +260,7 @@ int staging_pool_take(struct mountd *md, const char *name, int *fd, int *backing
 		return rc;
 	}
 	if (pf.backing_id == 0) {
-		/* Given back by a close (staging_pool_give): registered now,
+		/* Given back unregistered (staging_pool_give): registered now,
 		 * one ioctl (or RPC) instead of a file made and removed. */
 		pf.backing_id = backing_open(md, pf.fd);
 		if (pf.backing_id < 0) {
@@ -279,10 +280,10 @@ int staging_pool_take(struct mountd *md, const char *name, int *fd, int *backing
 	return 0;
 }
 
-int staging_pool_give(struct mountd *md, int fd, const char *name)
+int staging_pool_give(struct mountd *md, int fd, const char *name, int backing_id)
 {
 	struct staging_pool *p = md->pool;
-	struct pool_file pf = { .fd = fd };
+	struct pool_file pf = { .fd = fd, .backing_id = backing_id > 0 ? backing_id : 0 };
 	char to[64];
 
 	if (!p)
@@ -307,7 +308,7 @@ int staging_pool_give(struct mountd *md, int fd, const char *name)
 		return 0;
 	}
 	pthread_mutex_unlock(&p->lock);
-	pool_file_drop(md, &pf, false); /* it has no backing id */
+	pool_file_drop(md, &pf, true);
 	return 0;
 }
 

@@ -971,7 +971,7 @@ void wstate_drop(struct mountd *md, struct inode *ino)
 	ino->w = NULL;
 }
 
-bool wstate_recycle(struct mountd *md, struct inode *ino)
+bool wstate_recycle(struct mountd *md, struct inode *ino, int backing_id)
 {
 	struct wstate *w = ino->w;
 	const char *name;
@@ -985,7 +985,7 @@ bool wstate_recycle(struct mountd *md, struct inode *ino)
 	    st.st_blocks != 0)
 		return false;
 	name = strrchr(w->path, '/') + 1;
-	if (staging_pool_give(md, w->fd, name) < 0)
+	if (staging_pool_give(md, w->fd, name, backing_id) < 0)
 		return false;
 	free(w->path);
 	free(w->dirty);
