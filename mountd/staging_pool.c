@@ -188,9 +188,13 @@ static void *pool_main(void *arg)
 						break;
 				break;
 			}
-			if (p->stop) {
+			if (p->stop || p->n >= POOL_TARGET) {
+				/* Stopping, or closes gave files back meanwhile
+				 * and the pool is full: this one is not needed. */
+				bool stop = p->stop;
+
 				pthread_mutex_unlock(&p->lock);
-				pool_file_drop(md, &pf, false);
+				pool_file_drop(md, &pf, !stop);
 				pthread_mutex_lock(&p->lock);
 				break;
 			}

@@ -21,9 +21,21 @@ loop_image() {
 }
 
 loop_image_cleanup() {
+  local rc=$? log
   set +e
   mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
   mountpoint -q "$mnt" && umount -l "$mnt"
+  # A run that failed shows the daemons' warnings and errors before their
+  # logs go with the image (FERRY_BENCH_KEEP_LOG=PREFIX keeps a copy of
+  # each as PREFIX.<name>).
+  if [[ $rc -ne 0 ]]; then
+    for log in "$scratch"/vol/ferry-*.log; do
+      [[ -f $log ]] || continue
+      echo "--- warnings and errors in $log ---" >&2
+      grep -v ' info: ' "$log" | tail -n 30 >&2
+      [[ -n ${FERRY_BENCH_KEEP_LOG:-} ]] && cp "$log" "$FERRY_BENCH_KEEP_LOG.$(basename "$log")"
+    done
+  fi
   mountpoint -q "$scratch" && umount "$scratch"
   rm -rf "$root"
 }

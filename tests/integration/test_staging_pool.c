@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -151,4 +152,61 @@ Test(staging_pool, a_killed_daemons_pool_files_are_removed_at_start)
 	fm_umount();
 	cr_assert_eq(pool_files(), 0, "pool files outlived the unmount");
 	fm_mount();
+}
+
+struct creator {
+	int id, n, err;
+};
+
+static void *create_empty_files(void *arg)
+{
+	struct creator *c = arg;
+
+	for (int k = 0; k < c->n && !c->err; k++) {
+		int fd = open(mp("c%d/f%05d", c->id, k), O_CREAT | O_WRONLY, 0644);
+
+		if (fd < 0 || close(fd) < 0)
+			c->err = errno;
+	}
+	return NULL;
+}
+
+/* Closes give files back while the filler makes new ones: the pool never
+ * holds more than it has room for, and no create gets a file or a backing
+ * id that another one has. */
+Test(staging_pool, closes_giving_back_while_the_filler_fills)
+{
+	enum { THREADS = 4, FILES = 1500 };
+	struct creator c[THREADS];
+	pthread_t t[THREADS];
+
+	if (!passthrough_on())
+		cr_skip_test("passthrough is off for this mount (FERRY_IT_MOUNT_OPTIONS)");
+	for (int round = 0; round < 3; round++) {
+		for (int k = 0; k < THREADS; k++) {
+			OK(mkdir(mp("c%d", k), 0755));
+			c[k] = (struct creator){ .id = k, .n = FILES };
+			cr_assert_eq(pthread_create(&t[k], NULL, create_empty_files, &c[k]), 0);
+		}
+		for (int k = 0; k < THREADS; k++) {
+			pthread_join(t[k], NULL);
+			cr_assert_eq(c[k].err, 0, "round %d, creator %d: %s", round, k,
+				     strerror(c[k].err));
+		}
+		/* Idle long enough for the pool to empty, then again. */
+		fm_wait_released(0);
+		for (int k = 0; k < THREADS; k++) {
+			for (int f = 0; f < FILES; f++)
+				OK(unlink(mp("c%d/f%05d", k, f)));
+			OK(rmdir(mp("c%d", k)));
+		}
+		usleep(2500 * 1000);
+	}
+	cr_assert_eq(fm_stat("staging_pool_failures"), 0);
+	for (int k = 0; k < 40; k++)
+		fm_write_file(mp("after%02d", k), "after\n", 6);
+	fm_wait_released(0);
+	fm_remount_cold();
+	for (int k = 0; k < 40; k++)
+		fm_expect_content(mp("after%02d", k), "after\n", 6);
 }
