@@ -10,7 +10,9 @@
 #   rm -rf  of the directory
 #
 # Prints the time of each phase per target, the ratio to ext4, and
-# ferry-mountd's VmRSS/VmHWM after each phase.
+# ferry-mountd's VmRSS/VmHWM after each phase. libfuse's passthrough_hp over
+# the same image (scripts/passthrough-hp) is a third column where the fd
+# limit lets it run (it keeps an fd per inode): what FUSE itself costs here.
 #
 #   tests/bench/namespace_scale.sh [--files N] [--workdir DIR] [--build-dir DIR]
 #
@@ -24,7 +26,7 @@ while [[ $# -gt 0 ]]; do
     --files) files=${2:?}; shift ;;
     --workdir) workdir=${2:?}; shift ;;
     --build-dir) build=${2:?}; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "namespace_scale.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -75,6 +77,37 @@ phase ext4 "ls -l" ls_l "$scratch/plain/d"
 phase ext4 "rm -rf" rm -rf "$scratch/plain/d"
 
 mkdir -p "$scratch/objs" "$scratch/staging" "$scratch/cache"
+# libfuse's passthrough_hp over the same file system: the cost of FUSE
+# itself on this machine. It keeps an fd per inode it knows, so it runs only
+# where the fd limit allows (files + 1,000 below the hard limit).
+pthp=$("$top/scripts/passthrough-hp" 2>/dev/null || true)
+pthp_why=
+if [[ -z $pthp ]]; then
+  pthp_why="scripts/passthrough-hp could not build it"
+elif (( files + 1000 > $(ulimit -Hn) )); then
+  pthp_why="it keeps an fd per inode: $files files need more than the hard fd limit $(ulimit -Hn)"
+fi
+mnt_pthp() {
+  mkdir -p "$scratch/pthp-src"
+  (ulimit -n "$(ulimit -Hn)"; exec "$pthp" --foreground "$scratch/pthp-src" "$mnt" \
+     >"$root/pthp.log" 2>&1) &
+  for _ in $(seq 100); do mountpoint -q "$mnt" && return 0; sleep 0.05; done
+  echo "namespace_scale.sh: passthrough_hp did not mount (see $root/pthp.log)" >&2
+  return 1
+}
+umnt_pthp() { umount "$mnt"; wait; }
+if [[ -z $pthp_why ]]; then
+  mnt_pthp
+  drop
+  phase pthp create create "$mnt/d" "$files"
+  umnt_pthp
+  drop
+  mnt_pthp
+  phase pthp "ls -l" ls_l "$mnt/d"
+  phase pthp "rm -rf" rm -rf "$mnt/d"
+  umnt_pthp
+fi
+
 "$ferry" format --storage "file://$scratch/objs" "$scratch/vol" >/dev/null
 mnt_ferry() { "$ferry" mount --staging-dir "$scratch/staging" --cache-dir "$scratch/cache" \
   "$scratch/vol" "$mnt" >/dev/null; }
@@ -88,10 +121,14 @@ phase ferryfs "ls -l" ls_l "$mnt/d"
 phase ferryfs "rm -rf" rm -rf "$mnt/d"
 "$ferry" umount "$mnt" >/dev/null
 
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
 echo
-printf '  %-8s %10s %10s %8s\n' phase ext4 ferryfs ratio
+printf '  %-8s %10s %10s %10s %8s %8s\n' phase ext4 pthp ferryfs "ferry/ext4" "ferry/pthp"
 for p in create "ls -l" "rm -rf"; do
-  printf '  %-8s %9.2fs %9.2fs %7.2fx\n' "$p" "${T[ext4.$p]}" "${T[ferryfs.$p]}" \
-    "$(awk -v a="${T[ferryfs.$p]}" -v b="${T[ext4.$p]}" 'BEGIN { printf "%.3f", a / b }')"
+  pt=${T[pthp.$p]:-}
+  printf '  %-8s %9.2fs %10s %9.2fs %10s %10s\n' "$p" "${T[ext4.$p]}" \
+    "${pt:+${pt}s}" "${T[ferryfs.$p]}" "$(ratio "${T[ferryfs.$p]}" "${T[ext4.$p]}")" \
+    "$([[ -n $pt ]] && ratio "${T[ferryfs.$p]}" "$pt" || echo -)"
 done
 echo "  (target: each within 3x of ext4 at 100,000 files)"
+[[ -z $pthp_why ]] || echo "  (no passthrough_hp column: $pthp_why)"
