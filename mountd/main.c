@@ -688,7 +688,7 @@ out:
 	atomic_store(&md->fuse_done, true);
 	gc_stop(md);
 	write_back_stop(md);
-	staging_pool_free(md); /* while the session's fd (or the broker) is there */
+	staging_pool_free(md); /* no request runs now (their ids go with the connection) */
 	if (mounted)
 		fuse_session_unmount(md->se); /* nothing for a brokered mount: */
 	broker_link_umount(md);               /* the broker unmounts that */

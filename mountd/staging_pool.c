@@ -182,10 +182,18 @@ static void *pool_main(void *arg)
 				struct timespec until = mono_after_ms(POOL_REST_MS);
 
 				atomic_fetch_add(&md->stats.staging_pool_failures, 1);
+				p->used = false;
 				while (!p->stop)
 					if (pthread_cond_timedwait(&p->want, &p->lock, &until) ==
 					    ETIMEDOUT)
 						break;
+				/* Nobody came meanwhile: rest until someone does
+				 * (an idle mount holds no pool file open), rather
+				 * than failing again every second. */
+				if (!p->stop && !p->used) {
+					p->idle = true;
+					pool_empty_locked(md, p);
+				}
 				break;
 			}
 			if (p->stop || p->n >= POOL_TARGET) {
@@ -257,7 +265,9 @@ int staging_pool_take(struct mountd *md, const char *name, int *fd, int *backing
 	if (wake)
 		pthread_cond_signal(&p->want);
 	pool_name(md, pf.serial, from, sizeof(from));
-	if (renameat(md->staging_dirfd, from, md->staging_dirfd, name) < 0) {
+	/* Never over a file that has the name (a name repeats only if seqs
+	 * restarted: --no-reconciler, the same pid in a new container). */
+	if (renameat2(md->staging_dirfd, from, md->staging_dirfd, name, RENAME_NOREPLACE) < 0) {
 		int rc = -errno;
 
 		pool_file_drop(md, &pf, true);
@@ -302,7 +312,7 @@ int staging_pool_give(struct mountd *md, int fd, const char *name, int backing_i
 	pf.exact = p->exact;
 	pthread_mutex_unlock(&p->lock);
 	pool_name(md, pf.serial, to, sizeof(to));
-	if (renameat(md->staging_dirfd, name, md->staging_dirfd, to) < 0)
+	if (renameat2(md->staging_dirfd, name, md->staging_dirfd, to, RENAME_NOREPLACE) < 0)
 		return -errno;
 	pthread_mutex_lock(&p->lock);
 	if (!p->stop && !p->idle && p->n < POOL_TARGET) {

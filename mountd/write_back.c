@@ -174,8 +174,10 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, mtime_floor };
 	if (futimens(w->fd, ts) < 0)
 		w->size_changed = true; /* cannot tell later: commit */
-	else if (exact)
-		w->started_mtime = mtime_floor; /* kept as given: no need to ask */
+	else if (exact && mtime_floor.tv_sec >= 0 && mtime_floor.tv_sec < INT32_MAX)
+		/* Kept as given: no need to ask (a stamp outside the range
+		 * every file system keeps may be clamped: ask then). */
+		w->started_mtime = mtime_floor;
 	else if (fstat(w->fd, &st) == 0)
 		w->started_mtime = st.st_mtim;
 	else
@@ -202,6 +204,10 @@ int wstate_passthrough_resume(struct mountd *md, struct inode *ino)
 	return id;
 }
 
+/* Set once a lease probe could not tell (no lease support): a mapping may
+ * then outlive any close unseen. */
+static _Atomic bool lease_unknown;
+
 bool wstate_mapped(struct wstate *w)
 {
 	static _Atomic bool told;
@@ -216,6 +222,7 @@ bool wstate_mapped(struct wstate *w)
 		return false;
 	}
 	if (errno != EAGAIN && errno != EBUSY) {
+		atomic_store(&lease_unknown, true);
 		if (!atomic_exchange(&told, true))
 			log_warn("cannot tell whether a mapping outlives the close of a passthrough "
 				 "file (F_SETLEASE on the staging directory); stores through such a "
@@ -979,8 +986,10 @@ bool wstate_recycle(struct mountd *md, struct inode *ino, int backing_id)
 
 	/* Never committed, nothing recorded, no backing id left, and no byte
 	 * in it (a file that had some is not reused even when cut to 0: its
-	 * name may still be in a record). */
-	if (!w || !w->passthrough || w->nprints || w->ndirty || w->flush_recorded ||
+	 * name may still be in a record). And only where the lease probe
+	 * works: a mapping that outlived the close would write into the next
+	 * file that took this one. */
+	if (atomic_load(&lease_unknown) || !w || !w->passthrough || w->nprints || w->ndirty || w->flush_recorded ||
 	    w->backing_id > 0 || w->fd < 0 || fstat(w->fd, &st) < 0 || st.st_size != 0 ||
 	    st.st_blocks != 0)
 		return false;
