@@ -104,6 +104,15 @@ static void flush_record_remove(struct wstate *w)
 	unlink(fj);
 }
 
+/* Frees the write state itself; its fd and file are the caller's business. */
+static void wstate_free(struct wstate *w)
+{
+	free(w->path);
+	free(w->dirty);
+	free(w->prints);
+	free(w);
+}
+
 static void staging_destroy(struct mountd *md, uint64_t ino, struct wstate *w)
 {
 	close(w->fd);
@@ -114,10 +123,7 @@ static void staging_destroy(struct mountd *md, uint64_t ino, struct wstate *w)
 		 * up again at the next start over what changes after now. */
 		staging_superseded(md, ino);
 	}
-	free(w->path);
-	free(w->dirty);
-	free(w->prints);
-	free(w);
+	wstate_free(w);
 }
 
 int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
@@ -957,10 +963,7 @@ void wstate_forget(struct mountd *md, struct inode *ino)
 	flush_record_remove(w); /* the .job made at handoff supersedes it */
 	backing_close(md, w->backing_id);
 	close(w->fd);
-	free(w->path);
-	free(w->dirty);
-	free(w->prints);
-	free(w);
+	wstate_free(w);
 	ino->w = NULL;
 }
 
@@ -989,17 +992,14 @@ bool wstate_recycle(struct mountd *md, struct inode *ino, int backing_id)
 	 * name may still be in a record). And only where the lease probe
 	 * works: a mapping that outlived the close would write into the next
 	 * file that took this one. */
-	if (atomic_load(&lease_unknown) || !w || !w->passthrough || w->nprints || w->ndirty || w->flush_recorded ||
-	    w->backing_id > 0 || w->fd < 0 || fstat(w->fd, &st) < 0 || st.st_size != 0 ||
-	    st.st_blocks != 0)
+	if (atomic_load(&lease_unknown) || !w || !w->passthrough || w->nprints || w->ndirty ||
+	    w->flush_recorded || w->backing_id > 0 || w->fd < 0 || fstat(w->fd, &st) < 0 ||
+	    st.st_size != 0 || st.st_blocks != 0)
 		return false;
 	name = strrchr(w->path, '/') + 1;
 	if (staging_pool_give(md, w->fd, name, backing_id) < 0)
 		return false;
-	free(w->path);
-	free(w->dirty);
-	free(w->prints);
-	free(w);
+	wstate_free(w);
 	ino->w = NULL;
 	return true;
 }
