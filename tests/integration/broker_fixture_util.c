@@ -33,8 +33,8 @@ struct bk_fixture bk;
 
 const char *bp(const char *fmt, ...)
 {
-	static char ring[16][PATH_MAX];
-	static int next;
+	static _Thread_local char ring[16][PATH_MAX];
+	static _Thread_local int next;
 	char *out = ring[next++ % 16], rel[1024];
 	va_list ap;
 

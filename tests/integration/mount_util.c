@@ -25,8 +25,8 @@ struct fm fm = { .reaper_fd = -1 };
 
 const char *fm_errname(int e)
 {
-	static char buf[4][24];
-	static int slot;
+	static _Thread_local char buf[4][24];
+	static _Thread_local int slot;
 	const char *n = e ? strerrorname_np(e) : "0";
 
 	if (n)
@@ -36,8 +36,11 @@ const char *fm_errname(int e)
 	return buf[slot];
 }
 
-static char ring[16][PATH_MAX];
-static int ring_slot;
+/* Per thread: tests that create from several threads at once build paths
+ * concurrently, and a shared ring handed two of them the same buffer (one
+ * thread then made the other's file). */
+static _Thread_local char ring[16][PATH_MAX];
+static _Thread_local int ring_slot;
 
 static const char *vpath(const char *base, const char *fmt, va_list ap)
 {
@@ -79,8 +82,8 @@ const char *sp(const char *fmt, ...)
 
 const char *fm_bin(const char *name)
 {
-	static char buf[4][PATH_MAX];
-	static int slot;
+	static _Thread_local char buf[4][PATH_MAX];
+	static _Thread_local int slot;
 	const char *dir = getenv("FERRY_BIN_DIR");
 
 	if (!dir || !*dir)
@@ -330,8 +333,8 @@ bool fm_asan(void)
 
 const char *fm_shim(const char *name)
 {
-	static char buf[4][PATH_MAX];
-	static int slot;
+	static _Thread_local char buf[4][PATH_MAX];
+	static _Thread_local int slot;
 	const char *dir = getenv("FERRY_SHIM_DIR");
 
 	if (!dir || !*dir)
