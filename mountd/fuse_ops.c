@@ -30,6 +30,7 @@ struct open_file {
 	bool writer;             /* counted in ino->nwriters */
 	bool passthrough;        /* counted in ino->w->npt, else in ino->ncached */
 	bool setid_clear;        /* a write through it found no set-id bits to clear */
+	struct readahead ra;     /* its reads so far, for read-ahead */
 };
 
 struct special_file {
@@ -1151,18 +1152,14 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		fuse_reply_err(req, EINVAL);
 		return;
 	}
-	buf = malloc(size ? size : 1);
-	if (!buf) {
-		fuse_reply_err(req, ENOMEM);
-		return;
-	}
 	/* While writes are staged, the inode lock keeps a commit from moving
 	 * bytes between the staging file and the store under this read. With
 	 * nothing staged the read needs no lock. */
 	pthread_mutex_lock(&of->ino->lock);
 	if (!of->ino->w && (sfd = inflight_file(md, of->ino)) >= 0) {
 		/* Another's close is being uploaded: what it left is here. */
-		n = inflight_read(sfd, of->ino->inflight_size, buf, size, off);
+		buf = malloc(size ? size : 1);
+		n = !buf ? -ENOMEM : inflight_read(sfd, of->ino->inflight_size, buf, size, off);
 		pthread_mutex_unlock(&of->ino->lock);
 	} else if (!of->ino->w) {
 		/* A handle open across another's close reads what that close
@@ -1171,8 +1168,27 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		pthread_mutex_unlock(&of->ino->lock);
 		if (rc == 0)
 			rc = meta_getattr(md->meta, ino, &a);
-		n = rc < 0 ? rc : file_read(md, req, ino, a.size, buf, size, off);
+		/* Cached objects go to the kernel without passing through
+		 * this daemon's memory; the others are fetched (and cached)
+		 * by file_read(). */
+		/* The objects ahead are asked for first: once this READ is
+		 * answered, a RELEASE may free of on another thread. */
+		if (rc == 0)
+			file_readahead(md, &of->ra, ino, a.size, (uint64_t)off, size);
+		n = rc < 0 ? rc : file_read_reply(md, req, ino, a.size, size, off);
+		if (n >= 0)
+			return; /* replied */
+		if (n == -EAGAIN) {
+			buf = malloc(size ? size : 1);
+			n = !buf ? -ENOMEM : file_read(md, req, ino, a.size, buf, size, off);
+		}
 	} else {
+		buf = malloc(size ? size : 1);
+		if (!buf) {
+			pthread_mutex_unlock(&of->ino->lock);
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
 		struct wstate *w = of->ino->w;
 		uint64_t fsize;
 		struct timespec mt;
@@ -1876,6 +1892,11 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	fuse_set_feature_flag(conn, FUSE_CAP_ATOMIC_O_TRUNC);
 	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS);
 	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS_AUTO);
+	/* READ replies from read-cache files splice (file_read_reply); a
+	 * move lets the kernel take a page instead of copying it where it
+	 * can. */
+	fuse_set_feature_flag(conn, FUSE_CAP_SPLICE_WRITE);
+	fuse_set_feature_flag(conn, FUSE_CAP_SPLICE_MOVE);
 	/* POSIX locks stay local to the kernel (one node per volume). */
 	fuse_unset_feature_flag(conn, FUSE_CAP_POSIX_LOCKS);
 	fuse_unset_feature_flag(conn, FUSE_CAP_FLOCK_LOCKS);

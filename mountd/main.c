@@ -69,6 +69,9 @@ static void usage(FILE *f)
 		"attr_timeout=SEC (default 3600: how long the kernel keeps names, absent\n"
 		"names and attributes; this daemon is the volume's only writer and\n"
 		"invalidates what the reconciler's commits change);\n"
+		"readahead=MIB (default 64: a sequential reader has the objects ahead of it\n"
+		"fetched into the read cache, 4 at a time, up to this many MiB queued or in\n"
+		"flight and a quarter of --cache-size ahead; 0: none);\n"
 		"meta_batch_ms=MS (default 5: namespace changes are journaled on local\n"
 		"disk as they are made and committed to the metadata database in batches\n"
 		"this far apart, and at every fsync, fsyncdir and unmount; 0 commits each\n"
@@ -210,6 +213,17 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->meta_batch_ms = (int)v;
+			continue;
+		}
+		if (strncmp(o, "readahead=", 10) == 0) {
+			char *end;
+			long v = strtol(o + 10, &end, 10);
+
+			if (!o[10] || *end || v < 0 || v > 4096) {
+				snprintf(err, errlen, "-o %s: readahead takes MiB, 0 to 4096", o);
+				return -EINVAL;
+			}
+			md->readahead_budget = (uint64_t)v << 20;
 			continue;
 		}
 		if (rc_opt_parse(md, o, err, errlen, &rc) != 0) {
@@ -447,6 +461,7 @@ int main(int argc, char **argv)
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
+	md->readahead_budget = READAHEAD_DEFAULT_MIB << 20;
 	for (int k = 0; k < RC_NOPTS; k++)
 		md->rc_opt[k] = -1; /* the reconciler's own default */
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
@@ -589,6 +604,14 @@ int main(int argc, char **argv)
 		fatalx("out of memory");
 	if ((rc = read_cache_open(cache_vol, md->cfg.cache_bytes, &md->cache)) < 0)
 		start_failed(md, "read cache %s: %s", cache_vol, strerror(-rc));
+	/* What a reader reads ahead stays cached until it gets there: a
+	 * quarter of the cache at most, or read-ahead would evict its own. */
+	md->readahead_window = md->readahead_budget < md->cfg.cache_bytes / 4 ?
+				       md->readahead_budget :
+				       md->cfg.cache_bytes / 4;
+	if (md->readahead_window >= md->vol.block_size &&
+	    (rc = prefetch_start(md, md->readahead_budget, &md->prefetch)) < 0)
+		start_failed(md, "read-ahead threads: %s", strerror(-rc));
 	if ((rc = staging_open(md)) < 0)
 		start_failed(md, "staging directory %s: %s", md->cfg.staging_dir, strerror(-rc));
 	staging_pool_sweep(md);
@@ -703,6 +726,7 @@ out:
 		mountd_handles_drop(md);
 	handle_table_free(md->handles);
 	inode_table_free(md->inodes);
+	prefetch_stop(md->prefetch);
 	read_cache_close(md->cache);
 	objstore_close(md->store);
 	store_url_free(&surl);

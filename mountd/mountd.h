@@ -77,6 +77,8 @@ struct stats {
 	_Atomic uint64_t releasing; /* RELEASEs being handled (open_handles) */
 	/* Staging files of jobs in flight opened for readers (they did not wait). */
 	_Atomic uint64_t inflight_reads;
+	_Atomic uint64_t spliced_reads; /* READ replies spliced from cache files */
+	_Atomic uint64_t prefetch_queued, prefetch_fetched, prefetch_failed, prefetch_dropped;
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
 	_Atomic uint64_t release_probes_deferred; /* lease probe still refused after the settle loop */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
@@ -97,9 +99,36 @@ void read_cache_close(struct read_cache *c);
  * damaged one, another errno from the store). */
 ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *st,
 			const char *key, uint32_t objsize, uint32_t off, void *buf, uint32_t len);
+/* Is key cached whole? */
+bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize);
+/* Fetches key into the cache unless it is cached or being fetched (by a
+ * reader or another prefetch: this one then returns at once). 1 fetched,
+ * 0 nothing to do, or the fetch's negative errno. */
+int read_cache_prefetch(struct read_cache *c, struct objstore *s, struct stats *st,
+			const char *key, uint32_t objsize);
+/* An fd open on the cached copy of key (the caller closes it), or -ENOENT
+ * when it is not cached whole: replies splice from it. */
+int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize);
 /* Adds an object just uploaded, so reads after a write need not fetch it. */
 void read_cache_insert(struct read_cache *c, const char *key, const void *buf, uint32_t len);
 uint64_t read_cache_bytes(struct read_cache *c);
+
+/* ---- prefetch.c: read-ahead from the object store ---- */
+/* Threads that fetch objects ahead of sequential readers into the read
+ * cache, PREFETCH_THREADS GETs at a time, at most budget bytes queued or
+ * being fetched (more is dropped: the reader then fetches as it would
+ * without). Owned by struct mountd. */
+#define PREFETCH_THREADS 4
+#define READAHEAD_DEFAULT_MIB 64ull
+struct prefetch;
+int prefetch_start(struct mountd *md, uint64_t budget, struct prefetch **out);
+/* Gives up fetches in flight, joins the threads, frees p (NULL: nothing). */
+void prefetch_stop(struct prefetch *p);
+/* Queues key (objsize bytes) unless it is cached, queued already, or over
+ * the budget. */
+void prefetch_object(struct prefetch *p, const char *key, uint32_t objsize);
+/* Bytes queued or being fetched now. */
+uint64_t prefetch_bytes(struct prefetch *p);
 
 /* ---- write_back.c: staging files, dirty ranges, upload and commit ---- */
 struct range { uint64_t start, end; }; /* [start, end) */
@@ -363,6 +392,25 @@ bool caller_watch(struct caller_watch *w);
  * size into buf; returns the byte count or a negative errno. */
 ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
 		  void *buf, size_t len, off_t off);
+/* Replies to req with up to len bytes at off, spliced from the read-cache
+ * files that hold them (holes from zeros in memory): no copy through this
+ * daemon. Returns the byte count replied, -EAGAIN when some object is not
+ * cached (nothing replied: file_read() fetches it), or another negative
+ * errno (nothing replied). */
+ssize_t file_read_reply(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
+			size_t len, off_t off);
+/* Where one handle's reads stand, to tell a sequential reader; updated
+ * without a lock by concurrent READs (readahead sends several at once):
+ * a wrong guess costs a prefetch, never a wrong byte. */
+struct readahead {
+	_Atomic uint64_t next;  /* where the last READ ended */
+	_Atomic uint64_t end;   /* prefetched up to here */
+	_Atomic uint32_t run;   /* READs in a row that followed the one before */
+};
+/* After a READ of [off, off+len) through ra of a file of committed size
+ * size: a sequential reader gets the objects ahead of it prefetched. */
+void file_readahead(struct mountd *md, struct readahead *ra, uint64_t ino, uint64_t size,
+		    uint64_t off, size_t len);
 /* SEEK_DATA / SEEK_HOLE over the committed slices. */
 off_t file_seek_data(struct mountd *md, uint64_t ino, uint64_t size, off_t off, int whence);
 
@@ -468,6 +516,9 @@ struct mountd {
 	struct objstore *store;
 	struct meta_volume vol;
 	struct read_cache *cache;
+	struct prefetch *prefetch;   /* owned; NULL: no read-ahead */
+	uint64_t readahead_budget;   /* -o readahead: bytes queued or being fetched */
+	uint64_t readahead_window;   /* bytes ahead of a sequential reader */
 	struct inode_table *inodes;
 	struct handle_table *handles;
 	struct stats stats;

@@ -233,6 +233,18 @@ fail:
 	unlinkat(c->dirfd, tmp, 0);
 }
 
+/* Removes the cache file of key that was found wrong (sb: what was found),
+ * unless another has replaced it since: a fetch may have just put the
+ * right object there. */
+static void drop_bad(struct read_cache *c, const char *key, const struct stat *sb)
+{
+	struct stat now;
+
+	if (fstatat(c->dirfd, key, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == sb->st_ino &&
+	    now.st_dev == sb->st_dev)
+		unlinkat(c->dirfd, key, 0);
+}
+
 /* Reads from the cache file of key; -ENOENT if it is not (validly) cached. */
 static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const char *key,
 			       uint32_t objsize, uint32_t off, void *buf, uint32_t len)
@@ -243,7 +255,11 @@ static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const cha
 
 	if (fd < 0)
 		return -ENOENT;
-	if (fstat(fd, &sb) == 0 && sb.st_size == objsize)
+	if (fstat(fd, &sb) < 0) {
+		close(fd);
+		return -ENOENT;
+	}
+	if (sb.st_size == objsize)
 		n = pread(fd, buf, len, off);
 	close(fd);
 	if (n == (ssize_t)len) {
@@ -251,8 +267,32 @@ static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const cha
 		return n;
 	}
 	/* A cache file of the wrong size is not trusted: fetch again. */
-	unlinkat(c->dirfd, key, 0);
+	drop_bad(c, key, &sb);
 	return -ENOENT;
+}
+
+int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize)
+{
+	struct stat sb;
+	int fd;
+
+	if (c == NULL)
+		return -ENOENT;
+	fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -ENOENT;
+	if (fstat(fd, &sb) < 0) {
+		close(fd);
+		return -ENOENT;
+	}
+	if (sb.st_size != objsize) {
+		/* Not trusted, as in cache_file_read(): the next read fetches. */
+		drop_bad(c, key, &sb);
+		close(fd);
+		return -ENOENT;
+	}
+	atomic_fetch_add(&st->cache_hits, 1);
+	return fd;
 }
 
 static void fetch_put_locked(struct fetch *f)
@@ -266,9 +306,10 @@ static void fetch_put_locked(struct fetch *f)
 
 /* Joins a fetch of key in flight (returns false once it is done, or with
  * *gave_up when the caller is gone; *f holds a reference either way, for
- * fetch_put) or starts one (returns true; *f is the caller's to finish with
+ * fetch_put; without wait it returns false at once, *f NULL) or starts one (returns true; *f is the caller's to finish with
  * fetch_end, NULL when there was no memory to share it). */
-static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f, bool *gave_up)
+static bool fetch_begin(struct read_cache *c, const char *key, bool wait, struct fetch **f,
+			bool *gave_up)
 {
 	struct fetch *x;
 
@@ -276,6 +317,11 @@ static bool fetch_begin(struct read_cache *c, const char *key, struct fetch **f,
 	for (x = c->fetching; x; x = x->next)
 		if (strcmp(x->key, key) == 0)
 			break;
+	if (x && !wait) {
+		pthread_mutex_unlock(&c->lock);
+		*f = NULL;
+		return false;
+	}
 	if (x) {
 		x->refs++;
 		while (!x->done) {
@@ -336,6 +382,76 @@ static void fetch_end(struct read_cache *c, struct fetch *f, char *obj)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* Gets key whole from the store into *out (malloc'ed, the caller's once
+ * this returns 0), verified: a damaged object is -EBADMSG, never bytes. */
+static int object_fetch(struct objstore *s, struct stats *st, const char *key, uint32_t objsize,
+			char **out)
+{
+	char *obj = malloc((size_t)objsize + BLOCK_TRAILER + 1);
+	ssize_t n;
+
+	if (!obj)
+		return -ENOMEM;
+	/* Ask for one byte more than the object should hold: a longer object
+	 * is as damaged as a shorter one. */
+	n = objstore_get(s, key, 0, obj, (size_t)objsize + BLOCK_TRAILER + 1);
+	atomic_fetch_add(&st->objects_get, 1);
+	if (n >= 0) {
+		atomic_fetch_add(&st->bytes_downloaded, (uint64_t)n);
+		if (block_verify(obj, (size_t)n, objsize) < 0)
+			n = -EBADMSG;
+	}
+	if (n < 0) {
+		free(obj);
+		return (int)n;
+	}
+	*out = obj;
+	return 0;
+}
+
+bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize)
+{
+	struct stat sb;
+
+	if (!c || fstatat(c->dirfd, key, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+		return false;
+	if (sb.st_size == objsize)
+		return true;
+	/* Damaged: out of the way, or a fetch could not put the object
+	 * there (insertions never replace a cached file). */
+	drop_bad(c, key, &sb);
+	return false;
+}
+
+int read_cache_prefetch(struct read_cache *c, struct objstore *s, struct stats *st,
+			const char *key, uint32_t objsize)
+{
+	struct fetch *f = NULL;
+	char *obj = NULL;
+	bool gave_up = false;
+	int rc;
+
+	if (!c || c->limit < objsize || read_cache_has(c, key, objsize))
+		return 0;
+	if (!fetch_begin(c, key, false, &f, &gave_up))
+		return 0; /* a reader (or another prefetch) is fetching it */
+	if (read_cache_has(c, key, objsize)) {
+		/* Cached between the look above and fetch_begin: waiters
+		 * look in the cache again. */
+		fetch_end(c, f, NULL);
+		return 0;
+	}
+	rc = object_fetch(s, st, key, objsize, &obj);
+	if (rc == 0)
+		read_cache_insert(c, key, obj, objsize);
+	if (f) {
+		fetch_end(c, f, rc == 0 ? obj : NULL); /* obj is the waiters' now */
+		obj = NULL;
+	}
+	free(obj);
+	return rc == 0 ? 1 : rc;
+}
+
 ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *st,
 			const char *key, uint32_t objsize, uint32_t off, void *buf, uint32_t len)
 {
@@ -350,7 +466,7 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 		n = cache_file_read(c, st, key, objsize, off, buf, len);
 		if (n != -ENOENT)
 			return n;
-		if (!fetch_begin(c, key, &f, &gave_up)) {
+		if (!fetch_begin(c, key, true, &f, &gave_up)) {
 			/* f->obj is only written before done, under the lock
 			 * this thread has taken since. */
 			if (f->done && f->obj) {
@@ -379,22 +495,9 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 		}
 	}
 	atomic_fetch_add(&st->cache_misses, 1);
-	obj = malloc((size_t)objsize + BLOCK_TRAILER + 1);
-	if (!obj) {
-		n = -ENOMEM;
-		goto out;
-	}
-	/* Ask for one byte more than the object should hold: a longer object
-	 * is as damaged as a shorter one. */
-	n = objstore_get(s, key, 0, obj, (size_t)objsize + BLOCK_TRAILER + 1);
-	atomic_fetch_add(&st->objects_get, 1);
+	n = object_fetch(s, st, key, objsize, &obj);
 	if (n < 0)
 		goto out;
-	atomic_fetch_add(&st->bytes_downloaded, (uint64_t)n);
-	if (block_verify(obj, (size_t)n, objsize) < 0) {
-		n = -EBADMSG;  /* a damaged object: never return its bytes */
-		goto out;
-	}
 	memcpy(buf, obj + off, len);
 	read_cache_insert(c, key, obj, objsize);
 	n = len;

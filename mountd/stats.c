@@ -93,6 +93,11 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(release_probes_deferred);
 	FIG(reopen_waits);
 	FIG(inflight_reads);
+	FIG(spliced_reads);
+	FIG(prefetch_queued);
+	FIG(prefetch_fetched);
+	FIG(prefetch_failed);
+	FIG(prefetch_dropped);
 	FIG(gc_rounds);
 	FIG(gc_objects_deleted);
 	FIG(gc_bytes_freed);
@@ -144,6 +149,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 			(unsigned long long)atomic_load(&st->broker_relinks));
 	}
 	fprintf(f, "cache_bytes %llu\n", (unsigned long long)read_cache_bytes(md->cache));
+	fprintf(f, "prefetch_bytes %llu\n", (unsigned long long)prefetch_bytes(md->prefetch));
 	fprintf(f, "open_handles %llu\n", (unsigned long long)handle_count(md->handles) +
 						     atomic_load(&st->releasing));
 	fprintf(f, "inodes_cached %zu\n", inode_table_count(md->inodes));

@@ -6,8 +6,10 @@
 #include "mount_util.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,4 +111,129 @@ Test(cache, a_warm_cache_serves_without_the_store)
 	cr_assert_eq(fm_stats_need(&s, "objects_get"), 0);
 	cr_assert_geq(fm_stats_need(&s, "cache_hits"), 4);
 	free(data);
+}
+
+/* Reads of cached objects are spliced from the cache files (no copy through
+ * ferry-mountd): every byte right, holes between the slices included, at
+ * offsets and lengths that cross object boundaries; a cache file of the
+ * wrong size is never spliced but fetched again. */
+Test(cache, reads_splice_from_cache_files_holes_and_all)
+{
+	size_t len = 5 * MiB + 12345;
+	unsigned char *want = calloc(1, len);
+	uint64_t seed = 7, gets, spliced;
+	struct fm_stats s;
+	int fd;
+
+	/* Data, a hole of 1.5 MiB, data again, then a short tail. */
+	fm_fill_random(&seed, want, 3 * MiB / 2);
+	fm_fill_random(&seed, want + 3 * MiB, len - 3 * MiB);
+	mount_with_cache("64");
+	fd = OK(open(mp("h"), O_CREAT | O_WRONLY, 0644));
+	cr_assert_eq(pwrite(fd, want, 3 * MiB / 2, 0), 3 * MiB / 2);
+	cr_assert_eq(pwrite(fd, want + 3 * MiB, len - 3 * MiB, 3 * MiB), (ssize_t)(len - 3 * MiB));
+	OK(fsync(fd));
+	OK(close(fd));
+	fm_umount();
+
+	mount_with_cache("64");
+	read_all_and_check(mp("h"), want, len); /* fetches into the cache */
+	fm_stats_read(&s);
+	gets = fm_stats_need(&s, "objects_get");
+	cr_assert_gt(gets, 0);
+	fd = OK(open(mp("h"), O_RDONLY));
+	OK(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED));
+	/* Pieces at odd places: across the 1 MiB objects and the hole. */
+	static const struct { off_t off; size_t n; } at[] = {
+		{ 0, 4096 }, { 1048570, 20 }, { MiB - 1, 3 * MiB }, { 3 * MiB / 2 - 100, 200 },
+		{ 2 * MiB, 4096 }, { 3 * MiB - 7, 300000 }, { 5 * MiB, 12345 }, { 5 * MiB + 12000, 4096 },
+	};
+	unsigned char *got = malloc(3 * MiB);
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+		size_t expect = (size_t)at[i].off + at[i].n > len ? len - (size_t)at[i].off : at[i].n;
+		ssize_t n;
+
+		OK(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED));
+		n = pread(fd, got, at[i].n, at[i].off);
+		cr_assert_eq(n, (ssize_t)expect, "pread(%zu at %lld) returned %zd", at[i].n,
+			     (long long)at[i].off, n);
+		cr_assert(memcmp(got, want + at[i].off, expect) == 0, "wrong bytes at %lld",
+			  (long long)at[i].off);
+	}
+	OK(close(fd));
+	fm_stats_read(&s);
+	spliced = fm_stats_need(&s, "spliced_reads");
+	cr_assert_gt(spliced, 0, "no READ was spliced from the read cache");
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), gets, "cached objects were fetched again");
+
+	/* A cache file cut short is not spliced from: the object comes from
+	 * the store again and the bytes are right. */
+	fm_umount();
+	char cmd[PATH_MAX + 64];
+	snprintf(cmd, sizeof(cmd), "find '%s' -type f -size 1024k | head -n 1 | xargs truncate -s 1000",
+		 fm.cache);
+	cr_assert_eq(system(cmd), 0);
+	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, "--cache-size", "64",
+			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
+	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0);
+	fm.mounted = true;
+	read_all_and_check(mp("h"), want, len);
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), 1, "the cut cache file took %llu GETs",
+		     (unsigned long long)fm_stats_need(&s, "objects_get"));
+	free(got);
+	free(want);
+}
+
+/* A sequential reader finds the objects ahead of it fetched already
+ * (read-ahead), each object is fetched once, and the bytes are right; a
+ * random reader has nothing fetched that it does not read. */
+Test(cache, sequential_readers_get_read_ahead_random_ones_do_not)
+{
+	size_t len = 24 * MiB; /* 24 objects of 1 MiB */
+	unsigned char *want = malloc(len), *got = malloc(MiB);
+	uint64_t seed = 11;
+	struct fm_stats s;
+	int fd;
+
+	fm_fill_random(&seed, want, len);
+	mount_with_cache("64");
+	fm_write_file(mp("seq"), want, len);
+	fd = OK(open(mp("seq"), O_RDONLY));
+	OK(fsync(fd)); /* uploaded: reads go to the store, not the staging file */
+	OK(close(fd));
+	fm_umount();
+
+	mount_with_cache("64");
+	fd = OK(open(mp("seq"), O_RDONLY));
+	OK(posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM));
+	/* Random: 4 KiB here and there, never two objects in a row. */
+	static const off_t at[] = { 20 * MiB + 5, 3 * MiB + 4096, 11 * MiB, 7 * MiB + 999 };
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+		cr_assert_eq(pread(fd, got, 4096, at[i]), 4096);
+		cr_assert(memcmp(got, want + at[i], 4096) == 0, "wrong bytes at %lld", (long long)at[i]);
+	}
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "prefetch_queued"), 0, "random reads queued read-ahead");
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), 4, "4 random reads fetched %llu objects",
+		     (unsigned long long)fm_stats_need(&s, "objects_get"));
+	OK(close(fd));
+	fm_umount();
+
+	mount_with_cache("64");
+	fd = OK(open(mp("seq"), O_RDONLY));
+	for (size_t off = 0; off < len; off += MiB) {
+		cr_assert_eq(read(fd, got, MiB), MiB);
+		cr_assert(memcmp(got, want + off, MiB) == 0, "wrong bytes at %zu", off);
+	}
+	cr_assert_eq(read(fd, got, MiB), 0);
+	OK(close(fd));
+	fm_stats_read(&s);
+	cr_assert_gt(fm_stats_need(&s, "prefetch_fetched"), 0, "nothing was read ahead");
+	cr_assert_eq(fm_stats_need(&s, "prefetch_failed"), 0);
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), 24, "24 objects took %llu GETs",
+		     (unsigned long long)fm_stats_need(&s, "objects_get"));
+	cr_assert_eq(fm_stats_need(&s, "prefetch_bytes"), 0);
+	free(got);
+	free(want);
 }
