@@ -5,6 +5,7 @@
  * or damaged fails the read with EIO: a wrong byte is never returned.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -129,11 +130,21 @@ static int reply_piece_add(struct reply_pieces *p, struct fuse_buf b)
 	return 0;
 }
 
-static void reply_pieces_free(struct reply_pieces *p)
+/* After the reply, the cache files' pages that went into it are dropped:
+ * the kernel holds the bytes in the FUSE file's own page cache now, and
+ * keeping both would hold every cached block twice in memory. Pages the
+ * splice moved rather than copied are gone from the cache file already. */
+static void reply_pieces_free(struct reply_pieces *p, bool replied)
 {
-	for (size_t i = 0; p->bv && i < p->bv->count; i++)
-		if (p->bv->buf[i].flags & FUSE_BUF_IS_FD)
-			close(p->bv->buf[i].fd);
+	for (size_t i = 0; p->bv && i < p->bv->count; i++) {
+		struct fuse_buf *b = &p->bv->buf[i];
+
+		if (!(b->flags & FUSE_BUF_IS_FD))
+			continue;
+		if (replied)
+			(void)posix_fadvise(b->fd, b->pos, (off_t)b->size, POSIX_FADV_DONTNEED);
+		close(b->fd);
+	}
 	free(p->bv);
 }
 
@@ -234,7 +245,7 @@ ssize_t file_read_reply(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_
 		atomic_fetch_add(&md->stats.bytes_read, (uint64_t)rc);
 		atomic_fetch_add(&md->stats.spliced_reads, 1);
 	}
-	reply_pieces_free(&p);
+	reply_pieces_free(&p, rc >= 0);
 	return rc;
 }
 

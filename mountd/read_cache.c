@@ -375,10 +375,26 @@ static void fetch_end(struct read_cache *c, struct fetch *f, char *obj)
 		;
 	if (*pp)
 		*pp = f->next;
+	if (!f->done) {
+		f->obj = obj;
+		f->done = true;
+		pthread_cond_broadcast(&c->fetched);
+	}
+	fetch_put_locked(f);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Hands the verified object (owned by f from now on; the fetcher may read
+ * it until its fetch_end, whose obj is then ignored) to the waiters before
+ * it is written to the cache: they need not wait for that write. f stays
+ * in c->fetching meanwhile, so a reader that comes now joins it rather
+ * than fetching the object again. */
+static void fetch_publish(struct read_cache *c, struct fetch *f, char *obj)
+{
+	pthread_mutex_lock(&c->lock);
 	f->obj = obj;
 	f->done = true;
 	pthread_cond_broadcast(&c->fetched);
-	fetch_put_locked(f);
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -442,12 +458,14 @@ int read_cache_prefetch(struct read_cache *c, struct objstore *s, struct stats *
 		return 0;
 	}
 	rc = object_fetch(s, st, key, objsize, &obj);
-	if (rc == 0)
+	if (rc == 0 && f) {
+		fetch_publish(c, f, obj);
 		read_cache_insert(c, key, obj, objsize);
-	if (f) {
-		fetch_end(c, f, rc == 0 ? obj : NULL); /* obj is the waiters' now */
-		obj = NULL;
+		obj = NULL; /* f's */
+	} else if (rc == 0) {
+		read_cache_insert(c, key, obj, objsize);
 	}
+	fetch_end(c, f, NULL);
 	free(obj);
 	return rc == 0 ? 1 : rc;
 }
@@ -499,7 +517,13 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 	if (n < 0)
 		goto out;
 	memcpy(buf, obj + off, len);
-	read_cache_insert(c, key, obj, objsize);
+	if (c && f) {
+		fetch_publish(c, f, obj);
+		read_cache_insert(c, key, obj, objsize);
+		obj = NULL; /* f's */
+	} else {
+		read_cache_insert(c, key, obj, objsize);
+	}
 	n = len;
 out:
 	if (c && f) {
