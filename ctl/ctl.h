@@ -12,6 +12,7 @@ int cmd_format(int argc, char **argv);   /* format.c */
 int cmd_mount(int argc, char **argv);    /* mount.c */
 int cmd_umount(int argc, char **argv);   /* mount.c */
 int cmd_status(int argc, char **argv);   /* status.c */
+int cmd_warmup(int argc, char **argv);   /* warmup.c */
 
 /* main.c */
 void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

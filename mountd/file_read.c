@@ -1,8 +1,13 @@
 /*
  * Reads: a byte range of a file is resolved chunk by chunk into the visible
- * extents of its slices; each extent is read object by object through the
- * read cache. Holes and zero slices read as zeros. Any object that is missing
- * or damaged fails the read with EIO: a wrong byte is never returned.
+ * extents of its slices (layout_walk); each extent is read object by object
+ * (extent_objects) through the read cache. Holes and zero slices read as
+ * zeros. Any object that is missing or damaged fails the read with EIO: a
+ * wrong byte is never returned.
+ *
+ * Replies to READs of cached objects splice from the cache files
+ * (file_read_reply); others are fetched and copied (file_read). Sequential
+ * readers have the objects ahead of them fetched (file_readahead).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,66 +19,32 @@
 #include "mountd.h"
 #include "slice.h"
 
-static ssize_t read_extent(struct mountd *md, uint64_t ino, const struct slice_extent *x,
-			   char *dst)
+/* One extent of the walk: at is its offset in the file. Returns 0 to go
+ * on; anything else ends the walk and is what layout_walk returns. */
+typedef int (*extent_fn)(struct mountd *md, uint64_t at, const struct slice_extent *x, void *arg);
+
+/* Calls fn for the extents that tile [from, to) of ino's committed layout,
+ * in file order (holes as id 0). req (or NULL): a read whose caller is
+ * being killed stops between chunks with -EINTR (caller.c). A chunk that
+ * cannot be resolved is logged and fails the walk (-EIO for a layout that
+ * names what is not there). */
+static int layout_walk(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t from,
+		       uint64_t to, extent_fn fn, void *arg)
 {
-	uint32_t bs = md->vol.block_size;
-	uint32_t done = 0;
+	int rc = 0;
 
-	while (done < x->len) {
-		uint32_t at = x->slice_off + done;
-		uint32_t idx = at / bs, in = at % bs;
-		uint32_t osize = slice_object_size(idx, x->slice_size, bs);
-		uint32_t n = osize - in;
-		char key[SLICE_KEY_MAX];
-		ssize_t rc;
-
-		if (n > x->len - done)
-			n = x->len - done;
-		slice_object_key(x->id, idx, x->slice_size, bs, key, sizeof(key));
-		rc = read_cache_read(md->cache, md->store, &md->stats, key, osize, in, dst + done, n);
-		if (rc == -EINTR)
-			return rc; /* its caller is gone: not a store failure */
-		if (rc < 0) {
-			atomic_fetch_add(&md->stats.io_errors, 1);
-			if (rc == -ENOENT)
-				log_warnx("inode %llu: object %s is missing from the store",
-					  (unsigned long long)ino, key);
-			else if (rc == -EBADMSG)
-				log_warnx("inode %llu: object %s is damaged (length or checksum)",
-					  (unsigned long long)ino, key);
-			else
-				log_errno((int)rc, "inode %llu: cannot read object %s%s%s",
-					  (unsigned long long)ino, key,
-					  *objstore_last_error() ? ": " : "", objstore_last_error());
-			return rc == -ENOMEM ? rc : -EIO;
-		}
-		done += n;
-	}
-	return done;
-}
-
-static ssize_t file_read_range(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
-			       void *buf, size_t len, off_t off)
-{
-	uint64_t pos = (uint64_t)off, end;
-	char *out = buf;
-
-	if (pos >= size)
-		return 0;
-	end = pos + len < size ? pos + len : size;
-	while (pos < end) {
-		uint32_t chunk = (uint32_t)(pos / META_CHUNK_SIZE);
-		uint32_t cpos = (uint32_t)(pos % META_CHUNK_SIZE);
-		uint64_t cend = (uint64_t)(chunk + 1) * META_CHUNK_SIZE;
-		uint32_t clen = (uint32_t)((end < cend ? end : cend) - pos);
+	while (from < to && rc == 0) {
+		uint32_t chunk = (uint32_t)(from / META_CHUNK_SIZE);
+		uint32_t cpos = (uint32_t)(from % META_CHUNK_SIZE);
+		uint64_t base = (uint64_t)chunk * META_CHUNK_SIZE;
+		uint64_t cend = base + META_CHUNK_SIZE;
+		uint32_t clen = (uint32_t)((to < cend ? to : cend) - from);
 		struct meta_slice *sl = NULL;
 		struct slice_extent *xs = NULL;
 		size_t nsl = 0, nx = 0;
-		int rc;
 
 		if (req && fuse_req_interrupted(req) && caller_dying(req))
-			return -EINTR; /* nobody will read the reply (caller.c) */
+			return -EINTR; /* nobody will read the reply */
 		rc = meta_chunk_slices(md->meta, ino, chunk, &sl, &nsl);
 		if (rc == 0)
 			rc = slice_resolve(sl, nsl, cpos, clen, &xs, &nx);
@@ -83,24 +54,117 @@ static ssize_t file_read_range(struct mountd *md, fuse_req_t req, uint64_t ino, 
 			free(xs);
 			return rc == -ENOENT ? -EIO : rc;
 		}
-		for (size_t i = 0; i < nx; i++) {
-			char *dst = out + (pos - (uint64_t)off) + (xs[i].pos - cpos);
-			if (xs[i].id == 0) {
-				memset(dst, 0, xs[i].len);
-				continue;
-			}
-			ssize_t n = read_extent(md, ino, &xs[i], dst);
-			if (n < 0) {
-				free(xs);
-				return n;
-			}
-		}
+		for (size_t i = 0; i < nx && rc == 0; i++)
+			rc = fn(md, base + xs[i].pos, &xs[i], arg);
 		free(xs);
-		pos += clen;
+		from += clen;
 	}
+	return rc;
+}
+
+/* One object's part of a data extent: its key and size, where the part
+ * starts in the object (in), its length (n), and how far into the extent
+ * it lies (done). Returns 0 to go on, else ends the extent. */
+typedef int (*object_fn)(const char *key, uint32_t osize, uint32_t in, uint32_t n, uint32_t done,
+			 void *arg);
+
+static int extent_objects(struct mountd *md, const struct slice_extent *x, object_fn fn,
+			  void *arg)
+{
+	uint32_t bs = md->vol.block_size;
+	uint32_t done = 0;
+	int rc = 0;
+
+	while (done < x->len && rc == 0) {
+		uint32_t at = x->slice_off + done;
+		uint32_t idx = at / bs, in = at % bs;
+		uint32_t osize = slice_object_size(idx, x->slice_size, bs);
+		uint32_t n = osize - in;
+		char key[SLICE_KEY_MAX];
+
+		if (n > x->len - done)
+			n = x->len - done;
+		slice_object_key(x->id, idx, x->slice_size, bs, key, sizeof(key));
+		rc = fn(key, osize, in, n, done, arg);
+		done += n;
+	}
+	return rc;
+}
+
+/* ---- file_read: into a buffer, fetching what is not cached ---- */
+
+struct copy_arg {
+	struct mountd *md;
+	uint64_t ino, off;  /* off: the read's start in the file */
+	char *out;          /* the read's buffer */
+	char *dst;          /* where the current extent's bytes go */
+};
+
+static int copy_object(const char *key, uint32_t osize, uint32_t in, uint32_t n, uint32_t done,
+		       void *arg)
+{
+	struct copy_arg *a = arg;
+	struct mountd *md = a->md;
+	ssize_t rc = read_cache_read(md->cache, md->store, &md->stats, key, osize, in,
+				     a->dst + done, n);
+
+	if (rc == -EINTR)
+		return -EINTR; /* its caller is gone: not a store failure */
+	if (rc >= 0)
+		return 0;
+	atomic_fetch_add(&md->stats.io_errors, 1);
+	if (rc == -ENOENT)
+		log_warnx("inode %llu: object %s is missing from the store",
+			  (unsigned long long)a->ino, key);
+	else if (rc == -EBADMSG)
+		log_warnx("inode %llu: object %s is damaged (length or checksum)",
+			  (unsigned long long)a->ino, key);
+	else
+		log_errno((int)rc, "inode %llu: cannot read object %s%s%s", (unsigned long long)a->ino,
+			  key, *objstore_last_error() ? ": " : "", objstore_last_error());
+	return rc == -ENOMEM ? -ENOMEM : -EIO;
+}
+
+static int copy_extent(struct mountd *md, uint64_t at, const struct slice_extent *x, void *arg)
+{
+	struct copy_arg *a = arg;
+
+	a->dst = a->out + (at - a->off);
+	if (x->id == 0) {
+		memset(a->dst, 0, x->len);
+		return 0;
+	}
+	return extent_objects(md, x, copy_object, a);
+}
+
+static bool read_given_up(void *arg)
+{
+	return caller_watch(arg);
+}
+
+ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size, void *buf,
+		  size_t len, off_t off)
+{
+	struct caller_watch w = { .req = req };
+	struct copy_arg a = { .md = md, .ino = ino, .off = (uint64_t)off, .out = buf };
+	uint64_t end;
+	int rc;
+
+	if ((uint64_t)off >= size)
+		return 0;
+	end = (uint64_t)off + len < size ? (uint64_t)off + len : size;
+	/* A fetch from the store this read waits for may stop early if its
+	 * caller is being killed (caller.c). */
+	objstore_set_cancel(req ? read_given_up : NULL, &w);
+	rc = layout_walk(md, req, ino, (uint64_t)off, end, copy_extent, &a);
+	objstore_set_cancel(NULL, NULL);
+	if (rc < 0)
+		return rc;
 	atomic_fetch_add(&md->stats.bytes_read, end - (uint64_t)off);
 	return (ssize_t)(end - (uint64_t)off);
 }
+
+/* ---- file_read_reply: spliced from the cache files ---- */
 
 /* Holes in a spliced reply come from here: read-only, shared by every
  * thread. */
@@ -109,6 +173,7 @@ static const char zeros[128 << 10];
 /* The pieces of one spliced reply: the bufvec libfuse sends and the
  * cache-file fds it reads (owned: closed by reply_pieces_free). */
 struct reply_pieces {
+	struct mountd *md;
 	struct fuse_bufvec *bv; /* owned; bv->count pieces */
 	size_t cap;
 };
@@ -148,40 +213,34 @@ static void reply_pieces_free(struct reply_pieces *p, bool replied)
 	free(p->bv);
 }
 
-/* Adds the cache-file pieces of one data extent; -EAGAIN when an object is
- * not in the read cache. */
-static int reply_extent(struct mountd *md, const struct slice_extent *x, struct reply_pieces *p)
+/* -EAGAIN when the object is not in the read cache. */
+static int reply_object(const char *key, uint32_t osize, uint32_t in, uint32_t n, uint32_t done,
+			void *arg)
 {
-	uint32_t bs = md->vol.block_size;
-	uint32_t done = 0;
+	struct reply_pieces *p = arg;
+	int fd, rc;
 
-	while (done < x->len) {
-		uint32_t at = x->slice_off + done;
-		uint32_t idx = at / bs, in = at % bs;
-		uint32_t osize = slice_object_size(idx, x->slice_size, bs);
-		uint32_t n = osize - in;
-		char key[SLICE_KEY_MAX];
-		int fd, rc;
-
-		if (n > x->len - done)
-			n = x->len - done;
-		slice_object_key(x->id, idx, x->slice_size, bs, key, sizeof(key));
-		fd = read_cache_fd(md->cache, &md->stats, key, osize);
-		if (fd < 0)
-			return -EAGAIN;
-		rc = reply_piece_add(p, (struct fuse_buf){ .size = n, .fd = fd, .pos = in,
+	(void)done;
+	fd = read_cache_fd(p->md->cache, &p->md->stats, key, osize);
+	if (fd < 0)
+		return -EAGAIN;
+	rc = reply_piece_add(p, (struct fuse_buf){ .size = n, .fd = fd, .pos = in,
 				    .flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK });
-		if (rc) {
-			close(fd);
-			return rc;
-		}
-		done += n;
-	}
-	return 0;
+	if (rc)
+		close(fd);
+	return rc;
 }
 
-static int reply_zeros(struct reply_pieces *p, uint32_t len)
+/* Extents tile the range in file order: the pieces follow one another as
+ * the reply's bytes do. */
+static int reply_extent(struct mountd *md, uint64_t at, const struct slice_extent *x, void *arg)
 {
+	struct reply_pieces *p = arg;
+	uint32_t len = x->len;
+
+	(void)at;
+	if (x->id != 0)
+		return extent_objects(md, x, reply_object, p);
 	while (len > 0) {
 		uint32_t n = len < sizeof(zeros) ? len : (uint32_t)sizeof(zeros);
 		int rc = reply_piece_add(p, (struct fuse_buf){ .size = n, .mem = (void *)zeros });
@@ -196,44 +255,15 @@ static int reply_zeros(struct reply_pieces *p, uint32_t len)
 ssize_t file_read_reply(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
 			size_t len, off_t off)
 {
-	struct reply_pieces p = { 0 };
-	uint64_t pos = (uint64_t)off, end;
-	ssize_t rc = 0;
+	struct reply_pieces p = { .md = md };
+	uint64_t end;
+	ssize_t rc;
 
 	if (md->cache == NULL || off < 0)
 		return -EAGAIN;
-	end = pos >= size ? pos : (pos + len < size ? pos + len : size);
-	while (pos < end && rc == 0) {
-		uint32_t chunk = (uint32_t)(pos / META_CHUNK_SIZE);
-		uint32_t cpos = (uint32_t)(pos % META_CHUNK_SIZE);
-		uint64_t cend = (uint64_t)(chunk + 1) * META_CHUNK_SIZE;
-		uint32_t clen = (uint32_t)((end < cend ? end : cend) - pos);
-		struct meta_slice *sl = NULL;
-		struct slice_extent *xs = NULL;
-		size_t nsl = 0, nx = 0;
-
-		rc = meta_chunk_slices(md->meta, ino, chunk, &sl, &nsl);
-		if (rc == 0)
-			rc = slice_resolve(sl, nsl, cpos, clen, &xs, &nx);
-		free(sl);
-		/* Extents come in file order; the pieces follow one another as
-		 * the reply's bytes do, any gap between extents read as zeros. */
-		uint32_t at = cpos;
-		for (size_t i = 0; i < nx && rc == 0; i++) {
-			if (xs[i].pos > at)
-				rc = reply_zeros(&p, xs[i].pos - at);
-			if (rc == 0)
-				rc = xs[i].id == 0 ? reply_zeros(&p, xs[i].len) :
-						     reply_extent(md, &xs[i], &p);
-			at = xs[i].pos + xs[i].len;
-		}
-		if (rc == 0 && at < cpos + clen)
-			rc = reply_zeros(&p, cpos + clen - at);
-		free(xs);
-		pos += clen;
-	}
-	if (rc == -ENOENT)
-		rc = -EIO; /* a chunk the layout names is gone: as file_read() */
+	end = (uint64_t)off >= size ? (uint64_t)off :
+	      ((uint64_t)off + len < size ? (uint64_t)off + len : size);
+	rc = layout_walk(md, NULL, ino, (uint64_t)off, end, reply_extent, &p);
 	if (rc == 0) {
 		struct fuse_bufvec none = FUSE_BUFVEC_INIT(0);
 
@@ -249,10 +279,30 @@ ssize_t file_read_reply(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_
 	return rc;
 }
 
+/* ---- file_readahead: objects ahead of a sequential reader ---- */
+
 /* How far a READ may land from where the last one ended and still count
  * as sequential: the kernel's readahead sends several READs at once, and
  * they arrive in any order. */
 #define RA_SLACK (2u << 20)
+
+static int prefetch_piece(const char *key, uint32_t osize, uint32_t in, uint32_t n,
+			  uint32_t done, void *arg)
+{
+	(void)in;
+	(void)n;
+	(void)done;
+	prefetch_object(arg, key, osize); /* an object two extents share: queued once */
+	return 0;
+}
+
+static int prefetch_extent(struct mountd *md, uint64_t at, const struct slice_extent *x,
+			   void *arg)
+{
+	(void)at;
+	(void)arg;
+	return x->id == 0 ? 0 : extent_objects(md, x, prefetch_piece, md->prefetch);
+}
 
 void file_readahead(struct mountd *md, struct readahead *ra, uint64_t ino, uint64_t size,
 		    uint64_t off, size_t len)
@@ -278,96 +328,43 @@ void file_readahead(struct mountd *md, struct readahead *ra, uint64_t ino, uint6
 	if (from >= to || from > off + len + window / 2)
 		return;
 	atomic_store(&ra->end, to);
-	while (from < to) {
-		uint32_t chunk = (uint32_t)(from / META_CHUNK_SIZE);
-		uint32_t cpos = (uint32_t)(from % META_CHUNK_SIZE);
-		uint64_t cend = (uint64_t)(chunk + 1) * META_CHUNK_SIZE;
-		uint32_t clen = (uint32_t)((to < cend ? to : cend) - from);
-		uint32_t bs = md->vol.block_size;
-		struct meta_slice *sl = NULL;
-		struct slice_extent *xs = NULL;
-		size_t nsl = 0, nx = 0;
-		int rc = meta_chunk_slices(md->meta, ino, chunk, &sl, &nsl);
-
-		if (rc == 0)
-			rc = slice_resolve(sl, nsl, cpos, clen, &xs, &nx);
-		free(sl);
-		for (size_t i = 0; rc == 0 && i < nx; i++) {
-			if (xs[i].id == 0)
-				continue;
-			/* Each object the extent touches, once. */
-			uint32_t first = xs[i].slice_off / bs;
-			uint32_t last = (xs[i].slice_off + xs[i].len - 1) / bs;
-			for (uint32_t idx = first; idx <= last; idx++) {
-				uint32_t osize = slice_object_size(idx, xs[i].slice_size, bs);
-				char key[SLICE_KEY_MAX];
-
-				slice_object_key(xs[i].id, idx, xs[i].slice_size, bs, key, sizeof(key));
-				prefetch_object(md->prefetch, key, osize);
-			}
-		}
-		free(xs);
-		if (rc)
-			return; /* the reads themselves will say what is wrong */
-		from += clen;
-	}
+	/* A layout that cannot be resolved: the reads themselves say so. */
+	(void)layout_walk(md, NULL, ino, from, to, prefetch_extent, NULL);
 }
 
-static bool read_given_up(void *arg)
-{
-	return caller_watch(arg);
-}
+/* ---- file_seek_data ---- */
 
-ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size, void *buf,
-		  size_t len, off_t off)
-{
-	struct caller_watch w = { .req = req };
-	ssize_t n;
+struct seek_arg {
+	uint64_t pos;
+	bool data;        /* SEEK_DATA: looking for data, else for a hole */
+	uint64_t found;
+};
 
-	/* A fetch from the store this read waits for may stop early if its
-	 * caller is being killed (caller.c). */
-	objstore_set_cancel(req ? read_given_up : NULL, &w);
-	n = file_read_range(md, req, ino, size, buf, len, off);
-	objstore_set_cancel(NULL, NULL);
-	return n;
+static int seek_extent(struct mountd *md, uint64_t at, const struct slice_extent *x, void *arg)
+{
+	struct seek_arg *a = arg;
+
+	(void)md;
+	if ((x->id != 0) != a->data)
+		return 0;
+	a->found = at > a->pos ? at : a->pos;
+	return 1;
 }
 
 off_t file_seek_data(struct mountd *md, uint64_t ino, uint64_t size, off_t off, int whence)
 {
-	uint64_t pos = (uint64_t)off;
+	struct seek_arg a = { .pos = (uint64_t)off, .data = whence == SEEK_DATA };
+	int rc;
 
 	if (off < 0)
 		return -EINVAL;
-	if (pos >= size)
+	if ((uint64_t)off >= size)
 		return -ENXIO;
-	while (pos < size) {
-		uint32_t chunk = (uint32_t)(pos / META_CHUNK_SIZE);
-		uint32_t cpos = (uint32_t)(pos % META_CHUNK_SIZE);
-		uint64_t cend = (uint64_t)(chunk + 1) * META_CHUNK_SIZE;
-		uint32_t clen = (uint32_t)((size < cend ? size : cend) - pos);
-		struct meta_slice *sl = NULL;
-		struct slice_extent *xs = NULL;
-		size_t nsl = 0, nx = 0;
-		int rc = meta_chunk_slices(md->meta, ino, chunk, &sl, &nsl);
-
-		if (rc == 0)
-			rc = slice_resolve(sl, nsl, cpos, clen, &xs, &nx);
-		free(sl);
-		if (rc < 0) {
-			free(xs);
-			return rc;
-		}
-		for (size_t i = 0; i < nx; i++) {
-			bool data = xs[i].id != 0;
-			if ((whence == SEEK_DATA) == data) {
-				uint64_t at = (uint64_t)chunk * META_CHUNK_SIZE + xs[i].pos;
-				free(xs);
-				return (off_t)(at > pos ? at : pos);
-			}
-		}
-		free(xs);
-		pos += clen;
-	}
+	rc = layout_walk(md, NULL, ino, (uint64_t)off, size, seek_extent, &a);
+	if (rc < 0)
+		return rc;
+	if (rc == 1)
+		return (off_t)a.found;
 	/* Past the last data there is only the implicit hole at the end. */
 	return whence == SEEK_HOLE ? (off_t)size : -ENXIO;
 }

@@ -56,6 +56,7 @@ struct stats {
 	_Atomic uint64_t bytes_read, bytes_written;
 	_Atomic uint64_t objects_put, objects_get, bytes_uploaded, bytes_downloaded;
 	_Atomic uint64_t cache_hits, cache_misses;
+	_Atomic uint64_t cache_dropped; /* cache files found damaged, fetched again */
 	_Atomic uint64_t commits, commit_failures;
 	_Atomic uint64_t io_errors;
 	_Atomic uint64_t passthrough_opens, backing_open, backing_close;
@@ -90,7 +91,9 @@ int stats_render(struct mountd *md, char **out, size_t *len);
 
 /* ---- read_cache.c: local copies of immutable objects ---- */
 struct read_cache;
-/* dir is created if missing; limit_bytes bounds its size (LRU eviction). */
+/* dir is created if missing; limit_bytes bounds its size (least recently
+ * used files go first); the files already there are indexed, and each is
+ * checked (its trailer) before its first use. */
 int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **out);
 void read_cache_close(struct read_cache *c);
 /* Reads [off, off+len) of the object key, whose full size is objsize, from
@@ -109,7 +112,8 @@ int read_cache_prefetch(struct read_cache *c, struct objstore *s, struct stats *
 /* An fd open on the cached copy of key (the caller closes it), or -ENOENT
  * when it is not cached whole: replies splice from it. */
 int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize);
-/* Adds an object just uploaded, so reads after a write need not fetch it. */
+/* Adds an object just uploaded or fetched, so reads need not fetch it:
+ * buf holds len bytes of data and their trailer (block_seal). */
 void read_cache_insert(struct read_cache *c, const char *key, const void *buf, uint32_t len);
 uint64_t read_cache_bytes(struct read_cache *c);
 

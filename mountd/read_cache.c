@@ -1,15 +1,20 @@
 /*
  * The read cache: whole objects copied from the store into files under the
  * cache directory, keyed by object key. Objects are immutable, so a cache
- * file is valid forever; it appears atomically (written aside, then renamed)
- * and is either complete or absent.
+ * file is valid for as long as it is whole; it appears atomically (written
+ * aside, then renamed) and holds the stored object, its trailer included.
  *
- * A hit is an open+pread with no lock. Insertions go through one mutex that
- * keeps the index in insertion order; past the size limit the oldest files
- * are evicted (FIFO: a hit does not move a file, which keeps hits lock-free).
+ * An index (a hash of keys, in least-recently-used order) says what is
+ * cached; it is rebuilt at start from the files (one directory walk, no
+ * reading). A file is trusted once its trailer was checked in this
+ * process: files fetched now are, files found at start are checked at
+ * their first use (a crash or a power loss may have left a file of the
+ * right length and the wrong bytes: it is dropped and fetched again). Past
+ * the size limit the least recently used files are evicted.
+ *
  * Concurrent misses of one object (readahead makes them common) share one
  * fetch: the first reader fetches, the others wait for it and copy from the
- * object it got.
+ * object it got. Everything here is owned by struct read_cache.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,9 +32,12 @@
 #include "mountd.h"
 
 struct cache_entry {
-	char *key;          /* owned */
-	uint32_t size;
-	struct cache_entry *next;
+	char *key;                  /* owned */
+	uint32_t size;              /* data bytes; the file has the trailer too */
+	bool verified;              /* its trailer was checked by this process */
+	ino_t fino;                 /* the file's inode: a newer one is not ours */
+	struct cache_entry *prev, *next;  /* LRU order: head is the coldest */
+	struct cache_entry *hnext;  /* hash chain */
 };
 
 /* An object being fetched; guarded by read_cache.lock. Its fetcher and
@@ -49,8 +57,10 @@ struct read_cache {
 	int dirfd;
 	uint64_t limit;
 	_Atomic uint64_t bytes;
-	pthread_mutex_t lock;   /* guards the FIFO and the fetches below */
+	pthread_mutex_t lock;   /* guards the index and the fetches below */
 	struct cache_entry *head, *tail;
+	struct cache_entry **buckets; /* owned; nbuckets, a power of two */
+	size_t nbuckets, nentries;
 	struct fetch *fetching;
 	pthread_cond_t fetched;
 	_Atomic uint64_t tmp_seq;
@@ -75,30 +85,119 @@ static int mkdirs_at(int dirfd, const char *path)
 	return 0;
 }
 
-static void fifo_push(struct read_cache *c, struct cache_entry *e)
+static size_t key_hash(const char *key)
 {
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+	for (; *key; key++)
+		h = (h ^ (unsigned char)*key) * 1099511628211ull;
+	return (size_t)h;
+}
+
+static struct cache_entry *index_find(struct read_cache *c, const char *key)
+{
+	struct cache_entry *e = c->buckets[key_hash(key) & (c->nbuckets - 1)];
+
+	while (e && strcmp(e->key, key) != 0)
+		e = e->hnext;
+	return e;
+}
+
+static void lru_unlink(struct read_cache *c, struct cache_entry *e)
+{
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		c->head = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	else
+		c->tail = e->prev;
+	e->prev = e->next = NULL;
+}
+
+static void lru_push(struct read_cache *c, struct cache_entry *e)
+{
+	e->prev = c->tail;
 	e->next = NULL;
 	if (c->tail)
 		c->tail->next = e;
 	else
 		c->head = e;
 	c->tail = e;
-	atomic_fetch_add(&c->bytes, e->size);
 }
 
-/* Evicts the oldest entries until the cache fits. Holds c->lock. */
+/* Adds e (the caller's until now) to the index as the most recent. A
+ * table that cannot grow stays as it is: chains get longer, nothing
+ * fails. */
+static void index_add(struct read_cache *c, struct cache_entry *e)
+{
+	if (c->nentries >= c->nbuckets) {
+		size_t n = c->nbuckets * 2;
+		struct cache_entry **b = calloc(n, sizeof(*b));
+
+		if (b) {
+			for (size_t i = 0; i < c->nbuckets; i++) {
+				for (struct cache_entry *x = c->buckets[i], *nx; x; x = nx) {
+					nx = x->hnext;
+					x->hnext = b[key_hash(x->key) & (n - 1)];
+					b[key_hash(x->key) & (n - 1)] = x;
+				}
+			}
+			free(c->buckets);
+			c->buckets = b;
+			c->nbuckets = n;
+		}
+	}
+	size_t h = key_hash(e->key) & (c->nbuckets - 1);
+	e->hnext = c->buckets[h];
+	c->buckets[h] = e;
+	c->nentries++;
+	lru_push(c, e);
+	atomic_fetch_add(&c->bytes, (uint64_t)e->size + BLOCK_TRAILER);
+}
+
+/* Takes e out of the index and frees it; its file is the caller's to
+ * remove (or already gone). */
+static void index_remove(struct read_cache *c, struct cache_entry *e)
+{
+	struct cache_entry **pp = &c->buckets[key_hash(e->key) & (c->nbuckets - 1)];
+
+	while (*pp && *pp != e)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = e->hnext;
+	c->nentries--;
+	lru_unlink(c, e);
+	atomic_fetch_sub(&c->bytes, (uint64_t)e->size + BLOCK_TRAILER);
+	free(e->key);
+	free(e);
+}
+
+/* Evicts the least recently used entries until the cache fits. Holds
+ * c->lock. */
 static void evict_locked(struct read_cache *c)
 {
 	while (c->head && atomic_load(&c->bytes) > c->limit) {
-		struct cache_entry *e = c->head;
-		c->head = e->next;
-		if (!c->head)
-			c->tail = NULL;
-		unlinkat(c->dirfd, e->key, 0);
-		atomic_fetch_sub(&c->bytes, e->size);
-		free(e->key);
-		free(e);
+		unlinkat(c->dirfd, c->head->key, 0);
+		index_remove(c, c->head);
 	}
+}
+
+static struct cache_entry *entry_new(const char *key, uint32_t size, ino_t fino, bool verified)
+{
+	struct cache_entry *e = calloc(1, sizeof(*e));
+
+	if (e && !(e->key = strdup(key))) {
+		free(e);
+		return NULL;
+	}
+	if (e) {
+		e->size = size;
+		e->fino = fino;
+		e->verified = verified;
+	}
+	return e;
 }
 
 static struct read_cache *scan_target;
@@ -110,19 +209,21 @@ static int scan_one(const char *path, const struct stat *st, int type, struct FT
 	const char *rel = path + scan_prefix;
 	struct cache_entry *e;
 
+	(void)ftw;
 	if (type != FTW_F)
 		return 0;
-	if (strstr(rel, ".tmp.")) {  /* an insertion cut short by a crash */
+	/* An insertion cut short by a crash, or a file too short to hold an
+	 * object (one of an older layout, without the trailer, is fetched
+	 * again). */
+	if (strstr(rel, ".tmp.") || st->st_size < (off_t)BLOCK_TRAILER ||
+	    st->st_size - BLOCK_TRAILER > UINT32_MAX || index_find(c, rel)) {
 		unlink(path);
 		return 0;
 	}
-	e = calloc(1, sizeof(*e));
-	if (!e || !(e->key = strdup(rel))) {
-		free(e);
+	e = entry_new(rel, (uint32_t)(st->st_size - BLOCK_TRAILER), st->st_ino, false);
+	if (!e)
 		return -1;
-	}
-	e->size = (uint32_t)st->st_size;
-	fifo_push(c, e);
+	index_add(c, e);
 	return 0;
 }
 
@@ -138,7 +239,8 @@ int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **o
 	pthread_mutex_init(&c->lock, NULL);
 	mono_cond_init(&c->fetched);
 	c->limit = limit_bytes;
-	if (!(c->dir = strdup(dir))) {
+	c->nbuckets = 1024;
+	if (!(c->buckets = calloc(c->nbuckets, sizeof(*c->buckets))) || !(c->dir = strdup(dir))) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -178,6 +280,7 @@ void read_cache_close(struct read_cache *c)
 		free(e->key);
 		free(e);
 	}
+	free(c->buckets);
 	if (c->dirfd >= 0)
 		close(c->dirfd);
 	pthread_mutex_destroy(&c->lock);
@@ -195,9 +298,11 @@ void read_cache_insert(struct read_cache *c, const char *key, const void *buf, u
 {
 	char tmp[PATH_MAX];
 	struct cache_entry *e = NULL;
+	size_t stored = (size_t)len + BLOCK_TRAILER;
+	struct stat sb;
 	int fd = -1;
 
-	if (!c || c->limit < len)
+	if (!c || c->limit < stored)
 		return;
 	if (mkdirs_at(c->dirfd, key) < 0)
 		return;
@@ -206,78 +311,99 @@ void read_cache_insert(struct read_cache *c, const char *key, const void *buf, u
 	fd = openat(c->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return;
-	/* No fsync: after a crash a cache file is checked against its size. */
-	if (write(fd, buf, len) != (ssize_t)len)
+	/* No fsync: after a crash its trailer is checked before it is used. */
+	if (write(fd, buf, stored) != (ssize_t)stored || fstat(fd, &sb) < 0)
 		goto fail;
 	close(fd);
 	fd = -1;
+	if (!(e = entry_new(key, len, sb.st_ino, true)))
+		goto fail;
 	/* Objects are immutable: one that is already cached stays as it is
 	 * (and is not counted twice). */
-	if (faccessat(c->dirfd, key, F_OK, 0) == 0 ||
-	    renameat2(c->dirfd, tmp, c->dirfd, key, RENAME_NOREPLACE) < 0)
-		goto fail;
-	e = calloc(1, sizeof(*e));
-	if (!e || !(e->key = strdup(key))) {
-		free(e);
-		unlinkat(c->dirfd, key, 0);
-		return;
-	}
-	e->size = len;
 	pthread_mutex_lock(&c->lock);
-	fifo_push(c, e);
+	struct cache_entry *old = index_find(c, key);
+	if (old && old->size != len) {
+		/* A damaged file (found at start) that nobody read yet. */
+		unlinkat(c->dirfd, key, 0);
+		index_remove(c, old);
+		old = NULL;
+	}
+	if (old || renameat2(c->dirfd, tmp, c->dirfd, key, RENAME_NOREPLACE) < 0) {
+		pthread_mutex_unlock(&c->lock);
+		goto fail;
+	}
+	index_add(c, e);
 	evict_locked(c);
 	pthread_mutex_unlock(&c->lock);
 	return;
 fail:
+	if (e) {
+		free(e->key);
+		free(e);
+	}
 	if (fd >= 0)
 		close(fd);
 	unlinkat(c->dirfd, tmp, 0);
 }
 
-/* Removes the cache file of key that was found wrong (sb: what was found),
- * unless another has replaced it since: a fetch may have just put the
- * right object there. */
-static void drop_bad(struct read_cache *c, const char *key, const struct stat *sb)
+/* Drops the cache file of key found wrong (fino: the file found), unless
+ * another has replaced it since: a fetch may just have put the right
+ * object there. */
+static void drop_bad(struct read_cache *c, const char *key, ino_t fino)
 {
+	struct cache_entry *e;
 	struct stat now;
 
-	if (fstatat(c->dirfd, key, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == sb->st_ino &&
-	    now.st_dev == sb->st_dev)
+	pthread_mutex_lock(&c->lock);
+	e = index_find(c, key);
+	if (e && e->fino == fino)
+		index_remove(c, e);
+	if ((!e || e->fino == fino) && fstatat(c->dirfd, key, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    now.st_ino == fino)
 		unlinkat(c->dirfd, key, 0);
+	pthread_mutex_unlock(&c->lock);
 }
 
-/* Reads from the cache file of key; -ENOENT if it is not (validly) cached. */
-static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const char *key,
-			       uint32_t objsize, uint32_t off, void *buf, uint32_t len)
+/* Checks the trailer of a cache file found at start (read whole, once). */
+static bool file_verify(int fd, uint32_t objsize)
 {
-	struct stat sb;
-	ssize_t n = -ENOENT;
-	int fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
+	size_t stored = (size_t)objsize + BLOCK_TRAILER, got = 0;
+	char *buf = malloc(stored);
+	bool ok = false;
 
-	if (fd < 0)
-		return -ENOENT;
-	if (fstat(fd, &sb) < 0) {
-		close(fd);
-		return -ENOENT;
+	if (!buf)
+		return false;
+	while (got < stored) {
+		ssize_t n = pread(fd, buf + got, stored - got, (off_t)got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
 	}
-	if (sb.st_size == objsize)
-		n = pread(fd, buf, len, off);
-	close(fd);
-	if (n == (ssize_t)len) {
-		atomic_fetch_add(&st->cache_hits, 1);
-		return n;
-	}
-	/* A cache file of the wrong size is not trusted: fetch again. */
-	drop_bad(c, key, &sb);
-	return -ENOENT;
+	ok = got == stored && block_verify(buf, stored, objsize) == 0;
+	free(buf);
+	return ok;
 }
 
-int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize)
+/* An fd on the cached copy of key, which becomes the most recently used;
+ * -ENOENT when it is not cached whole and right. */
+static int cache_open(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize)
 {
+	struct cache_entry *e;
 	struct stat sb;
+	bool verified;
 	int fd;
 
-	if (c == NULL)
+	pthread_mutex_lock(&c->lock);
+	e = index_find(c, key);
+	if (e && e->size == objsize) {
+		lru_unlink(c, e);
+		lru_push(c, e);
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!e)
 		return -ENOENT;
 	fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -286,14 +412,45 @@ int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint3
 		close(fd);
 		return -ENOENT;
 	}
-	if (sb.st_size != objsize) {
-		/* Not trusted, as in cache_file_read(): the next read fetches. */
-		drop_bad(c, key, &sb);
+	pthread_mutex_lock(&c->lock);
+	e = index_find(c, key);
+	verified = e && e->fino == sb.st_ino && e->verified;
+	pthread_mutex_unlock(&c->lock);
+	if (sb.st_size != (off_t)objsize + (off_t)BLOCK_TRAILER ||
+	    (!verified && !file_verify(fd, objsize))) {
+		/* Not trusted: the next read fetches it again. */
+		atomic_fetch_add(&st->cache_dropped, 1);
+		drop_bad(c, key, sb.st_ino);
 		close(fd);
 		return -ENOENT;
 	}
+	if (!verified) {
+		pthread_mutex_lock(&c->lock);
+		if ((e = index_find(c, key)) && e->fino == sb.st_ino)
+			e->verified = true;
+		pthread_mutex_unlock(&c->lock);
+	}
 	atomic_fetch_add(&st->cache_hits, 1);
 	return fd;
+}
+
+/* Reads from the cache file of key; -ENOENT if it is not (validly) cached. */
+static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const char *key,
+			       uint32_t objsize, uint32_t off, void *buf, uint32_t len)
+{
+	int fd = cache_open(c, st, key, objsize);
+	ssize_t n;
+
+	if (fd < 0)
+		return fd;
+	n = pread(fd, buf, len, off);
+	close(fd);
+	return n == (ssize_t)len ? n : -ENOENT;
+}
+
+int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize)
+{
+	return c ? cache_open(c, st, key, objsize) : -ENOENT;
 }
 
 static void fetch_put_locked(struct fetch *f)
@@ -448,16 +605,16 @@ static int object_fetch(struct objstore *s, struct stats *st, const char *key, u
 
 bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize)
 {
-	struct stat sb;
+	struct cache_entry *e;
+	bool has;
 
-	if (!c || fstatat(c->dirfd, key, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+	if (!c)
 		return false;
-	if (sb.st_size == objsize)
-		return true;
-	/* Damaged: out of the way, or a fetch could not put the object
-	 * there (insertions never replace a cached file). */
-	drop_bad(c, key, &sb);
-	return false;
+	pthread_mutex_lock(&c->lock);
+	e = index_find(c, key);
+	has = e && e->size == objsize;
+	pthread_mutex_unlock(&c->lock);
+	return has;
 }
 
 int read_cache_prefetch(struct read_cache *c, struct objstore *s, struct stats *st,

@@ -65,6 +65,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(bytes_uploaded);
 	FIG(bytes_downloaded);
 	FIG(cache_hits);
+	FIG(cache_dropped);
 	FIG(cache_misses);
 	FIG(commits);
 	FIG(commit_failures);
