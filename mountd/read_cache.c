@@ -34,7 +34,8 @@
 struct cache_entry {
 	char *key;                  /* owned */
 	uint32_t size;              /* data bytes; the file has the trailer too */
-	bool verified;              /* its trailer was checked by this process */
+	bool verified;              /* its trailer was checked, or it is trusted */
+	bool verifying;             /* a reader checks it now; others wait */
 	ino_t fino;                 /* the file's inode: a newer one is not ours */
 	struct cache_entry *prev, *next;  /* LRU order: head is the coldest */
 	struct cache_entry *hnext;  /* hash chain */
@@ -64,7 +65,72 @@ struct read_cache {
 	struct fetch *fetching;
 	pthread_cond_t fetched;
 	_Atomic uint64_t tmp_seq;
+	bool opened;            /* read_cache_open succeeded: close records state */
 };
+
+/*
+ * Which files found at start can be trusted without reading them. A cache
+ * file is written without fsync, so only a crash of the kernel (a power
+ * loss) can leave one with the right length and the wrong bytes. STATE_NAME
+ * says which boot last wrote files here and whether a clean stop synced
+ * them since: files are trusted when they were synced, or were written
+ * under the boot that runs now (the page cache they went through is still
+ * the one the disk will get). Otherwise each is checked at its first use.
+ */
+#define STATE_NAME ".state"
+#define STATE_TMP ".state.tmp"
+
+static void boot_id(char *buf, size_t len)
+{
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+	buf[0] = '\0';
+	if (f) {
+		if (!fgets(buf, (int)len, f))
+			buf[0] = '\0';
+		buf[strcspn(buf, "\n")] = '\0';
+		fclose(f);
+	}
+}
+
+static bool state_trusted(struct read_cache *c)
+{
+	char text[128] = "", boot[64], want[64];
+	int synced = 0;
+	ssize_t n;
+	int fd = openat(c->dirfd, STATE_NAME, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return false;
+	n = read(fd, text, sizeof(text) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	text[n] = '\0';
+	if (sscanf(text, "boot %63s synced %d", want, &synced) != 2)
+		return false;
+	boot_id(boot, sizeof(boot));
+	return synced == 1 || (boot[0] && strcmp(boot, want) == 0);
+}
+
+/* Records the state durably (files written after this depend on it). */
+static int state_write(struct read_cache *c, int synced)
+{
+	char text[128], boot[64];
+	int fd, len, rc = 0;
+
+	boot_id(boot, sizeof(boot));
+	len = snprintf(text, sizeof(text), "boot %s synced %d\n", boot[0] ? boot : "unknown", synced);
+	fd = openat(c->dirfd, STATE_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, text, (size_t)len) != len || fsync(fd) < 0)
+		rc = -EIO;
+	close(fd);
+	if (rc == 0 && (renameat(c->dirfd, STATE_TMP, c->dirfd, STATE_NAME) < 0 || fsync(c->dirfd) < 0))
+		rc = -errno;
+	return rc;
+}
 
 static int mkdirs_at(int dirfd, const char *path)
 {
@@ -202,6 +268,7 @@ static struct cache_entry *entry_new(const char *key, uint32_t size, ino_t fino,
 
 static struct read_cache *scan_target;
 static size_t scan_prefix;
+static bool scan_trusted;
 
 static int scan_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
 {
@@ -210,7 +277,7 @@ static int scan_one(const char *path, const struct stat *st, int type, struct FT
 	struct cache_entry *e;
 
 	(void)ftw;
-	if (type != FTW_F)
+	if (type != FTW_F || strcmp(rel, STATE_NAME) == 0)
 		return 0;
 	/* An insertion cut short by a crash, or a file too short to hold an
 	 * object (one of an older layout, without the trailer, is fetched
@@ -220,7 +287,7 @@ static int scan_one(const char *path, const struct stat *st, int type, struct FT
 		unlink(path);
 		return 0;
 	}
-	e = entry_new(rel, (uint32_t)(st->st_size - BLOCK_TRAILER), st->st_ino, false);
+	e = entry_new(rel, (uint32_t)(st->st_size - BLOCK_TRAILER), st->st_ino, scan_trusted);
 	if (!e)
 		return -1;
 	index_add(c, e);
@@ -257,13 +324,19 @@ int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **o
 	pthread_mutex_lock(&scan_lock);
 	scan_target = c;
 	scan_prefix = strlen(dir) + 1;
+	scan_trusted = state_trusted(c);
 	rc = nftw(dir, scan_one, 16, FTW_PHYS);
 	pthread_mutex_unlock(&scan_lock);
 	if (rc != 0) {
 		rc = -EIO;
 		goto fail;
 	}
+	/* From now on files are written that no clean stop has synced. */
+	rc = state_write(c, 0);
+	if (rc < 0)
+		goto fail;
 	evict_locked(c);
+	c->opened = true;
 	*out = c;
 	return 0;
 fail:
@@ -275,6 +348,10 @@ void read_cache_close(struct read_cache *c)
 {
 	if (!c)
 		return;
+	/* A clean stop: what was written is synced, so the next start
+	 * trusts it even after a reboot. */
+	if (c->opened && syncfs(c->dirfd) == 0)
+		(void)state_write(c, 1);
 	for (struct cache_entry *e = c->head, *n; e; e = n) {
 		n = e->next;
 		free(e->key);
@@ -349,19 +426,16 @@ fail:
 /* Drops the cache file of key found wrong (fino: the file found), unless
  * another has replaced it since: a fetch may just have put the right
  * object there. */
-static void drop_bad(struct read_cache *c, const char *key, ino_t fino)
+static void drop_bad_locked(struct read_cache *c, const char *key, ino_t fino)
 {
-	struct cache_entry *e;
+	struct cache_entry *e = index_find(c, key);
 	struct stat now;
 
-	pthread_mutex_lock(&c->lock);
-	e = index_find(c, key);
 	if (e && e->fino == fino)
 		index_remove(c, e);
 	if ((!e || e->fino == fino) && fstatat(c->dirfd, key, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
 	    now.st_ino == fino)
 		unlinkat(c->dirfd, key, 0);
-	pthread_mutex_unlock(&c->lock);
 }
 
 /* Checks the trailer of a cache file found at start (read whole, once). */
@@ -388,22 +462,29 @@ static bool file_verify(int fd, uint32_t objsize)
 }
 
 /* An fd on the cached copy of key, which becomes the most recently used;
- * -ENOENT when it is not cached whole and right. */
+ * -ENOENT when it is not cached whole and right. A file not trusted yet is
+ * checked by one reader while the others wait for its verdict. */
 static int cache_open(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize)
 {
 	struct cache_entry *e;
 	struct stat sb;
-	bool verified;
+	bool mine = false, ok = true;
 	int fd;
 
 	pthread_mutex_lock(&c->lock);
 	e = index_find(c, key);
-	if (e && e->size == objsize) {
+	ok = e && e->size == objsize;
+	if (ok) {
 		lru_unlink(c, e);
 		lru_push(c, e);
+	} else if (e) {
+		/* A key names its object's length: a file of another length
+		 * (found at start) is damaged. */
+		atomic_fetch_add(&st->cache_dropped, 1);
+		drop_bad_locked(c, key, e->fino);
 	}
 	pthread_mutex_unlock(&c->lock);
-	if (!e)
+	if (!ok)
 		return -ENOENT;
 	fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -413,23 +494,46 @@ static int cache_open(struct read_cache *c, struct stats *st, const char *key, u
 		return -ENOENT;
 	}
 	pthread_mutex_lock(&c->lock);
-	e = index_find(c, key);
-	verified = e && e->fino == sb.st_ino && e->verified;
-	pthread_mutex_unlock(&c->lock);
-	if (sb.st_size != (off_t)objsize + (off_t)BLOCK_TRAILER ||
-	    (!verified && !file_verify(fd, objsize))) {
+	if (sb.st_size != (off_t)objsize + (off_t)BLOCK_TRAILER) {
+		ok = false;
+		goto bad;
+	}
+	for (;;) {
+		e = index_find(c, key);
+		if (!e || e->fino != sb.st_ino) {
+			/* Evicted or replaced since: not the file we know. */
+			pthread_mutex_unlock(&c->lock);
+			close(fd);
+			return -ENOENT;
+		}
+		if (e->verified)
+			break;
+		if (!e->verifying) {
+			e->verifying = mine = true;
+			break;
+		}
+		pthread_cond_wait(&c->fetched, &c->lock);
+	}
+	if (mine) {
+		pthread_mutex_unlock(&c->lock);
+		ok = file_verify(fd, objsize);
+		pthread_mutex_lock(&c->lock);
+		if ((e = index_find(c, key)) && e->fino == sb.st_ino) {
+			e->verifying = false;
+			e->verified = ok;
+		}
+		pthread_cond_broadcast(&c->fetched);
+	}
+bad:
+	if (!ok) {
 		/* Not trusted: the next read fetches it again. */
 		atomic_fetch_add(&st->cache_dropped, 1);
-		drop_bad(c, key, sb.st_ino);
+		drop_bad_locked(c, key, sb.st_ino);
+		pthread_mutex_unlock(&c->lock);
 		close(fd);
 		return -ENOENT;
 	}
-	if (!verified) {
-		pthread_mutex_lock(&c->lock);
-		if ((e = index_find(c, key)) && e->fino == sb.st_ino)
-			e->verified = true;
-		pthread_mutex_unlock(&c->lock);
-	}
+	pthread_mutex_unlock(&c->lock);
 	atomic_fetch_add(&st->cache_hits, 1);
 	return fd;
 }
