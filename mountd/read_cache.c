@@ -429,12 +429,12 @@ fail:
 static void drop_bad_locked(struct read_cache *c, const char *key, ino_t fino)
 {
 	struct cache_entry *e = index_find(c, key);
+	bool ours = !e || e->fino == fino; /* the file is not another's */
 	struct stat now;
 
-	if (e && e->fino == fino)
-		index_remove(c, e);
-	if ((!e || e->fino == fino) && fstatat(c->dirfd, key, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-	    now.st_ino == fino)
+	if (e && ours)
+		index_remove(c, e); /* frees e */
+	if (ours && fstatat(c->dirfd, key, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == fino)
 		unlinkat(c->dirfd, key, 0);
 }
 
