@@ -35,6 +35,16 @@ static void mount_with_cache(const char *cache_mib)
 	fm.mounted = true;
 }
 
+/* Mounts again over the cache directory the last mount used. */
+static void mount_again_with_cache(const char *cache_mib)
+{
+	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
+			       "--cache-size", cache_mib, "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
+
+	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0, "ferry mount --cache-dir %s failed", fm.cache);
+	fm.mounted = true;
+}
+
 static void read_all_and_check(const char *path, const unsigned char *want, size_t len)
 {
 	size_t got;
@@ -102,10 +112,7 @@ Test(cache, a_warm_cache_serves_without_the_store)
 	cr_assert_geq(fm_stats_need(&s, "cache_bytes"), len);
 	fm_umount();
 	/* Same cache directory again: no GET needed. */
-	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, "--cache-size", "64",
-			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
-	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0);
-	fm.mounted = true;
+	mount_again_with_cache("64");
 	read_all_and_check(mp("g"), data, len);
 	fm_stats_read(&s);
 	cr_assert_eq(fm_stats_need(&s, "objects_get"), 0);
@@ -182,10 +189,7 @@ Test(cache, reads_splice_from_cache_files_holes_and_all)
 		 fm.cache, fm.cache) > 0);
 	cr_assert_eq(system(cmd), 0, "could not damage two cache files");
 	free(cmd);
-	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, "--cache-size", "64",
-			       "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
-	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0);
-	fm.mounted = true;
+	mount_again_with_cache("64");
 	read_all_and_check(mp("h"), want, len);
 	fm_stats_read(&s);
 	cr_assert_eq(fm_stats_need(&s, "objects_get"), 2, "the damaged cache files took %llu GETs",
