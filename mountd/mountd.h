@@ -80,6 +80,7 @@ struct stats {
 	_Atomic uint64_t inflight_reads;
 	_Atomic uint64_t spliced_reads; /* READ replies spliced from cache files */
 	_Atomic uint64_t prefetch_queued, prefetch_fetched, prefetch_failed, prefetch_dropped;
+	_Atomic uint64_t prefetch_cached; /* cached objects read ahead from their files */
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
 	_Atomic uint64_t release_probes_deferred; /* lease probe still refused after the settle loop */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
@@ -104,6 +105,10 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 			const char *key, uint32_t objsize, uint32_t off, void *buf, uint32_t len);
 /* Is key cached whole? */
 bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize);
+/* Has the kernel start reading key's cache file into the page cache (for
+ * a sequential reader about to reach it); false if it is not cached. */
+bool read_cache_willneed(struct read_cache *c, struct stats *st, const char *key,
+			 uint32_t objsize);
 /* Fetches key into the cache unless it is cached or being fetched (by a
  * reader or another prefetch: this one then returns at once). 1 fetched,
  * 0 nothing to do, or the fetch's negative errno. */
@@ -121,7 +126,8 @@ uint64_t read_cache_bytes(struct read_cache *c);
 /* Threads that fetch objects ahead of sequential readers into the read
  * cache, PREFETCH_THREADS GETs at a time, at most budget bytes queued or
  * being fetched (more is dropped: the reader then fetches as it would
- * without). Owned by struct mountd. */
+ * without); objects cached already have their files read ahead into the
+ * page cache instead. Owned by struct mountd. */
 #define PREFETCH_THREADS 4
 #define READAHEAD_DEFAULT_MIB 64ull
 struct prefetch;

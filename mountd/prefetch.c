@@ -3,7 +3,10 @@
  * in file_read.c tells one) queues the objects ahead of it here; a few
  * threads fetch them into the read cache at once, so the reader finds them
  * cached, or joins a fetch in flight, instead of waiting for one GET after
- * another. Random readers queue nothing: they fetch only what they read.
+ * another. An object that is cached already has its cache file read ahead
+ * instead (the disk under the cache is read in parallel too, not one
+ * READ's splice at a time). Random readers queue nothing: they fetch only
+ * what they read.
  *
  * The queue and the fetches in flight together hold at most p->budget
  * bytes (each fetch holds its object in memory until it is cached); past
@@ -24,6 +27,7 @@
 struct prefetch_item {
 	char key[SLICE_KEY_MAX];
 	uint32_t size;
+	bool cached; /* in the read cache: only its file is read ahead */
 };
 
 struct prefetch {
@@ -65,6 +69,12 @@ static void *prefetch_main(void *arg)
 		p->head = (p->head + 1) % QUEUE_MAX;
 		p->n--;
 		pthread_mutex_unlock(&p->lock);
+		if (it.cached && read_cache_willneed(md->cache, &md->stats, it.key, it.size)) {
+			atomic_fetch_add(&md->stats.prefetch_cached, 1);
+			pthread_mutex_lock(&p->lock);
+			continue;
+		}
+		/* Evicted since it was queued: fetched like the others. */
 		rc = read_cache_prefetch(md->cache, md->store, &md->stats, it.key, it.size);
 		if (rc > 0) {
 			atomic_fetch_add(&md->stats.prefetch_fetched, 1);
@@ -75,7 +85,7 @@ static void *prefetch_main(void *arg)
 			log_errno(rc, "read-ahead of object %s", it.key);
 		}
 		pthread_mutex_lock(&p->lock);
-		p->bytes -= it.size;
+		p->bytes -= it.cached ? 0 : it.size;
 	}
 	pthread_mutex_unlock(&p->lock);
 	return NULL;
@@ -129,21 +139,23 @@ void prefetch_object(struct prefetch *p, const char *key, uint32_t objsize)
 	if (!p || strlen(key) >= SLICE_KEY_MAX)
 		return;
 	md = p->md;
-	if (read_cache_has(md->cache, key, objsize))
-		return;
+	/* A cached object costs no memory here, only its file's pages. */
+	bool cached = read_cache_has(md->cache, key, objsize);
+	uint32_t holds = cached ? 0 : objsize;
 	pthread_mutex_lock(&p->lock);
 	for (unsigned i = 0; i < p->n; i++)
 		if (strcmp(p->q[(p->head + i) % QUEUE_MAX].key, key) == 0)
 			goto out;
-	if (p->n == QUEUE_MAX || p->bytes + objsize > p->budget) {
+	if (p->n == QUEUE_MAX || p->bytes + holds > p->budget) {
 		dropped = true;
 		goto out;
 	}
 	struct prefetch_item *it = &p->q[(p->head + p->n) % QUEUE_MAX];
 	memcpy(it->key, key, strlen(key) + 1);
 	it->size = objsize;
+	it->cached = cached;
 	p->n++;
-	p->bytes += objsize;
+	p->bytes += holds;
 	queued = true;
 	pthread_cond_signal(&p->work);
 out:

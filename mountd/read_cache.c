@@ -37,6 +37,12 @@ struct cache_entry {
 	bool verified;              /* its trailer was checked, or it is trusted */
 	bool verifying;             /* a reader checks it now; others wait */
 	ino_t fino;                 /* the file's inode: a newer one is not ours */
+	/* An fd kept open on the verified file (-1: none), so a READ costs a
+	 * dup() instead of a path walk and a stat, and the kernel's readahead
+	 * state on the file lasts across READs. Readers get dups: closing
+	 * this one never pulls a file from under a reply. */
+	int fd;
+	struct cache_entry *fprev, *fnext; /* entries keeping an fd, coldest first */
 	struct cache_entry *prev, *next;  /* LRU order: head is the coldest */
 	struct cache_entry *hnext;  /* hash chain */
 };
@@ -64,6 +70,8 @@ struct read_cache {
 	size_t nbuckets, nentries;
 	struct fetch *fetching;
 	pthread_cond_t fetched;
+	struct cache_entry *fhead, *ftail; /* entries keeping an fd; nfds of them */
+	size_t nfds;
 	_Atomic uint64_t tmp_seq;
 	bool opened;            /* read_cache_open succeeded: close records state */
 };
@@ -193,6 +201,50 @@ static void lru_push(struct read_cache *c, struct cache_entry *e)
 	c->tail = e;
 }
 
+/* At most this many cache files are kept open (the hot ones). */
+#define KEPT_FDS_MAX 256
+
+/* Takes e off the list of kept fds; its fd is the caller's to close or
+ * keep again. */
+static void fd_unlink(struct read_cache *c, struct cache_entry *e)
+{
+	if (e->fprev)
+		e->fprev->fnext = e->fnext;
+	else
+		c->fhead = e->fnext;
+	if (e->fnext)
+		e->fnext->fprev = e->fprev;
+	else
+		c->ftail = e->fprev;
+	e->fprev = e->fnext = NULL;
+	c->nfds--;
+}
+
+static void fd_forget(struct read_cache *c, struct cache_entry *e)
+{
+	if (e->fd < 0)
+		return;
+	fd_unlink(c, e);
+	close(e->fd);
+	e->fd = -1;
+}
+
+/* e keeps fd (ours now), the coldest kept fd going past KEPT_FDS_MAX. */
+static void fd_keep(struct read_cache *c, struct cache_entry *e, int fd)
+{
+	if (c->nfds >= KEPT_FDS_MAX && c->fhead)
+		fd_forget(c, c->fhead);
+	e->fd = fd;
+	e->fprev = c->ftail;
+	e->fnext = NULL;
+	if (c->ftail)
+		c->ftail->fnext = e;
+	else
+		c->fhead = e;
+	c->ftail = e;
+	c->nfds++;
+}
+
 /* Adds e (the caller's until now) to the index as the most recent. A
  * table that cannot grow stays as it is: chains get longer, nothing
  * fails. */
@@ -235,6 +287,7 @@ static void index_remove(struct read_cache *c, struct cache_entry *e)
 		*pp = e->hnext;
 	c->nentries--;
 	lru_unlink(c, e);
+	fd_forget(c, e);
 	atomic_fetch_sub(&c->bytes, (uint64_t)e->size + BLOCK_TRAILER);
 	free(e->key);
 	free(e);
@@ -259,6 +312,7 @@ static struct cache_entry *entry_new(const char *key, uint32_t size, ino_t fino,
 		return NULL;
 	}
 	if (e) {
+		e->fd = -1;
 		e->size = size;
 		e->fino = fino;
 		e->verified = verified;
@@ -354,6 +408,8 @@ void read_cache_close(struct read_cache *c)
 		(void)state_write(c, 1);
 	for (struct cache_entry *e = c->head, *n; e; e = n) {
 		n = e->next;
+		if (e->fd >= 0)
+			close(e->fd);
 		free(e->key);
 		free(e);
 	}
@@ -464,7 +520,8 @@ static bool file_verify(int fd, uint32_t objsize)
 /* An fd on the cached copy of key, which becomes the most recently used;
  * -ENOENT when it is not cached whole and right. A file not trusted yet is
  * checked by one reader while the others wait for its verdict. */
-static int cache_open(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize)
+static int cache_open(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize,
+		      bool hit)
 {
 	struct cache_entry *e;
 	struct stat sb;
@@ -477,6 +534,14 @@ static int cache_open(struct read_cache *c, struct stats *st, const char *key, u
 	if (ok) {
 		lru_unlink(c, e);
 		lru_push(c, e);
+		if (e->verified && e->fd >= 0 && (fd = fcntl(e->fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+			fd_unlink(c, e); /* to the hot end of the kept fds */
+			fd_keep(c, e, e->fd);
+			pthread_mutex_unlock(&c->lock);
+			if (hit)
+				atomic_fetch_add(&st->cache_hits, 1);
+			return fd;
+		}
 	} else if (e) {
 		/* A key names its object's length: a file of another length
 		 * (found at start) is damaged. */
@@ -533,8 +598,17 @@ bad:
 		close(fd);
 		return -ENOENT;
 	}
+	/* Kept for the next READs of this file (a dup: this one is the
+	 * caller's). */
+	if ((e = index_find(c, key)) && e->fino == sb.st_ino && e->verified && e->fd < 0) {
+		int kept = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+
+		if (kept >= 0)
+			fd_keep(c, e, kept);
+	}
 	pthread_mutex_unlock(&c->lock);
-	atomic_fetch_add(&st->cache_hits, 1);
+	if (hit)
+		atomic_fetch_add(&st->cache_hits, 1);
 	return fd;
 }
 
@@ -542,7 +616,7 @@ bad:
 static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const char *key,
 			       uint32_t objsize, uint32_t off, void *buf, uint32_t len)
 {
-	int fd = cache_open(c, st, key, objsize);
+	int fd = cache_open(c, st, key, objsize, true);
 	ssize_t n;
 
 	if (fd < 0)
@@ -554,7 +628,7 @@ static ssize_t cache_file_read(struct read_cache *c, struct stats *st, const cha
 
 int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint32_t objsize)
 {
-	return c ? cache_open(c, st, key, objsize) : -ENOENT;
+	return c ? cache_open(c, st, key, objsize, true) : -ENOENT;
 }
 
 static void fetch_put_locked(struct fetch *f)
@@ -705,6 +779,20 @@ static int object_fetch(struct objstore *s, struct stats *st, const char *key, u
 	}
 	*out = obj;
 	return 0;
+}
+
+bool read_cache_willneed(struct read_cache *c, struct stats *st, const char *key,
+			 uint32_t objsize)
+{
+	int fd = c ? cache_open(c, st, key, objsize, false) : -ENOENT;
+
+	if (fd < 0)
+		return false;
+	/* Starts the reads and returns: the pages arrive while the reader
+	 * is still on the objects before this one. */
+	(void)posix_fadvise(fd, 0, (off_t)objsize, POSIX_FADV_WILLNEED);
+	close(fd);
+	return true;
 }
 
 bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize)

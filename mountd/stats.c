@@ -99,6 +99,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(prefetch_fetched);
 	FIG(prefetch_failed);
 	FIG(prefetch_dropped);
+	FIG(prefetch_cached);
 	FIG(gc_rounds);
 	FIG(gc_objects_deleted);
 	FIG(gc_bytes_freed);

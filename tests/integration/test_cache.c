@@ -5,6 +5,7 @@
  */
 #include "mount_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
@@ -43,6 +44,38 @@ static void mount_again_with_cache(const char *cache_mib)
 
 	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0, "ferry mount --cache-dir %s failed", fm.cache);
 	fm.mounted = true;
+}
+
+/* How many fds ferry-mountd (pid in .stats) has open on files under the
+ * cache directory, and how many of those files are gone from it. */
+static void cache_fds(int *open_n, int *deleted_n)
+{
+	struct fm_stats s;
+	char dir[PATH_MAX], link[PATH_MAX * 2], target[PATH_MAX];
+	struct dirent *de;
+	size_t clen = strlen(fm.cache);
+	DIR *d;
+
+	fm_stats_read(&s);
+	snprintf(dir, sizeof(dir), "/proc/%llu/fd", (unsigned long long)fm_stats_need(&s, "pid"));
+	d = opendir(dir);
+	cr_assert(d, "cannot list %s", dir);
+	*open_n = *deleted_n = 0;
+	while ((de = readdir(d))) {
+		ssize_t n;
+
+		snprintf(link, sizeof(link), "%s/%s", dir, de->d_name);
+		n = readlink(link, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = '\0';
+		if (strncmp(target, fm.cache, clen) != 0 || target[clen] != '/')
+			continue;
+		(*open_n)++;
+		if (strstr(target, " (deleted)"))
+			(*deleted_n)++;
+	}
+	closedir(d);
 }
 
 static void read_all_and_check(const char *path, const unsigned char *want, size_t len)
@@ -88,6 +121,12 @@ Test(cache, stays_within_its_limit_and_refetches_evicted_objects)
 	gets2 = fm_stats_need(&s, "objects_get");
 	cr_assert_gt(gets2, gets1, "evicted objects were not fetched again");
 	cr_assert_leq(fm_stats_need(&s, "cache_bytes"), 3 * MiB);
+	/* The daemon keeps the hot cache files open; an evicted one is not
+	 * held (its disk space would never come back). */
+	int open_n, deleted_n;
+	cache_fds(&open_n, &deleted_n);
+	cr_assert_eq(deleted_n, 0, "ferry-mountd holds %d evicted cache files open", deleted_n);
+	cr_assert_leq(open_n, 3, "%d cache files open, the cache holds 3 objects", open_n);
 	free(data);
 }
 
