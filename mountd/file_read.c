@@ -23,12 +23,12 @@
  * on; anything else ends the walk and is what layout_walk returns. */
 typedef int (*extent_fn)(struct mountd *md, uint64_t at, const struct slice_extent *x, void *arg);
 
-/* Calls fn for the extents that tile [from, to) of ino's committed layout,
+/* Calls fn for the extents that tile [from, to) of i's committed layout,
  * in file order (holes as id 0). req (or NULL): a read whose caller is
  * being killed stops between chunks with -EINTR (caller.c). A chunk that
  * cannot be resolved is logged and fails the walk (-EIO for a layout that
  * names what is not there). */
-static int layout_walk(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t from,
+static int layout_walk(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t from,
 		       uint64_t to, extent_fn fn, void *arg)
 {
 	int rc = 0;
@@ -39,23 +39,20 @@ static int layout_walk(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t
 		uint64_t base = (uint64_t)chunk * META_CHUNK_SIZE;
 		uint64_t cend = base + META_CHUNK_SIZE;
 		uint32_t clen = (uint32_t)((to < cend ? to : cend) - from);
-		struct meta_slice *sl = NULL;
 		struct slice_extent *xs = NULL;
-		size_t nsl = 0, nx = 0;
+		size_t nx = 0;
 
 		if (req && fuse_req_interrupted(req) && caller_dying(req))
 			return -EINTR; /* nobody will read the reply */
-		rc = meta_chunk_slices(md->meta, ino, chunk, &sl, &nsl);
-		if (rc == 0)
-			rc = slice_resolve(sl, nsl, cpos, clen, &xs, &nx);
-		free(sl);
+		rc = layout_extents(md, i, chunk, cpos, clen, &xs, &nx);
 		if (rc < 0) {
-			log_errno(rc, "inode %llu: cannot resolve chunk %u", (unsigned long long)ino, chunk);
+			log_errno(rc, "inode %llu: cannot resolve chunk %u", (unsigned long long)i->ino,
+				  chunk);
 			free(xs);
 			return rc == -ENOENT ? -EIO : rc;
 		}
-		for (size_t i = 0; i < nx && rc == 0; i++)
-			rc = fn(md, base + xs[i].pos, &xs[i], arg);
+		for (size_t k = 0; k < nx && rc == 0; k++)
+			rc = fn(md, base + xs[k].pos, &xs[k], arg);
 		free(xs);
 		from += clen;
 	}
@@ -142,11 +139,11 @@ static bool read_given_up(void *arg)
 	return caller_watch(arg);
 }
 
-ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size, void *buf,
+ssize_t file_read(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t size, void *buf,
 		  size_t len, off_t off)
 {
 	struct caller_watch w = { .req = req };
-	struct copy_arg a = { .md = md, .ino = ino, .off = (uint64_t)off, .out = buf };
+	struct copy_arg a = { .md = md, .ino = i->ino, .off = (uint64_t)off, .out = buf };
 	uint64_t end;
 	int rc;
 
@@ -156,7 +153,7 @@ ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size
 	/* A fetch from the store this read waits for may stop early if its
 	 * caller is being killed (caller.c). */
 	objstore_set_cancel(req ? read_given_up : NULL, &w);
-	rc = layout_walk(md, req, ino, (uint64_t)off, end, copy_extent, &a);
+	rc = layout_walk(md, req, i, (uint64_t)off, end, copy_extent, &a);
 	objstore_set_cancel(NULL, NULL);
 	if (rc < 0)
 		return rc;
@@ -252,7 +249,7 @@ static int reply_extent(struct mountd *md, uint64_t at, const struct slice_exten
 	return 0;
 }
 
-ssize_t file_read_reply(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
+ssize_t file_read_reply(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t size,
 			size_t len, off_t off)
 {
 	struct reply_pieces p = { .md = md };
@@ -263,7 +260,7 @@ ssize_t file_read_reply(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_
 		return -EAGAIN;
 	end = (uint64_t)off >= size ? (uint64_t)off :
 	      ((uint64_t)off + len < size ? (uint64_t)off + len : size);
-	rc = layout_walk(md, NULL, ino, (uint64_t)off, end, reply_extent, &p);
+	rc = layout_walk(md, NULL, i, (uint64_t)off, end, reply_extent, &p);
 	if (rc == 0) {
 		struct fuse_bufvec none = FUSE_BUFVEC_INIT(0);
 
@@ -304,7 +301,7 @@ static int prefetch_extent(struct mountd *md, uint64_t at, const struct slice_ex
 	return x->id == 0 ? 0 : extent_objects(md, x, prefetch_piece, md->prefetch);
 }
 
-void file_readahead(struct mountd *md, struct readahead *ra, uint64_t ino, uint64_t size,
+void file_readahead(struct mountd *md, struct readahead *ra, struct inode *i, uint64_t size,
 		    uint64_t off, size_t len)
 {
 	uint64_t next = atomic_exchange(&ra->next, off + len);
@@ -329,7 +326,7 @@ void file_readahead(struct mountd *md, struct readahead *ra, uint64_t ino, uint6
 		return;
 	atomic_store(&ra->end, to);
 	/* A layout that cannot be resolved: the reads themselves say so. */
-	(void)layout_walk(md, NULL, ino, from, to, prefetch_extent, NULL);
+	(void)layout_walk(md, NULL, i, from, to, prefetch_extent, NULL);
 }
 
 /* ---- file_seek_data ---- */
@@ -351,7 +348,7 @@ static int seek_extent(struct mountd *md, uint64_t at, const struct slice_extent
 	return 1;
 }
 
-off_t file_seek_data(struct mountd *md, uint64_t ino, uint64_t size, off_t off, int whence)
+off_t file_seek_data(struct mountd *md, struct inode *i, uint64_t size, off_t off, int whence)
 {
 	struct seek_arg a = { .pos = (uint64_t)off, .data = whence == SEEK_DATA };
 	int rc;
@@ -360,7 +357,7 @@ off_t file_seek_data(struct mountd *md, uint64_t ino, uint64_t size, off_t off, 
 		return -EINVAL;
 	if ((uint64_t)off >= size)
 		return -ENXIO;
-	rc = layout_walk(md, NULL, ino, (uint64_t)off, size, seek_extent, &a);
+	rc = layout_walk(md, NULL, i, (uint64_t)off, size, seek_extent, &a);
 	if (rc < 0)
 		return rc;
 	if (rc == 1)

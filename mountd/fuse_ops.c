@@ -536,6 +536,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	}
 	if (rc == 0 && i && S_ISREG(out.mode))
 		overlay_locked(i, &out);
+	if (i && (valid & META_SET_SIZE))
+		layout_forget(md, i);
 	if (i)
 		pthread_mutex_unlock(&i->lock);
 	if (rc < 0) {
@@ -980,6 +982,7 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 			if (rc == 0) {
 				valid |= trunc_kill_suid(md, ino, caller, &in);
 				rc = meta_setattr(md->meta, ino, valid, &in, &after);
+				layout_forget(md, i);
 			}
 			if (rc == 0 && i->w)
 				rc = staged_truncate(i, 0, &after);
@@ -1166,21 +1169,25 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		 * committed. */
 		rc = inflight_wait(md, of->ino, "read");
 		pthread_mutex_unlock(&of->ino->lock);
+		/* The size and layout usually come from layout_cache.c,
+		 * without a database round trip. */
+		struct inode *i = of->ino;
+		uint64_t fsize = 0;
 		if (rc == 0)
-			rc = meta_getattr(md->meta, ino, &a);
+			rc = layout_size(md, i, &fsize);
 		/* Cached objects go to the kernel without passing through
 		 * this daemon's memory; the others are fetched (and cached)
 		 * by file_read(). */
 		/* The objects ahead are asked for first: once this READ is
-		 * answered, a RELEASE may free of on another thread. */
+		 * answered, a RELEASE may free of (and i) on another thread. */
 		if (rc == 0)
-			file_readahead(md, &of->ra, ino, a.size, (uint64_t)off, size);
-		n = rc < 0 ? rc : file_read_reply(md, req, ino, a.size, size, off);
+			file_readahead(md, &of->ra, i, fsize, (uint64_t)off, size);
+		n = rc < 0 ? rc : file_read_reply(md, req, i, fsize, size, off);
 		if (n >= 0)
 			return; /* replied */
 		if (n == -EAGAIN) {
 			buf = malloc(size ? size : 1);
-			n = !buf ? -ENOMEM : file_read(md, req, ino, a.size, buf, size, off);
+			n = !buf ? -ENOMEM : file_read(md, req, i, fsize, buf, size, off);
 		}
 	} else {
 		buf = malloc(size ? size : 1);
@@ -1208,7 +1215,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		else if (w->passthrough)
 			n = 0;
 		else
-			n = file_read(md, req, ino, a.size < fsize ? a.size : fsize, buf, len, off);
+			n = file_read(md, req, of->ino, a.size < fsize ? a.size : fsize, buf, len,
+				      off);
 		if (n >= 0) {
 			rc = wstate_overlay(of->ino->w, buf, len, off);
 			n = rc < 0 ? rc : (ssize_t)len;
@@ -1467,6 +1475,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 			rc = -EOPNOTSUPP;
 		}
 	}
+	layout_forget(md, i);
 	pthread_mutex_unlock(&i->lock);
 	fuse_reply_err(req, -rc);
 }
@@ -1526,7 +1535,7 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 		else
 			res = whence == SEEK_DATA ? off : (off_t)a.size;
 	} else {
-		res = file_seek_data(md, ino, a.size, off, whence);
+		res = file_seek_data(md, of->ino, a.size, off, whence);
 	}
 	pthread_mutex_unlock(&of->ino->lock);
 reply:

@@ -53,8 +53,11 @@ int inode_table_new(struct inode_table **out)
 	return 0;
 }
 
-static void inode_free(struct inode *i)
+/* md NULL: at exit, where nothing counts the layouts' memory any more. */
+static void inode_free(struct mountd *md, struct inode *i)
 {
+	layout_free(md, i);
+	pthread_mutex_destroy(&i->layout_lock);
 	pthread_cond_destroy(&i->committed);
 	if (i->inflight_fd >= 0)
 		close(i->inflight_fd);
@@ -78,7 +81,7 @@ void inode_table_free(struct inode_table *t)
 				free(i->w->path);
 				free(i->w);
 			}
-			inode_free(i);
+			inode_free(NULL, i);
 		}
 	}
 	for (unsigned i = 0; i < STRIPES; i++)
@@ -106,6 +109,7 @@ struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint3
 		i->ino = ino;
 		i->inflight_fd = -1;
 		pthread_mutex_init(&i->lock, NULL);
+		pthread_mutex_init(&i->layout_lock, NULL);
 		mono_cond_init(&i->committed);
 		i->hnext = t->bucket[b];
 		t->bucket[b] = i;
@@ -162,7 +166,7 @@ void inode_unref(struct mountd *md, struct inode *i, uint64_t nlookup, uint32_t 
 			log_errno(rc, "inode %llu: cannot free unlinked inode (left as orphan)",
 				  (unsigned long long)i->ino);
 	}
-	inode_free(i);
+	inode_free(md, i);
 }
 
 bool inode_mark_unlinked(struct mountd *md, uint64_t ino)

@@ -620,8 +620,10 @@ int main(int argc, char **argv)
 	if ((rc = inode_table_new(&md->inodes)) < 0 ||
 	    (rc = handle_table_new(1u << 20, &md->handles)) < 0)
 		start_failed(md, "out of memory");
-	if (md->cfg.no_reconciler)
+	if (md->cfg.no_reconciler) {
 		staging_recover(md, false);
+		atomic_store(&md->layout_ready, true); /* every commit is this daemon's */
+	}
 	else if ((rc = rclient_start(md)) < 0)
 		start_failed(md, "cannot start ferry-reconciler: %s (see the log; --no-reconciler "
 			     "commits in ferry-mountd)", strerror(-rc));

@@ -79,6 +79,9 @@ struct stats {
 	/* Staging files of jobs in flight opened for readers (they did not wait). */
 	_Atomic uint64_t inflight_reads;
 	_Atomic uint64_t spliced_reads; /* READ replies spliced from cache files */
+	/* Sizes and chunk layouts READs found in layout_cache.c, and those
+	 * that went to the database. */
+	_Atomic uint64_t layout_hits, layout_misses;
 	_Atomic uint64_t prefetch_queued, prefetch_fetched, prefetch_failed, prefetch_dropped;
 	_Atomic uint64_t prefetch_cached; /* cached objects read ahead from their files */
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
@@ -397,17 +400,32 @@ struct caller_watch {
 };
 bool caller_watch(struct caller_watch *w);
 
+/* ---- layout_cache.c: committed layouts of held inodes ---- */
+struct slice_extent;
+/* The committed size of i, from its layout if known, else from the
+ * database (and kept). */
+int layout_size(struct mountd *md, struct inode *i, uint64_t *size);
+/* The extents that tile [pos, pos+len) of chunk of i's committed layout,
+ * like slice_resolve() (*out malloc'ed, the caller's). */
+int layout_extents(struct mountd *md, struct inode *i, uint32_t chunk, uint32_t pos,
+		   uint32_t len, struct slice_extent **out, size_t *nout);
+/* After a change to i's committed data is in the database: the layout
+ * kept goes, and a read of the old one in flight is not kept. */
+void layout_forget(struct mountd *md, struct inode *i);
+/* Frees i's layout (i is being freed; md NULL at exit). */
+void layout_free(struct mountd *md, struct inode *i);
+
 /* ---- file_read.c: assembling reads from slices ---- */
 /* Reads up to len bytes at off of a regular file whose committed size is
  * size into buf; returns the byte count or a negative errno. */
-ssize_t file_read(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
+ssize_t file_read(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t size,
 		  void *buf, size_t len, off_t off);
 /* Replies to req with up to len bytes at off, spliced from the read-cache
  * files that hold them (holes from zeros in memory): no copy through this
  * daemon. Returns the byte count replied, -EAGAIN when some object is not
  * cached (nothing replied: file_read() fetches it), or another negative
  * errno (nothing replied). */
-ssize_t file_read_reply(struct mountd *md, fuse_req_t req, uint64_t ino, uint64_t size,
+ssize_t file_read_reply(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t size,
 			size_t len, off_t off);
 /* Where one handle's reads stand, to tell a sequential reader; updated
  * without a lock by concurrent READs (readahead sends several at once):
@@ -419,10 +437,10 @@ struct readahead {
 };
 /* After a READ of [off, off+len) through ra of a file of committed size
  * size: a sequential reader gets the objects ahead of it prefetched. */
-void file_readahead(struct mountd *md, struct readahead *ra, uint64_t ino, uint64_t size,
+void file_readahead(struct mountd *md, struct readahead *ra, struct inode *i, uint64_t size,
 		    uint64_t off, size_t len);
 /* SEEK_DATA / SEEK_HOLE over the committed slices. */
-off_t file_seek_data(struct mountd *md, uint64_t ino, uint64_t size, off_t off, int whence);
+off_t file_seek_data(struct mountd *md, struct inode *i, uint64_t size, off_t off, int whence);
 
 /* ---- inode_table.c ---- */
 struct inode {
@@ -466,6 +484,12 @@ struct inode {
 	 * hole, and FLUSH reports it, until the last writer closes. */
 	int wb_error_unstaged;
 	uint32_t ncached;         /* open handles in the kernel's cached I/O mode */
+	/* The committed layout last read from the database (layout_cache.c);
+	 * layout_gen grows at every change to the committed data. Lock order:
+	 * lock, then layout_lock. */
+	pthread_mutex_t layout_lock;
+	uint64_t layout_gen;
+	struct layout *layout;
 	struct wstate *w;         /* pending writes, or NULL */
 	bool pending;             /* on the write-back retry list (holds a reference) */
 	/* Guarded by md->pending_lock: */
@@ -526,6 +550,10 @@ struct mountd {
 	struct objstore *store;
 	struct meta_volume vol;
 	struct read_cache *cache;
+	/* Layouts may be kept (layout_cache.c): the reconciler has finished
+	 * what it recovered from an earlier run. */
+	_Atomic bool layout_ready;
+	_Atomic uint64_t layout_bytes; /* memory the kept layouts take */
 	struct prefetch *prefetch;   /* owned; NULL: no read-ahead */
 	uint64_t readahead_budget;   /* -o readahead: bytes queued or being fetched */
 	uint64_t readahead_window;   /* bytes ahead of a sequential reader */
@@ -602,6 +630,7 @@ struct mountd {
 	pthread_cond_t rc_cond;
 	_Atomic uint64_t rc_next_seq; /* taken without rc_lock for staging file names */
 	uint64_t rc_drained;
+	uint64_t layout_upto;         /* layout_ready once rc_drained reaches it */
 	uint64_t rc_conn_gen;         /* bumped when a restart installs a new socket */
 	struct reconcile_stats rc_stats;
 	uint64_t rc_stats_gen;

@@ -137,6 +137,9 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 	if (!i)
 		return;
 	pthread_mutex_lock(&i->lock);
+	/* Whoever's job it was, the file's committed data may have changed
+	 * (the commit is in the database before the reply is sent). */
+	layout_forget(md, i);
 	if (i->inflight_seq == r->seq) {
 		struct meta_attr after;
 
@@ -328,6 +331,11 @@ static void *reader_main(void *arg)
 			} else if (r.upto_seq > md->rc_drained) {
 				md->rc_drained = r.upto_seq;
 			}
+			/* What an earlier run left is committed: layouts read
+			 * from now on stay right until this daemon hears of a
+			 * change (layout_cache.c). */
+			if (md->rc_drained >= md->layout_upto)
+				atomic_store(&md->layout_ready, true);
 			pthread_cond_broadcast(&md->rc_cond);
 			pthread_mutex_unlock(&md->rc_lock);
 			break;
@@ -621,6 +629,7 @@ int rclient_start(struct mountd *md)
 	if (rc < 0)
 		return rc;
 	atomic_store(&md->rc_up, true);
+	md->layout_upto = md->rc_next_seq; /* the jobs staging_recover() made */
 	rc = pthread_create(&md->rc_reader, NULL, reader_main, md);
 	if (rc) {
 		close(md->rc_sock);

@@ -95,6 +95,8 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(reopen_waits);
 	FIG(inflight_reads);
 	FIG(spliced_reads);
+	FIG(layout_hits);
+	FIG(layout_misses);
 	FIG(prefetch_queued);
 	FIG(prefetch_fetched);
 	FIG(prefetch_failed);

@@ -716,7 +716,7 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size)
 	 * writer changes. */
 	for (uint64_t at = 0; at < size; at += bs) {
 		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
-		ssize_t n = file_read(md, NULL, ino->ino, size, buf, len, (off_t)at);
+		ssize_t n = file_read(md, NULL, ino, size, buf, len, (off_t)at);
 
 		if (n < 0) {
 			rc = (int)n;
@@ -837,6 +837,7 @@ static int commit_passthrough(struct mountd *md, struct inode *ino)
 	if (nsl == 0 && !w->size_changed && size == w->size)
 		goto done; /* nothing changed since the last commit */
 	rc = meta_write_commit(md->meta, ino->ino, sl, nsl, size, &mtime, NULL);
+	layout_forget(md, ino);
 	if (rc < 0) {
 		log_errno(rc, "inode %llu: metadata commit failed", (unsigned long long)ino->ino);
 		goto out;
@@ -922,6 +923,7 @@ int wstate_commit(struct mountd *md, struct inode *ino)
 			goto out;
 	}
 	rc = meta_write_commit(md->meta, ino->ino, sl, nsl, w->size, &w->mtime, NULL);
+	layout_forget(md, ino);
 	if (rc < 0) {
 		log_errno(rc, "inode %llu: metadata commit failed", (unsigned long long)ino->ino);
 		goto out;

@@ -375,3 +375,70 @@ Test(cache, warmup_fills_the_cache_ahead_of_use)
 	cr_assert_eq(fm_run(bad, NULL, NULL, 60), 1);
 	free(want);
 }
+
+/* Reads through the daemon (the kernel's copy dropped first) of [off,
+ * off+len) of fd must give want[off..]. */
+static void pread_check(int fd, const unsigned char *want, off_t off, size_t len, const char *when)
+{
+	unsigned char *got = malloc(len);
+
+	OK(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED));
+	cr_assert_eq(pread(fd, got, len, off), (ssize_t)len, "%s: short read", when);
+	cr_assert(memcmp(got, want + off, len) == 0, "%s: stale or wrong bytes at %lld", when,
+		  (long long)off);
+	free(got);
+}
+
+/* ferry-mountd keeps each held file's committed layout, so READs skip the
+ * database; every change to the file must drop it. A reader holding the
+ * file open across a commit by the reconciler (a write from another open),
+ * a truncate and a punched hole reads what each made, never the layout it
+ * read before. */
+Test(cache, a_reader_sees_every_commit_through_its_open_file)
+{
+	size_t len = 3 * MiB + 4321;
+	unsigned char *want = malloc(len), patch[300];
+	uint64_t seed = 17, hits;
+	struct fm_stats s;
+	int rfd, wfd;
+
+	fm_fill_random(&seed, want, len);
+	mount_with_cache("64");
+	fm_write_file(mp("k"), want, len);
+	rfd = OK(open(mp("k"), O_RDONLY));
+	OK(fsync(rfd)); /* uploaded and committed: reads go to the objects */
+	pread_check(rfd, want, 0, len, "first read");
+	pread_check(rfd, want, 0, len, "second read");
+	fm_stats_read(&s);
+	hits = fm_stats_need(&s, "layout_hits");
+	cr_assert_gt(hits, 0, "READs of an unchanged file still went to the database");
+
+	/* Another open writes across an object boundary; the reconciler
+	 * commits it while rfd stays open. */
+	fm_fill_random(&seed, patch, sizeof(patch));
+	memcpy(want + MiB - 100, patch, sizeof(patch));
+	wfd = OK(open(mp("k"), O_WRONLY));
+	cr_assert_eq(pwrite(wfd, patch, sizeof(patch), MiB - 100), (ssize_t)sizeof(patch));
+	OK(close(wfd));
+	OK(fsync(rfd));
+	pread_check(rfd, want, MiB - 1000, 4000, "after another open's commit");
+	pread_check(rfd, want, 0, len, "whole file after the commit");
+
+	/* Shorter, longer again (what was cut reads as zeros), then a hole
+	 * punched: the reader sees each. */
+	OK(truncate(mp("k"), 2 * MiB + 10));
+	OK(fsync(rfd));
+	cr_assert_eq(pread(rfd, patch, sizeof(patch), 2 * MiB + 10), 0, "read past the new end");
+	memset(want + 2 * MiB + 10, 0, len - (2 * MiB + 10));
+	OK(truncate(mp("k"), (off_t)len));
+	pread_check(rfd, want, 0, len, "after truncate down and up");
+	wfd = OK(open(mp("k"), O_WRONLY));
+	OK(fallocate(wfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, MiB / 2, MiB));
+	OK(close(wfd));
+	memset(want + MiB / 2, 0, MiB);
+	pread_check(rfd, want, 0, len, "after a punched hole");
+	fm_stats_read(&s);
+	cr_assert_gt(fm_stats_need(&s, "layout_hits"), hits);
+	OK(close(rfd));
+	free(want);
+}
