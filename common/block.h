@@ -25,4 +25,18 @@ uint64_t block_fingerprint(const void *buf, size_t len);
  * bytes of data. Returns 0, or -EIO if the length, magic or CRC is wrong. */
 int block_verify(const void *buf, size_t stored_len, size_t data_len);
 
+/* block_verify() of a stored object whose bytes arrive in pieces, in order
+ * (a GET streamed to a file): init with the data length it should hold,
+ * feed every piece, then end says 0 or -EIO. No allocation; the caller
+ * owns the struct. */
+struct block_check {
+	size_t data_len;
+	size_t seen;                       /* bytes fed so far */
+	uint32_t crc;                      /* of the data bytes fed */
+	unsigned char t[BLOCK_TRAILER];    /* the trailer bytes fed */
+};
+void block_check_init(struct block_check *k, size_t data_len);
+void block_check_feed(struct block_check *k, const void *buf, size_t len);
+int block_check_end(const struct block_check *k);
+
 #endif

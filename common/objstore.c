@@ -211,6 +211,48 @@ objstore_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_
 	return s->ops->get(s, key, off, buf, len);
 }
 
+/* What a store without get_to reads at a time for objstore_get_to(). */
+#define GET_TO_PIECE (1u << 20)
+
+ssize_t
+objstore_get_to(struct objstore *s, const char *key, uint64_t off, size_t len,
+		objstore_sink sink, void *arg)
+{
+	int r = objstore_key_check(key);
+	size_t done = 0;
+	char *piece = NULL;  /* owned here */
+	ssize_t n = 0;
+
+	if (r < 0)
+		return r;
+	if (len > SSIZE_MAX)
+		len = SSIZE_MAX;
+	if (off > INT64_MAX || len > INT64_MAX - off)
+		return objstore_seterr(-EINVAL, "GET %s: range %llu+%zu out of bounds", key,
+				       (unsigned long long)off, len);
+	if (s->ops->get_to)
+		return s->ops->get_to(s, key, off, len, sink, arg);
+	piece = malloc(len < GET_TO_PIECE ? (len ? len : 1) : GET_TO_PIECE);
+	if (!piece)
+		return objstore_seterr(-ENOMEM, "GET %s: out of memory", key);
+	do {
+		size_t want = len - done < GET_TO_PIECE ? len - done : GET_TO_PIECE;
+
+		n = s->ops->get(s, key, off + done, piece, want);
+		if (n < 0)
+			goto out;
+		if (n > 0 && (r = sink(arg, done, piece, (size_t)n)) < 0) {
+			n = objstore_seterr(r, "GET %s: the receiver failed", key);
+			goto out;
+		}
+		done += (size_t)n;
+	} while ((size_t)n == GET_TO_PIECE && done < len);
+	n = (ssize_t)done;
+out:
+	free(piece);
+	return n;
+}
+
 int
 objstore_delete(struct objstore *s, const char *key)
 {

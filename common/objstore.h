@@ -77,6 +77,15 @@ int objstore_sync(struct objstore *s);
 /* Reads up to len bytes from offset off. Returns the byte count (short only
  * at the end of the object) or a negative errno. */
 ssize_t objstore_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len);
+/* Takes a GET's bytes in order as they arrive: pos is where data lies in
+ * the range asked for. A request that is tried again starts again at pos
+ * 0. Returns 0 to go on, or a negative errno, which ends the GET with it. */
+typedef int (*objstore_sink)(void *arg, uint64_t pos, const void *data, size_t len);
+/* objstore_get() of up to len bytes at off into sink instead of a buffer
+ * (no copy of the whole range in memory). Returns the byte count the last
+ * attempt delivered, or a negative errno. */
+ssize_t objstore_get_to(struct objstore *s, const char *key, uint64_t off, size_t len,
+			objstore_sink sink, void *arg);
 /* Deletes key; deleting a missing key is success. */
 int objstore_delete(struct objstore *s, const char *key);
 int objstore_head(struct objstore *s, const char *key, uint64_t *size);

@@ -12,6 +12,10 @@ struct objstore_ops {
 	void (*close)(struct objstore *s);
 	int (*put)(struct objstore *s, const char *key, const void *buf, size_t len);
 	ssize_t (*get)(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len);
+	/* Optional: objstore_get_to() in one request (without it, ranged
+	 * gets of a piece at a time). */
+	ssize_t (*get_to)(struct objstore *s, const char *key, uint64_t off, size_t len,
+			  objstore_sink sink, void *arg);
 	int (*del)(struct objstore *s, const char *key);
 	int (*head)(struct objstore *s, const char *key, uint64_t *size);
 	int (*list)(struct objstore *s, const char *prefix,

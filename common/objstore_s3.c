@@ -153,6 +153,7 @@ struct xfer {
 	size_t seen;            /* body bytes received */
 	size_t resp_cap;
 	int overflow;
+	int sink_err;           /* what the GET's sink said when it stopped it */
 	int ranged_full;        /* the 200 answer to a ranged GET */
 	char errbody[S3_ERRBODY_MAX + 1];
 	size_t errlen;
@@ -258,7 +259,7 @@ on_body(char *buf, size_t size, size_t nmemb, void *ud)
 		x->errbody[x->errlen] = '\0';
 		return n;
 	}
-	if (r->out) {
+	if (r->out || r->sink) {
 		const char *p = buf;
 		size_t len = n;
 
@@ -280,7 +281,16 @@ on_body(char *buf, size_t size, size_t nmemb, void *ud)
 				return 0;
 			}
 		}
-		memcpy((char *)r->out + r->out_len, p, len);
+		if (r->sink && len > 0) {
+			int rc = r->sink(r->sink_arg, r->out_len, p, len);
+
+			if (rc < 0) {
+				x->sink_err = rc;
+				return 0;
+			}
+		} else if (len > 0) {
+			memcpy((char *)r->out + r->out_len, p, len);
+		}
 		r->out_len += len;
 		return n;
 	}
@@ -802,7 +812,7 @@ s3_request(struct objstore *s, struct s3_req *r)
 			goto out;
 		}
 		x->sent = x->seen = x->errlen = 0;
-		x->overflow = x->ranged_full = 0;
+		x->overflow = x->ranged_full = x->sink_err = 0;
 		x->retry_after_ms = -1;
 		x->errbody[0] = '\0';
 		r->status = 0;
@@ -830,6 +840,10 @@ s3_request(struct objstore *s, struct s3_req *r)
 			}
 			ret = -EIO;
 			transient = 1;
+		} else if (x->sink_err) {
+			ret = objstore_seterr(x->sink_err, "%s %s: the receiver failed (%s)", r->method,
+					      req_what(r), strerror(-x->sink_err));
+			goto out;
 		} else if (x->overflow) {
 			ret = objstore_seterr(-EIO, "%s %s: the server sent more data than asked for",
 					      r->method, req_what(r));
@@ -928,11 +942,14 @@ s3_head(struct objstore *s, const char *key, uint64_t *size)
 	return 0;
 }
 
+/* A GET of [off, off+len) into buf, or into sink when buf is NULL. */
 static ssize_t
-s3_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len)
+s3_get_into(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len,
+	    objstore_sink sink, void *arg)
 {
 	struct s3_req r = { .method = "GET", .key = key, .ranged = 1, .off = off, .len = len,
-			    .out = buf, .out_cap = len };
+			    .out = buf, .out_cap = len, .sink = buf ? NULL : sink,
+			    .sink_arg = arg };
 	uint64_t got, want_end = off + len - 1;
 	int ret;
 
@@ -978,6 +995,19 @@ s3_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len)
 		return (ssize_t)r.out_len;
 	}
 	return status_err(&r);
+}
+
+static ssize_t
+s3_get(struct objstore *s, const char *key, uint64_t off, void *buf, size_t len)
+{
+	return s3_get_into(s, key, off, buf, len, NULL, NULL);
+}
+
+static ssize_t
+s3_get_to(struct objstore *s, const char *key, uint64_t off, size_t len, objstore_sink sink,
+	  void *arg)
+{
+	return s3_get_into(s, key, off, NULL, len, sink, arg);
 }
 
 static int
@@ -1277,6 +1307,7 @@ static const struct objstore_ops s3_ops = {
 	.close = s3_close,
 	.put = s3_put,
 	.get = s3_get,
+	.get_to = s3_get_to,
 	.del = s3_del,
 	.head = s3_head,
 	.list = s3_list,

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "objstore.h"
+
 struct objstore;
 
 /*
@@ -38,6 +40,8 @@ struct s3_req {
 	size_t len;
 	void *out;              /* GET: the body lands here (at most out_cap bytes) */
 	size_t out_cap;
+	objstore_sink sink;     /* GET without out: the body goes here (out_cap bytes at most) */
+	void *sink_arg;
 	/* Results. */
 	long status;            /* final HTTP status */
 	size_t out_len;         /* bytes stored in out */

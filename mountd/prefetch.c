@@ -8,9 +8,10 @@
  * READ's splice at a time). Random readers queue nothing: they fetch only
  * what they read.
  *
- * The queue and the fetches in flight together hold at most p->budget
- * bytes (each fetch holds its object in memory until it is cached); past
- * it a request is dropped, never waited for. Everything here is owned by
+ * The queue and the fetches in flight together come to at most p->budget
+ * bytes of objects not cached yet (each is streamed into its cache file,
+ * so this bounds what read-ahead puts in flight, not memory); past it a
+ * request is dropped, never waited for. Everything here is owned by
  * struct prefetch, which struct mountd owns.
  */
 #include <errno.h>

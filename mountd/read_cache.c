@@ -50,10 +50,12 @@ struct cache_entry {
 /* An object being fetched; guarded by read_cache.lock. Its fetcher and
  * every waiter hold a reference; the last one out frees it. A successful
  * fetch leaves the verified object in obj, so waiters copy their range from
- * it (the cache file may be evicted again before they could open it). */
+ * it, or an fd on the verified file it was streamed into (the cache file
+ * may be evicted again before they could open it). */
 struct fetch {
 	char *key;          /* owned */
 	char *obj;          /* owned; the verified object once done, or NULL */
+	int fd;             /* owned; or a verified file of it once done (-1: none) */
 	bool done;
 	unsigned refs;
 	struct fetch *next;
@@ -637,6 +639,8 @@ static void fetch_put_locked(struct fetch *f)
 		return;
 	free(f->key);
 	free(f->obj);
+	if (f->fd >= 0)
+		close(f->fd);
 	free(f);
 }
 
@@ -682,6 +686,7 @@ static bool fetch_begin(struct read_cache *c, const char *key, bool wait, struct
 		x = NULL;
 	}
 	if (x) {
+		x->fd = -1;
 		x->refs = 1;
 		x->next = c->fetching;
 		c->fetching = x;
@@ -732,6 +737,133 @@ static void fetch_publish(struct read_cache *c, struct fetch *f, char *obj)
 	f->done = true;
 	pthread_cond_broadcast(&c->fetched);
 	pthread_mutex_unlock(&c->lock);
+}
+
+/* fetch_publish() of a verified file instead of a buffer: the waiters
+ * read from a dup of fd (the caller keeps its own). */
+static void fetch_publish_fd(struct read_cache *c, struct fetch *f, int fd)
+{
+	int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+
+	pthread_mutex_lock(&c->lock);
+	f->fd = mine;  /* -1 (no fd left): the waiters look in the cache again */
+	f->done = true;
+	pthread_cond_broadcast(&c->fetched);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* A GET streamed into a file being written aside, checked as it comes. */
+struct stream {
+	int fd;
+	struct block_check k;
+};
+
+static int stream_put(void *arg, uint64_t pos, const void *data, size_t len)
+{
+	struct stream *w = arg;
+	const char *p = data;
+
+	if (pos == 0)
+		block_check_init(&w->k, w->k.data_len); /* (again, for a retried GET) */
+	if (pos != w->k.seen)
+		return -EIO; /* not what a GET delivers */
+	block_check_feed(&w->k, data, len);
+	while (len > 0) {
+		ssize_t n = pwrite(w->fd, p, len, (off_t)pos);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		pos += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* Gets key whole from the store straight into a new cache file, checked
+ * as the body arrives, without holding the object in memory; the file is
+ * then put in place as read_cache_insert() would. *fd_out: an fd on the
+ * verified file (the caller's), even when it could not be cached (then
+ * it is already unlinked). A damaged object is -EBADMSG. */
+static int object_stream(struct read_cache *c, struct objstore *s, struct stats *st,
+			 const char *key, uint32_t objsize, int *fd_out)
+{
+	size_t stored = (size_t)objsize + BLOCK_TRAILER;
+	struct stream w = { .fd = -1 };
+	struct cache_entry *e = NULL, *old;
+	char tmp[PATH_MAX];
+	struct stat sb;
+	ssize_t n;
+
+	if (mkdirs_at(c->dirfd, key) < 0)
+		return -EIO;
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%llu", key, (int)getpid(),
+		 (unsigned long long)atomic_fetch_add(&c->tmp_seq, 1));
+	w.fd = openat(c->dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (w.fd < 0)
+		return -errno;
+	block_check_init(&w.k, objsize);
+	/* One byte more than the object should hold: a longer object is as
+	 * damaged as a shorter one. */
+	n = objstore_get_to(s, key, 0, stored + 1, stream_put, &w);
+	atomic_fetch_add(&st->objects_get, 1);
+	if (n >= 0) {
+		atomic_fetch_add(&st->bytes_downloaded, (uint64_t)n);
+		/* A retried GET may have written past where the last one ended. */
+		if (block_check_end(&w.k) < 0 || (size_t)n != stored)
+			n = -EBADMSG;
+		else if (ftruncate(w.fd, (off_t)stored) < 0 || fstat(w.fd, &sb) < 0)
+			n = -errno;
+	}
+	if (n < 0) {
+		close(w.fd);
+		unlinkat(c->dirfd, tmp, 0);
+		return (int)n;
+	}
+	*fd_out = w.fd;
+	/* No fsync: after a crash its trailer is checked before it is used. */
+	if (!(e = entry_new(key, objsize, sb.st_ino, true))) {
+		unlinkat(c->dirfd, tmp, 0);
+		return 0;
+	}
+	pthread_mutex_lock(&c->lock);
+	old = index_find(c, key);
+	if (old && old->size != objsize) {
+		/* A damaged file (found at start) that nobody read yet. */
+		unlinkat(c->dirfd, key, 0);
+		index_remove(c, old);
+		old = NULL;
+	}
+	if (old || renameat2(c->dirfd, tmp, c->dirfd, key, RENAME_NOREPLACE) < 0) {
+		pthread_mutex_unlock(&c->lock);
+		unlinkat(c->dirfd, tmp, 0);
+		free(e->key);
+		free(e);
+		return 0;
+	}
+	index_add(c, e);
+	evict_locked(c);
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* Reads len bytes at off of a verified object file. */
+static ssize_t pread_whole(int fd, void *buf, uint32_t len, uint32_t off)
+{
+	uint32_t got = 0;
+
+	while (got < len) {
+		ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)off + got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		got += (uint32_t)n;
+	}
+	return len;
 }
 
 /* A fresh object buffer is mapped page by page as the body is copied in,
@@ -813,9 +945,8 @@ int read_cache_prefetch(struct read_cache *c, struct objstore *s, struct stats *
 			const char *key, uint32_t objsize)
 {
 	struct fetch *f = NULL;
-	char *obj = NULL;
 	bool gave_up = false;
-	int rc;
+	int fd = -1, rc;
 
 	if (!c || c->limit < objsize || read_cache_has(c, key, objsize))
 		return 0;
@@ -827,16 +958,12 @@ int read_cache_prefetch(struct read_cache *c, struct objstore *s, struct stats *
 		fetch_end(c, f, NULL);
 		return 0;
 	}
-	rc = object_fetch(s, st, key, objsize, &obj);
-	if (rc == 0 && f) {
-		fetch_publish(c, f, obj);
-		read_cache_insert(c, key, obj, objsize);
-		obj = NULL; /* f's */
-	} else if (rc == 0) {
-		read_cache_insert(c, key, obj, objsize);
-	}
+	rc = object_stream(c, s, st, key, objsize, &fd);
+	if (rc == 0 && f)
+		fetch_publish_fd(c, f, fd);
+	if (fd >= 0)
+		close(fd);
 	fetch_end(c, f, NULL);
-	free(obj);
 	return rc == 0 ? 1 : rc;
 }
 
@@ -855,11 +982,13 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 		if (n != -ENOENT)
 			return n;
 		if (!fetch_begin(c, key, true, &f, &gave_up)) {
-			/* f->obj is only written before done, under the lock
-			 * this thread has taken since. */
+			/* f->obj and f->fd are only written before done,
+			 * under the lock this thread has taken since. */
 			if (f->done && f->obj) {
 				memcpy(buf, f->obj + off, len);
 				n = len;
+			} else if (f->done && f->fd >= 0) {
+				n = pread_whole(f->fd, buf, len, off);
 			} else {
 				n = gave_up ? -EINTR : -ENOENT;
 			}
@@ -883,6 +1012,20 @@ ssize_t read_cache_read(struct read_cache *c, struct objstore *s, struct stats *
 		}
 	}
 	atomic_fetch_add(&st->cache_misses, 1);
+	if (c && c->limit >= (uint64_t)objsize + BLOCK_TRAILER) {
+		/* Streamed into the cache file; the waiters and this read
+		 * take their bytes from it. */
+		int fd = -1;
+
+		n = object_stream(c, s, st, key, objsize, &fd);
+		if (n == 0 && f)
+			fetch_publish_fd(c, f, fd);
+		if (n == 0)
+			n = pread_whole(fd, buf, len, off);
+		if (fd >= 0)
+			close(fd);
+		goto out;
+	}
 	n = object_fetch(s, st, key, objsize, &obj);
 	if (n < 0)
 		goto out;

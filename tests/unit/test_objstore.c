@@ -321,6 +321,67 @@ TestSuite(file, .timeout = 300);
 TestSuite(s3, .timeout = 300);
 TestSuite(s3_errors, .timeout = 300);
 
+/* A sink that collects what a GET delivers, in order, and can refuse
+ * after a number of calls. */
+struct collect {
+	unsigned char *buf;
+	size_t cap, len;
+	int calls, fail_at;   /* fail_at > 0: that call returns -ENOSPC */
+};
+
+static int
+collect_put(void *arg, uint64_t pos, const void *data, size_t len)
+{
+	struct collect *c = arg;
+
+	if (++c->calls == c->fail_at)
+		return -ENOSPC;
+	cr_assert_eq(pos, c->len, "pieces out of order: %llu after %zu", (unsigned long long)pos,
+		     c->len);
+	cr_assert_leq(pos + len, c->cap, "more than was asked for");
+	memcpy(c->buf + pos, data, len);
+	c->len = pos + len;
+	return 0;
+}
+
+/* objstore_get_to gives what objstore_get does, piece by piece; a sink's
+ * error ends the GET with that error. */
+static void
+check_get_to(struct objstore *s)
+{
+	enum { N = 2 * 1024 * 1024 + 12345 };
+	unsigned char *data = malloc(N);
+	struct collect c = { .buf = malloc(N + 10), .cap = N + 10 };
+
+	fill(data, N, 7);
+	cr_assert_eq(objstore_put(s, "get-to", data, N), 0, "%s", objstore_last_error());
+	cr_assert_eq(objstore_get_to(s, "get-to", 0, N + 10, collect_put, &c), N, "%s",
+		     objstore_last_error());
+	cr_assert_eq(c.len, N);
+	cr_assert(memcmp(c.buf, data, N) == 0, "wrong bytes");
+	/* A range inside. */
+	c = (struct collect){ .buf = c.buf, .cap = 1000 };
+	cr_assert_eq(objstore_get_to(s, "get-to", 1024 * 1024 - 10, 1000, collect_put, &c), 1000);
+	cr_assert(memcmp(c.buf, data + 1024 * 1024 - 10, 1000) == 0);
+	/* Refused by the sink, missing object. */
+	c = (struct collect){ .buf = c.buf, .cap = N + 10, .fail_at = 1 };
+	cr_assert_eq(objstore_get_to(s, "get-to", 0, N, collect_put, &c), -ENOSPC);
+	c = (struct collect){ .buf = c.buf, .cap = N + 10 };
+	cr_assert_eq(objstore_get_to(s, "get-to-missing", 0, N, collect_put, &c), -ENOENT);
+	cr_assert_eq(c.len, 0);
+	free(c.buf);
+	free(data);
+}
+
+Test(file, get_to)
+{
+	struct objstore *s = open_file_store();
+
+	check_get_to(s);
+	objstore_close(s);
+	rm_rf(tmpdir);
+}
+
 Test(file, basic)
 {
 	struct objstore *s = open_file_store();
@@ -522,6 +583,14 @@ Test(s3, basic)
 	struct objstore *s = open_s3_store(NULL);
 
 	check_basic(s);
+	objstore_close(s);
+}
+
+Test(s3, get_to)
+{
+	struct objstore *s = open_s3_store(NULL);
+
+	check_get_to(s);
 	objstore_close(s);
 }
 
