@@ -823,7 +823,12 @@ static int object_stream(struct read_cache *c, struct objstore *s, struct stats 
 		return (int)n;
 	}
 	*fd_out = w.fd;
-	/* No fsync: after a crash its trailer is checked before it is used. */
+	/* The object goes to disk now, in one write-back of the whole file
+	 * started here (not waited for), rather than piece by piece when
+	 * READs drop the pages they spliced (POSIX_FADV_DONTNEED writes a
+	 * dirty range back first, on the READ's thread). No fsync: after a
+	 * crash its trailer is checked before it is used. */
+	(void)sync_file_range(w.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 	if (!(e = entry_new(key, objsize, sb.st_ino, true))) {
 		unlinkat(c->dirfd, tmp, 0);
 		return 0;

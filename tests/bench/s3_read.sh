@@ -4,7 +4,10 @@
 # same objects from the same local S3 server (scripts/s3-server), in one
 # run. Raw GETs are one curl process with --parallel-max 1 and 4 (SigV4,
 # bodies to /dev/null: the most a client could take from this server);
-# ferryfs reads with dd bs=1M, with -o readahead=0 and with its default.
+# ferryfs reads with dd bs=1M to /dev/null from a fresh mount with an empty
+# read cache, with -o readahead=0 and with its default (the bytes are
+# checked after, untimed). Both with the server's files cold (dropped from
+# the page cache first) and warm (just read).
 #
 #   tests/bench/s3_read.sh [--size-mib N] [--build-dir DIR]
 #
@@ -72,29 +75,46 @@ done
 echo "S3 sequential read: one ${size_mib} MiB file, ${#keys[@]} objects, s3rver on 127.0.0.1"
 echo "kernel $(uname -r), $(nproc) CPUs, commit $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
 declare -A R
-for p in 1 4; do
-  args=()
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# raw P: one curl, P GETs at a time, bodies to /dev/null.
+raw() {
+  local args=() k t0 t1
   for k in "${keys[@]}"; do args+=(-o /dev/null "$base/$k"); done
   t0=$(now)
-  s3curl -Z --parallel-max "$p" "${args[@]}" 2>/dev/null
+  s3curl -Z --parallel-max "$1" "${args[@]}" 2>/dev/null
   t1=$(now)
-  R[raw$p]=$(mbs "$t0" "$t1")
-  printf '  %-34s %6s MB/s\n' "raw GET, $p at a time" "${R[raw$p]}"
-done
-for ra in 0 default; do
-  opts=()
-  [[ $ra == 0 ]] && opts=(-o readahead=0)
-  mnt_ferry "$root/cache-$ra" "${opts[@]}"
-  sync; echo 3 > /proc/sys/vm/drop_caches
+  mbs "$t0" "$t1"
+}
+# ferry RA CACHE: a cold read through ferryfs (a fresh mount, an empty read
+# cache) to /dev/null, as the raw GETs; its bytes are checked afterwards,
+# untimed, from the page cache.
+ferry() {
+  local opts=() t0 t1 got
+  [[ $1 == 0 ]] && opts=(-o readahead=0)
+  mnt_ferry "$root/cache-$2" "${opts[@]}"
   t0=$(now)
-  got=$(dd if="$mnt/f" bs=1M status=none | sha256sum)
+  dd if="$mnt/f" of=/dev/null bs=1M status=none
   t1=$(now)
+  got=$(sha256sum < "$mnt/f")
   [[ $got == "$want" ]] || { echo "s3_read.sh: ferryfs read wrong bytes" >&2; exit 1; }
-  R[ferry$ra]=$(mbs "$t0" "$t1")
-  pre=$(awk '$1 == "prefetch_fetched" { print $2 }' "$mnt/.stats")
-  printf '  %-34s %6s MB/s  (%s objects read ahead)\n' "ferryfs cold, readahead=$ra" \
-    "${R[ferry$ra]}" "$pre"
+  mbs "$t0" "$t1"
+  awk '$1 == "prefetch_fetched" { print $2 }' "$mnt/.stats" > "$root/prefetched-$2"
   "$ferry" umount "$mnt" >/dev/null
-done
-awk -v f="${R[ferrydefault]}" -v r="${R[raw4]}" \
-  'BEGIN { printf "  ferryfs / raw GET 4 at a time: %.2f (target: at least 0.80)\n", f / r }'
+}
+# Server cold: its object files dropped from the page cache before each
+# job; server warm: each job right after another read them all.
+drop; R[cold.raw1]=$(raw 1)
+drop; R[cold.raw4]=$(raw 4)
+drop; R[cold.ferry0]=$(ferry 0 c0)
+drop; R[cold.ferry]=$(ferry default c1)
+R[warm.raw4]=$(raw 4)
+R[warm.ferry]=$(ferry default c2)
+printf '  %-44s %8s %8s\n' "MB/s" "server" "server"
+printf '  %-44s %8s %8s\n' "" cold warm
+printf '  %-44s %8s %8s\n' "raw GET, 1 at a time" "${R[cold.raw1]}" -
+printf '  %-44s %8s %8s\n' "raw GET, 4 at a time" "${R[cold.raw4]}" "${R[warm.raw4]}"
+printf '  %-44s %8s %8s\n' "ferryfs, empty read cache, readahead=0" "${R[cold.ferry0]}" -
+printf '  %-44s %8s %8s\n' "ferryfs, empty read cache, readahead on" "${R[cold.ferry]}" "${R[warm.ferry]}"
+awk -v fc="${R[cold.ferry]}" -v rc="${R[cold.raw4]}" -v fw="${R[warm.ferry]}" -v rw="${R[warm.raw4]}" \
+  'BEGIN { printf "  ferryfs / raw GET 4 at a time: %.2f server cold, %.2f server warm (target: at least 0.80)\n", fc / rc, fw / rw }'
+echo "  (objects read ahead: $(cat "$root/prefetched-c1") and $(cat "$root/prefetched-c2") of ${#keys[@]})"
