@@ -429,13 +429,45 @@ uint64_t read_cache_bytes(struct read_cache *c)
 	return c ? atomic_load(&c->bytes) : 0;
 }
 
+/* Puts the whole, verified file tmp (inode fino, len bytes of data) in
+ * place as key's cache file and indexes it; otherwise removes it. Objects
+ * are immutable: one already cached stays as it is (and is not counted
+ * twice). */
+static void file_install(struct read_cache *c, const char *tmp, const char *key, uint32_t len,
+			 ino_t fino)
+{
+	struct cache_entry *e = entry_new(key, len, fino, true), *old;
+
+	if (!e) {
+		unlinkat(c->dirfd, tmp, 0);
+		return;
+	}
+	pthread_mutex_lock(&c->lock);
+	old = index_find(c, key);
+	if (old && old->size != len) {
+		/* A damaged file (found at start) that nobody read yet. */
+		unlinkat(c->dirfd, key, 0);
+		index_remove(c, old);
+		old = NULL;
+	}
+	if (old || renameat2(c->dirfd, tmp, c->dirfd, key, RENAME_NOREPLACE) < 0) {
+		pthread_mutex_unlock(&c->lock);
+		unlinkat(c->dirfd, tmp, 0);
+		free(e->key);
+		free(e);
+		return;
+	}
+	index_add(c, e);
+	evict_locked(c);
+	pthread_mutex_unlock(&c->lock);
+}
+
 void read_cache_insert(struct read_cache *c, const char *key, const void *buf, uint32_t len)
 {
 	char tmp[PATH_MAX];
-	struct cache_entry *e = NULL;
 	size_t stored = (size_t)len + BLOCK_TRAILER;
 	struct stat sb;
-	int fd = -1;
+	int fd;
 
 	if (!c || c->limit < stored)
 		return;
@@ -447,38 +479,13 @@ void read_cache_insert(struct read_cache *c, const char *key, const void *buf, u
 	if (fd < 0)
 		return;
 	/* No fsync: after a crash its trailer is checked before it is used. */
-	if (write(fd, buf, stored) != (ssize_t)stored || fstat(fd, &sb) < 0)
-		goto fail;
-	close(fd);
-	fd = -1;
-	if (!(e = entry_new(key, len, sb.st_ino, true)))
-		goto fail;
-	/* Objects are immutable: one that is already cached stays as it is
-	 * (and is not counted twice). */
-	pthread_mutex_lock(&c->lock);
-	struct cache_entry *old = index_find(c, key);
-	if (old && old->size != len) {
-		/* A damaged file (found at start) that nobody read yet. */
-		unlinkat(c->dirfd, key, 0);
-		index_remove(c, old);
-		old = NULL;
-	}
-	if (old || renameat2(c->dirfd, tmp, c->dirfd, key, RENAME_NOREPLACE) < 0) {
-		pthread_mutex_unlock(&c->lock);
-		goto fail;
-	}
-	index_add(c, e);
-	evict_locked(c);
-	pthread_mutex_unlock(&c->lock);
-	return;
-fail:
-	if (e) {
-		free(e->key);
-		free(e);
-	}
-	if (fd >= 0)
+	if (write(fd, buf, stored) != (ssize_t)stored || fstat(fd, &sb) < 0) {
 		close(fd);
-	unlinkat(c->dirfd, tmp, 0);
+		unlinkat(c->dirfd, tmp, 0);
+		return;
+	}
+	close(fd);
+	file_install(c, tmp, key, len, sb.st_ino);
 }
 
 /* Drops the cache file of key found wrong (fino: the file found), unless
@@ -784,7 +791,7 @@ static int stream_put(void *arg, uint64_t pos, const void *data, size_t len)
 
 /* Gets key whole from the store straight into a new cache file, checked
  * as the body arrives, without holding the object in memory; the file is
- * then put in place as read_cache_insert() would. *fd_out: an fd on the
+ * then put in place (file_install). *fd_out: an fd on the
  * verified file (the caller's), even when it could not be cached (then
  * it is already unlinked). A damaged object is -EBADMSG. */
 static int object_stream(struct read_cache *c, struct objstore *s, struct stats *st,
@@ -792,7 +799,6 @@ static int object_stream(struct read_cache *c, struct objstore *s, struct stats 
 {
 	size_t stored = (size_t)objsize + BLOCK_TRAILER;
 	struct stream w = { .fd = -1 };
-	struct cache_entry *e = NULL, *old;
 	char tmp[PATH_MAX];
 	struct stat sb;
 	ssize_t n;
@@ -829,28 +835,7 @@ static int object_stream(struct read_cache *c, struct objstore *s, struct stats 
 	 * dirty range back first, on the READ's thread). No fsync: after a
 	 * crash its trailer is checked before it is used. */
 	(void)sync_file_range(w.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-	if (!(e = entry_new(key, objsize, sb.st_ino, true))) {
-		unlinkat(c->dirfd, tmp, 0);
-		return 0;
-	}
-	pthread_mutex_lock(&c->lock);
-	old = index_find(c, key);
-	if (old && old->size != objsize) {
-		/* A damaged file (found at start) that nobody read yet. */
-		unlinkat(c->dirfd, key, 0);
-		index_remove(c, old);
-		old = NULL;
-	}
-	if (old || renameat2(c->dirfd, tmp, c->dirfd, key, RENAME_NOREPLACE) < 0) {
-		pthread_mutex_unlock(&c->lock);
-		unlinkat(c->dirfd, tmp, 0);
-		free(e->key);
-		free(e);
-		return 0;
-	}
-	index_add(c, e);
-	evict_locked(c);
-	pthread_mutex_unlock(&c->lock);
+	file_install(c, tmp, key, objsize, sb.st_ino);
 	return 0;
 }
 
