@@ -29,17 +29,10 @@ ferry=$build/bin/ferry
 [[ -x $ferry ]] || { echo "s3_git_status.sh: no $ferry (build first)" >&2; exit 2; }
 command -v git >/dev/null || { echo "s3_git_status.sh: needs git" >&2; exit 2; }
 
-root=$(mktemp -d /var/tmp/ferry-s3git.XXXXXX)
-mnt=$root/mnt
-cleanup() {
-  set +e
-  mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
-  "$top/scripts/s3-server" stop "$root/s3" >/dev/null 2>&1
-  rm -rf "$root"
-}
-trap cleanup EXIT
-mkdir -p "$mnt" "$root/s3" "$root/repo" "$root/plain"
-eval "$("$top/scripts/s3-server" start "$root/s3")"
+# shellcheck source=tests/bench/s3_scratch.sh
+. "$top/tests/bench/s3_scratch.sh"
+s3_scratch /var/tmp ferry-s3git
+mkdir -p "$root/repo" "$root/plain"
 
 # The repository: --files files of 2 KiB, 50 to a directory, one commit.
 python3 - "$root/repo" "$files" <<'EOF'

@@ -29,17 +29,9 @@ done
 ferry=$build/bin/ferry
 [[ -x $ferry ]] || { echo "s3_read.sh: no $ferry (build first)" >&2; exit 2; }
 
-root=$(mktemp -d /tmp/ferry-s3read.XXXXXX)
-mnt=$root/mnt
-cleanup() {
-  set +e
-  mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
-  "$top/scripts/s3-server" stop "$root/s3" >/dev/null 2>&1
-  rm -rf "$root"
-}
-trap cleanup EXIT
-mkdir -p "$mnt" "$root/s3"
-eval "$("$top/scripts/s3-server" start "$root/s3")"
+# shellcheck source=tests/bench/s3_scratch.sh
+. "$top/tests/bench/s3_scratch.sh"
+s3_scratch /tmp ferry-s3read
 url="s3://$FERRY_TEST_S3_HOSTPORT/$FERRY_TEST_S3_BUCKET/bench"
 base="http://$FERRY_TEST_S3_HOSTPORT/$FERRY_TEST_S3_BUCKET"
 s3curl() {
