@@ -433,7 +433,7 @@ ssize_t file_read_reply(struct mountd *md, fuse_req_t req, struct inode *i, uint
 struct readahead {
 	_Atomic uint64_t next;  /* where the last READ ended */
 	_Atomic uint64_t end;   /* prefetched up to here */
-	_Atomic uint32_t run;   /* READs in a row that followed the one before */
+	_Atomic uint64_t run;   /* bytes READ in a row, each READ near the one before */
 };
 /* After a READ of [off, off+len) through ra of a file of committed size
  * size: a sequential reader gets the objects ahead of it prefetched. */
