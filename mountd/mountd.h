@@ -349,8 +349,9 @@ int rclient_start(struct mountd *md);
 void rclient_stop(struct mountd *md);
 bool rclient_up(struct mountd *md);
 /* Deals with staging files an earlier run left (see the .c); with_jobs:
- * journal what can be committed, for the reconciler. */
-void staging_recover(struct mountd *md, bool with_jobs);
+ * journal what can be committed, for the reconciler. Returns how many the
+ * reconciler will commit (SIZE_MAX: the directory could not be listed). */
+size_t staging_recover(struct mountd *md, bool with_jobs);
 /* Journals and hands the inode's write state to the reconciler; on success
  * the state is gone and the inode reserved until the job commits. -ENODATA:
  * nothing to commit. Caller holds ino->lock. */

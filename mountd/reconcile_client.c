@@ -409,15 +409,15 @@ static bool staging_attached(struct mountd *md, const char *n)
 	return yes;
 }
 
-void staging_recover(struct mountd *md, bool with_jobs)
+size_t staging_recover(struct mountd *md, bool with_jobs)
 {
 	DIR *d = fdopendir(dup(md->staging_dirfd));
-	size_t kept = 0, recovered = 0;
+	size_t kept = 0, recovered = 0, handed = 0;
 	struct dirent *de;
 
 	if (!d) {
 		log_warn("cannot list the staging directory %s", md->cfg.staging_dir);
-		return;
+		return SIZE_MAX;
 	}
 	rewinddir(d); /* the dup shares staging_dirfd's offset */
 	while ((de = readdir(d))) {
@@ -432,8 +432,10 @@ void staging_recover(struct mountd *md, bool with_jobs)
 			continue;
 		snprintf(job, sizeof(job), "%s%s", n, RECONCILE_JOB_SUFFIX);
 		if (with_jobs && (faccessat(md->staging_dirfd, job, F_OK, AT_SYMLINK_NOFOLLOW) == 0 ||
-				  staging_attached(md, n)))
+				  staging_attached(md, n))) {
+			handed++;
 			continue; /* handed off: the reconciler takes it up */
+		}
 		/* A record made at close() (daemon path): it becomes the job. */
 		char fj[NAME_MAX + 8];
 		snprintf(fj, sizeof(fj), "%s%s", n, STAGING_FLUSH_SUFFIX);
@@ -484,6 +486,7 @@ void staging_recover(struct mountd *md, bool with_jobs)
 	if (kept)
 		log_warnx("kept %zu staging files of an earlier run as %s/*%s (writes whose close() "
 			  "never returned)", kept, md->cfg.staging_dir, RECONCILE_ORPHAN_SUFFIX);
+	return recovered + handed;
 }
 
 const struct rc_opt_def rc_opt_defs[RC_NOPTS] = {
@@ -607,6 +610,7 @@ static int reconciler_connect(struct mountd *md, int *sock)
 int rclient_start(struct mountd *md)
 {
 	uint64_t epoch = 0;
+	size_t pending;
 	int rc;
 
 	rc = meta_seq_epoch(md->meta, &epoch);
@@ -615,7 +619,7 @@ int rclient_start(struct mountd *md)
 	md->rc_next_seq = epoch << 32;
 	md->pid = getpid();
 	/* Before the reconciler starts: it finishes every record it finds. */
-	staging_recover(md, !md->cfg.reconciler);
+	pending = staging_recover(md, !md->cfg.reconciler);
 	if (!md->cfg.reconciler) {
 		if (asprintf(&md->rc_path, "%s/reconciler.sock", md->cfg.staging_dir) < 0)
 			return -ENOMEM;
@@ -630,6 +634,12 @@ int rclient_start(struct mountd *md)
 		return rc;
 	atomic_store(&md->rc_up, true);
 	md->layout_upto = md->rc_next_seq; /* the jobs staging_recover() made */
+	/* Nothing of an earlier run to commit (and no other daemon's
+	 * reconciler, which could hold jobs this one never saw): layouts may
+	 * be kept from the first READ, not only after the reconciler's
+	 * first report. */
+	if (pending == 0 && !md->cfg.reconciler)
+		atomic_store(&md->layout_ready, true);
 	rc = pthread_create(&md->rc_reader, NULL, reader_main, md);
 	if (rc) {
 		close(md->rc_sock);

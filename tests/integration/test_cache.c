@@ -408,8 +408,12 @@ Test(cache, a_reader_sees_every_commit_through_its_open_file)
 	fm_fill_random(&seed, want, len);
 	mount_with_cache("64");
 	fm_write_file(mp("k"), want, len);
+	/* Uploaded and committed, and the writer's RELEASE (which the kernel
+	 * sends after close() returns) handled: an open before it would share
+	 * the staging file in passthrough, and its reads would never reach
+	 * the daemon. */
+	fm_wait_committed("after the first write", 60);
 	rfd = OK(open(mp("k"), O_RDONLY));
-	OK(fsync(rfd)); /* uploaded and committed: reads go to the objects */
 	pread_check(rfd, want, 0, len, "first read");
 	pread_check(rfd, want, 0, len, "second read");
 	fm_stats_read(&s);
