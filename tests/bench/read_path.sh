@@ -6,34 +6,41 @@
 #
 #   seq cold     1 MiB sequential reads after drop_caches (ferryfs: after a
 #                remount too; "store" is its first read, which fetches every
-#                object into the read cache; "cache" the next one)
+#                object into the read cache; "cache" the next ones)
 #   rand cold    4 KiB random reads for --seconds after drop_caches
 #   seq warm     1 MiB sequential reads of a file read once before
 #   rand warm    4 KiB random reads of it, for --seconds
 #   resident     page cache the file takes after two full reads: the file's
 #                own pages (fincore), plus ferryfs's read-cache files
 #
+# The cold rows are --rounds rounds (default 3), the three targets taking
+# turns within each round, and show the median: a cold read here is a read
+# of the virtual disk under the loop image, whose speed swings 3x from one
+# read to the next (1.1 to 4.4 GB/s for the same file, seen here), so one
+# read per target in a row measured the disk's mood more than the target.
+#
 # ferryfs writes the file through the mount (passthrough), waits until the
 # reconciler has committed it, then remounts, so every read goes through the
 # read path rather than the staging file. Prints MB/s or IOPS per target and
 # ferryfs's ratio to each other column, then ferryfs's FUSE READ requests.
 #
-#   tests/bench/read_path.sh [--size-mib N] [--seconds S] [--workdir DIR]
-#                            [--build-dir DIR]
+#   tests/bench/read_path.sh [--size-mib N] [--seconds S] [--rounds R]
+#                            [--workdir DIR] [--build-dir DIR]
 #
 # Needs root (loop mount, FUSE mount, drop_caches) and fio (scripts/bootstrap
 # installs it).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
-size_mib=1024 seconds=10 workdir=/var/tmp build=$top/build
+size_mib=1024 seconds=10 rounds=3 workdir=/var/tmp build=$top/build
 while [[ $# -gt 0 ]]; do
   case $1 in
     --size-mib) size_mib=${2:?}; shift ;;
     --seconds) seconds=${2:?}; shift ;;
+    --rounds) rounds=${2:?}; shift ;;
     --workdir) workdir=${2:?}; shift ;;
     --build-dir) build=${2:?}; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "read_path.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -49,9 +56,10 @@ loop_image "$workdir" ferry-readpath 1000
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 declare -A R
-# fio_job TARGET ROW FILE seq|rand: one psync job; records MB/s or IOPS.
+# fio_job TARGET ROW FILE seq|rand: one psync job; appends its MB/s or IOPS
+# to R[TARGET.ROW].
 fio_job() {
-  local tgt=$1 row=$2 file=$3 kind=$4 out args
+  local tgt=$1 row=$2 file=$3 kind=$4 out args v
   if [[ $kind == seq ]]; then
     args=(--rw=read --bs=1M)
   else
@@ -59,53 +67,54 @@ fio_job() {
   fi
   out=$(fio --name=rp --filename="$file" --readonly --ioengine=psync --numjobs=1 \
         --size="${size_mib}M" --invalidate=0 --output-format=json "${args[@]}")
-  R[$tgt.$row]=$(python3 -c '
+  v=$(python3 -c '
 import json, sys
 r = json.load(sys.stdin)["jobs"][0]["read"]
 print("%.0f" % (r["bw_bytes"] / 1e6 if sys.argv[1] == "seq" else r["iops"]))' "$kind" <<<"$out")
-  printf '  %-8s %-12s %10s %s\n' "$tgt" "$row" "${R[$tgt.$row]}" \
+  R[$tgt.$row]="${R[$tgt.$row]:+${R[$tgt.$row]} }$v"
+  printf '  %-8s %-12s %10s %s\n' "$tgt" "$row" "$v" \
     "$([[ $kind == seq ]] && echo MB/s || echo IOPS)"
 }
+median() { tr ' ' '\n' <<<"$1" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # Pages of FILE... in the page cache, in MiB.
 resident() {
   fincore --bytes --noheadings --output RES "$@" 2>/dev/null |
     awk '{ s += $1 } END { printf "%.0f", s / 1048576 }'
 }
-# The four jobs and the residency on FILE, cold meaning after COLD_CMD.
-run_jobs() { # target file cold-cmd...
-  local tgt=$1 file=$2
-  shift 2
-  "$@"; fio_job "$tgt" "seq cold" "$file" seq
-  "$@"; fio_job "$tgt" "rand cold" "$file" rand
-  cat "$file" > /dev/null
-  fio_job "$tgt" "seq warm" "$file" seq
-  fio_job "$tgt" "rand warm" "$file" rand
-  "$@"
-  cat "$file" > /dev/null; cat "$file" > /dev/null
-}
 
 echo "read path: one ${size_mib} MiB file, fio psync one job; ext4 on a fresh loop image ($img)"
 echo "kernel $(uname -r), $(nproc) CPUs, fio $(fio --version), commit $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-# ext4 itself.
+# The three files, all on the loop image. ext4 itself:
 mkdir -p "$scratch/plain"
 dd if=/dev/urandom of="$scratch/plain/f" bs=1M count="$size_mib" conv=fsync status=none
-run_jobs ext4 "$scratch/plain/f" drop
-R[ext4.resident]=$(resident "$scratch/plain/f")
-rm -f "$scratch/plain/f"
+declare -A FILE=([ext4]=$scratch/plain/f)
+targets=(ext4)
 
-# libfuse's passthrough_hp over the same file system.
+# libfuse's passthrough_hp over the same file system, on a mount point of
+# its own (ferryfs's is $mnt): both stay mounted until the end.
 pthp=$("$top/scripts/passthrough-hp" 2>/dev/null || true)
+pthp_mnt=$root/mnt-pthp
+pthp_stop() {
+  if mountpoint -q "$pthp_mnt"; then
+    umount "$pthp_mnt" 2>/dev/null || umount -l "$pthp_mnt"
+  fi
+}
+cleanup() {
+  local rc=$?
+  pthp_stop
+  (exit "$rc")
+  loop_image_cleanup
+}
+trap cleanup EXIT
 if [[ -n $pthp ]]; then
-  mkdir -p "$scratch/pthp-src"
-  ("$pthp" --foreground "$scratch/pthp-src" "$mnt" >"$root/pthp.log" 2>&1) &
-  for _ in $(seq 100); do mountpoint -q "$mnt" && break; sleep 0.05; done
-  mountpoint -q "$mnt" || { echo "read_path.sh: passthrough_hp did not mount" >&2; exit 1; }
-  dd if=/dev/urandom of="$mnt/f" bs=1M count="$size_mib" conv=fsync status=none
-  run_jobs pthp "$mnt/f" drop
-  R[pthp.resident]=$(( $(resident "$mnt/f") + $(resident "$scratch/pthp-src/f") ))
-  umount "$mnt"
-  wait
+  mkdir -p "$scratch/pthp-src" "$pthp_mnt"
+  ("$pthp" --foreground "$scratch/pthp-src" "$pthp_mnt" >"$root/pthp.log" 2>&1) &
+  for _ in $(seq 100); do mountpoint -q "$pthp_mnt" && break; sleep 0.05; done
+  mountpoint -q "$pthp_mnt" || { echo "read_path.sh: passthrough_hp did not mount" >&2; exit 1; }
+  dd if=/dev/urandom of="$pthp_mnt/f" bs=1M count="$size_mib" conv=fsync status=none
+  FILE[pthp]=$pthp_mnt/f
+  targets+=(pthp)
 fi
 
 # ferryfs.
@@ -122,35 +131,69 @@ stats_keep() {
     S[$k]=$(( ${S[$k]:-0} + $(stat_of "$k") ))
   done
 }
-remount() { stats_keep; "$ferry" umount "$mnt" >/dev/null; mnt_ferry; drop; }
+remount() { stats_keep; "$ferry" umount "$mnt" >/dev/null; mnt_ferry; }
 mnt_ferry
 dd if=/dev/urandom of="$mnt/f" bs=1M count="$size_mib" conv=fsync status=none
 until [[ $(stat_of reconcile_inflight) == 0 && $(stat_of reconcile_handed_inflight) == 0 ]]; do
   sleep 0.1
 done
 remount
+drop
 fio_job ferryfs "seq store" "$mnt/f" seq
-remount
 S=()
-run_jobs ferryfs "$mnt/f" remount
+FILE[ferryfs]=$mnt/f
+targets+=(ferryfs)
+
+# Cold: a fresh start for each job (ferryfs: a new ferry-mountd too), the
+# targets taking turns.
+cold() { [[ $1 == ferryfs ]] && remount; drop; }
+for kind in seq rand; do
+  for ((r = 1; r <= rounds; r++)); do
+    for t in "${targets[@]}"; do
+      cold "$t"
+      fio_job "$t" "$kind cold" "${FILE[$t]}" "$kind"
+    done
+  done
+done
+# Warm: after one full read; then the residency after two (each target's
+# right away: the next one's cold start drops it).
+resident_of() {
+  case $1 in
+    ext4) resident "${FILE[ext4]}" ;;
+    pthp) echo $(( $(resident "${FILE[pthp]}") + $(resident "$scratch/pthp-src/f") )) ;;
+    # shellcheck disable=SC2046
+    ferryfs) echo $(( $(resident "$mnt/f") + $(resident $(find "$scratch/cache" -type f)) )) ;;
+  esac
+}
+for t in "${targets[@]}"; do
+  cat "${FILE[$t]}" > /dev/null
+  fio_job "$t" "seq warm" "${FILE[$t]}" seq
+  fio_job "$t" "rand warm" "${FILE[$t]}" rand
+  cold "$t"
+  cat "${FILE[$t]}" > /dev/null; cat "${FILE[$t]}" > /dev/null
+  R[$t.resident]=$(resident_of "$t")
+done
 stats_keep
-cache_files=$(find "$scratch/cache" -type f)
-# shellcheck disable=SC2086
-R[ferryfs.resident]=$(( $(resident "$mnt/f") + $(resident $cache_files) ))
 cache_mib=$(du -sm "$scratch/cache" | cut -f1)
 "$ferry" umount "$mnt" >/dev/null
+pthp_stop
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else printf "-" }'; }
 echo
 printf '  %-12s %10s %10s %10s %11s %11s\n' row ext4 pthp ferryfs "ferry/ext4" "ferry/pthp"
 for row in "seq cold" "rand cold" "seq warm" "rand warm"; do
-  printf '  %-12s %10s %10s %10s %11s %11s\n' "$row" "${R[ext4.$row]}" "${R[pthp.$row]:--}" \
-    "${R[ferryfs.$row]}" "$(ratio "${R[ferryfs.$row]}" "${R[ext4.$row]}")" \
-    "$(ratio "${R[ferryfs.$row]}" "${R[pthp.$row]:-0}")"
+  declare -A M=()
+  for t in ext4 pthp ferryfs; do
+    M[$t]=$( [[ -n ${R[$t.$row]:-} ]] && median "${R[$t.$row]}" || echo - )
+  done
+  printf '  %-12s %10s %10s %10s %11s %11s\n' "$row" "${M[ext4]}" "${M[pthp]}" "${M[ferryfs]}" \
+    "$(ratio "${M[ferryfs]}" "${M[ext4]}")" "$(ratio "${M[ferryfs]}" "${M[pthp]/-/0}")"
 done
 printf '  %-12s %10s %10s %10s   (MiB of page cache after two full reads; lower is better)\n' \
   resident "${R[ext4.resident]}" "${R[pthp.resident]:--}" "${R[ferryfs.resident]}"
-echo "  (seq rows MB/s, rand rows IOPS; ferryfs's first cold read, from the file:// store"
-echo "  into an empty read cache: ${R[ferryfs.seq store]} MB/s; read cache afterwards ${cache_mib} MiB;"
-echo "  during its other jobs: ${S[fuse_requests_read]} READ requests, ${S[spliced_reads]} of them spliced"
-echo "  from the read cache, ${S[cache_misses]} objects fetched from the store)"
+echo "  (seq rows MB/s, rand rows IOPS; cold rows the median of $rounds rounds: ext4 ${R[ext4.seq cold]} /"
+echo "  ${R[pthp.seq cold]:--} / ${R[ferryfs.seq cold]} MB/s and ${R[ext4.rand cold]} / ${R[pthp.rand cold]:--} /"
+echo "  ${R[ferryfs.rand cold]} IOPS; ferryfs's first cold read, from the file:// store into an empty"
+echo "  read cache: ${R[ferryfs.seq store]} MB/s; read cache afterwards ${cache_mib} MiB; during its other"
+echo "  jobs: ${S[fuse_requests_read]} READ requests, ${S[spliced_reads]} of them spliced from the read"
+echo "  cache, ${S[cache_misses]} objects fetched from the store)"

@@ -7,20 +7,25 @@
 # ferryfs reads with dd bs=1M to /dev/null from a fresh mount with an empty
 # read cache, with -o readahead=0 and with its default (the bytes are
 # checked after, untimed). Both with the server's files cold (dropped from
-# the page cache first) and warm (just read).
+# the page cache first) and warm (just read). The 4-at-a-time GETs and
+# ferryfs's default take turns for --rounds rounds (default 3), and the
+# table shows medians: the server is one node process on a 2-core machine
+# that ferry-mountd shares, and one read of each swung by 20-30% from run
+# to run.
 #
-#   tests/bench/s3_read.sh [--size-mib N] [--build-dir DIR]
+#   tests/bench/s3_read.sh [--size-mib N] [--rounds R] [--build-dir DIR]
 #
 # Needs root (FUSE mount), curl and the bootstrap's s3rver.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
-size_mib=256 build=$top/build
+size_mib=256 rounds=3 build=$top/build
 while [[ $# -gt 0 ]]; do
   case $1 in
     --size-mib) size_mib=${2:?}; shift ;;
+    --rounds) rounds=${2:?}; shift ;;
     --build-dir) build=${2:?}; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "s3_read.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -90,23 +95,34 @@ ferry() {
   got=$(sha256sum < "$mnt/f")
   [[ $got == "$want" ]] || { echo "s3_read.sh: ferryfs read wrong bytes" >&2; exit 1; }
   mbs "$t0" "$t1"
-  awk '$1 == "prefetch_fetched" { print $2 }' "$mnt/.stats" > "$root/prefetched-$2"
+  awk '$1 == "prefetch_fetched" { print $2 }' "$mnt/.stats" >> "$root/prefetched"
   "$ferry" umount "$mnt" >/dev/null
+  rm -rf "$root/cache-$2"
 }
+median() { tr ' ' '\n' <<<"$1" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+add() { R[$1]="${R[$1]:+${R[$1]} }$2"; }
 # Server cold: its object files dropped from the page cache before each
 # job; server warm: each job right after another read them all.
 drop; R[cold.raw1]=$(raw 1)
-drop; R[cold.raw4]=$(raw 4)
 drop; R[cold.ferry0]=$(ferry 0 c0)
-drop; R[cold.ferry]=$(ferry default c1)
-R[warm.raw4]=$(raw 4)
-R[warm.ferry]=$(ferry default c2)
+: > "$root/prefetched"
+for ((r = 1; r <= rounds; r++)); do
+  # (assignments first: a failed read stops the script, set -e)
+  drop; v=$(raw 4); add cold.raw4 "$v"
+  drop; v=$(ferry default "c$r"); add cold.ferry "$v"
+  v=$(raw 4); add warm.raw4 "$v"
+  v=$(ferry default "w$r"); add warm.ferry "$v"
+done
+declare -A M
+for k in cold.raw4 cold.ferry warm.raw4 warm.ferry; do M[$k]=$(median "${R[$k]}"); done
 printf '  %-44s %8s %8s\n' "MB/s" "server" "server"
 printf '  %-44s %8s %8s\n' "" cold warm
 printf '  %-44s %8s %8s\n' "raw GET, 1 at a time" "${R[cold.raw1]}" -
-printf '  %-44s %8s %8s\n' "raw GET, 4 at a time" "${R[cold.raw4]}" "${R[warm.raw4]}"
+printf '  %-44s %8s %8s\n' "raw GET, 4 at a time (median)" "${M[cold.raw4]}" "${M[warm.raw4]}"
 printf '  %-44s %8s %8s\n' "ferryfs, empty read cache, readahead=0" "${R[cold.ferry0]}" -
-printf '  %-44s %8s %8s\n' "ferryfs, empty read cache, readahead on" "${R[cold.ferry]}" "${R[warm.ferry]}"
-awk -v fc="${R[cold.ferry]}" -v rc="${R[cold.raw4]}" -v fw="${R[warm.ferry]}" -v rw="${R[warm.raw4]}" \
+printf '  %-44s %8s %8s\n' "ferryfs, empty read cache (median)" "${M[cold.ferry]}" "${M[warm.ferry]}"
+awk -v fc="${M[cold.ferry]}" -v rc="${M[cold.raw4]}" -v fw="${M[warm.ferry]}" -v rw="${M[warm.raw4]}" \
   'BEGIN { printf "  ferryfs / raw GET 4 at a time: %.2f server cold, %.2f server warm (target: at least 0.80)\n", fc / rc, fw / rw }'
-echo "  (objects read ahead: $(cat "$root/prefetched-c1") and $(cat "$root/prefetched-c2") of ${#keys[@]})"
+echo "  (rounds: raw ${R[cold.raw4]} / ferryfs ${R[cold.ferry]} server cold,"
+echo "  raw ${R[warm.raw4]} / ferryfs ${R[warm.ferry]} server warm;"
+echo "  objects read ahead per ferryfs read: $(tr '\n' ' ' < "$root/prefetched")of ${#keys[@]})"
