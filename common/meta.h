@@ -24,6 +24,9 @@
 #include <sys/types.h>
 #include <time.h>
 
+/* The version of the metadata schema ferry format writes and meta_open
+ * accepts (a volume of another is refused). */
+#define META_SCHEMA_VERSION 1
 #define META_ROOT_INO 1
 #define META_NAME_MAX 255
 #define META_CHUNK_SIZE (64u << 20)

@@ -51,7 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION META_SCHEMA_VERSION
 #define APPLICATION_ID 0x46455252 /* "FERR" */
 #define BUSY_TIMEOUT_MS 5000
 #define TXN_TRIES 8

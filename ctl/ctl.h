@@ -13,9 +13,13 @@ int cmd_mount(int argc, char **argv);    /* mount.c */
 int cmd_umount(int argc, char **argv);   /* mount.c */
 int cmd_status(int argc, char **argv);   /* status.c */
 int cmd_warmup(int argc, char **argv);   /* warmup.c */
+int cmd_dump(int argc, char **argv);     /* dump.c */
+int cmd_load(int argc, char **argv);     /* dump.c */
 
 /* main.c */
 void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* mkdir -p; 0 or -errno. */
+int ctl_mkdir_p(const char *path);
 /* The directory holding this program (and its sibling daemons); static. */
 const char *ctl_bindir(void);
 /* Reads MOUNTPOINT/.stats into a malloc'ed NUL-terminated buffer. */

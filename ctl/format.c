@@ -13,28 +13,6 @@
 #include "objstore.h"
 #include "url.h"
 
-static int mkdir_p(const char *path)
-{
-	char buf[4096];
-	size_t n = strlen(path);
-
-	if (n >= sizeof(buf))
-		return -ENAMETOOLONG;
-	memcpy(buf, path, n + 1);
-	for (char *p = buf + 1; ; p++) {
-		if (*p == '/' || *p == '\0') {
-			char c = *p;
-			*p = '\0';
-			if (mkdir(buf, 0755) < 0 && errno != EEXIST)
-				return -errno;
-			*p = c;
-			if (!c)
-				break;
-		}
-	}
-	return 0;
-}
-
 int cmd_format(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -95,7 +73,7 @@ int cmd_format(int argc, char **argv)
 		ctl_err("%s already holds a volume; give --force to replace it", db);
 		goto out;
 	}
-	if ((rc = mkdir_p(dir)) < 0) {
+	if ((rc = ctl_mkdir_p(dir)) < 0) {
 		ctl_err("cannot create %s: %s", dir, strerror(-rc));
 		goto out;
 	}

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ctl.h"
@@ -21,7 +22,31 @@ static const struct command {
 	{ "umount", cmd_umount, "umount [--lazy] [--timeout SEC] [--broker SOCKET] MOUNTPOINT" },
 	{ "status", cmd_status, "status [--json] MOUNTPOINT" },
 	{ "warmup", cmd_warmup, "warmup [--quiet] PATH..." },
+	{ "dump", cmd_dump, "dump VOLUME [FILE]" },
+	{ "load", cmd_load, "load FILE VOLUME" },
 };
+
+int ctl_mkdir_p(const char *path)
+{
+	char buf[4096];
+	size_t n = strlen(path);
+
+	if (n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1; ; p++) {
+		if (*p == '/' || *p == '\0') {
+			char c = *p;
+			*p = '\0';
+			if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+				return -errno;
+			*p = c;
+			if (!c)
+				break;
+		}
+	}
+	return 0;
+}
 
 void ctl_err(const char *fmt, ...)
 {
