@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "meta.h"
@@ -38,6 +39,9 @@ static const struct dump_table {
 };
 #define NTABLES (sizeof(tables) / sizeof(tables[0]))
 #define MAX_COLS 32
+/* The longest record line taken: the largest real one is an xattr value of
+ * 64 KiB, as 128 KiB of hex. */
+#define LINE_MAX_BYTES (1u << 20)
 
 /* A table's columns as the database declares them. */
 struct columns {
@@ -259,11 +263,11 @@ static int dump_table(sqlite3 *db, const struct dump_table *t, FILE *out, uint64
 		return rc;
 	}
 	/* In key order: the same volume always gives the same stream. */
-	len = (size_t)snprintf(sql, sizeof(sql), "SELECT * FROM %s", t->table);
+	len = (size_t)snprintf(sql, sizeof(sql), "SELECT * FROM \"%s\"", t->table);
 	for (int k = 1, any = 0; k <= c.n; k++)
 		for (int i = 0; i < c.n; i++)
 			if (c.pk[i] == k && len < sizeof(sql))
-				len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s%s",
+				len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s\"%s\"",
 							any++ ? ", " : " ORDER BY ", c.name[i]);
 	if (len >= sizeof(sql) || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
 		say(err, errlen, "cannot read %s: %s", t->table, sqlite3_errmsg(db));
@@ -325,7 +329,7 @@ static int dump_table(sqlite3 *db, const struct dump_table *t, FILE *out, uint64
 
 		json_object_put(o);
 		if (w < 0) {
-			rc = -errno;
+			rc = errno ? -errno : -EIO;
 			say(err, errlen, "cannot write the dump: %s", strerror(errno));
 			goto out;
 		}
@@ -375,7 +379,7 @@ int meta_dump(const char *db_path, FILE *out, uint64_t *records, char *err, size
 	snprintf(uuid, sizeof(uuid), "%s", (const char *)sqlite3_column_text(st, 0));
 	if (fprintf(out, "{\"ferry_dump\":%d,\"schema\":%d,\"engine\":\"sqlite\",\"volume\":\"%s\"}\n",
 		    META_DUMP_VERSION, META_SCHEMA_VERSION, uuid) < 0) {
-		rc = -errno;
+		rc = errno ? -errno : -EIO;
 		say(err, errlen, "cannot write the dump: %s", strerror(errno));
 		goto out;
 	}
@@ -384,7 +388,7 @@ int meta_dump(const char *db_path, FILE *out, uint64_t *records, char *err, size
 			goto out;
 	if (fprintf(out, "{\"t\":\"end\",\"records\":%llu}\n", (unsigned long long)n) < 0 ||
 	    fflush(out) != 0) {
-		rc = -errno;
+		rc = errno ? -errno : -EIO;
 		say(err, errlen, "cannot write the dump: %s", strerror(errno));
 		goto out;
 	}
@@ -426,9 +430,9 @@ static int loader_prepare(sqlite3 *db, struct loader *l, char *err, size_t errle
 		say(err, errlen, "cannot load %s: %s", l->t->table, sqlite3_errmsg(db));
 		return -EIO;
 	}
-	len = (size_t)snprintf(sql, sizeof(sql), "INSERT INTO %s(", l->t->table);
+	len = (size_t)snprintf(sql, sizeof(sql), "INSERT INTO \"%s\"(", l->t->table);
 	for (int i = 0; i < l->c.n && len < sizeof(sql); i++)
-		len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s%s", i ? ", " : "",
+		len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s\"%s\"", i ? ", " : "",
 					l->c.name[i]);
 	for (int i = 0; i < l->c.n && len < sizeof(sql); i++)
 		len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s?", i ? ", " : ") VALUES (");
@@ -470,7 +474,15 @@ static int record_bind(struct loader *l, json_object *o, char *why, size_t whyle
 					say(why, whylen, "%s is a number, not text", l->c.name[i]);
 					return -EINVAL;
 				}
-				sqlite3_bind_int64(l->st, col, json_object_get_int64(v));
+				int64_t x = json_object_get_int64(v);
+
+				/* json-c clamps what is past int64 to its ends */
+				if ((x == INT64_MAX && json_object_get_uint64(v) != (uint64_t)INT64_MAX) ||
+				    (x == INT64_MIN && strcmp(json_object_get_string(v), "-9223372036854775808"))) {
+					say(why, whylen, "%s is out of range", l->c.name[i]);
+					return -EINVAL;
+				}
+				sqlite3_bind_int64(l->st, col, x);
 			} else if (json_object_is_type(v, json_type_string)) {
 				const char *s = json_object_get_string(v);
 				int n = json_object_get_string_len(v);
@@ -495,12 +507,15 @@ static int record_bind(struct loader *l, json_object *o, char *why, size_t whyle
 			size_t n;
 
 			used++;
-			if (l->c.type[i] != 'b' || hex_decode(json_object_get_string(v),
+			if (l->c.type[i] == 'i' || hex_decode(json_object_get_string(v),
 							       (size_t)json_object_get_string_len(v), &p, &n) < 0) {
-				say(why, whylen, "%s is not hex of a blob column", key);
+				say(why, whylen, "%s is not hex of a text or blob column", key);
 				return -EINVAL;
 			}
-			sqlite3_bind_blob(l->st, col, p, (int)n, free);
+			if (l->c.type[i] == 't') /* text that is not UTF-8, as it was */
+				sqlite3_bind_text(l->st, col, (const char *)p, (int)n, free);
+			else
+				sqlite3_bind_blob(l->st, col, p, (int)n, free);
 			continue;
 		}
 		say(why, whylen, "no %s", l->c.name[i]);
@@ -513,23 +528,94 @@ static int record_bind(struct loader *l, json_object *o, char *why, size_t whyle
 	return 0;
 }
 
-/* What makes the rows a file system: queries that must all find nothing. */
+/* What makes the rows a file system that ferry-mountd can use: queries
+ * that must all find nothing. They hold the rows to what the engine
+ * itself writes and checks as it reads (meta_sqlite.c: row_attr, names,
+ * SYMLINK_MAX, chunk bounds), so a stream that was edited, or made by
+ * hand, cannot load a volume that fails later (EIO on a readdir, a create
+ * that collides with a cookie, a collector told to delete a live slice). */
+#define FT "(mode & 61440)"
+#define DIR_T "16384"
+#define BIG "4611686018427387904" /* 2^62: far past any counter's reach */
 static const struct {
 	const char *sql, *what;
 } load_checks[] = {
 	{ "SELECT 1 WHERE (SELECT count(*) FROM volume) != 1 OR (SELECT count(*) FROM counters) != 1",
 	  "not exactly one volume and one counters record" },
-	{ "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM inode WHERE ino = 1 AND (mode & 61440) = 16384)",
+	{ "SELECT 1 FROM counters WHERE next_ino < 2 OR next_ino > " BIG " OR next_slice < 1"
+	  " OR next_slice > " BIG " OR next_cookie < 1 OR next_cookie > " BIG,
+	  "counters out of range" },
+	{ "SELECT 1 FROM volume WHERE block_size < 4096 OR block_size > 67108864"
+	  " OR block_size % 4096 != 0 OR length(storage_url) = 0",
+	  "a volume record out of range" },
+	{ "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM inode WHERE ino = 1 AND " FT " = " DIR_T ")",
 	  "no root directory (inode 1)" },
+	{ "SELECT 1 FROM inode WHERE ino < 1 OR ino >= (SELECT next_ino FROM counters)"
+	  " OR " FT " NOT IN (4096, 8192, 16384, 24576, 32768, 40960, 49152)"
+	  " OR mode < 0 OR mode > 65535 OR uid < 0 OR uid > 4294967295 OR gid < 0"
+	  " OR gid > 4294967295 OR rdev < 0 OR nlink < 0 OR nlink > 4294967295"
+	  " OR size < 0 OR size > 288230376151711744"
+	  " OR atime_nsec NOT BETWEEN 0 AND 999999999 OR mtime_nsec NOT BETWEEN 0 AND 999999999"
+	  " OR ctime_nsec NOT BETWEEN 0 AND 999999999 OR (" FT " = " DIR_T " AND size != 0) LIMIT 1",
+	  "an inode out of range (number, type, ids, size or times)" },
+	{ "SELECT 1 FROM dentry WHERE typeof(name) != 'blob' OR length(name) NOT BETWEEN 1 AND 255"
+	  " OR instr(name, X'2F') OR instr(name, X'00') OR name IN (X'2E', X'2E2E')"
+	  " OR cookie < 1 OR cookie >= (SELECT next_cookie FROM counters) LIMIT 1",
+	  "an entry's name or cookie out of range (empty, '.', '..', a '/' or NUL, "
+	  "over 255 bytes; a cookie the counters would give again)" },
 	{ "SELECT 1 FROM dentry d LEFT JOIN inode i ON i.ino = d.ino WHERE i.ino IS NULL LIMIT 1",
 	  "an entry names an inode that is not there" },
 	{ "SELECT 1 FROM dentry d LEFT JOIN inode p ON p.ino = d.parent"
-	  " WHERE p.ino IS NULL OR (p.mode & 61440) != 16384 LIMIT 1",
+	  " WHERE p.ino IS NULL OR (p.mode & 61440) != " DIR_T " LIMIT 1",
 	  "an entry's parent is not a directory" },
-	{ "SELECT 1 FROM inode WHERE ino >= (SELECT next_ino FROM counters) LIMIT 1",
-	  "an inode number the counters would give again" },
-	{ "SELECT 1 FROM slice WHERE id >= (SELECT next_slice FROM counters) LIMIT 1",
-	  "a slice id the counters would give again" },
+	{ "SELECT 1 FROM inode i WHERE " FT " = " DIR_T " AND (SELECT count(*) FROM dentry d"
+	  " WHERE d.ino = i.ino) != (i.ino != 1) LIMIT 1",
+	  "a directory with no entry or more than one (or an entry for the root)" },
+	{ "WITH RECURSIVE r(ino) AS (SELECT 1 UNION SELECT d.ino FROM dentry d JOIN r"
+	  " ON d.parent = r.ino) SELECT 1 FROM inode WHERE ino NOT IN (SELECT ino FROM r)"
+	  " AND ino NOT IN (SELECT ino FROM orphan) LIMIT 1",
+	  "an inode neither reachable from the root nor an orphan (a cycle?)" },
+	{ "SELECT 1 FROM inode i WHERE " FT " != " DIR_T " AND i.nlink != (SELECT count(*)"
+	  " FROM dentry d WHERE d.ino = i.ino) LIMIT 1",
+	  "a file whose link count is not its number of entries" },
+	{ "SELECT 1 FROM inode i WHERE " FT " = " DIR_T " AND i.nlink != 2 + (SELECT count(*)"
+	  " FROM dentry d JOIN inode c ON c.ino = d.ino WHERE d.parent = i.ino"
+	  " AND (c.mode & 61440) = " DIR_T ") LIMIT 1",
+	  "a directory whose link count is not 2 and its subdirectories" },
+	{ "SELECT 1 FROM orphan o LEFT JOIN inode i ON i.ino = o.ino WHERE i.ino IS NULL"
+	  " OR i.nlink != 0 LIMIT 1",
+	  "an orphan that is not an unlinked inode" },
+	{ "SELECT 1 FROM symlink s LEFT JOIN inode i ON i.ino = s.ino WHERE i.ino IS NULL"
+	  " OR (i.mode & 61440) != 40960 OR length(s.target) NOT BETWEEN 1 AND 4095"
+	  " OR instr(s.target, X'00') OR i.size != length(s.target) LIMIT 1",
+	  "a symlink target out of range or of an inode that is not a symlink" },
+	{ "SELECT 1 FROM inode i WHERE " FT " = 40960 AND NOT EXISTS (SELECT 1 FROM symlink s"
+	  " WHERE s.ino = i.ino) LIMIT 1",
+	  "a symlink without a target" },
+	{ "SELECT 1 FROM xattr x LEFT JOIN inode i ON i.ino = x.ino WHERE i.ino IS NULL"
+	  " OR length(x.name) NOT BETWEEN 1 AND 255 OR instr(x.name, X'00')"
+	  " OR length(x.value) > 65536 LIMIT 1",
+	  "an xattr out of range or of an inode that is not there" },
+	{ "SELECT 1 FROM slice s LEFT JOIN inode i ON i.ino = s.ino WHERE i.ino IS NULL"
+	  " OR (i.mode & 61440) != 32768 OR s.seq < 1 OR s.chunk < 0 OR s.chunk > 4294967295"
+	  " OR s.id < 0 OR s.id >= (SELECT next_slice FROM counters) OR s.size < 0"
+	  " OR s.size > 67108864 OR s.off < 0 OR s.pos < 0 OR s.len < 1"
+	  " OR s.pos + s.len > 67108864 OR (s.id != 0 AND s.off + s.len > s.size) LIMIT 1",
+	  "a slice out of range or of an inode that is not a regular file" },
+	{ "SELECT 1 FROM gc_slice g WHERE g.id < 1 OR g.id >= (SELECT next_slice FROM counters)"
+	  " OR g.size < 0 OR EXISTS (SELECT 1 FROM slice s WHERE s.id = g.id) LIMIT 1",
+	  "a freed slice that a file still uses (or out of range)" },
+	{ "SELECT 1 FROM delslice g WHERE g.id < 1 OR g.id >= (SELECT next_slice FROM counters)"
+	  " OR EXISTS (SELECT 1 FROM slice s WHERE s.id = g.id) LIMIT 1",
+	  "a freed slice that a file still uses (or out of range)" },
+	{ "SELECT 1 FROM sqlite_sequence WHERE name != 'slice' OR seq < (SELECT coalesce(max(seq), 0)"
+	  " FROM slice) OR seq > " BIG " LIMIT 1",
+	  "a slice sequence below the slices' or out of range" },
+	{ "SELECT 1 WHERE EXISTS (SELECT 1 FROM journal WHERE seq < 0 OR seq > " BIG ")"
+	  " OR EXISTS (SELECT 1 FROM commit_seq WHERE seq < 0 OR seq > " BIG ")"
+	  " OR EXISTS (SELECT 1 FROM times_seq WHERE seq < 0 OR seq > " BIG ")"
+	  " OR EXISTS (SELECT 1 FROM seq_epoch WHERE epoch < 0 OR epoch > 1073741824)",
+	  "a journal, commit or epoch number out of range" },
 };
 
 static int load_check(sqlite3 *db, char *err, size_t errlen)
@@ -556,10 +642,39 @@ static int load_check(sqlite3 *db, char *err, size_t errlen)
 	return 0;
 }
 
+/* One line as one JSON object, strictly: no trailing text, no NUL inside,
+ * none of json-c's leniencies (single quotes, trailing commas). NULL if
+ * the line is not that. */
+static json_object *parse_line(const char *line, size_t len)
+{
+	json_tokener *tok;
+	json_object *o;
+
+	if (len > LINE_MAX_BYTES || memchr(line, 0, len))
+		return NULL;
+	tok = json_tokener_new();
+	if (!tok)
+		return NULL;
+	json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+	o = json_tokener_parse_ex(tok, line, (int)len);
+	if (o && (json_tokener_get_error(tok) != json_tokener_success ||
+		  json_tokener_get_parse_end(tok) != len || !json_object_is_type(o, json_type_object))) {
+		json_object_put(o);
+		o = NULL;
+	}
+	json_tokener_free(tok);
+	return o;
+}
+
 /* The header: {"ferry_dump":1,"schema":N,...}; fills uuid. */
 static int load_header(const char *line, struct meta_volume *v, char *err, size_t errlen)
 {
-	json_object *o = json_tokener_parse(line), *x;
+	size_t len = strlen(line);
+	json_object *o, *x;
+
+	if (len > 0 && line[len - 1] == '\n')
+		len--;
+	o = parse_line(line, len);
 	int rc = -EINVAL;
 
 	if (!o || !json_object_is_type(o, json_type_object) ||
@@ -618,8 +733,8 @@ static int load_records(FILE *in, sqlite3 *db, uint64_t *records, char *err, siz
 		}
 		if (len > 0 && line[len - 1] == '\n')
 			line[--len] = '\0';
-		o = json_tokener_parse(line);
-		if (!o || !json_object_is_type(o, json_type_object) ||
+		o = parse_line(line, (size_t)len);
+		if (!o ||
 		    !json_object_object_get_ex(o, "t", &t) || !json_object_is_type(t, json_type_string)) {
 			json_object_put(o);
 			say(err, errlen, "line %llu: not a record", (unsigned long long)lineno);
@@ -693,16 +808,63 @@ out:
 	return rc;
 }
 
+/* Removes a volume's database and the files beside it; .lock too when
+ * with_lock. */
+static void volume_remove(const char *db_path, bool with_lock)
+{
+	static const char *const sfx[] = { "", "-wal", "-shm", "-journal", META_JOURNAL_SUFFIX,
+					   "-intent", ".lock" };
+	char p[PATH_MAX];
+
+	for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++) {
+		if (!with_lock && strcmp(sfx[i], ".lock") == 0)
+			continue;
+		if (snprintf(p, sizeof(p), "%s%s", db_path, sfx[i]) < (int)sizeof(p))
+			unlink(p);
+	}
+}
+
+/* The uuid the header named is the volume record's. */
+static int load_uuid_check(sqlite3 *db, const char *uuid, char *err, size_t errlen)
+{
+	sqlite3_stmt *st = NULL;
+	int rc = -EINVAL;
+
+	if (sqlite3_prepare_v2(db, "SELECT uuid FROM volume", -1, &st, NULL) == SQLITE_OK &&
+	    sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0) &&
+	    strcmp((const char *)sqlite3_column_text(st, 0), uuid) == 0)
+		rc = 0;
+	else
+		say(err, errlen, "not a file system: the volume record is not the volume the header "
+		    "names (%s)", uuid);
+	sqlite3_finalize(st);
+	return rc;
+}
+
 int meta_load(FILE *in, const char *db_path, uint64_t *records, char *err, size_t errlen)
 {
 	struct meta_volume v = { .storage_url = "file:///nonexistent", .block_size = 4096 };
-	char *line = NULL;
+	char *line = NULL, tmp[PATH_MAX];
 	size_t cap = 0;
 	sqlite3 *db = NULL;
 	uint64_t n = 0;
-	bool made = false;
-	int rc;
+	bool made = false, placed = false;
+	struct stat st;
+	int lock = -1, rc;
 
+	/* Built aside and renamed into place once whole and checked: a load
+	 * that fails or is killed leaves no volume at db_path (a leftover
+	 * db_path.load.PID is not one). The volume's lock is held throughout,
+	 * as ferry-mountd holds it, so nothing mounts the path meanwhile. */
+	if (snprintf(tmp, sizeof(tmp), "%s.load.%d", db_path, (int)getpid()) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	if (stat(db_path, &st) == 0) {
+		say(err, errlen, "%s already holds a volume", db_path);
+		return -EEXIST;
+	}
+	lock = volume_lock(db_path, err, errlen);
+	if (lock < 0)
+		return lock;
 	if (getline(&line, &cap, in) < 0) {
 		say(err, errlen, "the dump is empty");
 		rc = -EINVAL;
@@ -712,25 +874,24 @@ int meta_load(FILE *in, const char *db_path, uint64_t *records, char *err, size_
 		goto out;
 	/* The engine makes the file, its schema and the tables the first open
 	 * adds; the records then replace every row it wrote. */
-	rc = meta_format(db_path, &v, 0, 0, 0);
+	volume_remove(tmp, true);
+	rc = meta_format(tmp, &v, 0, 0, 0);
 	if (rc < 0) {
-		if (rc == -EEXIST)
-			say(err, errlen, "%s already holds a volume", db_path);
-		else
-			say(err, errlen, "cannot create %s: %s", db_path, strerror(-rc));
+		say(err, errlen, "cannot create %s: %s", tmp, strerror(-rc));
 		goto out;
 	}
 	made = true;
-	if ((rc = volume_settle(db_path, err, errlen)) < 0)
+	if ((rc = volume_settle(tmp, err, errlen)) < 0)
 		goto out;
-	if (sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
+	if (sqlite3_open_v2(tmp, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
 	    SQLITE_OK) {
-		say(err, errlen, "cannot open %s", db_path);
+		say(err, errlen, "cannot open %s", tmp);
 		rc = -EIO;
 		goto out;
 	}
+	sqlite3_busy_timeout(db, 5000);
 	if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
-		say(err, errlen, "cannot write %s: %s", db_path, sqlite3_errmsg(db));
+		say(err, errlen, "cannot write %s: %s", tmp, sqlite3_errmsg(db));
 		rc = -EIO;
 		goto out;
 	}
@@ -738,27 +899,38 @@ int meta_load(FILE *in, const char *db_path, uint64_t *records, char *err, size_
 		char sql[96];
 		struct columns c;
 
+		if (strcmp(tables[i].table, "sqlite_sequence") == 0)
+			continue; /* follows the slices */
 		if (columns_get(db, tables[i].table, &c) != 0)
 			continue;
 		columns_free(&c);
-		snprintf(sql, sizeof(sql), "DELETE FROM %s", tables[i].table);
-		if (strcmp(tables[i].table, "sqlite_sequence") == 0)
-			continue; /* follows the slices */
+		snprintf(sql, sizeof(sql), "DELETE FROM \"%s\"", tables[i].table);
 		if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK) {
-			say(err, errlen, "cannot write %s: %s", db_path, sqlite3_errmsg(db));
+			say(err, errlen, "cannot write %s: %s", tmp, sqlite3_errmsg(db));
 			rc = -EIO;
 			goto out;
 		}
 	}
-	if ((rc = load_records(in, db, &n, err, errlen)) < 0 || (rc = load_check(db, err, errlen)) < 0)
+	if ((rc = load_records(in, db, &n, err, errlen)) < 0 ||
+	    (rc = load_check(db, err, errlen)) < 0 || (rc = load_uuid_check(db, v.uuid, err, errlen)) < 0)
 		goto out;
-	if (sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
-		say(err, errlen, "cannot commit %s: %s", db_path, sqlite3_errmsg(db));
+	if (sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK ||
+	    sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL) != SQLITE_OK) {
+		say(err, errlen, "cannot commit %s: %s", tmp, sqlite3_errmsg(db));
 		rc = -EIO;
 		goto out;
 	}
 	sqlite3_close(db);
 	db = NULL;
+	/* Only the database goes: its WAL is empty, and the files beside it
+	 * (journal, intent, lock) belong to its old name. */
+	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, db_path, RENAME_NOREPLACE) < 0) {
+		rc = errno == EEXIST ? -EEXIST : -errno;
+		say(err, errlen, "cannot put the volume at %s: %s", db_path, strerror(errno));
+		goto out;
+	}
+	placed = true;
+	volume_remove(tmp, true);
 	/* The engine opens what was loaded (schema, volume record). */
 	if ((rc = volume_settle(db_path, err, errlen)) < 0)
 		goto out;
@@ -767,16 +939,18 @@ int meta_load(FILE *in, const char *db_path, uint64_t *records, char *err, size_
 	rc = 0;
 out:
 	sqlite3_close(db); /* an open transaction rolls back */
-	if (rc < 0 && made) {
+	if (rc < 0 && made)
+		volume_remove(tmp, true);
+	if (rc < 0 && placed)
+		volume_remove(db_path, false);
+	if (rc < 0 && !placed) {
 		char p[PATH_MAX];
 
-		unlink(db_path);
-		static const char *const sfx[] = { "-wal", "-shm", "-journal", META_JOURNAL_SUFFIX,
-						   "-intent", ".lock" };
-		for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++)
-			if (snprintf(p, sizeof(p), "%s%s", db_path, sfx[i]) < (int)sizeof(p))
-				unlink(p);
+		if (snprintf(p, sizeof(p), "%s.lock", db_path) < (int)sizeof(p))
+			unlink(p); /* ours: there was no volume here */
 	}
+	if (lock >= 0)
+		close(lock);
 	free(line);
 	return rc;
 }

@@ -32,7 +32,8 @@ dirs=$(( inodes < 1000 ? inodes : 1000 ))
 sqlite3 "$root/vol/meta.db" "BEGIN;
 WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE i < $last)
   INSERT INTO inode SELECT i, 33188, 0, 0, 0, 1, 4096, 1, 0, 1, 0, 1, 0 FROM n;
-UPDATE inode SET mode = 16877, nlink = 2 WHERE ino BETWEEN 2 AND $((dirs + 1));
+UPDATE inode SET mode = 16877, nlink = 2, size = 0 WHERE ino BETWEEN 2 AND $((dirs + 1));
+UPDATE inode SET nlink = $((dirs + 2)) WHERE ino = 1;
 INSERT INTO dentry SELECT CASE WHEN ino <= $((dirs + 1)) THEN 1 ELSE 2 + ino % $dirs END,
   CAST('f' || ino AS BLOB), ino, ino FROM inode WHERE ino > 1;
 INSERT INTO slice(ino, chunk, id, size, off, pos, len)
@@ -43,7 +44,8 @@ COMMIT;"
 step() { # label command...
   local label=$1 t
   shift
-  /usr/bin/time -o "$root/time" -f '%e %M' "$@" >/dev/null 2>&1
+  /usr/bin/time -o "$root/time" -f '%e %M' "$@" >/dev/null 2>"$root/err" ||
+    { cat "$root/err" >&2; echo "dump_scale.sh: $label failed" >&2; exit 1; }
   t=$(tail -n 1 "$root/time")
   printf '  %-22s %8s s  %8s MiB peak RSS\n' "$label" "${t% *}" "$(( ${t#* } / 1024 ))"
 }

@@ -68,10 +68,10 @@ static char *dump_of(const char *path, uint64_t *records)
 	return buf;
 }
 
-/* meta_load of text into db2; returns its result, err filled. */
-static int load_text(const char *text, char *err, size_t errlen)
+/* meta_load of len bytes into db2; returns its result, err filled. */
+static int load_bytes(const char *text, size_t len, char *err, size_t errlen)
 {
-	FILE *f = fmemopen((void *)text, strlen(text), "r");
+	FILE *f = fmemopen((void *)text, len, "r");
 	uint64_t n = 0;
 	int rc;
 
@@ -79,6 +79,33 @@ static int load_text(const char *text, char *err, size_t errlen)
 	rc = meta_load(f, db2, &n, err, errlen);
 	fclose(f);
 	return rc;
+}
+
+static int load_text(const char *text, char *err, size_t errlen)
+{
+	return load_bytes(text, strlen(text), err, errlen);
+}
+
+/* Nothing of a volume at db2: not the database, nor a file beside it, nor
+ * the copy a load builds aside. */
+static void assert_no_volume(const char *when)
+{
+	static const char *const sfx[] = { "", "-wal", "-shm", "-changes", "-intent", ".lock" };
+	char p[256];
+	struct stat st;
+	DIR *d;
+	struct dirent *de;
+
+	for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++) {
+		snprintf(p, sizeof(p), "%s%s", db2, sfx[i]);
+		cr_assert_neq(stat(p, &st), 0, "%s: %s was left behind", when, p);
+	}
+	d = opendir(dir);
+	cr_assert_not_null(d);
+	while ((de = readdir(d)))
+		cr_assert_null(strstr(de->d_name, ".load."), "%s: %s was left behind", when,
+			       de->d_name);
+	closedir(d);
 }
 
 /* A volume with something of every table: directories, a file with slices
@@ -117,6 +144,12 @@ static void populate(void)
 	cr_assert_eq(meta_write_commit(m, a.ino, &c, 1, 9, NULL, NULL), 0);
 	struct meta_attr zero = { .size = 0 };
 	cr_assert_eq(meta_setattr(m, a.ino, META_SET_SIZE, &zero, NULL), 0);
+	/* A reconcile epoch and a job's commit (seq_epoch, commit_seq). */
+	uint64_t epoch;
+	cr_assert_eq(meta_seq_epoch(m, &epoch), 0);
+	cr_assert_eq(meta_slice_id_alloc(m, 1, &id), 0);
+	struct meta_chunk_slice j = { .chunk = 0, .s = { .id = id, .size = 4, .len = 4 } };
+	cr_assert_eq(meta_write_commit_seq(m, a.ino, (epoch << 32) + 1, &j, 1, 4, NULL, NULL), 0);
 	meta_close(m);
 }
 
@@ -165,6 +198,8 @@ Test(meta_dump, a_loaded_volume_dumps_the_same_and_reads_the_same)
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "new", S_IFREG | 0600, 0, 0, 0, NULL, &a), 0);
 	cr_assert(strstr(first, "\"t\":\"orphan\""), "the orphan is in the dump");
 	cr_assert(strstr(first, "\"t\":\"gc_slice\""), "the freed slice is in the dump");
+	cr_assert(strstr(first, "\"t\":\"commit_seq\""), "the job's commit is in the dump");
+	cr_assert(strstr(first, "\"t\":\"seq_epoch\""), "the epoch is in the dump");
 	meta_close(m);
 	free(first);
 	free(second);
@@ -174,7 +209,6 @@ Test(meta_dump, a_loaded_volume_dumps_the_same_and_reads_the_same)
 Test(meta_dump, a_damaged_or_foreign_stream_is_refused_and_leaves_nothing)
 {
 	char *good, *p, err[256], *bad;
-	struct stat st;
 	static const struct {
 		const char *from, *to, *says;
 	} edits[] = {
@@ -186,6 +220,17 @@ Test(meta_dump, a_damaged_or_foreign_stream_is_refused_and_leaves_nothing)
 		{ "\"name@hex\":\"62696efffe\"", "\"name@hex\":\"6g\"", "not hex" },
 		{ "\"t\":\"end\"", "\"t\":\"end\",\"records\":1,\"x\"", "not a record" },
 		{ "\"t\":\"inode\",\"ino\":1,", "\"t\":\"inode\",\"ino\":99999,", "no root directory" },
+		{ "\"t\":\"inode\",\"ino\":1,", "\"t\":\"inode\",\"ino\":1,\"ino\":2,", "" },
+		{ "\"name\":\"d\"", "\"name\":\"d/x\"", "an entry's name" },
+		{ "\"name\":\"d\"", "\"name\":\"\"", "an entry's name" },
+		{ "\"name\":\"d\"", "\"name\":\"..\"", "an entry's name" },
+		{ "\"name\":\"d\"", "\"name\":\"d\\u0000x\"", "an entry's name" },
+		{ "\"size\":6", "\"size\":-6", "an inode out of range" },
+		{ "\"nlink\":2,\"size\":6", "\"nlink\":3,\"size\":6", "link count" },
+		{ "\"t\":\"gc_slice\",\"id\":", "\"t\":\"gc_slice\",\"id\":1,\"x\":", "fields" },
+		{ "\"t\":\"end\"", "\"t\":\"end\"} trailing", "not a record" },
+		{ "\"t\":\"end\"", "'t':'end'", "not a record" },
+		{ "\"ino\":1,", "\"ino\":99999999999999999999,", "out of range" },
 	};
 
 	populate();
@@ -198,17 +243,59 @@ Test(meta_dump, a_damaged_or_foreign_stream_is_refused_and_leaves_nothing)
 		cr_assert_lt(load_text(bad, err, sizeof(err)), 0, "edit %zu was loaded", i);
 		cr_assert(strstr(err, edits[i].says), "edit %zu: \"%s\" does not say \"%s\"", i, err,
 			  edits[i].says);
-		cr_assert_neq(stat(db2, &st), 0, "edit %zu left %s behind", i, db2);
+		assert_no_volume(edits[i].to);
 		free(bad);
 	}
-	/* Cut short anywhere before the end record. */
-	bad = strdup(good);
-	bad[strlen(bad) / 2] = '\0';
-	cr_assert_lt(load_text(bad, err, sizeof(err)), 0);
-	cr_assert_neq(stat(db2, &st), 0);
-	free(bad);
+	/* Rows that are not a file system, each put before the line that has
+	 * find (where its table's rows go). */
+	static const struct {
+		const char *find, *add, *says;
+	} rows[] = {
+		/* a live slice handed to the collector */
+		{ "{\"t\":\"sequence\"", "{\"t\":\"gc_slice\",\"id\":1,\"size\":5000,"
+		  "\"since\":0,\"seen\":null}", "a file still uses" },
+		/* a second entry for a directory (a cycle; cookie 7 was "gone"'s) */
+		{ "{\"t\":\"symlink\"",
+		  "{\"t\":\"dentry\",\"parent\":2,\"name\":\"loop\",\"ino\":2,\"cookie\":7}",
+		  "more than one" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		const char *at = strstr(good, rows[i].find), *eol;
+
+		cr_assert_not_null(at, "row %zu: %s not in the dump", i, rows[i].find);
+		eol = at; /* the added row goes before the one found; the count goes up */
+		char *end = strstr(good, "{\"t\":\"end\",\"records\":");
+		long count = strtol(end + strlen("{\"t\":\"end\",\"records\":"), NULL, 10);
+		cr_assert_geq(asprintf(&bad, "%.*s%s\n%.*s{\"t\":\"end\",\"records\":%ld}\n",
+				       (int)(eol - good), good, rows[i].add, (int)(end - eol), eol,
+				       count + 1), 0);
+		cr_assert_lt(load_text(bad, err, sizeof(err)), 0, "row %zu was loaded", i);
+		cr_assert(strstr(err, rows[i].says), "row %zu: \"%s\" does not say \"%s\"", i, err,
+			  rows[i].says);
+		assert_no_volume(rows[i].add);
+		free(bad);
+	}
+	/* Cut short at a line's end: after the header, after a few records,
+	 * and just before the end record. */
+	size_t lines = 0;
+	for (p = good; (p = strchr(p, '\n')); p++)
+		lines++;
+	size_t cuts[] = { 1, 5, lines / 2, lines - 1 };
+	for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+		size_t k = 0;
+
+		for (p = good; k < cuts[i]; p++)
+			if (*p == '\n')
+				k++;
+		cr_assert_lt(load_bytes(good, (size_t)(p - good), err, sizeof(err)), 0,
+			     "cut after %zu lines was loaded", cuts[i]);
+		cr_assert(strstr(err, "without its end record"), "cut after %zu: %s", cuts[i], err);
+		assert_no_volume("a cut stream");
+	}
 	cr_assert_lt(load_text("", err, sizeof(err)), 0);
-	cr_assert_lt(load_text("\x00\xff garbage\n", err, sizeof(err)), 0);
+	cr_assert_lt(load_bytes("\x00\xff garbage\n", 14, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "not a ferry dump"), "%s", err);
+	assert_no_volume("garbage");
 	/* Never over an existing volume. */
 	cr_assert_eq(load_text(good, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(load_text(good, err, sizeof(err)), -EEXIST);
