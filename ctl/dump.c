@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,7 @@ int cmd_load(int argc, char **argv)
 	char *db = NULL, *dir = NULL, err[512] = "";
 	FILE *in = NULL;
 	uint64_t n = 0;
+	bool made_dir = false;
 	int rc, code = 1;
 
 	if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
@@ -107,6 +109,7 @@ int cmd_load(int argc, char **argv)
 		ctl_err("cannot open %s: %s", argv[1], strerror(errno));
 		goto out;
 	}
+	made_dir = access(dir, F_OK) != 0;
 	if ((rc = ctl_mkdir_p(dir)) < 0) {
 		ctl_err("cannot create %s: %s", dir, strerror(-rc));
 		goto out;
@@ -114,6 +117,8 @@ int cmd_load(int argc, char **argv)
 	rc = meta_load(in, db, &n, err, sizeof(err));
 	if (rc < 0) {
 		ctl_err("cannot load %s into %s: %s", argv[1], db, err);
+		if (made_dir)
+			(void)rmdir(dir); /* ours, and left empty by the failed load */
 		goto out;
 	}
 	printf("loaded %llu records into %s; it names the same object store as the volume "

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "meta.h"
+#include "tmp_dir.h"
 #include "slice.h"
 
 static char dir[64];
@@ -23,24 +24,6 @@ static char db[128];
 static struct meta *m;
 
 #define CS ((uint64_t)META_CHUNK_SIZE)
-
-static void rm_dir(const char *path)
-{
-	DIR *d = opendir(path);
-	struct dirent *de;
-	char p[512];
-
-	if (d == NULL)
-		return;
-	while ((de = readdir(d)) != NULL) {
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		snprintf(p, sizeof(p), "%s/%s", path, de->d_name);
-		unlink(p);
-	}
-	closedir(d);
-	rmdir(path);
-}
 
 static void setup_dir(void)
 {

@@ -15,27 +15,10 @@
 #include <unistd.h>
 
 #include "meta.h"
+#include "tmp_dir.h"
 #include "meta_dump.h"
 
 static char dir[64], db[128], db2[128];
-
-static void rm_dir(const char *path)
-{
-	DIR *d = opendir(path);
-	struct dirent *de;
-	char p[512];
-
-	if (d == NULL)
-		return;
-	while ((de = readdir(d)) != NULL) {
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		snprintf(p, sizeof(p), "%s/%s", path, de->d_name);
-		unlink(p);
-	}
-	closedir(d);
-	rmdir(path);
-}
 
 static void setup(void)
 {
