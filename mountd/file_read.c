@@ -321,8 +321,13 @@ void file_readahead(struct mountd *md, struct readahead *ra, struct inode *i, ui
 		atomic_store(&ra->end, 0);
 		return;
 	}
-	if (atomic_fetch_add(&ra->run, len) + len < RA_MIN_RUN)
-		return; /* not a pattern yet */
+	/* Not a pattern yet: the first READ of a run never counts, however
+	 * large (it would have its own object fetched by a read-ahead thread
+	 * before it starts, and a fetch it merely waits for is not given up
+	 * when its caller is killed). */
+	uint64_t before = atomic_fetch_add(&ra->run, len);
+	if (before == 0 || before + len < RA_MIN_RUN)
+		return;
 	from = atomic_load(&ra->end);
 	if (from < off + len)
 		from = off + len;
