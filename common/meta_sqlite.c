@@ -183,8 +183,10 @@ static const char *const st_sql[ST_COUNT] = {
 			    " ctime_nsec = ?13 WHERE ino = ?1",
 	[ST_INODE_DELETE] = "DELETE FROM inode WHERE ino = ?1",
 	[ST_DENTRY_GET] = "SELECT ino FROM dentry WHERE parent = ?1 AND name = ?2",
+	/* Taken (parent, name): no row changed (an error would abort a
+	 * PostgreSQL transaction). */
 	[ST_DENTRY_INSERT] = "INSERT INTO dentry(parent, name, ino, cookie)"
-			     " VALUES (?1, ?2, ?3, ?4)",
+			     " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(parent, name) DO NOTHING",
 	[ST_DENTRY_DELETE] = "DELETE FROM dentry WHERE parent = ?1 AND name = ?2",
 	[ST_DENTRY_MOVE] = "UPDATE dentry SET parent = ?3, name = ?4"
 			   " WHERE parent = ?1 AND name = ?2",
@@ -207,11 +209,12 @@ static const char *const st_sql[ST_COUNT] = {
 	[ST_SYMLINK_INSERT] = "INSERT INTO symlink(ino, target) VALUES (?1, ?2)",
 	[ST_SYMLINK_GET] = "SELECT target FROM symlink WHERE ino = ?1",
 	[ST_SYMLINK_DELETE] = "DELETE FROM symlink WHERE ino = ?1",
-	[ST_ORPHAN_ADD] = "INSERT OR IGNORE INTO orphan(ino) VALUES (?1)",
+	[ST_ORPHAN_ADD] = "INSERT INTO orphan(ino) VALUES (?1) ON CONFLICT(ino) DO NOTHING",
 	[ST_ORPHAN_DELETE] = "DELETE FROM orphan WHERE ino = ?1",
 	[ST_ORPHAN_LIST] = "SELECT ino FROM orphan WHERE ino > ?1 ORDER BY ino LIMIT ?2",
 	[ST_XATTR_GET] = "SELECT value FROM xattr WHERE ino = ?1 AND name = ?2",
-	[ST_XATTR_PUT] = "INSERT OR REPLACE INTO xattr(ino, name, value) VALUES (?1, ?2, ?3)",
+	[ST_XATTR_PUT] = "INSERT INTO xattr(ino, name, value) VALUES (?1, ?2, ?3)"
+			 " ON CONFLICT(ino, name) DO UPDATE SET value = excluded.value",
 	[ST_XATTR_DELETE] = "DELETE FROM xattr WHERE ino = ?1 AND name = ?2",
 	[ST_XATTR_LIST] = "SELECT name FROM xattr WHERE ino = ?1 ORDER BY name",
 	[ST_XATTR_DELETE_ALL] = "DELETE FROM xattr WHERE ino = ?1",
@@ -219,37 +222,42 @@ static const char *const st_sql[ST_COUNT] = {
 			  " WHERE ino = ?1 AND chunk = ?2 ORDER BY seq",
 	[ST_SLICE_INSERT] = "INSERT INTO slice(ino, chunk, id, size, off, pos, len)"
 			    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-	/* Slices of chunks [?2, ?3] of ?1 that no other row references. */
-	[ST_SLICE_GC] = "INSERT OR IGNORE INTO gc_slice(id, size, since)"
-			" SELECT s.id, MAX(s.size), CAST(strftime('%s', 'now') AS INTEGER)"
+	/* Slices of chunks [?2, ?3] of ?1 that no other row references, freed
+	 * at ?4 (unix s). */
+	[ST_SLICE_GC] = "INSERT INTO gc_slice(id, size, since)"
+			" SELECT s.id, MAX(s.size), ?4"
 			" FROM slice s WHERE s.ino = ?1 AND s.chunk BETWEEN ?2 AND ?3"
 			" AND s.id <> 0 AND NOT EXISTS (SELECT 1 FROM slice t WHERE t.id = s.id"
-			" AND NOT (t.ino = ?1 AND t.chunk BETWEEN ?2 AND ?3)) GROUP BY s.id",
+			" AND NOT (t.ino = ?1 AND t.chunk BETWEEN ?2 AND ?3)) GROUP BY s.id"
+			" ON CONFLICT(id) DO NOTHING",
 	[ST_SLICE_DROP] = "DELETE FROM slice WHERE ino = ?1 AND chunk BETWEEN ?2 AND ?3",
-	[ST_STATFS] = "SELECT (SELECT COALESCE(SUM(size), 0) FROM inode"
+	[ST_STATFS] = "SELECT (SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM inode"
 		      " WHERE (mode & 61440) = 32768), (SELECT COUNT(*) FROM inode)",
 	[ST_VOLUME_GET] = "SELECT uuid, block_size, storage_url, created_at, s3_http"
 			  " FROM volume WHERE id = 1",
 	[ST_SEQ_GET] = "SELECT seq FROM commit_seq WHERE ino = ?1",
 	[ST_TIMES_SEQ_GET] = "SELECT seq FROM times_seq WHERE ino = ?1",
-	[ST_TIMES_SEQ_PUT] = "INSERT OR REPLACE INTO times_seq(ino, seq) VALUES (?1, ?2)",
+	[ST_TIMES_SEQ_PUT] = "INSERT INTO times_seq(ino, seq) VALUES (?1, ?2)"
+			     " ON CONFLICT(ino) DO UPDATE SET seq = excluded.seq",
 	[ST_TIMES_SEQ_DELETE] = "DELETE FROM times_seq WHERE ino = ?1",
-	[ST_SEQ_PUT] = "INSERT OR REPLACE INTO commit_seq(ino, seq) VALUES (?1, ?2)",
+	[ST_SEQ_PUT] = "INSERT INTO commit_seq(ino, seq) VALUES (?1, ?2)"
+		       " ON CONFLICT(ino) DO UPDATE SET seq = excluded.seq",
 	[ST_SEQ_FLOOR] = "INSERT INTO commit_seq(ino, seq) VALUES (?1, ?2) ON CONFLICT(ino)"
-			 " DO UPDATE SET seq = MAX(seq, excluded.seq)",
+			 " DO UPDATE SET seq = excluded.seq WHERE excluded.seq > commit_seq.seq",
 	[ST_EPOCH_NEXT] = "INSERT INTO seq_epoch(id, epoch) VALUES (1, 1) ON CONFLICT(id)"
-			  " DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
+			  " DO UPDATE SET epoch = seq_epoch.epoch + 1 RETURNING epoch",
 	[ST_SLICE_LIST_SEQ] = "SELECT seq, id, size, off, pos, len FROM slice"
 			      " WHERE ino = ?1 AND chunk = ?2 ORDER BY seq",
 	[ST_SLICE_DELETE_SEQ] = "DELETE FROM slice WHERE seq = ?1",
-	/* Slice ?1 (of ?2 bytes) if no row references it any more. */
-	[ST_GC_ADD_UNREF] = "INSERT OR IGNORE INTO gc_slice(id, size, since)"
-			    " SELECT ?1, ?2, CAST(strftime('%s', 'now') AS INTEGER)"
-			    " WHERE ?1 <> 0 AND NOT EXISTS (SELECT 1 FROM slice WHERE id = ?1)",
+	/* Slice ?1 (of ?2 bytes) if no row references it any more, freed at
+	 * ?3 (unix s). */
+	[ST_GC_ADD_UNREF] = "INSERT INTO gc_slice(id, size, since) SELECT ?1, ?2, ?3"
+			    " WHERE ?1 <> 0 AND NOT EXISTS (SELECT 1 FROM slice WHERE id = ?1)"
+			    " ON CONFLICT(id) DO NOTHING",
 	[ST_GC_LIST] = "SELECT id, size FROM gc_slice WHERE seen <= ?1 AND since <= ?2"
 		       " ORDER BY seen, id LIMIT ?3",
 	[ST_GC_FORGET] = "DELETE FROM gc_slice WHERE id = ?1",
-	[ST_GC_PENDING] = "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM gc_slice",
+	[ST_GC_PENDING] = "SELECT COUNT(*), CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM gc_slice",
 	[ST_GC_MARK] = "UPDATE gc_slice SET seen = ?1 WHERE seen IS NULL",
 	[ST_GC_LAST_MARK] = "SELECT COALESCE(MAX(seen), 0) FROM gc_slice",
 };
@@ -1589,16 +1597,12 @@ static int dentry_insert(struct conn *c, uint64_t parent, const char *name, size
 		rc = bind_i64(st, 3, (int64_t)ino);
 	if (rc == 0)
 		rc = bind_i64(st, 4, (int64_t)cookie);
-	if (rc == 0) {
-		int sr = sqlite3_step(st);
-
-		if (sr == SQLITE_DONE)
-			rc = 0;
-		else if (sqlite3_extended_errcode(c->db) == SQLITE_CONSTRAINT_PRIMARYKEY)
-			rc = -EEXIST; /* (parent, name) is taken; nothing was written */
-		else
-			rc = db_err(sr);
-	}
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0 && sqlite3_changes(c->db) != 1)
+		rc = -EEXIST; /* (parent, name) is taken; nothing was written */
+	else if (rc > 0)
+		rc = -EIO;
 	stmt_done(st);
 	return rc;
 }
@@ -1773,12 +1777,12 @@ static int dir_within(struct conn *c, uint64_t dir, uint64_t anc)
  * other row references. */
 static int slices_drop(struct conn *c, uint64_t ino, int64_t lo, int64_t hi)
 {
-	const int64_t v[3] = { (int64_t)ino, lo, hi };
+	const int64_t v[4] = { (int64_t)ino, lo, hi, now_ts().tv_sec };
 	int rc;
 
 	if (lo > hi)
 		return 0;
-	rc = run_ints(c, ST_SLICE_GC, 3, v);
+	rc = run_ints(c, ST_SLICE_GC, 4, v);
 	if (rc == 0)
 		rc = run_ints(c, ST_SLICE_DROP, 3, v);
 	return rc;
@@ -1898,8 +1902,9 @@ static int chunk_compact(struct conn *c, uint64_t ino, uint32_t chunk)
 		}
 		rc = run_ints(c, ST_SLICE_DELETE_SEQ, 1, (int64_t[]){ v[i].seq });
 		if (rc == 0)
-			rc = run_ints(c, ST_GC_ADD_UNREF, 2,
-				      (int64_t[]){ (int64_t)v[i].s.id, v[i].s.size });
+			rc = run_ints(c, ST_GC_ADD_UNREF, 3,
+				      (int64_t[]){ (int64_t)v[i].s.id, v[i].s.size,
+						   now_ts().tv_sec });
 	}
 out:
 	free(iv);

@@ -1423,6 +1423,22 @@ Test(meta, write_commit_seq_orders_and_replays)
 	cr_assert_eq(meta_write_commit_seq(m, META_ROOT_INO, 1, NULL, 0, 0, NULL, NULL), -EISDIR);
 }
 
+Test(meta, seq_floor_only_raises)
+{
+	struct meta_chunk_slice s = { .chunk = 0, .s = { .id = 1, .size = 1, .pos = 0, .len = 1 } };
+	struct meta_attr a;
+
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 0, 0, 0, NULL, &a), 0);
+	cr_assert_eq(meta_seq_floor(m, a.ino, 10), 0);
+	cr_assert_eq(meta_write_commit_seq(m, a.ino, 10, &s, 1, 1, NULL, NULL), -EALREADY);
+	/* A lower floor leaves the higher one. */
+	cr_assert_eq(meta_seq_floor(m, a.ino, 3), 0);
+	cr_assert_eq(meta_write_commit_seq(m, a.ino, 7, &s, 1, 1, NULL, NULL), -EALREADY);
+	cr_assert_eq(meta_write_commit_seq(m, a.ino, 11, &s, 1, 1, NULL, NULL), 0);
+	cr_assert_eq(meta_seq_floor(m, a.ino, 11), 0);
+	cr_assert_eq(meta_write_commit_seq(m, a.ino, 11, &s, 1, 1, NULL, NULL), -EALREADY);
+}
+
 Test(meta_open, commit_seq_table_added_to_older_volumes)
 {
 	struct meta_chunk_slice s = { .chunk = 0, .s = { .id = 1, .size = 1, .pos = 0, .len = 1 } };
