@@ -2,7 +2,8 @@
  * meta: the metadata engine interface. A volume's metadata (the volume record,
  * inodes, directory entries, symlinks, xattrs, and each file's chunks of
  * slices) lives behind these calls; SQLite in WAL mode is the embedded engine
- * (meta_sqlite.c), and a shared engine can later sit behind the same calls.
+ * (meta_sqlite.c), under rules written once for every engine (meta_rules.c,
+ * meta_batch.c; see meta_db.h), and a shared engine can sit behind the same calls.
  *
  * Every call returns 0 or a negative errno and is safe from many threads at
  * once on one struct meta (the SQLite engine keeps one connection per

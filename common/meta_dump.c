@@ -530,7 +530,7 @@ static int record_bind(struct loader *l, json_object *o, char *why, size_t whyle
 
 /* What makes the rows a file system that ferry-mountd can use: queries
  * that must all find nothing. They hold the rows to what the engine
- * itself writes and checks as it reads (meta_sqlite.c: row_attr, names,
+ * itself writes and checks as it reads (meta_rules.c: row_attr, names,
  * SYMLINK_MAX, chunk bounds), so a stream that was edited, or made by
  * hand, cannot load a volume that fails later (EIO on a readdir, a create
  * that collides with a cookie, a collector told to delete a live slice). */

@@ -1,5 +1,5 @@
-/* Unit tests for common/meta_sqlite.c: a real SQLite volume in a temporary
- * directory per test. */
+/* Unit tests for the metadata engine (common/meta_*.c): a real SQLite volume
+ * in a temporary directory per test. */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
