@@ -2,8 +2,9 @@
  * meta: the metadata engine interface. A volume's metadata (the volume record,
  * inodes, directory entries, symlinks, xattrs, and each file's chunks of
  * slices) lives behind these calls; SQLite in WAL mode is the embedded engine
- * (meta_sqlite.c), under rules written once for every engine (meta_rules.c,
- * meta_batch.c; see meta_db.h), and a shared engine can sit behind the same calls.
+ * (meta_sqlite.c) and PostgreSQL the shared one (meta_pg.c: a location of
+ * postgresql://...?volume=NAME), under rules written once for every engine
+ * (meta_rules.c, meta_batch.c; see meta_db.h).
  *
  * Every call returns 0 or a negative errno and is safe from many threads at
  * once on one struct meta (the SQLite engine keeps one connection per
@@ -77,7 +78,10 @@ struct meta_chunk_slice {
 int meta_format(const char *db_path, const struct meta_volume *v, uint32_t root_uid,
 		uint32_t root_gid, int force);
 /* Opens an existing volume: -ENOENT if there is none, -EIO if the file is
- * not a ferryfs volume (or of an unknown schema version). */
+ * not a ferryfs volume (or of an unknown schema version); with PostgreSQL
+ * also -EINVAL (a URL that names no volume, or holds a password),
+ * -ECONNREFUSED (no server) and -EACCES (the server refused the role,
+ * password or database). */
 int meta_open(const char *db_path, struct meta **out);
 void meta_close(struct meta *m); /* accepts NULL */
 int meta_volume_get(struct meta *m, struct meta_volume *out);

@@ -63,9 +63,16 @@ int meta_conn_get(struct meta *m, struct conn **out)
 	struct conn *c = pthread_getspecific(m->key);
 	int rc;
 
-	if (c != NULL) {
+	if (c != NULL && c->drv->conn_ok(c)) {
 		*out = c;
 		return 0;
+	}
+	if (c != NULL) {
+		/* The server hung up: what it held is gone; a new one. */
+		pthread_setspecific(m->key, NULL);
+		meta_conn_unlink(m, c);
+		conn_free(c);
+		atomic_fetch_add(&m->reconnects, 1);
 	}
 	rc = m->drv->conn_open(m, &c);
 	if (rc)
@@ -272,6 +279,11 @@ static int batch_begin(struct meta *m)
 		rc = batch_restore(m);
 		if (rc || m->batch_open)
 			return rc;
+	}
+	if (m->bc != NULL && !m->bc->drv->conn_ok(m->bc)) {
+		conn_free(m->bc); /* the server hung up; no batch is open on it */
+		m->bc = NULL;
+		atomic_fetch_add(&m->reconnects, 1);
 	}
 	if (m->bc == NULL) {
 		rc = m->drv->conn_open(m, &m->bc);
@@ -775,8 +787,11 @@ void meta_journal_stats_get(struct meta *m, struct meta_journal_stats *out)
 static int engine_of(const char *loc, const struct db_driver **drv,
 		     const struct db_volume_ops **vol)
 {
-	if (strncmp(loc, "postgres://", 11) == 0 || strncmp(loc, "postgresql://", 13) == 0)
-		return -EPROTONOSUPPORT; /* not built yet */
+	if (strncmp(loc, "postgres://", 11) == 0 || strncmp(loc, "postgresql://", 13) == 0) {
+		*drv = &meta_pg_driver;
+		*vol = &meta_pg_volume;
+		return 0;
+	}
 	*drv = &meta_sqlite_driver;
 	*vol = &meta_sqlite_volume;
 	return 0;
@@ -837,7 +852,16 @@ int meta_open(const char *db_path, struct meta **out)
 	}
 	if (rc) {
 		meta_close(m);
-		return rc == -ENOMEM || rc == -ENOENT || rc == -EPROTONOSUPPORT ? rc : -EIO;
+		switch (rc) {
+		case -ENOMEM:
+		case -ENOENT:
+		case -EINVAL:       /* a location that names no volume */
+		case -EACCES:       /* the server refused who we are */
+		case -ECONNREFUSED: /* no server there */
+			return rc;
+		default:
+			return -EIO;
+		}
 	}
 	*out = m;
 	return 0;

@@ -145,6 +145,9 @@ struct db_driver {
 	bool (*in_txn)(struct conn *c);
 	/* Inside a transaction at all, even one that can only roll back. */
 	bool (*txn_open)(struct conn *c);
+	/* The connection still reaches its database (a server's connection
+	 * can drop; the engine then opens another). */
+	bool (*conn_ok)(struct conn *c);
 };
 
 #endif

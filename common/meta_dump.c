@@ -347,6 +347,15 @@ out:
 	return rc;
 }
 
+/* The stream is read and written on the SQLite engine only so far. */
+static int engine_sqlite(const char *loc, char *err, size_t errlen)
+{
+	if (strncmp(loc, "postgres://", 11) != 0 && strncmp(loc, "postgresql://", 13) != 0)
+		return 0;
+	say(err, errlen, "dump and load of a PostgreSQL volume are not built yet");
+	return -EPROTONOSUPPORT;
+}
+
 int meta_dump(const char *db_path, FILE *out, uint64_t *records, char *err, size_t errlen)
 {
 	sqlite3 *db = NULL;
@@ -355,6 +364,9 @@ int meta_dump(const char *db_path, FILE *out, uint64_t *records, char *err, size
 	char uuid[64] = "";
 	sqlite3_stmt *st = NULL;
 
+	rc = engine_sqlite(db_path, err, errlen);
+	if (rc)
+		return rc;
 	lock = volume_lock(db_path, err, errlen);
 	if (lock < 0)
 		return lock;
@@ -856,6 +868,9 @@ int meta_load(FILE *in, const char *db_path, uint64_t *records, char *err, size_
 	 * that fails or is killed leaves no volume at db_path (a leftover
 	 * db_path.load.PID is not one). The volume's lock is held throughout,
 	 * as ferry-mountd holds it, so nothing mounts the path meanwhile. */
+	rc = engine_sqlite(db_path, err, errlen);
+	if (rc)
+		return rc;
 	if (snprintf(tmp, sizeof(tmp), "%s.load.%d", db_path, (int)getpid()) >= (int)sizeof(tmp))
 		return -ENAMETOOLONG;
 	if (stat(db_path, &st) == 0) {

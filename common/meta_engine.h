@@ -65,6 +65,7 @@ struct meta {
 	 * here, woken at once, instead of polling the database's lock. */
 	pthread_mutex_t write_lock;
 	struct conn *conns;
+	_Atomic uint64_t reconnects; /* connections replaced after the server hung up */
 	/* Cross-process, for an engine whose writers take turns (SQLite): held
 	 * shared by a deferring daemon while it opens a batch and exclusive by
 	 * every other writer around its transaction, so a stream of batches
@@ -109,6 +110,8 @@ struct meta {
 
 extern const struct db_driver meta_sqlite_driver;
 extern const struct db_volume_ops meta_sqlite_volume;
+extern const struct db_driver meta_pg_driver;
+extern const struct db_volume_ops meta_pg_volume;
 
 /* ---- transactions and deferred commits (meta_batch.c) ---- */
 

@@ -476,6 +476,12 @@ static bool sq_txn_open(struct conn *c)
 	return !sqlite3_get_autocommit(sq(c)->db);
 }
 
+static bool sq_conn_ok(struct conn *c)
+{
+	(void)c;
+	return true; /* a file does not hang up */
+}
+
 const struct db_driver meta_sqlite_driver = {
 	.name = "sqlite",
 	.conn_open = sq_conn_open,
@@ -494,6 +500,7 @@ const struct db_driver meta_sqlite_driver = {
 	.total_changes = sq_total_changes,
 	.in_txn = sq_txn_open,
 	.txn_open = sq_txn_open,
+	.conn_ok = sq_conn_ok,
 };
 
 /* ---- the volume ----------------------------------------------------------- */

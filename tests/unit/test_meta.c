@@ -1,16 +1,24 @@
 /* Unit tests for the metadata engine (common/meta_*.c): a real SQLite volume
- * in a temporary directory per test. */
+ * in a temporary directory per test, or with META_TEST_PG (unit-meta_pg) a
+ * volume of its own in the test PostgreSQL server ($FERRY_TEST_PG_URL,
+ * scripts/pg-server) per test. Raw SQL that pokes at the rows is written in
+ * SQLite's dialect and translated (raw_sql); what the two engines cannot
+ * share (files, WAL, triggers) has a variant per engine. */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#ifdef META_TEST_PG
+#include <libpq-fe.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,16 +28,37 @@
 #include "slice.h"
 
 static char dir[64];
-static char db[128];
+static char db[640];
 static struct meta *m;
 
 #define CS ((uint64_t)META_CHUNK_SIZE)
+
+#ifdef META_TEST_PG
+#define BY_ENGINE(sqlite, pg) (pg)
+static char pg_base[512]; /* $FERRY_TEST_PG_URL */
+static char pg_schema[64];
+#else
+#define BY_ENGINE(sqlite, pg) (sqlite)
+#endif
 
 static void setup_dir(void)
 {
 	strcpy(dir, "/tmp/ferry-meta-XXXXXX");
 	cr_assert_not_null(mkdtemp(dir));
+#ifdef META_TEST_PG
+	const char *url = getenv("FERRY_TEST_PG_URL");
+	unsigned r;
+
+	cr_assert(url != NULL && *url,
+		  "FERRY_TEST_PG_URL is not set: start a server with scripts/pg-server");
+	cr_assert_lt(strlen(url), sizeof(pg_base));
+	strcpy(pg_base, url);
+	cr_assert_eq(getrandom(&r, sizeof(r), 0), (ssize_t)sizeof(r));
+	snprintf(pg_schema, sizeof(pg_schema), "ferry_t%d_%08x", (int)getpid(), r);
+	snprintf(db, sizeof(db), "%s&volume=%s", pg_base, pg_schema + 6);
+#else
 	snprintf(db, sizeof(db), "%s/meta.db", dir);
+#endif
 }
 
 static void format_volume(void)
@@ -46,7 +75,7 @@ static void defer_maybe(struct meta *mm)
 #ifdef META_TEST_DEFERRED
 	char j[160];
 
-	snprintf(j, sizeof(j), "%s" META_JOURNAL_SUFFIX, db);
+	snprintf(j, sizeof(j), "%s/meta.db" META_JOURNAL_SUFFIX, dir);
 	cr_assert_eq(meta_journal_open(mm, j, 5, NULL), 0);
 #else
 	(void)mm;
@@ -61,41 +90,214 @@ static void setup(void)
 	defer_maybe(m);
 }
 
+static void raw_volume_drop(void);
+
 static void teardown(void)
 {
 	meta_close(m);
 	m = NULL;
+	raw_volume_drop();
 	rm_dir(dir);
+}
+
+#ifdef META_TEST_PG
+/* SQLite's dialect as the tests write it -> PostgreSQL's: X'hex' blobs,
+ * CAST(... AS BLOB), PRAGMA user_version (the schema's version row). */
+static char *pg_dialect(const char *sql)
+{
+	size_t n = strlen(sql);
+	char *out = malloc(4 * n + 64), *o = out;
+
+	cr_assert_not_null(out);
+	if (strncmp(sql, "PRAGMA user_version = ", 22) == 0) {
+		sprintf(out, "UPDATE meta_schema SET version = %s", sql + 22);
+		return out;
+	}
+	if (strcmp(sql, "PRAGMA user_version") == 0) {
+		strcpy(out, "SELECT version FROM meta_schema");
+		return out;
+	}
+	for (const char *p = sql; *p;) {
+		if (p[0] == 'X' && p[1] == '\'' && (p == sql || p[-1] == ' ' || p[-1] == '(')) {
+			const char *end = strchr(p + 2, '\'');
+			cr_assert_not_null(end);
+			o += sprintf(o, "'\\x%.*s'::bytea", (int)(end - p - 2), p + 2);
+			p = end + 1;
+		} else if (strncmp(p, " AS BLOB)", 9) == 0) {
+			o += sprintf(o, " AS BYTEA)");
+			p += 9;
+		} else {
+			*o++ = *p++;
+		}
+	}
+	*o = '\0';
+	return out;
+}
+
+/* A connection of its own to the test's volume schema. */
+static PGconn *pg_raw_conn(void)
+{
+	char sp[96];
+	PGconn *h = PQconnectdb(pg_base);
+	PGresult *r;
+
+	cr_assert_eq(PQstatus(h), CONNECTION_OK, "%s", PQerrorMessage(h));
+	snprintf(sp, sizeof(sp), "SET search_path TO %s", pg_schema);
+	r = PQexec(h, sp);
+	cr_assert_eq(PQresultStatus(r), PGRES_COMMAND_OK);
+	PQclear(r);
+	return h;
+}
+
+static void pg_raw_exec(PGconn *h, const char *sql)
+{
+	PGresult *r = PQexec(h, sql);
+
+	cr_assert(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK,
+		  "%s: %s", sql, PQerrorMessage(h));
+	PQclear(r);
+}
+#endif
+
+/* Removes the test's volume from the server (SQLite's goes with dir). */
+static void raw_volume_drop(void)
+{
+#ifdef META_TEST_PG
+	char sql[128];
+	PGconn *h = PQconnectdb(pg_base);
+
+	snprintf(sql, sizeof(sql), "DROP SCHEMA IF EXISTS %s CASCADE", pg_schema);
+	if (PQstatus(h) == CONNECTION_OK)
+		PQclear(PQexec(h, sql));
+	PQfinish(h);
+#endif
 }
 
 /* Runs SQL on the volume through a connection of its own. */
 static void raw_sql(const char *sql)
 {
+	meta_flush(m); /* another connection sees only what is committed */
+#ifdef META_TEST_PG
+	PGconn *h = pg_raw_conn();
+	char *q = pg_dialect(sql);
+
+	pg_raw_exec(h, q);
+	free(q);
+	PQfinish(h);
+#else
 	sqlite3 *h;
 	char *err = NULL;
 
-	meta_flush(m); /* another connection sees only what is committed */
 	cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
 	sqlite3_busy_timeout(h, 5000);
 	cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, &err), SQLITE_OK, "%s: %s", sql,
 		     err ? err : "");
 	sqlite3_close(h);
+#endif
 }
 
 static int64_t raw_int(const char *sql)
 {
-	sqlite3 *h;
-	sqlite3_stmt *st;
 	int64_t v = -1;
 
 	meta_flush(m);
+#ifdef META_TEST_PG
+	PGconn *h = pg_raw_conn();
+	char *q = pg_dialect(sql);
+	PGresult *r = PQexec(h, q);
+
+	cr_assert_eq(PQresultStatus(r), PGRES_TUPLES_OK, "%s: %s", q, PQerrorMessage(h));
+	if (PQntuples(r) > 0 && !PQgetisnull(r, 0, 0))
+		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	free(q);
+	PQfinish(h);
+#else
+	sqlite3 *h;
+	sqlite3_stmt *st;
+
 	cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
 	cr_assert_eq(sqlite3_prepare_v2(h, sql, -1, &st, NULL), SQLITE_OK, "%s", sql);
 	if (sqlite3_step(st) == SQLITE_ROW)
 		v = sqlite3_column_int64(st, 0);
 	sqlite3_finalize(st);
 	sqlite3_close(h);
+#endif
 	return v;
+}
+
+/* A failure injected into the database: a trigger on table that fails the
+ * statement (event: "BEFORE UPDATE", ...) when cond holds (NEW./OLD.). */
+static void raw_trigger(const char *name, const char *event, const char *table, const char *cond)
+{
+	char sql[1024];
+
+#ifdef META_TEST_PG
+	char *c = pg_dialect(cond);
+
+	snprintf(sql, sizeof(sql),
+		 "CREATE FUNCTION %s_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+		 " IF %s THEN RAISE EXCEPTION 'injected'; END IF;"
+		 " IF TG_OP = 'DELETE' THEN RETURN OLD; END IF; RETURN NEW; END $$;"
+		 "CREATE TRIGGER %s %s ON %s FOR EACH ROW EXECUTE FUNCTION %s_f()",
+		 name, c, name, event, table, name);
+	free(c);
+#else
+	snprintf(sql, sizeof(sql),
+		 "CREATE TRIGGER %s %s ON %s WHEN %s BEGIN SELECT RAISE(ABORT, 'injected'); END",
+		 name, event, table, cond);
+#endif
+	raw_sql(sql);
+}
+
+static void raw_trigger_drop(const char *name, const char *table)
+{
+	char sql[256];
+
+#ifdef META_TEST_PG
+	snprintf(sql, sizeof(sql), "DROP TRIGGER %s ON %s; DROP FUNCTION %s_f()", name, table,
+		 name);
+#else
+	(void)table;
+	snprintf(sql, sizeof(sql), "DROP TRIGGER %s", name);
+#endif
+	raw_sql(sql);
+}
+
+/* Another connection, as ferry-reconciler is to ferry-mountd, inside a
+ * write transaction that holds what the engine's writers wait for (SQLite's
+ * write lock; PostgreSQL's counters row, which every create updates). */
+struct raw_txn {
+#ifdef META_TEST_PG
+	PGconn *h;
+#else
+	sqlite3 *h;
+#endif
+};
+
+static void raw_txn_begin(struct raw_txn *t)
+{
+#ifdef META_TEST_PG
+	t->h = pg_raw_conn();
+	pg_raw_exec(t->h, "BEGIN; UPDATE counters SET next_ino = next_ino");
+#else
+	cr_assert_eq(sqlite3_open(db, &t->h), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(t->h, "BEGIN IMMEDIATE; UPDATE inode SET uid = uid;", NULL, NULL,
+				  NULL),
+		     SQLITE_OK);
+#endif
+}
+
+static void raw_txn_commit(struct raw_txn *t)
+{
+#ifdef META_TEST_PG
+	pg_raw_exec(t->h, "COMMIT");
+	PQfinish(t->h);
+#else
+	cr_assert_eq(sqlite3_exec(t->h, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(t->h);
+#endif
+	t->h = NULL;
 }
 
 static uint64_t mk(uint64_t parent, const char *name, uint32_t mode)
@@ -199,6 +401,98 @@ Test(meta_open, format_open_reopen)
 	cr_assert_eq(meta_format(db, &v, 0, 0, 1), -EINVAL);
 }
 
+/* A volume of another schema version, then a damaged volume record: both
+ * refused, on either engine. */
+static void wrong_version_and_damaged_volume_record(void)
+{
+	/* A ferryfs volume of another schema version. */
+	format_volume();
+	raw_sql("PRAGMA user_version = 2");
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	raw_sql("PRAGMA user_version = 1");
+	cr_assert_eq(meta_open(db, &m), 0);
+	meta_close(m);
+	m = NULL;
+
+	/* A damaged volume record. */
+	raw_sql("UPDATE volume SET block_size = 0");
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	raw_sql("DELETE FROM volume");
+	cr_assert_eq(meta_open(db, &m), -EIO);
+}
+
+#ifdef META_TEST_PG
+/* What a database can hold under a volume's name that is not a volume of
+ * this build: nothing, another application's tables, a schema from the
+ * future, a damaged volume record. */
+Test(meta_open, wrong_schemas)
+{
+	char sql[256];
+
+	cr_assert_eq(meta_open(db, &m), -ENOENT);
+	cr_assert_null(m);
+
+	/* Another application's schema of the same name. */
+	snprintf(sql, sizeof(sql), "CREATE SCHEMA %s; CREATE TABLE %s.t(x int)", pg_schema,
+		 pg_schema);
+	raw_sql(sql);
+	cr_assert_eq(meta_open(db, &m), -ENOENT);
+	snprintf(sql, sizeof(sql), "CREATE TABLE %s.meta_schema(id int, version bigint,"
+		 " application text); INSERT INTO %s.meta_schema VALUES (1, 1, 'other')",
+		 pg_schema, pg_schema);
+	raw_sql(sql);
+	cr_assert_eq(meta_open(db, &m), -EIO);
+	raw_volume_drop();
+
+	wrong_version_and_damaged_volume_record();
+
+	/* A second format of the same name, unless forced. */
+	raw_volume_drop();
+	format_volume();
+	{
+		struct meta_volume v = { .storage_url = "file:///tmp/objs" };
+		cr_assert_eq(meta_format(db, &v, 0, 0, 0), -EEXIST);
+		cr_assert_eq(meta_format(db, &v, 0, 0, 1), 0);
+	}
+}
+
+/* A URL the engine refuses before it connects. */
+Test(meta_open, bad_urls)
+{
+	struct meta_volume v = { .storage_url = "file:///tmp/objs" };
+	char url[700];
+
+	/* No volume, a bad volume name, a password in the URL. */
+	cr_assert_eq(meta_format(pg_base, &v, 0, 0, 0), -EINVAL);
+	snprintf(url, sizeof(url), "%s&volume=Bad-Name", pg_base);
+	cr_assert_eq(meta_format(url, &v, 0, 0, 0), -EINVAL);
+	cr_assert_eq(meta_open("postgresql://u:secret@localhost/db?volume=x", &m), -EINVAL);
+	/* Nobody listening. */
+	cr_assert_eq(meta_open("postgresql:///db?host=/nonexistent&volume=x", &m), -ECONNREFUSED);
+}
+
+/* The password comes from libpq's own sources; a wrong one, or none, is
+ * refused as such (not as an I/O error), and the right one works. */
+Test(meta_open, password_role)
+{
+	struct meta_volume v = { .storage_url = "file:///tmp/objs" };
+	const char *pw_url = getenv("FERRY_TEST_PG_PW_URL"), *pw = getenv("FERRY_TEST_PG_PASSWORD");
+	char url[700];
+
+	cr_assert(pw_url && pw, "FERRY_TEST_PG_PW_URL and _PASSWORD come from scripts/pg-server");
+	snprintf(url, sizeof(url), "%s&volume=%s", pw_url, pg_schema + 6);
+	unsetenv("PGPASSWORD");
+	setenv("PGPASSFILE", "/nonexistent", 1);
+	cr_assert_eq(meta_format(url, &v, 0, 0, 0), -EACCES);
+	setenv("PGPASSWORD", "not-the-password", 1);
+	cr_assert_eq(meta_format(url, &v, 0, 0, 0), -EACCES);
+	cr_assert_eq(meta_open(url, &m), -EACCES);
+	setenv("PGPASSWORD", pw, 1);
+	cr_assert_eq(meta_format(url, &v, 0, 0, 0), 0);
+	cr_assert_eq(meta_open(url, &m), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 1, 1, 0, NULL, NULL), 0);
+}
+#else
 Test(meta_open, wal_mode)
 {
 	sqlite3 *h;
@@ -239,22 +533,10 @@ Test(meta_open, wrong_files)
 	cr_assert_eq(meta_open(db, &m), -EIO);
 	unlink(db);
 
-	/* A ferryfs volume of another schema version. */
-	format_volume();
-	raw_sql("PRAGMA user_version = 2");
-	cr_assert_eq(meta_open(db, &m), -EIO);
-	raw_sql("PRAGMA user_version = 1");
-	cr_assert_eq(meta_open(db, &m), 0);
-	meta_close(m);
-	m = NULL;
-
-	/* A damaged volume record. */
-	raw_sql("UPDATE volume SET block_size = 0");
-	cr_assert_eq(meta_open(db, &m), -EIO);
-	raw_sql("DELETE FROM volume");
-	cr_assert_eq(meta_open(db, &m), -EIO);
+	wrong_version_and_damaged_volume_record();
 	meta_close(NULL);
 }
+#endif
 
 /* ---- namespace ----------------------------------------------------------- */
 
@@ -1268,27 +1550,21 @@ Test(meta, four_threads)
 
 static void *hold_lock(void *p)
 {
-	sqlite3 *h = p;
-
 	usleep(300 * 1000);
-	sqlite3_exec(h, "COMMIT", NULL, NULL, NULL);
+	raw_txn_commit(p);
 	return NULL;
 }
 
 Test(meta, waits_for_another_writer)
 {
 	/* Another process (the reconciler) holds the write lock for a while. */
-	sqlite3 *h;
+	struct raw_txn h;
 	pthread_t t;
 
-	cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
-	cr_assert_eq(sqlite3_exec(h, "BEGIN IMMEDIATE; UPDATE inode SET uid = uid;", NULL, NULL,
-				  NULL),
-		     SQLITE_OK);
-	cr_assert_eq(pthread_create(&t, NULL, hold_lock, h), 0);
+	raw_txn_begin(&h);
+	cr_assert_eq(pthread_create(&t, NULL, hold_lock, &h), 0);
 	mk(META_ROOT_INO, "after", S_IFREG | 0644);
 	pthread_join(t, NULL);
-	sqlite3_close(h);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "after", NULL), 0);
 }
 
@@ -1315,8 +1591,9 @@ Test(meta, damaged_rows)
 	cr_assert_eq(meta_getattr(m, f, &a), -EIO);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "f", &a), -EIO);
 	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f", &a), -EIO);
-	snprintf(sql, sizeof(sql), "UPDATE inode SET mode = 'garbage' WHERE ino = %llu",
-		 (unsigned long long)f);
+	/* A value of the wrong type where the engine lets one in (SQLite). */
+	snprintf(sql, sizeof(sql), "UPDATE inode SET mode = %s WHERE ino = %llu",
+		 BY_ENGINE("'garbage'", "-1"), (unsigned long long)f);
 	raw_sql(sql);
 	cr_assert_eq(meta_getattr(m, f, &a), -EIO);
 	snprintf(sql, sizeof(sql),
@@ -1345,7 +1622,8 @@ Test(meta, damaged_rows)
 	cr_assert_null(s);
 	raw_sql("UPDATE slice SET len = 100, pos = 67108860 WHERE id = 81");
 	cr_assert_eq(meta_chunk_slices(m, f, 0, &s, &n), -EIO);
-	raw_sql("UPDATE slice SET pos = 0, id = X'00' WHERE id = 81");
+	raw_sql(BY_ENGINE("UPDATE slice SET pos = 0, id = X'00' WHERE id = 81",
+			  "UPDATE slice SET pos = 0, id = -1 WHERE id = 81"));
 	cr_assert_eq(meta_chunk_slices(m, f, 0, &s, &n), -EIO);
 
 	/* A child's damaged inode spoils its directory's listing. */
@@ -1371,7 +1649,7 @@ Test(meta, damaged_rows)
 	cr_assert_eq(meta_readdir(m, META_ROOT_INO, 0, 0, count_cb, &cnt), -EIO);
 
 	/* The counters row. */
-	raw_sql("UPDATE counters SET next_ino = 'x'");
+	raw_sql(BY_ENGINE("UPDATE counters SET next_ino = 'x'", "UPDATE counters SET next_ino = 0"));
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "new", S_IFREG, 0, 0, 0, NULL, &a), -EIO);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "new", &a), -ENOENT);
 }
@@ -1439,6 +1717,7 @@ Test(meta, seq_floor_only_raises)
 	cr_assert_eq(meta_write_commit_seq(m, a.ino, 11, &s, 1, 1, NULL, NULL), -EALREADY);
 }
 
+#ifndef META_TEST_PG /* SQLite files of before the table; PostgreSQL volumes start at version 1 whole */
 Test(meta_open, commit_seq_table_added_to_older_volumes)
 {
 	struct meta_chunk_slice s = { .chunk = 0, .s = { .id = 1, .size = 1, .pos = 0, .len = 1 } };
@@ -1453,6 +1732,7 @@ Test(meta_open, commit_seq_table_added_to_older_volumes)
 	cr_assert_eq(meta_write_commit_seq(m, a.ino, 3, &s, 1, 1, NULL, NULL), -EALREADY);
 	cr_assert_eq(raw_int("PRAGMA user_version"), 1);
 }
+#endif
 
 Test(meta, seq_epochs_increase_across_reopens)
 {
@@ -1530,8 +1810,8 @@ Test(meta, write_commit_batch_rolls_back_together)
 	};
 
 	/* A trigger makes the second item's slice insert fail mid-way. */
-	raw_sql("CREATE TRIGGER no_g BEFORE UPDATE ON inode WHEN NEW.ino = (SELECT ino FROM dentry"
-		" WHERE name = X'7267') BEGIN SELECT RAISE(ABORT, 'no'); END;");
+	raw_trigger("no_g", "BEFORE UPDATE", "inode",
+		    "NEW.ino = (SELECT ino FROM dentry WHERE name = X'7267')");
 	cr_assert_neq(meta_write_commit_batch(m, it, 2), 0);
 	cr_assert_neq(it[0].rc, 0);
 	cr_assert_eq(it[0].rc, it[1].rc);
@@ -1550,17 +1830,15 @@ struct holder {
 static void *hold_write_lock(void *arg)
 {
 	struct holder *h = arg;
-	sqlite3 *x;
+	struct raw_txn x;
 
-	cr_assert_eq(sqlite3_open(db, &x), SQLITE_OK);
-	cr_assert_eq(sqlite3_exec(x, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+	raw_txn_begin(&x);
 	pthread_mutex_lock(&h->mu);
 	h->ready = 1;
 	pthread_cond_signal(&h->cv);
 	pthread_mutex_unlock(&h->mu);
 	usleep(300 * 1000);
-	cr_assert_eq(sqlite3_exec(x, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
-	sqlite3_close(x);
+	raw_txn_commit(&x);
 	return NULL;
 }
 
@@ -1580,6 +1858,7 @@ Test(meta, writer_waits_for_another_connection)
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "waited", &a), 0);
 }
 
+#ifndef META_TEST_PG /* SQLite's WAL file */
 /* Batched mode turns off SQLite's checkpoint-at-commit; the meta's own
  * thread keeps the WAL short, and where it cannot keep up (here: paused,
  * as it is in effect under a storm of commits on two busy cores), commits
@@ -1587,7 +1866,7 @@ Test(meta, writer_waits_for_another_connection)
  * creates write ~90,000 frames (~370 MiB) if nothing checkpoints. */
 Test(meta, wal_stays_bounded_without_the_checkpointer, .timeout = 300)
 {
-	char name[32], wal[160];
+	char name[32], wal[700];
 	struct meta_attr a;
 	struct stat st;
 	off_t biggest = 0;
@@ -1614,6 +1893,7 @@ Test(meta, wal_stays_bounded_without_the_checkpointer, .timeout = 300)
 	cr_assert_eq(meta_open(db, &m), 0);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "c11999", &a), 0);
 }
+#endif
 
 /* Data that later writes hide wholly leaves its chunk at commit and waits
  * as garbage; partly hidden data stays; meta_gc_list() hands garbage out
@@ -1694,6 +1974,7 @@ Test(meta, truncation_never_moves_mtime_back)
 	cr_assert_lt(out.mtime.tv_sec, in.mtime.tv_sec, "UTIME_NOW is set as asked");
 }
 
+#ifndef META_TEST_PG /* SQLite files of before the column */
 /* A volume whose gc_slice predates gc_slice.seen gets the column at open;
  * its garbage waits for a mark like any other. */
 Test(meta, gc_seen_is_added_to_an_older_volume)
@@ -1722,6 +2003,7 @@ Test(meta, gc_seen_is_added_to_an_older_volume)
 	cr_assert_eq(meta_open(db, &m), 0);
 	cr_assert_eq(raw_int("SELECT seen FROM gc_slice WHERE id = 900"), 1);
 }
+#endif
 
 /* ---- the metadata journal (meta_journal_open) ------------------------------ */
 
@@ -1734,7 +2016,7 @@ static void setup_nodefer(void)
 
 static void journal_path(char *buf, size_t cap)
 {
-	snprintf(buf, cap, "%s" META_JOURNAL_SUFFIX, db);
+	snprintf(buf, cap, "%s/meta.db" META_JOURNAL_SUFFIX, dir);
 }
 
 /* In a forked child that is to die with its batch open: the volume with
@@ -1909,6 +2191,7 @@ Test(meta_journal, replay_after_kill_makes_the_same_tree, .init = setup_nodefer,
 	got = dump_tree(m, 0);
 	meta_close(m);
 	m = NULL;
+	raw_volume_drop();
 	rm_dir(dir);
 	setup_nodefer();
 	journal_changes(m);
@@ -2165,13 +2448,9 @@ Test(meta_journal, a_failed_release_keeps_the_removed_directory_removed, .init =
 	journal_path(jp, sizeof(jp));
 	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "d", S_IFDIR | 0755, 1, 2, 0, NULL, &d), 0);
-	snprintf(sql, sizeof(sql),
-		 "CREATE TRIGGER no_del BEFORE DELETE ON inode WHEN OLD.ino = %llu"
-		 " BEGIN SELECT RAISE(ABORT, 'injected'); END;"
-		 "CREATE TRIGGER boom BEFORE INSERT ON dentry WHEN NEW.name = CAST('boom' AS BLOB)"
-		 " BEGIN SELECT RAISE(ABORT, 'injected'); END",
-		 (unsigned long long)d.ino);
-	raw_sql(sql); /* commits the batch first */
+	snprintf(sql, sizeof(sql), "OLD.ino = %llu", (unsigned long long)d.ino);
+	raw_trigger("no_del", "BEFORE DELETE", "inode", sql); /* commits the batch first */
+	raw_trigger("boom", "BEFORE INSERT", "dentry", "NEW.name = CAST('boom' AS BLOB)");
 	cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "d", NULL), 0);
 	cr_assert_eq(meta_getattr(m, d.ino, &g), 0);
 	cr_assert_eq(g.nlink, 0);
@@ -2219,15 +2498,14 @@ Test(meta_journal, counters_of_a_lost_batch_are_never_written, .init = setup_nod
 	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
 	/* Updating the root's row fails once an entry 'poison' exists: live the
 	 * root's row is held (no UPDATE), a replay writes it at each change. */
-	raw_sql("CREATE TRIGGER poison BEFORE UPDATE ON inode WHEN NEW.ino = 1 AND EXISTS"
-		" (SELECT 1 FROM dentry WHERE name = CAST('poison' AS BLOB))"
-		" BEGIN SELECT RAISE(ABORT, 'injected'); END;"
-		"CREATE TRIGGER boom BEFORE INSERT ON dentry WHEN NEW.name = CAST('boom' AS BLOB)"
-		" BEGIN SELECT RAISE(ABORT, 'injected'); END");
+	raw_trigger("poison", "BEFORE UPDATE", "inode",
+		    "NEW.ino = 1 AND EXISTS (SELECT 1 FROM dentry WHERE name = CAST('poison' AS BLOB))");
+	raw_trigger("boom", "BEFORE INSERT", "dentry", "NEW.name = CAST('boom' AS BLOB)");
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "poison", S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
 	/* Fails part way: batch lost, the replay fails (the trigger), m is stuck. */
 	cr_assert_neq(meta_create(m, META_ROOT_INO, "boom", S_IFREG | 0644, 1, 2, 0, NULL, NULL), 0);
-	raw_sql("DROP TRIGGER poison; DROP TRIGGER boom");
+	raw_trigger_drop("poison", "inode");
+	raw_trigger_drop("boom", "dentry");
 	/* Another writer, while no batch is open. */
 	cr_assert_eq(meta_open(db, &o), 0);
 	cr_assert_eq(meta_create(o, META_ROOT_INO, "poison", S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
@@ -2262,8 +2540,7 @@ Test(meta_journal, a_commit_failing_on_held_rows_is_made_again, .init = setup_no
 	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
 	cr_assert_eq(meta_getattr(m, META_ROOT_INO, &root0), 0);
 	/* Only the live commit raises the root's nlink by 2 in one UPDATE. */
-	raw_sql("CREATE TRIGGER two BEFORE UPDATE ON inode WHEN NEW.ino = 1 AND"
-		" NEW.nlink = OLD.nlink + 2 BEGIN SELECT RAISE(ABORT, 'injected'); END");
+	raw_trigger("two", "BEFORE UPDATE", "inode", "NEW.ino = 1 AND NEW.nlink = OLD.nlink + 2");
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "d1", S_IFDIR | 0755, 1, 2, 0, NULL, &d1), 0);
 	cr_assert_eq(meta_create(m, d1.ino, "f", S_IFREG | 0644, 1, 2, 0, NULL, &f), 0);
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "d2", S_IFDIR | 0755, 1, 2, 0, NULL, &d2), 0);
@@ -2282,7 +2559,8 @@ Test(meta_journal, a_commit_failing_on_held_rows_is_made_again, .init = setup_no
 
 /* A read on the batch's connection that SQLite answers by rolling the whole
  * transaction back (SQLITE_NOMEM here, SQLITE_IOERR alike) leaves batch_open
- * set, with the held rows and counters of a transaction that is gone. */
+ * set, with the held rows and counters of a transaction that is gone. On
+ * PostgreSQL the same comes of a connection the server ends. */
 Test(meta_journal, a_batch_rolled_back_under_a_read_is_made_again, .init = setup_nodefer, .fini = teardown)
 {
 	struct meta *o = NULL;
@@ -2303,9 +2581,30 @@ Test(meta_journal, a_batch_rolled_back_under_a_read_is_made_again, .init = setup
 	}
 	meta_close(o);
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "a", S_IFDIR | 0755, 1, 2, 0, NULL, &a), 0);
+#ifdef META_TEST_PG
+	/* The server ends every connection m has (an administrator, a
+	 * failover): the open batch goes with them, and m connects again. */
+	{
+		char sql[256];
+		PGconn *h = pg_raw_conn(); /* no meta_flush(): the batch stays open */
+		PGresult *r;
+
+		snprintf(sql, sizeof(sql),
+			 "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity"
+			 " WHERE application_name = 'ferryfs %s'",
+			 pg_schema + 6);
+		r = PQexec(h, sql);
+		cr_assert_eq(PQresultStatus(r), PGRES_TUPLES_OK, "%s", PQerrorMessage(h));
+		cr_assert_gt(atoi(PQgetvalue(r, 0, 0)), 0);
+		PQclear(r);
+		PQfinish(h);
+	}
+	rc = meta_statfs(m, NULL, NULL);
+#else
 	sqlite3_hard_heap_limit64(sqlite3_memory_used());
 	rc = meta_statfs(m, NULL, NULL);
 	sqlite3_hard_heap_limit64(0);
+#endif
 	rc = meta_lookup(m, META_ROOT_INO, "a", &g);
 	cr_assert_eq(rc, 0, "the acknowledged create of a is not seen: %d", rc);
 	rc = meta_create(m, META_ROOT_INO, "b", S_IFDIR | 0755, 1, 2, 0, NULL, &b);
@@ -2341,17 +2640,16 @@ Test(meta_journal, a_refused_record_moves_no_later_inode_number, .init = setup_n
 	journal_path(jp, sizeof(jp));
 	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 1, 2, 0, NULL, &f), 0);
-	raw_sql("CREATE TRIGGER stall BEFORE UPDATE ON inode WHEN NEW.ino = 1"
-		" AND EXISTS (SELECT 1 FROM dentry WHERE name = CAST('q' AS BLOB))"
-		" BEGIN SELECT RAISE(ABORT, 'injected'); END;"
-		"CREATE TRIGGER boom BEFORE INSERT ON dentry WHEN NEW.name = CAST('boom' AS BLOB)"
-		" BEGIN SELECT RAISE(ABORT, 'injected'); END"); /* commits f */
+	raw_trigger("stall", "BEFORE UPDATE", "inode",
+		    "NEW.ino = 1 AND EXISTS (SELECT 1 FROM dentry WHERE name = CAST('q' AS BLOB))");
+	raw_trigger("boom", "BEFORE INSERT", "dentry", "NEW.name = CAST('boom' AS BLOB)"); /* commits f */
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "p", S_IFREG | 0644, 1, 2, 0, NULL, &p), 0);
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "q", S_IFREG | 0644, 1, 2, 0, NULL, &q), 0);
 	/* Fails part way (its inode row is written): the batch is lost, and
 	 * its replay fails at q: stuck. */
 	cr_assert_neq(meta_create(m, META_ROOT_INO, "boom", S_IFREG | 0644, 1, 2, 0, NULL, NULL), 0);
-	raw_sql("DROP TRIGGER stall; DROP TRIGGER boom");
+	raw_trigger_drop("stall", "inode");
+	raw_trigger_drop("boom", "dentry");
 	cr_assert_eq(meta_open(db, &o), 0);
 	cr_assert_eq(meta_link(o, f.ino, META_ROOT_INO, "p", NULL), 0); /* takes no number */
 	meta_close(o);

@@ -318,3 +318,20 @@ Test(meta_dump, a_mounted_volume_is_refused)
 	close(pipefd[0]);
 	close(pipefd[1]);
 }
+
+/* The stream has no PostgreSQL side yet: said, not half done. */
+Test(meta_dump, a_postgresql_volume_is_refused_loudly)
+{
+	char err[256] = "";
+	FILE *f = fopen("/dev/null", "w+");
+
+	cr_assert_not_null(f);
+	cr_assert_eq(meta_dump("postgresql:///db?volume=v", f, NULL, err, sizeof(err)),
+		     -EPROTONOSUPPORT);
+	cr_assert(strstr(err, "PostgreSQL"), "%s", err);
+	err[0] = '\0';
+	cr_assert_eq(meta_load(f, "postgresql:///db?volume=v", NULL, err, sizeof(err)),
+		     -EPROTONOSUPPORT);
+	cr_assert(strstr(err, "PostgreSQL"), "%s", err);
+	fclose(f);
+}

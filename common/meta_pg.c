@@ -1,0 +1,796 @@
+/*
+ * meta_pg: the shared engine's driver (meta_db.h) on PostgreSQL through
+ * libpq, and its volume operations.
+ *
+ * A volume is named by a URL, postgres://[USER@]HOST[:PORT]/DB?volume=NAME
+ * (any other query parameter is libpq's own: sslmode, passfile, host=/dir
+ * for a Unix socket...). Each volume is one schema of the database,
+ * ferry_NAME, holding the same tables as the SQLite engine's file, so
+ * several volumes share one database. A password never comes from the URL
+ * (it would sit in the process title and in logs): libpq finds it in
+ * PGPASSWORD, ~/.pgpass or the file a passfile= parameter names.
+ *
+ * Writers take turns as on SQLite: every write transaction starts with a
+ * transaction-level advisory lock of the volume's schema, so the rules
+ * above (which read, then write) see no other writer's commit mid-way, and
+ * READ COMMITTED is enough. Statements are prepared once per connection,
+ * with their parameter types declared, and run with binary parameters and
+ * results.
+ *
+ * Durability: a batched connection commits with synchronous_commit off;
+ * meta_sync() ends with a commit that waits for the server's WAL flush,
+ * which covers every commit before it.
+ *
+ * Ownership: struct pg_conn owns its PGconn and each statement's last
+ * PGresult; struct pg_vol (m->drv_state) owns the connection string and
+ * the schema name.
+ */
+#include "meta_engine.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <libpq-fe.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PG_SCHEMA_VERSION META_SCHEMA_VERSION
+#define PG_MAX_PARAMS 16
+#define PG_VOLUME_NAME_MAX 48
+/* PostgreSQL's type oids (catalog/pg_type.h, stable across versions). */
+#define OID_BOOL 16
+#define OID_BYTEA 17
+#define OID_INT8 20
+#define OID_INT2 21
+#define OID_INT4 23
+#define OID_TEXT 25
+#define OID_VARCHAR 1043
+
+struct pg_conn;
+
+struct pg_stmt {
+	struct db_stmt base;
+	struct pg_conn *c;
+	enum st id;
+	int nparams;
+	const char *val[PG_MAX_PARAMS];
+	int len[PG_MAX_PARAMS];
+	int fmt[PG_MAX_PARAMS];
+	uint64_t ibuf[PG_MAX_PARAMS]; /* integers in network order */
+	PGresult *res;                /* the run's rows, owned */
+	int row, nrows;
+};
+
+struct pg_conn {
+	struct conn base;
+	PGconn *pc;
+	bool prepared[ST_COUNT];
+	struct pg_stmt st[ST_COUNT];
+	int64_t changes, total_changes;
+	int batched; /* synchronous_commit is off on pc */
+};
+
+struct pg_vol {
+	char *conninfo; /* the URL without volume= */
+	char schema[sizeof("ferry_") + PG_VOLUME_NAME_MAX];
+	int64_t lock_key; /* the advisory lock every write transaction takes */
+};
+
+static struct pg_conn *pgc(struct conn *c)
+{
+	return (struct pg_conn *)c;
+}
+
+static struct pg_stmt *pgs(struct db_stmt *st)
+{
+	return (struct pg_stmt *)st;
+}
+
+/* A failed result -> a negative errno. -EAGAIN: the transaction may be
+ * tried again (a serialization failure or a deadlock). */
+static int pg_err(PGconn *pc, const PGresult *res)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	if (PQstatus(pc) != CONNECTION_OK || state == NULL)
+		return -EIO;
+	if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0)
+		return -EAGAIN;
+	if (strcmp(state, "53100") == 0)
+		return -ENOSPC; /* disk_full */
+	if (strcmp(state, "53200") == 0)
+		return -ENOMEM; /* out_of_memory */
+	return -EIO;
+}
+
+/* Runs sql (no parameters, any number of statements) on pc. */
+static int pg_exec(PGconn *pc, const char *sql)
+{
+	PGresult *res = PQexec(pc, sql);
+	int rc = 0;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
+		rc = pg_err(pc, res);
+	PQclear(res);
+	return rc;
+}
+
+/* ---- the volume's URL ----------------------------------------------------- */
+
+static bool volume_name_ok(const char *s, size_t n)
+{
+	if (n == 0 || n > PG_VOLUME_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+			return false;
+	return true;
+}
+
+/*
+ * Splits url into libpq's connection string (every parameter but volume=)
+ * and the volume's schema. -EINVAL for a URL without a volume, with a bad
+ * name, or with a password in it.
+ */
+static int url_parse(const char *url, struct pg_vol *v)
+{
+	const char *q = strchr(url, '?'), *auth_end, *host;
+	size_t n = strlen(url);
+	char *out, *o;
+	int have = 0;
+
+	host = strstr(url, "://");
+	if (host == NULL)
+		return -EINVAL;
+	host += 3;
+	auth_end = strchr(host, '@');
+	if (auth_end != NULL && (q == NULL || auth_end < q) &&
+	    memchr(host, ':', (size_t)(auth_end - host)) != NULL)
+		return -EINVAL; /* user:password@ */
+	out = malloc(n + 1);
+	if (out == NULL)
+		return -ENOMEM;
+	if (q == NULL) {
+		free(out);
+		return -EINVAL;
+	}
+	memcpy(out, url, (size_t)(q - url));
+	o = out + (q - url);
+	for (const char *p = q + 1; *p;) {
+		const char *end = strchr(p, '&');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+
+		if (len > 7 && strncmp(p, "volume=", 7) == 0) {
+			if (have || !volume_name_ok(p + 7, len - 7)) {
+				free(out);
+				return -EINVAL;
+			}
+			snprintf(v->schema, sizeof(v->schema), "ferry_%.*s", (int)(len - 7), p + 7);
+			have = 1;
+		} else if (len > 0) {
+			char sep = o == out + (q - url) ? '?' : '&';
+
+			*o++ = sep;
+			memcpy(o, p, len);
+			o += len;
+		}
+		p += len;
+		if (*p == '&')
+			p++;
+	}
+	*o = '\0';
+	if (!have) {
+		free(out);
+		return -EINVAL;
+	}
+	v->conninfo = out;
+	/* A stable number for the schema's name (FNV-1a). */
+	uint64_t h = 14695981039346656037ull;
+	for (const char *s = v->schema; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	v->lock_key = (int64_t)(h >> 1);
+	return 0;
+}
+
+/* ---- connections and statements ------------------------------------------- */
+
+static void pg_conn_free(struct conn *base)
+{
+	struct pg_conn *c = pgc(base);
+
+	if (c == NULL)
+		return;
+	for (size_t i = 0; i < ST_COUNT; i++)
+		PQclear(c->st[i].res);
+	PQfinish(c->pc);
+	free(c);
+}
+
+static void notice_drop(void *arg, const char *message)
+{
+	(void)arg;
+	(void)message;
+}
+
+/* The session a connection needs: its search path on the volume's schema
+ * (which need not exist yet: format makes it), an application name that
+ * tells an operator's pg_stat_activity which volume a connection serves,
+ * and the commit mode. */
+static int session_setup(PGconn *pc, const struct pg_vol *v, int batched)
+{
+	char sql[192];
+
+	/* libpq prints the server's notices on stderr otherwise. */
+	PQsetNoticeProcessor(pc, notice_drop, NULL);
+	snprintf(sql, sizeof(sql),
+		 "SET search_path TO %s; SET application_name = 'ferryfs %s';"
+		 " SET synchronous_commit = %s",
+		 v->schema, v->schema + 6, batched ? "off" : "on");
+	return pg_exec(pc, sql);
+}
+
+/* Why a connection failed, as an errno: the server refused who we are
+ * (-EACCES: a wrong or missing password, an unknown role or database), or
+ * could not be reached (-ECONNREFUSED). */
+static int connect_err(PGconn *pc)
+{
+	const char *msg = PQerrorMessage(pc);
+
+	if (PQconnectionNeedsPassword(pc) || strstr(msg, "authentication failed") ||
+	    strstr(msg, "does not exist") || strstr(msg, "no pg_hba.conf entry"))
+		return -EACCES;
+	return -ECONNREFUSED;
+}
+
+static int pg_connect(const struct pg_vol *v, PGconn **out)
+{
+	PGconn *pc;
+	int rc;
+
+	pc = PQconnectdb(v->conninfo);
+	if (pc == NULL)
+		return -ENOMEM;
+	if (PQstatus(pc) != CONNECTION_OK) {
+		rc = connect_err(pc);
+		PQfinish(pc);
+		return rc;
+	}
+	rc = session_setup(pc, v, 0);
+	if (rc) {
+		PQfinish(pc);
+		return rc;
+	}
+	*out = pc;
+	return 0;
+}
+
+static int pg_conn_open(struct meta *m, struct conn **out)
+{
+	struct pg_conn *c;
+	int rc;
+
+	c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return -ENOMEM;
+	c->base.drv = &meta_pg_driver;
+	c->base.m = m;
+	for (size_t i = 0; i < ST_COUNT; i++) {
+		c->st[i].base.drv = &meta_pg_driver;
+		c->st[i].c = c;
+		c->st[i].id = (enum st)i;
+	}
+	rc = pg_connect(m->drv_state, &c->pc);
+	if (rc) {
+		free(c);
+		return rc;
+	}
+	*out = &c->base;
+	return 0;
+}
+
+/* Batched connections commit without waiting for the WAL flush. */
+static int pg_write_prepare(struct conn *base)
+{
+	struct pg_conn *c = pgc(base);
+	int want = atomic_load(&base->m->batched) ? 1 : 0;
+	int rc;
+
+	if (c->batched == want)
+		return 0;
+	rc = pg_exec(c->pc, want ? "SET synchronous_commit = off" : "SET synchronous_commit = on");
+	if (rc == 0)
+		c->batched = want;
+	return rc;
+}
+
+static Oid param_oid(char t)
+{
+	return t == 'b' ? OID_BYTEA : t == 't' ? OID_TEXT : OID_INT8;
+}
+
+/* The catalogue's ?N as PostgreSQL's $N. */
+static char *pg_sql_text(enum st id)
+{
+	char *s = strdup(meta_sql[id].sql);
+	if (s == NULL)
+		return NULL;
+	for (char *p = s; *p; p++)
+		if (*p == '?')
+			*p = '$';
+	return s;
+}
+
+static int prepare(struct pg_conn *c, enum st id)
+{
+	const char *types = meta_sql[id].params;
+	int n = (int)strlen(types);
+	Oid oids[PG_MAX_PARAMS];
+	char name[16];
+	char *sql;
+	PGresult *res;
+	int rc = 0;
+
+	if (c->prepared[id] || id == ST_BEGIN)
+		return 0;
+	if (n > PG_MAX_PARAMS)
+		return -EIO;
+	for (int i = 0; i < n; i++)
+		oids[i] = param_oid(types[i]);
+	sql = pg_sql_text(id);
+	if (sql == NULL)
+		return -ENOMEM;
+	snprintf(name, sizeof(name), "s%d", (int)id);
+	res = PQprepare(c->pc, name, sql, n, oids);
+	free(sql);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		rc = pg_err(c->pc, res);
+	PQclear(res);
+	if (rc)
+		return rc;
+	c->prepared[id] = true;
+	c->st[id].nparams = n;
+	return 0;
+}
+
+/*
+ * The server hung up on c outside a transaction: nothing was lost with it,
+ * so the same connection is made again (PQreset keeps its parameters) and
+ * the statement tried once more. Inside a transaction the caller gets -EIO
+ * instead: the transaction is gone, and the engine makes its batch again
+ * from the journal on a new connection.
+ */
+static int reconnect(struct pg_conn *c)
+{
+	PQreset(c->pc);
+	if (PQstatus(c->pc) != CONNECTION_OK)
+		return -EIO;
+	memset(c->prepared, 0, sizeof(c->prepared));
+	atomic_fetch_add(&c->base.m->reconnects, 1);
+	return session_setup(c->pc, c->base.m->drv_state, c->batched) ? -EIO : 0;
+}
+
+static int pg_stmt_get(struct conn *base, enum st id, struct db_stmt **out)
+{
+	struct pg_conn *c = pgc(base);
+	int rc = prepare(c, id);
+
+	if (rc && PQstatus(c->pc) != CONNECTION_OK &&
+	    PQtransactionStatus(c->pc) != PQTRANS_INTRANS && reconnect(c) == 0)
+		rc = prepare(c, id);
+	if (rc)
+		return rc;
+	*out = &c->st[id].base;
+	return 0;
+}
+
+static int pg_bind_i64(struct db_stmt *base, int i, int64_t v)
+{
+	struct pg_stmt *st = pgs(base);
+
+	if (i < 1 || i > st->nparams)
+		return -EIO;
+	st->ibuf[i - 1] = htobe64((uint64_t)v);
+	st->val[i - 1] = (const char *)&st->ibuf[i - 1];
+	st->len[i - 1] = 8;
+	st->fmt[i - 1] = 1;
+	return 0;
+}
+
+static int pg_bind_blob(struct db_stmt *base, int i, const void *p, size_t n)
+{
+	struct pg_stmt *st = pgs(base);
+
+	if (i < 1 || i > st->nparams || n > INT32_MAX)
+		return -EIO;
+	st->val[i - 1] = p ? p : "";
+	st->len[i - 1] = (int)n;
+	st->fmt[i - 1] = 1;
+	return 0;
+}
+
+static int pg_bind_text(struct db_stmt *base, int i, const char *s)
+{
+	struct pg_stmt *st = pgs(base);
+
+	if (i < 1 || i > st->nparams)
+		return -EIO;
+	st->val[i - 1] = s;
+	st->len[i - 1] = 0;
+	st->fmt[i - 1] = 0;
+	return 0;
+}
+
+static int begin_write(struct pg_conn *c)
+{
+	const struct pg_vol *v = c->base.m->drv_state;
+	char sql[96];
+
+	snprintf(sql, sizeof(sql), "BEGIN; SELECT pg_advisory_xact_lock(%lld)",
+		 (long long)v->lock_key);
+	return pg_exec(c->pc, sql);
+}
+
+/* Runs st's statement with its bound parameters; st->res holds the rows. */
+static int run(struct pg_stmt *st)
+{
+	struct pg_conn *c = st->c;
+	const char *tuples;
+	ExecStatusType s;
+	char name[16];
+	int rc;
+
+	if (st->id == ST_BEGIN)
+		return begin_write(c);
+	rc = prepare(c, st->id);
+	if (rc)
+		return rc;
+	snprintf(name, sizeof(name), "s%d", (int)st->id);
+	st->res = PQexecPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1);
+	s = PQresultStatus(st->res);
+	if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
+		rc = pg_err(c->pc, st->res);
+		PQclear(st->res);
+		st->res = NULL;
+		return rc;
+	}
+	tuples = PQcmdTuples(st->res);
+	c->changes = tuples[0] ? strtoll(tuples, NULL, 10) : 0;
+	c->total_changes += c->changes;
+	st->nrows = PQntuples(st->res);
+	st->row = -1;
+	return 0;
+}
+
+static int pg_step(struct db_stmt *base)
+{
+	struct pg_stmt *st = pgs(base);
+
+	if (st->res == NULL) {
+		bool idle = PQtransactionStatus(st->c->pc) == PQTRANS_IDLE;
+		int rc = run(st);
+
+		if (rc && idle && PQstatus(st->c->pc) != CONNECTION_OK && reconnect(st->c) == 0)
+			rc = run(st);
+		if (rc || st->id == ST_BEGIN)
+			return rc; /* BEGIN has no rows */
+	}
+	if (st->row + 1 >= st->nrows) {
+		st->row = st->nrows;
+		return 0;
+	}
+	st->row++;
+	return 1;
+}
+
+static void pg_done(struct db_stmt *base)
+{
+	struct pg_stmt *st = pgs(base);
+
+	PQclear(st->res);
+	st->res = NULL;
+	st->row = 0;
+	st->nrows = 0;
+}
+
+static enum db_type pg_col_type(struct db_stmt *base, int i)
+{
+	struct pg_stmt *st = pgs(base);
+
+	if (st->res == NULL || st->row < 0 || st->row >= st->nrows || i >= PQnfields(st->res))
+		return DB_OTHER;
+	if (PQgetisnull(st->res, st->row, i))
+		return DB_NULL;
+	switch (PQftype(st->res, i)) {
+	case OID_INT8:
+	case OID_INT4:
+	case OID_INT2:
+		return DB_INT;
+	case OID_BYTEA:
+		return DB_BLOB;
+	case OID_TEXT:
+	case OID_VARCHAR:
+		return DB_TEXT;
+	default:
+		return DB_OTHER;
+	}
+}
+
+static int64_t pg_col_i64(struct db_stmt *base, int i)
+{
+	struct pg_stmt *st = pgs(base);
+	const unsigned char *p;
+	int len;
+
+	if (pg_col_type(base, i) != DB_INT)
+		return 0;
+	p = (const unsigned char *)PQgetvalue(st->res, st->row, i);
+	len = PQgetlength(st->res, st->row, i);
+	if (len == 8) {
+		uint64_t v;
+		memcpy(&v, p, 8);
+		return (int64_t)be64toh(v);
+	}
+	if (len == 4) {
+		uint32_t v;
+		memcpy(&v, p, 4);
+		return (int32_t)be32toh(v);
+	}
+	if (len == 2) {
+		uint16_t v;
+		memcpy(&v, p, 2);
+		return (int16_t)be16toh(v);
+	}
+	return 0;
+}
+
+static const void *pg_col_blob(struct db_stmt *base, int i, size_t *n)
+{
+	struct pg_stmt *st = pgs(base);
+	enum db_type t = pg_col_type(base, i);
+	int len;
+
+	*n = 0;
+	if (t != DB_BLOB && t != DB_TEXT)
+		return NULL;
+	len = PQgetlength(st->res, st->row, i);
+	if (len <= 0)
+		return NULL;
+	*n = (size_t)len;
+	return PQgetvalue(st->res, st->row, i);
+}
+
+static int64_t pg_changes(struct conn *c)
+{
+	return pgc(c)->changes;
+}
+
+static int64_t pg_total_changes(struct conn *c)
+{
+	return pgc(c)->total_changes;
+}
+
+static bool pg_in_txn(struct conn *c)
+{
+	return PQtransactionStatus(pgc(c)->pc) == PQTRANS_INTRANS;
+}
+
+static bool pg_txn_open(struct conn *c)
+{
+	PGTransactionStatusType s = PQtransactionStatus(pgc(c)->pc);
+
+	return s == PQTRANS_INTRANS || s == PQTRANS_INERROR;
+}
+
+static bool pg_conn_ok(struct conn *c)
+{
+	return PQstatus(pgc(c)->pc) == CONNECTION_OK;
+}
+
+const struct db_driver meta_pg_driver = {
+	.name = "postgresql",
+	.conn_open = pg_conn_open,
+	.conn_free = pg_conn_free,
+	.conn_write_prepare = pg_write_prepare,
+	.stmt = pg_stmt_get,
+	.bind_i64 = pg_bind_i64,
+	.bind_blob = pg_bind_blob,
+	.bind_text = pg_bind_text,
+	.step = pg_step,
+	.done = pg_done,
+	.col_type = pg_col_type,
+	.col_i64 = pg_col_i64,
+	.col_blob = pg_col_blob,
+	.changes = pg_changes,
+	.total_changes = pg_total_changes,
+	.in_txn = pg_in_txn,
+	.txn_open = pg_txn_open,
+	.conn_ok = pg_conn_ok,
+};
+
+/* ---- the volume ----------------------------------------------------------- */
+
+static const char pg_schema_sql[] =
+	"CREATE TABLE meta_schema(id INTEGER PRIMARY KEY CHECK (id = 1),"
+	" version BIGINT NOT NULL, application TEXT NOT NULL);"
+	"CREATE TABLE volume(id INTEGER PRIMARY KEY CHECK (id = 1), uuid TEXT NOT NULL,"
+	" block_size BIGINT NOT NULL, storage_url TEXT NOT NULL, created_at BIGINT NOT NULL,"
+	" s3_http BIGINT NOT NULL);"
+	"CREATE TABLE counters(id INTEGER PRIMARY KEY CHECK (id = 1), next_ino BIGINT NOT NULL,"
+	" next_slice BIGINT NOT NULL, next_cookie BIGINT NOT NULL);"
+	"CREATE TABLE inode(ino BIGINT PRIMARY KEY, mode BIGINT NOT NULL, uid BIGINT NOT NULL,"
+	" gid BIGINT NOT NULL, rdev BIGINT NOT NULL, nlink BIGINT NOT NULL,"
+	" size BIGINT NOT NULL, atime_sec BIGINT NOT NULL, atime_nsec BIGINT NOT NULL,"
+	" mtime_sec BIGINT NOT NULL, mtime_nsec BIGINT NOT NULL, ctime_sec BIGINT NOT NULL,"
+	" ctime_nsec BIGINT NOT NULL);"
+	"CREATE TABLE dentry(parent BIGINT NOT NULL, name BYTEA NOT NULL, ino BIGINT NOT NULL,"
+	" cookie BIGINT NOT NULL UNIQUE, PRIMARY KEY (parent, name));"
+	"CREATE INDEX dentry_cookie ON dentry(parent, cookie);"
+	"CREATE INDEX dentry_ino ON dentry(ino);"
+	"CREATE TABLE symlink(ino BIGINT PRIMARY KEY, target BYTEA NOT NULL);"
+	"CREATE TABLE xattr(ino BIGINT NOT NULL, name BYTEA NOT NULL, value BYTEA NOT NULL,"
+	" PRIMARY KEY (ino, name));"
+	"CREATE TABLE slice(seq BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,"
+	" ino BIGINT NOT NULL, chunk BIGINT NOT NULL, id BIGINT NOT NULL, size BIGINT NOT NULL,"
+	" off BIGINT NOT NULL, pos BIGINT NOT NULL, len BIGINT NOT NULL);"
+	"CREATE INDEX slice_chunk ON slice(ino, chunk, seq);"
+	"CREATE INDEX slice_id ON slice(id);"
+	"CREATE TABLE orphan(ino BIGINT PRIMARY KEY);"
+	"CREATE TABLE commit_seq(ino BIGINT PRIMARY KEY, seq BIGINT NOT NULL);"
+	"CREATE TABLE times_seq(ino BIGINT PRIMARY KEY, seq BIGINT NOT NULL);"
+	"CREATE TABLE seq_epoch(id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL);"
+	"CREATE TABLE gc_slice(id BIGINT PRIMARY KEY, size BIGINT NOT NULL,"
+	" since BIGINT NOT NULL, seen BIGINT);"
+	"CREATE INDEX gc_slice_since ON gc_slice(since);"
+	"CREATE INDEX gc_slice_seen ON gc_slice(seen);"
+	"CREATE TABLE journal(id INTEGER PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL);"
+	"INSERT INTO journal(id, seq) VALUES (1, 0);";
+
+static void vol_free(struct pg_vol *v)
+{
+	if (v == NULL)
+		return;
+	free(v->conninfo);
+	free(v);
+}
+
+static int vol_new(struct meta *m)
+{
+	struct pg_vol *v = calloc(1, sizeof(*v));
+	int rc;
+
+	if (v == NULL)
+		return -ENOMEM;
+	rc = url_parse(m->path, v);
+	if (rc) {
+		vol_free(v);
+		return rc;
+	}
+	m->drv_state = v;
+	return 0;
+}
+
+static int pg_format(struct meta *m, int force, int (*fill)(struct conn *c, void *arg), void *arg)
+{
+	struct conn *c = NULL;
+	struct pg_vol *v;
+	char sql[256];
+	int rc;
+
+	rc = vol_new(m);
+	if (rc)
+		return rc;
+	v = m->drv_state;
+	rc = pg_conn_open(m, &c);
+	if (rc)
+		return rc;
+	rc = begin_write(pgc(c));
+	if (rc)
+		goto out;
+	if (force) {
+		snprintf(sql, sizeof(sql), "DROP SCHEMA IF EXISTS %s CASCADE", v->schema);
+		rc = pg_exec(pgc(c)->pc, sql);
+		if (rc)
+			goto out;
+	}
+	snprintf(sql, sizeof(sql), "CREATE SCHEMA %s", v->schema);
+	{
+		PGresult *res = PQexec(pgc(c)->pc, sql);
+		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+		if (PQresultStatus(res) != PGRES_COMMAND_OK)
+			rc = state && strcmp(state, "42P06") == 0 ? -EEXIST : pg_err(pgc(c)->pc, res);
+		PQclear(res);
+		if (rc)
+			goto out;
+	}
+	rc = pg_exec(pgc(c)->pc, pg_schema_sql);
+	if (rc)
+		goto out;
+	snprintf(sql, sizeof(sql),
+		 "INSERT INTO meta_schema(id, version, application) VALUES (1, %d, 'ferryfs')",
+		 PG_SCHEMA_VERSION);
+	rc = pg_exec(pgc(c)->pc, sql);
+	if (rc == 0)
+		rc = fill(c, arg);
+	if (rc == 0)
+		rc = pg_exec(pgc(c)->pc, "COMMIT");
+out:
+	if (rc && pg_txn_open(c))
+		pg_exec(pgc(c)->pc, "ROLLBACK");
+	pg_conn_free(c);
+	return rc;
+}
+
+/* The schema is a ferryfs volume of a version this build knows. */
+static int check_volume(struct pg_conn *c)
+{
+	PGresult *res = PQexec(c->pc, "SELECT version, application FROM meta_schema WHERE id = 1");
+	int rc = 0;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+		/* No such table: no volume of that name. */
+		rc = state && strcmp(state, "42P01") == 0 ? -ENOENT : pg_err(c->pc, res);
+	} else if (PQntuples(res) != 1 || strcmp(PQgetvalue(res, 0, 1), "ferryfs") != 0 ||
+		   strtoll(PQgetvalue(res, 0, 0), NULL, 10) != PG_SCHEMA_VERSION) {
+		rc = -EIO;
+	}
+	PQclear(res);
+	return rc;
+}
+
+static int pg_open(struct meta *m)
+{
+	struct conn *c;
+	int rc;
+
+	rc = vol_new(m);
+	if (rc)
+		return rc;
+	rc = meta_conn_get(m, &c);
+	if (rc == 0)
+		rc = check_volume(pgc(c));
+	return rc;
+}
+
+static void pg_close(struct meta *m, int stage)
+{
+	if (stage == 1) {
+		vol_free(m->drv_state);
+		m->drv_state = NULL;
+	}
+}
+
+static int pg_set_batched(struct meta *m, int batched)
+{
+	(void)m;
+	(void)batched;
+	return 0;
+}
+
+/* A transaction with an id commits with a WAL record, and with
+ * synchronous_commit on its commit waits until the WAL is flushed up to
+ * there: every earlier commit is durable with it. */
+static int pg_sync(struct meta *m)
+{
+	struct conn *c;
+	int rc = meta_conn_get(m, &c);
+
+	if (rc)
+		return rc;
+	rc = pg_exec(pgc(c)->pc, "BEGIN; SET LOCAL synchronous_commit = on;"
+				 " SELECT txid_current(); COMMIT");
+	if (rc && pg_txn_open(c))
+		pg_exec(pgc(c)->pc, "ROLLBACK");
+	return rc;
+}
+
+const struct db_volume_ops meta_pg_volume = {
+	.format = pg_format,
+	.open = pg_open,
+	.close = pg_close,
+	.set_batched = pg_set_batched,
+	.sync = pg_sync,
+};
