@@ -299,6 +299,38 @@ int meta_seq_epoch(struct meta *m, uint64_t *epoch);
 int meta_punch_hole(struct meta *m, uint64_t ino, uint64_t off, uint64_t len,
 		    struct meta_attr *out);
 
+/*
+ * The writer's lease: one read-write mount of a volume at a time, on any
+ * node. A holder (a free-form line naming host, pid and mount) holds it
+ * until expires_ms, on the database's own clock, and renews it; each take
+ * raises the epoch. Not part of a dump.
+ */
+#define META_LEASE_HOLDER_MAX 255
+struct meta_lease {
+	char holder[META_LEASE_HOLDER_MAX + 1]; /* "" when free (released) */
+	int64_t expires_ms; /* ms since the epoch, the database's clock */
+	int64_t now_ms;     /* the database's clock when it was read */
+	uint64_t epoch;     /* 0: never taken */
+};
+int meta_lease_get(struct meta *m, struct meta_lease *out);
+/* Takes the lease for holder, for ttl_ms from now: a free one at once; one
+ * whose holder let it expire (it died with its node) only with takeover;
+ * -EBUSY otherwise, with the lease as it stands in *cur (may be NULL).
+ * Then fences m to the new epoch (meta_lease_fence). */
+int meta_lease_take(struct meta *m, const char *holder, int64_t ttl_ms, int takeover,
+		    struct meta_lease *cur);
+/* Extends m's lease to ttl_ms from now; -EROFS if another took it. */
+int meta_lease_renew(struct meta *m, int64_t ttl_ms);
+/* Frees m's lease (a clean unmount); a no-op if another took it. */
+int meta_lease_release(struct meta *m);
+/* From now on every write transaction through m checks, inside itself,
+ * that the lease's epoch is still epoch, and fails with -EROFS changing
+ * nothing if it is not: a holder that comes back after a takeover (and
+ * its reconciler, fenced to its mount's epoch) changes nothing. 0: no
+ * check. */
+void meta_lease_fence(struct meta *m, uint64_t epoch);
+uint64_t meta_lease_fenced_to(struct meta *m);
+
 /* Frees an unlinked inode (nlink 0) once nothing holds it open: removes it,
  * its slices and xattrs; the slices' objects are recorded for gc. A linked
  * inode is left alone (returns 0). */

@@ -58,6 +58,14 @@ void meta_conn_thread_exit(void *p)
 	conn_free(c);
 }
 
+void meta_conn_replaced(struct meta *m)
+{
+	atomic_fetch_add(&m->reconnects, 1);
+	if (atomic_load(&m->batched) &&
+	    atomic_load(&m->commits_made) != atomic_load(&m->commits_synced))
+		atomic_store(&m->sync_lost, 1);
+}
+
 int meta_conn_get(struct meta *m, struct conn **out)
 {
 	struct conn *c = pthread_getspecific(m->key);
@@ -72,7 +80,7 @@ int meta_conn_get(struct meta *m, struct conn **out)
 		pthread_setspecific(m->key, NULL);
 		meta_conn_unlink(m, c);
 		conn_free(c);
-		atomic_fetch_add(&m->reconnects, 1);
+		meta_conn_replaced(m);
 	}
 	rc = m->drv->conn_open(m, &c);
 	if (rc)
@@ -179,6 +187,24 @@ static void batch_wait(struct meta *m)
 		intent_range(m, F_OFD_SETLK, F_UNLCK, BATCH_BYTE);
 }
 
+/* A fenced meta (meta_lease_fence) writes only while the lease is still
+ * its epoch: checked inside the transaction just begun, so a takeover
+ * (itself a write transaction, which waits for this one) cannot come
+ * between the check and the commit. */
+static int fence_check(struct meta *m, struct conn *c)
+{
+	uint64_t want = atomic_load(&m->fence);
+	int64_t epoch;
+	int rc;
+
+	if (want == 0)
+		return 0;
+	rc = query_int(c, ST_LEASE_EPOCH, 0, NULL, 0, INT64_MAX, 0, &epoch);
+	if (rc)
+		return rc == -ENOENT ? -EIO : rc;
+	return (uint64_t)epoch == want ? 0 : -EROFS;
+}
+
 /* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
  * 0 to commit or a negative errno to roll back; it must be safe to run again
  * (it may be, after -EAGAIN). */
@@ -199,7 +225,9 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 	for (tries = 1;; tries++) {
 		rc = exec_st(c, ST_BEGIN);
 		if (rc == 0) {
-			rc = fn(c, arg);
+			rc = fence_check(m, c);
+			if (rc == 0)
+				rc = fn(c, arg);
 			if (rc == 0 && (rc = exec_st(c, ST_COMMIT)) == 0)
 				atomic_fetch_add(&m->commits_made, 1);
 			if (rc != 0 && !txn_abort(m, c)) {
@@ -283,7 +311,7 @@ static int batch_begin(struct meta *m)
 	if (m->bc != NULL && !m->bc->drv->conn_ok(m->bc)) {
 		conn_free(m->bc); /* the server hung up; no batch is open on it */
 		m->bc = NULL;
-		atomic_fetch_add(&m->reconnects, 1);
+		meta_conn_replaced(m);
 	}
 	if (m->bc == NULL) {
 		rc = m->drv->conn_open(m, &m->bc);
@@ -299,6 +327,13 @@ static int batch_begin(struct meta *m)
 		if (rc != -EAGAIN || tries >= TXN_TRIES)
 			break;
 		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
+	}
+	if (rc == 0 && (rc = fence_check(m, m->bc)) != 0) {
+		exec_st(m->bc, ST_ROLLBACK);
+		if (m->bc->drv->txn_open(m->bc)) {
+			conn_free(m->bc); /* closing it rolls back */
+			m->bc = NULL;
+		}
 	}
 	if (rc == 0)
 		batch_lock(m, F_WRLCK);
@@ -931,6 +966,11 @@ int meta_sync(struct meta *m)
 		return 0; /* every commit was synced already */
 	/* Read before the sync: a commit that lands during it may miss it. */
 	made = atomic_load(&m->commits_made);
+	if (atomic_exchange(&m->sync_lost, 0)) {
+		/* Reported once, as a disk reports a lost write at fsync. */
+		atomic_store(&m->commits_synced, made);
+		return -EIO;
+	}
 	if (made == atomic_load(&m->commits_synced))
 		return 0; /* nothing of ours since the last sync */
 	rc = m->vol->sync(m);

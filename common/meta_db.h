@@ -9,7 +9,8 @@
  * engines run; its parameters are ?1, ?2, ... with their types spelled out
  * (a driver that needs them declared, PostgreSQL, declares them). A driver
  * may substitute its own text for a statement where the engines' dialects
- * part (BEGIN IMMEDIATE).
+ * part (BEGIN IMMEDIATE), and replaces META_SQL_NOW_MS with its database's
+ * clock in milliseconds since the epoch (meta_sql_expand). 
  *
  * Ownership: a connection belongs to one thread at a time (the engine's
  * per-thread key, or the batch under write_lock); its statements belong to
@@ -86,6 +87,11 @@ enum st {
 	ST_GC_PENDING,
 	ST_GC_MARK,
 	ST_GC_LAST_MARK,
+	ST_LEASE_GET,
+	ST_LEASE_TAKE,
+	ST_LEASE_RENEW,
+	ST_LEASE_RELEASE,
+	ST_LEASE_EPOCH,
 	ST_COUNT
 };
 
@@ -96,6 +102,11 @@ struct meta_sql {
 	const char *params;
 };
 extern const struct meta_sql meta_sql[ST_COUNT];
+#define META_SQL_NOW_MS "{now_ms}"
+/* sql with every META_SQL_NOW_MS replaced by now_ms, and each '?' by
+ * param_mark (PostgreSQL's '$'; '?' keeps it): malloc'ed, NULL if out of
+ * memory. */
+char *meta_sql_expand(const char *sql, const char *now_ms, char param_mark);
 
 enum db_type { DB_NULL, DB_INT, DB_BLOB, DB_TEXT, DB_OTHER };
 

@@ -66,6 +66,11 @@ struct meta {
 	pthread_mutex_t write_lock;
 	struct conn *conns;
 	_Atomic uint64_t reconnects; /* connections replaced after the server hung up */
+	_Atomic uint64_t fence;      /* the lease epoch write transactions check (0: none) */
+	/* A connection was replaced while commits made without waiting for
+	 * the server's WAL flush were not synced yet: the server may have lost
+	 * them, so the next meta_sync() reports -EIO. */
+	_Atomic int sync_lost;
 	/* Cross-process, for an engine whose writers take turns (SQLite): held
 	 * shared by a deferring daemon while it opens a batch and exclusive by
 	 * every other writer around its transaction, so a stream of batches
@@ -127,6 +132,8 @@ extern _Thread_local uint64_t meta_tl_seq;
 /* A struct meta for the volume at loc (a path or a URL) with its engine
  * chosen and no connection yet: meta_close() frees it. */
 int meta_alloc(const char *loc, struct meta **out);
+/* A connection of m's was made again (the server hung up). */
+void meta_conn_replaced(struct meta *m);
 /* This thread's connection to m's database. */
 int meta_conn_get(struct meta *m, struct conn **out);
 void meta_conn_unlink(struct meta *m, struct conn *c);

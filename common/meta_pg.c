@@ -69,6 +69,11 @@ struct pg_conn {
 	struct pg_stmt st[ST_COUNT];
 	int64_t changes, total_changes;
 	int batched; /* synchronous_commit is off on pc */
+	/* A transaction this connection began is open (from BEGIN to COMMIT or
+	 * ROLLBACK): a connection lost inside one is never quietly made again,
+	 * or the rest of the transaction would commit piece by piece. */
+	bool txn;
+	bool lost; /* the server hung up (or stopped answering) */
 };
 
 struct pg_vol {
@@ -95,7 +100,10 @@ static int pg_err(PGconn *pc, const PGresult *res)
 
 	if (PQstatus(pc) != CONNECTION_OK || state == NULL)
 		return -EIO;
-	if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0)
+	/* serialization_failure, deadlock_detected, lock_not_available,
+	 * query_canceled (a lock or statement timeout) */
+	if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0 ||
+	    strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0)
 		return -EAGAIN;
 	if (strcmp(state, "53100") == 0)
 		return -ENOSPC; /* disk_full */
@@ -103,6 +111,9 @@ static int pg_err(PGconn *pc, const PGresult *res)
 		return -ENOMEM; /* out_of_memory */
 	return -EIO;
 }
+
+struct pg_conn;
+static int conn_err(struct pg_conn *c, const PGresult *res);
 
 /* Runs sql (no parameters, any number of statements) on pc. */
 static int pg_exec(PGconn *pc, const char *sql)
@@ -144,10 +155,10 @@ static int url_parse(const char *url, struct pg_vol *v)
 	if (host == NULL)
 		return -EINVAL;
 	host += 3;
-	auth_end = strchr(host, '@');
-	if (auth_end != NULL && (q == NULL || auth_end < q) &&
-	    memchr(host, ':', (size_t)(auth_end - host)) != NULL)
-		return -EINVAL; /* user:password@ */
+	auth_end = strrchr(host, '@');
+	/* A '?' in the user part would make this split differ from libpq's. */
+	if (auth_end != NULL && q != NULL && q < auth_end)
+		return -EINVAL;
 	out = malloc(n + 1);
 	if (out == NULL)
 		return -ENOMEM;
@@ -183,6 +194,23 @@ static int url_parse(const char *url, struct pg_vol *v)
 	if (!have) {
 		free(out);
 		return -EINVAL;
+	}
+	/* What libpq itself reads from it: no password (in the user part or
+	 * as a parameter, however encoded). */
+	{
+		char *perr = NULL;
+		PQconninfoOption *opts = PQconninfoParse(out, &perr);
+		bool bad = opts == NULL;
+
+		for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++)
+			if (strcmp(o->keyword, "password") == 0 && o->val != NULL && *o->val)
+				bad = true;
+		PQconninfoFree(opts);
+		PQfreemem(perr);
+		if (bad) {
+			free(out);
+			return -EINVAL;
+		}
 	}
 	v->conninfo = out;
 	/* A stable number for the schema's name (FNV-1a). */
@@ -309,16 +337,11 @@ static Oid param_oid(char t)
 	return t == 'b' ? OID_BYTEA : t == 't' ? OID_TEXT : OID_INT8;
 }
 
-/* The catalogue's ?N as PostgreSQL's $N. */
+/* The catalogue's ?N as PostgreSQL's $N, and the server's clock. */
 static char *pg_sql_text(enum st id)
 {
-	char *s = strdup(meta_sql[id].sql);
-	if (s == NULL)
-		return NULL;
-	for (char *p = s; *p; p++)
-		if (*p == '?')
-			*p = '$';
-	return s;
+	return meta_sql_expand(meta_sql[id].sql,
+			       "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)", '$');
 }
 
 static int prepare(struct pg_conn *c, enum st id)
@@ -344,7 +367,7 @@ static int prepare(struct pg_conn *c, enum st id)
 	res = PQprepare(c->pc, name, sql, n, oids);
 	free(sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
-		rc = pg_err(c->pc, res);
+		rc = conn_err(c, res);
 	PQclear(res);
 	if (rc)
 		return rc;
@@ -365,18 +388,18 @@ static int reconnect(struct pg_conn *c)
 	PQreset(c->pc);
 	if (PQstatus(c->pc) != CONNECTION_OK)
 		return -EIO;
+	c->lost = false;
+	c->txn = false;
 	memset(c->prepared, 0, sizeof(c->prepared));
-	atomic_fetch_add(&c->base.m->reconnects, 1);
+	meta_conn_replaced(c->base.m);
 	return session_setup(c->pc, c->base.m->drv_state, c->batched) ? -EIO : 0;
 }
-
 static int pg_stmt_get(struct conn *base, enum st id, struct db_stmt **out)
 {
 	struct pg_conn *c = pgc(base);
 	int rc = prepare(c, id);
 
-	if (rc && PQstatus(c->pc) != CONNECTION_OK &&
-	    PQtransactionStatus(c->pc) != PQTRANS_INTRANS && reconnect(c) == 0)
+	if (rc && c->lost && !c->txn && reconnect(c) == 0)
 		rc = prepare(c, id);
 	if (rc)
 		return rc;
@@ -421,21 +444,47 @@ static int pg_bind_text(struct db_stmt *base, int i, const char *s)
 	return 0;
 }
 
+/* A failed result on c -> a negative errno; a result without a SQLSTATE
+ * (the server closed the connection, it did not answer) marks c lost. */
+static int conn_err(struct pg_conn *c, const PGresult *res)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	if (PQstatus(c->pc) != CONNECTION_OK || state == NULL) {
+		c->lost = true;
+		return -EIO;
+	}
+	return pg_err(c->pc, res);
+}
+
 static int begin_write(struct pg_conn *c)
 {
 	const struct pg_vol *v = c->base.m->drv_state;
+	PGresult *res;
 	char sql[96];
+	int rc;
 
 	snprintf(sql, sizeof(sql), "BEGIN; SELECT pg_advisory_xact_lock(%lld)",
 		 (long long)v->lock_key);
-	return pg_exec(c->pc, sql);
+	res = PQexec(c->pc, sql);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK) {
+		PQclear(res);
+		c->txn = true;
+		return 0;
+	}
+	rc = conn_err(c, res);
+	PQclear(res);
+	/* BEGIN went through and the lock did not (a timeout, a cancel): a
+	 * failed BEGIN must leave no transaction behind, as SQLite's does. */
+	if (!c->lost && PQtransactionStatus(c->pc) != PQTRANS_IDLE)
+		pg_exec(c->pc, "ROLLBACK");
+	return rc;
 }
-
 /* Runs st's statement with its bound parameters; st->res holds the rows. */
 static int run(struct pg_stmt *st)
 {
 	struct pg_conn *c = st->c;
-	const char *tuples;
+	const char *tuples, *tag;
 	ExecStatusType s;
 	char name[16];
 	int rc;
@@ -447,15 +496,22 @@ static int run(struct pg_stmt *st)
 		return rc;
 	snprintf(name, sizeof(name), "s%d", (int)st->id);
 	st->res = PQexecPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1);
+	if (st->id == ST_COMMIT || st->id == ST_ROLLBACK)
+		c->txn = false; /* ended, whether or not it went through */
 	s = PQresultStatus(st->res);
 	if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
-		rc = pg_err(c->pc, st->res);
+		rc = conn_err(c, st->res);
 		PQclear(st->res);
 		st->res = NULL;
 		return rc;
 	}
+	/* Rows changed: a SELECT's tag counts rows too, and must not. */
+	tag = PQcmdStatus(st->res);
 	tuples = PQcmdTuples(st->res);
-	c->changes = tuples[0] ? strtoll(tuples, NULL, 10) : 0;
+	c->changes = 0;
+	if (strncmp(tag, "INSERT", 6) == 0 || strncmp(tag, "UPDATE", 6) == 0 ||
+	    strncmp(tag, "DELETE", 6) == 0)
+		c->changes = tuples[0] ? strtoll(tuples, NULL, 10) : 0;
 	c->total_changes += c->changes;
 	st->nrows = PQntuples(st->res);
 	st->row = -1;
@@ -467,10 +523,12 @@ static int pg_step(struct db_stmt *base)
 	struct pg_stmt *st = pgs(base);
 
 	if (st->res == NULL) {
-		bool idle = PQtransactionStatus(st->c->pc) == PQTRANS_IDLE;
+		/* Outside a transaction nothing is lost with the connection:
+		 * the statement may run again on a new one. */
+		bool idle = !st->c->txn && !st->c->lost;
 		int rc = run(st);
 
-		if (rc && idle && PQstatus(st->c->pc) != CONNECTION_OK && reconnect(st->c) == 0)
+		if (rc && idle && st->c->lost && reconnect(st->c) == 0)
 			rc = run(st);
 		if (rc || st->id == ST_BEGIN)
 			return rc; /* BEGIN has no rows */
@@ -572,19 +630,19 @@ static int64_t pg_total_changes(struct conn *c)
 
 static bool pg_in_txn(struct conn *c)
 {
-	return PQtransactionStatus(pgc(c)->pc) == PQTRANS_INTRANS;
+	return !pgc(c)->lost && PQtransactionStatus(pgc(c)->pc) == PQTRANS_INTRANS;
 }
 
 static bool pg_txn_open(struct conn *c)
 {
 	PGTransactionStatusType s = PQtransactionStatus(pgc(c)->pc);
 
-	return s == PQTRANS_INTRANS || s == PQTRANS_INERROR;
+	return !pgc(c)->lost && (s == PQTRANS_INTRANS || s == PQTRANS_INERROR);
 }
 
 static bool pg_conn_ok(struct conn *c)
 {
-	return PQstatus(pgc(c)->pc) == CONNECTION_OK;
+	return !pgc(c)->lost && PQstatus(pgc(c)->pc) == CONNECTION_OK;
 }
 
 const struct db_driver meta_pg_driver = {
@@ -644,7 +702,10 @@ static const char pg_schema_sql[] =
 	"CREATE INDEX gc_slice_since ON gc_slice(since);"
 	"CREATE INDEX gc_slice_seen ON gc_slice(seen);"
 	"CREATE TABLE journal(id INTEGER PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL);"
-	"INSERT INTO journal(id, seq) VALUES (1, 0);";
+	"INSERT INTO journal(id, seq) VALUES (1, 0);"
+	"CREATE TABLE lease(id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL,"
+	" expires_ms BIGINT NOT NULL, epoch BIGINT NOT NULL);"
+	"INSERT INTO lease(id, holder, expires_ms, epoch) VALUES (1, '', 0, 0);";
 
 static void vol_free(struct pg_vol *v)
 {
@@ -776,17 +837,19 @@ static int pg_set_batched(struct meta *m, int batched)
 static int pg_sync(struct meta *m)
 {
 	struct conn *c;
+	PGresult *res;
 	int rc = meta_conn_get(m, &c);
 
 	if (rc)
 		return rc;
-	rc = pg_exec(pgc(c)->pc, "BEGIN; SET LOCAL synchronous_commit = on;"
+	res = PQexec(pgc(c)->pc, "BEGIN; SET LOCAL synchronous_commit = on;"
 				 " SELECT txid_current(); COMMIT");
+	rc = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : conn_err(pgc(c), res);
+	PQclear(res);
 	if (rc && pg_txn_open(c))
 		pg_exec(pgc(c)->pc, "ROLLBACK");
 	return rc;
 }
-
 const struct db_volume_ops meta_pg_volume = {
 	.format = pg_format,
 	.open = pg_open,

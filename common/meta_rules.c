@@ -905,7 +905,7 @@ static int volume_read(struct conn *c, struct meta_volume *out)
 	u = col_blob(st, 0, &ulen);
 	url = col_blob(st, 2, &urllen);
 	if (col_type(st, 0) != DB_TEXT || u == NULL || ulen != 36 || col_type(st, 2) != DB_TEXT ||
-	    url == NULL || memchr(url, '\0', urllen) != NULL ||
+	    (urllen && memchr(url, '\0', urllen) != NULL) ||
 	    col_int(st, 1, 1, META_CHUNK_SIZE, &bs) || col_int(st, 3, INT64_MIN, INT64_MAX, &created) ||
 	    col_int(st, 4, 0, 1, &http)) {
 		rc = -EIO;
@@ -924,7 +924,7 @@ static int volume_read(struct conn *c, struct meta_volume *out)
 		out->block_size = (uint32_t)bs;
 		out->created_at = created;
 		out->s3_http = (int)http;
-		out->storage_url = strndup(url, urllen);
+		out->storage_url = strndup(urllen ? url : "", urllen);
 		if (out->storage_url == NULL)
 			rc = -ENOMEM;
 	}
@@ -2472,6 +2472,169 @@ int meta_seq_epoch(struct meta *m, uint64_t *epoch)
 	if (rc == 0)
 		*epoch = (uint64_t)e;
 	return rc;
+}
+
+/* ---- the writer's lease ------------------------------------------------------ */
+
+static int lease_read(struct conn *c, struct meta_lease *out)
+{
+	struct db_stmt *st = NULL;
+	const void *h;
+	size_t hn = 0;
+	int64_t exp, epoch, now;
+	int rc;
+
+	rc = stmt(c, ST_LEASE_GET, &st);
+	if (rc)
+		return rc;
+	rc = step(st);
+	if (rc == 0)
+		rc = -EIO; /* no lease row */
+	if (rc < 0)
+		goto out;
+	h = col_blob(st, 0, &hn);
+	if ((col_type(st, 0) != DB_TEXT && col_type(st, 0) != DB_BLOB) ||
+	    hn > META_LEASE_HOLDER_MAX || (hn && memchr(h, '\0', hn)) ||
+	    col_int(st, 1, INT64_MIN, INT64_MAX, &exp) || col_int(st, 2, 0, INT64_MAX, &epoch) ||
+	    col_int(st, 3, INT64_MIN, INT64_MAX, &now)) {
+		rc = -EIO;
+		goto out;
+	}
+	memset(out, 0, sizeof(*out));
+	if (hn)
+		memcpy(out->holder, h, hn);
+	out->expires_ms = exp;
+	out->epoch = (uint64_t)epoch;
+	out->now_ms = now;
+	rc = 0;
+out:
+	stmt_done(st);
+	return rc;
+}
+
+int meta_lease_get(struct meta *m, struct meta_lease *out)
+{
+	READ_CONN(c);
+	int rc;
+
+	if (m == NULL || out == NULL)
+		return -EINVAL;
+	rc = meta_read_conn(m, &c);
+	if (rc == 0)
+		rc = lease_read(c, out);
+	return ro(rc);
+}
+
+struct lease_args {
+	const char *holder;
+	int64_t ttl_ms;
+	int takeover;
+	struct meta_lease cur;
+	int64_t epoch;
+};
+
+static int do_lease_take(struct conn *c, void *p)
+{
+	struct lease_args *a = p;
+	struct db_stmt *st = NULL;
+	int rc = lease_read(c, &a->cur);
+
+	if (rc)
+		return rc;
+	/* A holder whose lease has not ended is alive, or may be; one that
+	 * ended without a release died, or was cut off, and is taken over
+	 * only when asked (it may come back: then it is fenced). */
+	if (a->cur.holder[0] != '\0' && (a->cur.expires_ms > a->cur.now_ms || !a->takeover))
+		return -EBUSY;
+	rc = stmt(c, ST_LEASE_TAKE, &st);
+	if (rc)
+		return rc;
+	rc = st->drv->bind_text(st, 1, a->holder);
+	if (rc == 0)
+		rc = bind_i64(st, 2, a->ttl_ms);
+	if (rc == 0)
+		rc = bind_i64(st, 3, (int64_t)a->cur.epoch);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -EIO; /* the row went away under the write lock */
+	if (rc > 0)
+		rc = col_int(st, 0, 1, INT64_MAX, &a->epoch);
+	/* A RETURNING statement finishes its work only when run to the end. */
+	if (rc == 0 && (rc = step(st)) > 0)
+		rc = -EIO;
+	stmt_done(st);
+	return rc;
+}
+
+int meta_lease_take(struct meta *m, const char *holder, int64_t ttl_ms, int takeover,
+		    struct meta_lease *cur)
+{
+	struct lease_args a = { .holder = holder, .ttl_ms = ttl_ms, .takeover = takeover };
+	int rc;
+
+	if (m == NULL || holder == NULL || holder[0] == '\0' ||
+	    strlen(holder) > META_LEASE_HOLDER_MAX || ttl_ms <= 0)
+		return -EINVAL;
+	atomic_store(&m->fence, 0); /* the take itself checks no older epoch */
+	rc = meta_txn(m, do_lease_take, &a);
+	if (cur != NULL)
+		*cur = a.cur;
+	if (rc)
+		return rc;
+	atomic_store(&m->fence, (uint64_t)a.epoch);
+	/* Durable before the caller writes anything under it. */
+	return meta_sync(m);
+}
+
+static int do_lease_renew(struct conn *c, void *p)
+{
+	const int64_t *v = p;
+	int rc = run_ints(c, ST_LEASE_RENEW, 2, v);
+
+	return rc == 0 && db_changes(c) != 1 ? -EROFS : rc;
+}
+
+int meta_lease_renew(struct meta *m, int64_t ttl_ms)
+{
+	int64_t v[2];
+
+	if (m == NULL || ttl_ms <= 0 || atomic_load(&m->fence) == 0)
+		return -EINVAL;
+	v[0] = (int64_t)atomic_load(&m->fence);
+	v[1] = ttl_ms;
+	return meta_txn(m, do_lease_renew, v);
+}
+
+static int do_lease_release(struct conn *c, void *p)
+{
+	const int64_t *v = p;
+
+	return run_ints(c, ST_LEASE_RELEASE, 1, v);
+}
+
+int meta_lease_release(struct meta *m)
+{
+	int64_t v;
+	int rc;
+
+	if (m == NULL || atomic_load(&m->fence) == 0)
+		return -EINVAL;
+	v = (int64_t)atomic_load(&m->fence);
+	rc = meta_txn(m, do_lease_release, &v);
+	if (rc == 0)
+		rc = meta_sync(m);
+	return rc == -EROFS ? 0 : rc; /* taken over: nothing of ours to free */
+}
+
+void meta_lease_fence(struct meta *m, uint64_t epoch)
+{
+	atomic_store(&m->fence, epoch);
+}
+
+uint64_t meta_lease_fenced_to(struct meta *m)
+{
+	return atomic_load(&m->fence);
 }
 
 struct punch_args {

@@ -5,6 +5,9 @@
  */
 #include "meta_db.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #define INODE_COLS                                                                                 \
 	"ino, mode, uid, gid, rdev, nlink, size, atime_sec, atime_nsec, mtime_sec, "               \
 	"mtime_nsec,"                                                                              \
@@ -146,4 +149,44 @@ const struct meta_sql meta_sql[ST_COUNT] = {
 			    "" },
 	[ST_GC_MARK] = { "UPDATE gc_slice SET seen = ?1 WHERE seen IS NULL", "i" },
 	[ST_GC_LAST_MARK] = { "SELECT COALESCE(MAX(seen), 0) FROM gc_slice", "" },
+	/* The writer's lease: times on the database's own clock, so that the
+	 * nodes' clocks need not agree. */
+	[ST_LEASE_GET] = { "SELECT holder, expires_ms, epoch, " META_SQL_NOW_MS
+			   " FROM lease WHERE id = 1",
+			   "" },
+	[ST_LEASE_TAKE] = { "UPDATE lease SET holder = ?1, expires_ms = " META_SQL_NOW_MS " + ?2,"
+			    " epoch = epoch + 1 WHERE id = 1 AND epoch = ?3 RETURNING epoch",
+			    "tii" },
+	[ST_LEASE_RENEW] = { "UPDATE lease SET expires_ms = " META_SQL_NOW_MS " + ?2"
+			     " WHERE id = 1 AND epoch = ?1",
+			     "ii" },
+	[ST_LEASE_RELEASE] = { "UPDATE lease SET holder = '', expires_ms = 0"
+			       " WHERE id = 1 AND epoch = ?1",
+			       "i" },
+	[ST_LEASE_EPOCH] = { "SELECT epoch FROM lease WHERE id = 1", "" },
 };
+
+char *meta_sql_expand(const char *sql, const char *now_ms, char param_mark)
+{
+	size_t tok = strlen(META_SQL_NOW_MS), n = 1;
+	char *out, *o;
+
+	for (const char *p = sql; *p; p++, n++)
+		if (strncmp(p, META_SQL_NOW_MS, tok) == 0)
+			n += strlen(now_ms);
+	out = malloc(n);
+	if (out == NULL)
+		return NULL;
+	o = out;
+	for (const char *p = sql; *p;) {
+		if (strncmp(p, META_SQL_NOW_MS, tok) == 0) {
+			o = stpcpy(o, now_ms);
+			p += tok;
+		} else {
+			*o++ = *p == '?' ? param_mark : *p;
+			p++;
+		}
+	}
+	*o = '\0';
+	return out;
+}

@@ -27,6 +27,7 @@
  *                         (meta_write_commit_seq); made at open if missing,
  *                         so volumes formatted before it keep version 1
  *   journal(id=1, seq)    the last journal record committed (meta_batch.c)
+ *   lease(id=1, holder, expires_ms, epoch)  the writer's lease (meta_lease_take)
  *
  * Ownership: struct sq_conn owns its sqlite3 handle and statements;
  * struct sq_vol (m->drv_state) is freed by sq_close's second stage.
@@ -102,7 +103,11 @@ static const char commit_seq_sql[] =
 	/* The last journal record a deferring daemon's batch committed. */
 	"CREATE TABLE IF NOT EXISTS journal(id INTEGER PRIMARY KEY CHECK (id = 1),"
 	" seq INTEGER NOT NULL);"
-	"INSERT OR IGNORE INTO journal(id, seq) VALUES (1, 0)";
+	"INSERT OR IGNORE INTO journal(id, seq) VALUES (1, 0);"
+	/* The writer's lease (meta_lease_take): not part of a dump. */
+	"CREATE TABLE IF NOT EXISTS lease(id INTEGER PRIMARY KEY CHECK (id = 1),"
+	" holder TEXT NOT NULL, expires_ms INTEGER NOT NULL, epoch INTEGER NOT NULL);"
+	"INSERT OR IGNORE INTO lease(id, holder, expires_ms, epoch) VALUES (1, '', 0, 0)";
 
 /*
  * gc_slice.seen came after gc_slice: added when missing (meta_open). Both
@@ -226,11 +231,30 @@ static int busy_wait(void *arg, int count)
 	return 1;
 }
 
-static const char *sq_sql(enum st id)
+/* The database's clock, in ms since the epoch (META_SQL_NOW_MS). */
+#define SQ_NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+
+static int sq_prepare(struct sq_conn *c, enum st id)
 {
 	/* The write lock at BEGIN: a busy database is found there, before any
 	 * work, and never in the middle of a transaction. */
-	return id == ST_BEGIN ? "BEGIN IMMEDIATE" : meta_sql[id].sql;
+	const char *sql = id == ST_BEGIN ? "BEGIN IMMEDIATE" : meta_sql[id].sql;
+	char *x = NULL;
+	int rc;
+
+	if (strstr(sql, META_SQL_NOW_MS) != NULL) {
+		x = meta_sql_expand(sql, SQ_NOW_MS, '?');
+		if (x == NULL)
+			return -ENOMEM;
+		sql = x;
+	}
+	rc = sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &c->st[id].s, NULL);
+	free(x);
+	if (rc != SQLITE_OK) {
+		c->st[id].s = NULL;
+		return db_err(rc);
+	}
+	return 0;
 }
 
 static int sq_conn_open(struct meta *m, struct conn **out)
@@ -265,10 +289,9 @@ static int sq_conn_open(struct meta *m, struct conn **out)
 	}
 	/* Prepared now, so that ending a failed transaction never needs the
 	 * memory to prepare it (see txn_abort). */
-	rc = sqlite3_prepare_v3(c->db, sq_sql(ST_ROLLBACK), -1, SQLITE_PREPARE_PERSISTENT,
-				&c->st[ST_ROLLBACK].s, NULL);
-	if (rc != SQLITE_OK) {
-		rc = db_err(rc) == -ENOMEM ? -ENOMEM : -EIO;
+	rc = sq_prepare(c, ST_ROLLBACK);
+	if (rc) {
+		rc = rc == -ENOMEM ? -ENOMEM : -EIO;
 		goto fail;
 	}
 	*out = &c->base;
@@ -383,12 +406,10 @@ static int sq_stmt_get(struct conn *base, enum st id, struct db_stmt **out)
 	struct sq_conn *c = sq(base);
 
 	if (c->st[id].s == NULL) {
-		int rc = sqlite3_prepare_v3(c->db, sq_sql(id), -1, SQLITE_PREPARE_PERSISTENT,
-					    &c->st[id].s, NULL);
-		if (rc != SQLITE_OK) {
-			c->st[id].s = NULL;
-			return db_err(rc);
-		}
+		int rc = sq_prepare(c, id);
+
+		if (rc)
+			return rc;
 	}
 	*out = &c->st[id].base;
 	return 0;

@@ -1,6 +1,6 @@
 /*
  * url: parsing of storage URLs (file://, s3://) and metadata locations
- * (a volume directory or sqlite:///abs/path).
+ * (a volume directory, sqlite:///abs/path or a PostgreSQL URL).
  */
 #include <errno.h>
 #include <limits.h>
@@ -355,6 +355,77 @@ out:
 	return ret;
 }
 
+int meta_url_is_pg(const char *db_path)
+{
+	return strncmp(db_path, "postgresql://", 13) == 0 || strncmp(db_path, "postgres://", 11) == 0;
+}
+
+int meta_local_file(const char *db_path, const char *vol_dir, const char *suffix, char *buf,
+		    size_t cap)
+{
+	int n = meta_url_is_pg(db_path) ? snprintf(buf, cap, "%s/meta%s", vol_dir, suffix) :
+					  snprintf(buf, cap, "%s%s", db_path, suffix);
+
+	return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+}
+
+/*
+ * A PostgreSQL volume's URL: checked for what the engine would refuse
+ * (no volume=NAME of a-z 0-9 _, a password in it), kept as given; its
+ * node directory is STATE/NAME.
+ */
+static int
+pg_url_parse(const char *s, char **db_path, char **vol_dir, char *err, size_t errlen)
+{
+	const char *host = strstr(s, "://") + 3, *q = strchr(s, '?'), *at = strchr(host, '@');
+	const char *state = getenv("FERRY_STATE_DIR"), *home = getenv("HOME"), *p;
+	char name[64];
+	size_t n = 0;
+	int found = 0, rc;
+
+	if ((at != NULL && (q == NULL || at < q) && memchr(host, ':', (size_t)(at - host))) ||
+	    (at != NULL && q != NULL && q < strrchr(host, '@')) ||
+	    (q != NULL && (strstr(q, "?password=") || strstr(q, "&password="))))
+		return seterr(err, errlen, "metadata URL: give the password through PGPASSWORD, "
+			      "~/.pgpass or passfile=, never in the URL");
+	for (p = q; p != NULL; p = strchr(p + 1, '&')) {
+		if (strncmp(p + 1, "volume=", 7) != 0)
+			continue;
+		n = strcspn(p + 8, "&");
+		if (found || n == 0 || n > 48 ||
+		    strspn(p + 8, "abcdefghijklmnopqrstuvwxyz0123456789_") < n)
+			return seterr(err, errlen, "metadata URL: want one volume=NAME of 1 to 48 of "
+				      "a-z, 0-9 and _");
+		memcpy(name, p + 8, n);
+		name[n] = '\0';
+		found = 1;
+	}
+	if (!found)
+		return seterr(err, errlen, "metadata URL: want one volume=NAME of 1 to 48 of "
+			      "a-z, 0-9 and _");
+	if (state != NULL && state[0] != '/')
+		return seterr(err, errlen, "FERRY_STATE_DIR %s: want an absolute directory", state);
+	if (state == NULL && getuid() != 0 && (home == NULL || home[0] != '/'))
+		return seterr(err, errlen, "no node directory for the volume: set FERRY_STATE_DIR "
+			      "(HOME is not set)");
+	*db_path = strdup(s);
+	if (state != NULL)
+		rc = asprintf(vol_dir, "%s/%s", state, name);
+	else if (getuid() == 0)
+		rc = asprintf(vol_dir, "/var/lib/ferryfs/%s", name);
+	else
+		rc = asprintf(vol_dir, "%s/.local/state/ferryfs/%s", home, name);
+	if (rc < 0)
+		*vol_dir = NULL;
+	if (*db_path == NULL || *vol_dir == NULL) {
+		free(*db_path);
+		free(*vol_dir);
+		*db_path = *vol_dir = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 int
 meta_url_parse(const char *s, char **db_path, char **vol_dir, char *err, size_t errlen)
 {
@@ -373,6 +444,12 @@ meta_url_parse(const char *s, char **db_path, char **vol_dir, char *err, size_t 
 	if (has_ctl(s)) {
 		r = seterr(err, errlen, "volume name has control characters");
 		goto out;
+	}
+	if (meta_url_is_pg(s)) {
+		r = pg_url_parse(s, db_path, vol_dir, err, errlen);
+		if (r == -ENOMEM)
+			seterr(err, errlen, "out of memory");
+		return r;
 	}
 	if (strncmp(s, "sqlite://", 9) == 0) {
 		const char *p = s + 9;
@@ -402,8 +479,8 @@ meta_url_parse(const char *s, char **db_path, char **vol_dir, char *err, size_t 
 			goto out;
 	} else {
 		if (strstr(s, "://")) {
-			r = seterr(err, errlen, "metadata location \"%s\": unsupported scheme (want a directory "
-				   "or sqlite:///abs/path/meta.db)", s);
+			r = seterr(err, errlen, "metadata location \"%s\": unsupported scheme (want a directory, "
+				   "sqlite:///abs/path/meta.db or postgresql://...?volume=NAME)", s);
 			goto out;
 		}
 		if (s[0] == '/') {

@@ -5,6 +5,10 @@
  *             s3://HOST:PORT/BUCKET[/PREFIX]   (https unless s3_http is set)
  *   metadata: /abs/or/relative/VOLUME-DIR     (-> VOLUME-DIR/meta.db)
  *             sqlite:///abs/path/meta.db
+ *             postgresql://[USER@]HOST[:PORT]/DB?volume=NAME[&libpq params]
+ *             (postgres:// too; the node's own files of the volume go in
+ *             $FERRY_STATE_DIR/NAME, by default /var/lib/ferryfs/NAME for
+ *             root and ~/.local/state/ferryfs/NAME for others)
  *
  * The parsed structs own their strings; free them with the matching _free(),
  * which accepts a zeroed or already-freed struct.
@@ -34,11 +38,20 @@ int store_url_parse(const char *s, int s3_http, struct store_url *out, char *err
 void store_url_free(struct store_url *u);
 
 /*
- * Resolves a VOLUME argument to the absolute path of its SQLite file and the
- * directory that holds it (the default home of objects/, cache/, staging/).
- * Returns 0 or -EINVAL (reason in err). *db_path and *vol_dir are malloc'ed
- * and owned by the caller.
+ * Resolves a VOLUME argument to the metadata's location (the absolute path
+ * of its SQLite file, or the PostgreSQL URL as given) and the node's
+ * directory of the volume (the default home of objects/ for SQLite,
+ * cache/, staging/, the log, the lock and the metadata journal). Returns 0
+ * or -EINVAL (reason in err). *db_path and *vol_dir are malloc'ed and owned
+ * by the caller.
  */
 int meta_url_parse(const char *s, char **db_path, char **vol_dir, char *err, size_t errlen);
+/* The location is a PostgreSQL URL (else a SQLite file). */
+int meta_url_is_pg(const char *db_path);
+/* A file of the node's own beside the metadata (suffix ".lock",
+ * META_JOURNAL_SUFFIX...): db_path + suffix for SQLite, vol_dir/meta +
+ * suffix for PostgreSQL. -ENAMETOOLONG if it does not fit in buf. */
+int meta_local_file(const char *db_path, const char *vol_dir, const char *suffix, char *buf,
+		    size_t cap);
 
 #endif

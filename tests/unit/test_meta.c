@@ -134,6 +134,12 @@ static char *pg_dialect(const char *sql)
 	return out;
 }
 
+static void notice_drop(void *arg, const char *message)
+{
+	(void)arg;
+	(void)message;
+}
+
 /* A connection of its own to the test's volume schema. */
 static PGconn *pg_raw_conn(void)
 {
@@ -142,6 +148,7 @@ static PGconn *pg_raw_conn(void)
 	PGresult *r;
 
 	cr_assert_eq(PQstatus(h), CONNECTION_OK, "%s", PQerrorMessage(h));
+	PQsetNoticeProcessor(h, notice_drop, NULL);
 	snprintf(sp, sizeof(sp), "SET search_path TO %s", pg_schema);
 	r = PQexec(h, sp);
 	cr_assert_eq(PQresultStatus(r), PGRES_COMMAND_OK);
@@ -163,10 +170,11 @@ static void pg_raw_exec(PGconn *h, const char *sql)
 static void raw_volume_drop(void)
 {
 #ifdef META_TEST_PG
-	char sql[128];
+	char sql[192];
 	PGconn *h = PQconnectdb(pg_base);
 
-	snprintf(sql, sizeof(sql), "DROP SCHEMA IF EXISTS %s CASCADE", pg_schema);
+	snprintf(sql, sizeof(sql), "SET client_min_messages = warning;"
+		 " DROP SCHEMA IF EXISTS %s CASCADE", pg_schema);
 	if (PQstatus(h) == CONNECTION_OK)
 		PQclear(PQexec(h, sql));
 	PQfinish(h);
@@ -344,6 +352,19 @@ static int orphan_count(void)
 TestSuite(meta, .init = setup, .fini = teardown);
 TestSuite(meta_open, .init = setup_dir, .fini = teardown);
 
+/* A storage URL of no bytes is a value like another (the CLI refuses it
+ * before; the engine stores and reads it back). */
+Test(meta_open, an_empty_storage_url_reads_back)
+{
+	struct meta_volume v = { .storage_url = "" }, got = { 0 };
+
+	cr_assert_eq(meta_format(db, &v, 0, 0, 0), 0);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_volume_get(m, &got), 0);
+	cr_assert_str_eq(got.storage_url, "");
+	meta_volume_free(&got);
+}
+
 Test(meta_open, format_open_reopen)
 {
 	struct meta_volume v = { .block_size = 1u << 20, .storage_url = "s3://b/p",
@@ -467,8 +488,71 @@ Test(meta_open, bad_urls)
 	snprintf(url, sizeof(url), "%s&volume=Bad-Name", pg_base);
 	cr_assert_eq(meta_format(url, &v, 0, 0, 0), -EINVAL);
 	cr_assert_eq(meta_open("postgresql://u:secret@localhost/db?volume=x", &m), -EINVAL);
+	/* A password however it is put: as a parameter, or with a '?' in the
+	 * user part (where libpq's reading and a naive split part ways). */
+	snprintf(url, sizeof(url), "%s&password=x&volume=%s", pg_base, pg_schema + 6);
+	cr_assert_eq(meta_format(url, &v, 0, 0, 0), -EINVAL);
+	cr_assert_eq(meta_open("postgresql://u:pw?x@/db?volume=x", &m), -EINVAL);
 	/* Nobody listening. */
 	cr_assert_eq(meta_open("postgresql:///db?host=/nonexistent&volume=x", &m), -ECONNREFUSED);
+}
+
+/* A BEGIN whose lock wait times out leaves no transaction behind: the same
+ * thread's next change goes through once the lock is free. */
+Test(meta_open, a_timed_out_begin_leaves_the_connection_usable)
+{
+	struct meta *o = NULL;
+	struct meta_attr a;
+	char jp[160], url[800];
+	int rc;
+
+	format_volume();
+	cr_assert_eq(meta_open(db, &m), 0);
+	snprintf(jp, sizeof(jp), "%s/meta.db" META_JOURNAL_SUFFIX, dir);
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
+	snprintf(url, sizeof(url), "%s&options=-c%%20lock_timeout%%3D100&volume=%s", pg_base,
+		 pg_schema + 6);
+	cr_assert_eq(meta_open(url, &o), 0);
+	/* m's batch is open, and holds the volume's write lock for a minute. */
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "held", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	rc = meta_create(o, META_ROOT_INO, "waits", S_IFREG | 0644, 1, 1, 0, NULL, &a);
+	cr_assert_eq(rc, -EIO, "a create that never got the lock: %d", rc);
+	cr_assert_eq(meta_flush(m), 0);
+	rc = meta_create(o, META_ROOT_INO, "after", S_IFREG | 0644, 1, 1, 0, NULL, &a);
+	cr_assert_eq(rc, 0, "the next create on the same connection: %d", rc);
+	cr_assert_eq(meta_getattr(o, a.ino, &a), 0);
+	meta_close(o);
+}
+
+/* The server drops the connections of a meta whose commits did not wait
+ * for the WAL flush: it may have lost them, so the next meta_sync() says
+ * so (once), and the meta goes on, connected again. */
+Test(meta_open, a_lost_connection_fails_the_next_sync_once)
+{
+	struct meta_attr a;
+	char sql[256];
+	PGconn *h;
+	PGresult *r;
+
+	format_volume();
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_set_batched(m, 1), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	h = pg_raw_conn();
+	snprintf(sql, sizeof(sql),
+		 "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity"
+		 " WHERE application_name = 'ferryfs %s'",
+		 pg_schema + 6);
+	r = PQexec(h, sql);
+	cr_assert_eq(PQresultStatus(r), PGRES_TUPLES_OK, "%s", PQerrorMessage(h));
+	PQclear(r);
+	PQfinish(h);
+	usleep(100 * 1000);
+	cr_assert_eq(meta_getattr(m, a.ino, &a), 0, "a read connects again");
+	cr_assert_eq(meta_sync(m), -EIO);
+	cr_assert_eq(meta_sync(m), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "g", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	cr_assert_eq(meta_sync(m), 0);
 }
 
 /* The password comes from libpq's own sources; a wrong one, or none, is
@@ -2665,4 +2749,94 @@ Test(meta_journal, a_refused_record_moves_no_later_inode_number, .init = setup_n
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "r", S_IFREG | 0644, 1, 2, 0, NULL, &g), 0);
 	cr_assert_gt(g.ino, q.ino);
 	(void)p;
+}
+
+/* ---- the writer's lease ------------------------------------------------------- */
+
+/* One writer at a time: a second is refused while the first's lease runs,
+ * and after it ran out, until it asks to take over; the first, fenced,
+ * then changes nothing (its writes fail with EROFS), and a lease let go is
+ * taken by anyone. */
+Test(meta, lease_one_writer_takeover_and_fencing)
+{
+	struct meta *o = NULL;
+	struct meta_lease cur;
+	struct meta_attr a;
+	int rc;
+
+	cr_assert_eq(meta_lease_get(m, &cur), 0);
+	cr_assert_str_eq(cur.holder, "");
+	cr_assert_eq(cur.epoch, 0);
+	cr_assert_eq(meta_lease_take(m, "node-a pid 1", 600, 0, &cur), 0);
+	cr_assert_eq(meta_lease_fenced_to(m), 1);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "by-a", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+
+	cr_assert_eq(meta_open(db, &o), 0);
+	rc = meta_lease_take(o, "node-b pid 2", 600, 1, &cur);
+	cr_assert_eq(rc, -EBUSY, "a running lease taken over: %d", rc);
+	cr_assert_str_eq(cur.holder, "node-a pid 1");
+	cr_assert_gt(cur.expires_ms, cur.now_ms);
+	cr_assert_eq(meta_lease_renew(m, 600), 0);
+	/* a stops renewing (its node died): the lease runs out... */
+	usleep(900 * 1000);
+	rc = meta_lease_get(o, &cur);
+	cr_assert_eq(rc, 0, "get: %d", rc);
+	cr_assert_leq(cur.expires_ms, cur.now_ms);
+	/* ...and is still a's until someone takes it over. */
+	cr_assert_eq(meta_lease_take(o, "node-b pid 2", 60000, 0, NULL), -EBUSY);
+	cr_assert_eq(meta_lease_take(o, "node-b pid 2", 60000, 1, NULL), 0);
+	cr_assert_eq(meta_lease_fenced_to(o), 2);
+
+	/* a comes back: it changes nothing, whatever it tries. */
+	rc = meta_create(m, META_ROOT_INO, "late", S_IFREG | 0644, 1, 1, 0, NULL, &a);
+	cr_assert_eq(rc, -EROFS, "a fenced writer's create: %d", rc);
+	cr_assert_eq(meta_setattr(m, META_ROOT_INO, META_SET_MODE, &(struct meta_attr){ .mode = 0700 },
+				  NULL),
+		     -EROFS);
+	cr_assert_eq(meta_lease_renew(m, 600), -EROFS);
+	cr_assert_eq(meta_lease_release(m), 0, "releasing a lease taken over is a no-op");
+	cr_assert_eq(meta_lookup(o, META_ROOT_INO, "late", &a), -ENOENT);
+	cr_assert_eq(meta_lookup(o, META_ROOT_INO, "by-a", &a), 0);
+	cr_assert_eq(attr(META_ROOT_INO).mode & 07777, 0755);
+
+	/* b writes, lets go; anyone takes a free lease, no takeover needed. */
+	cr_assert_eq(meta_create(o, META_ROOT_INO, "by-b", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	cr_assert_eq(meta_lease_release(o), 0);
+	cr_assert_eq(meta_lease_get(o, &cur), 0);
+	cr_assert_str_eq(cur.holder, "");
+	meta_close(o);
+	cr_assert_eq(meta_lease_take(m, "node-a pid 3", 60000, 0, NULL), 0);
+	cr_assert_eq(meta_lease_fenced_to(m), 3);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "again", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "by-b", &a), 0);
+}
+
+/* A change refused after reading rows (EEXIST, EISDIR, ENOTEMPTY) wrote
+ * nothing: the batch stays as it is, not rolled back and made again from
+ * the journal (which would cost the whole batch each time). */
+Test(meta_journal, refused_changes_keep_the_batch, .init = setup_nodefer, .fini = teardown)
+{
+	struct meta_journal_stats js;
+	struct meta_attr d, a;
+	char jp[160], name[32];
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "d", S_IFDIR | 0755, 1, 2, 0, NULL, &d), 0);
+	for (int i = 0; i < 50; i++) {
+		snprintf(name, sizeof(name), "f%d", i);
+		cr_assert_eq(meta_create(m, d.ino, name, S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
+	}
+	for (int i = 0; i < 20; i++) {
+		cr_assert_eq(meta_unlink(m, META_ROOT_INO, "d", NULL), -EISDIR);
+		cr_assert_eq(meta_rmdir(m, META_ROOT_INO, "d", NULL), -ENOTEMPTY);
+		cr_assert_eq(meta_create(m, d.ino, "f1", S_IFREG | 0644, 1, 2, 0, NULL, NULL),
+			     -EEXIST);
+		cr_assert_eq(meta_link(m, a.ino, d.ino, "f2", NULL), -EEXIST);
+	}
+	meta_journal_stats_get(m, &js);
+	cr_assert_eq(js.replayed, 0, "%llu records made again", (unsigned long long)js.replayed);
+	cr_assert_eq(js.pending, 51);
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(meta_lookup(m, d.ino, "f49", &a), 0);
 }

@@ -218,3 +218,29 @@ Test(meta_url, volume_dirs)
 	rmdir(tmpl);
 	free(real);
 }
+
+/* A PostgreSQL volume: the URL is kept as given; its node directory is
+ * $FERRY_STATE_DIR/NAME; what the engine would refuse is refused here, with
+ * a reason. */
+Test(meta_url, postgresql_urls)
+{
+	const char *u = "postgresql://ferry@db.example:5432/meta?sslmode=require&volume=vol_1";
+
+	setenv("FERRY_STATE_DIR", "/srv/ferry", 1);
+	meta_ok(u, u, "/srv/ferry/vol_1");
+	meta_ok("postgres:///meta?volume=a&host=/run/pg", "postgres:///meta?volume=a&host=/run/pg",
+		"/srv/ferry/a");
+	meta_bad("postgresql://db/meta");                         /* no volume */
+	meta_bad("postgresql://db/meta?volume=");                 /* empty name */
+	meta_bad("postgresql://db/meta?volume=Upper");            /* not a-z 0-9 _ */
+	meta_bad("postgresql://db/meta?volume=a&volume=b");       /* twice */
+	meta_bad("postgresql://db/meta?volume=../../etc");        /* a path */
+	meta_bad("postgresql://u:secret@db/meta?volume=a");       /* a password */
+	meta_bad("postgresql://db/meta?password=secret&volume=a");
+	meta_bad("postgresql://u:pw?x@db/meta?volume=a");
+	meta_bad("postgresql://db/meta?volume="
+		 "a123456789a123456789a123456789a123456789a123456789"); /* 50 > 48 */
+	setenv("FERRY_STATE_DIR", "relative/dir", 1);
+	meta_bad(u);
+	unsetenv("FERRY_STATE_DIR");
+}
