@@ -315,10 +315,12 @@ struct meta_lease {
 int meta_lease_get(struct meta *m, struct meta_lease *out);
 /* Takes the lease for holder, for ttl_ms from now: a free one at once; one
  * whose holder let it expire (it died with its node) only with takeover;
- * -EBUSY otherwise, with the lease as it stands in *cur (may be NULL).
- * Then fences m to the new epoch (meta_lease_fence). */
+ * one still at epoch mine (!= 0), an epoch the caller's node held and whose
+ * daemon it knows dead (its local lock), at once; -EBUSY otherwise, with
+ * the lease as it stands in *cur (may be NULL). Then fences m to the new
+ * epoch (meta_lease_fence). */
 int meta_lease_take(struct meta *m, const char *holder, int64_t ttl_ms, int takeover,
-		    struct meta_lease *cur);
+		    uint64_t mine, struct meta_lease *cur);
 /* Extends m's lease to ttl_ms from now; -EROFS if another took it. */
 int meta_lease_renew(struct meta *m, int64_t ttl_ms);
 /* Frees m's lease (a clean unmount); a no-op if another took it. */
@@ -330,6 +332,8 @@ int meta_lease_release(struct meta *m);
  * check. */
 void meta_lease_fence(struct meta *m, uint64_t epoch);
 uint64_t meta_lease_fenced_to(struct meta *m);
+/* Connections made again after the database hung up (PostgreSQL). */
+uint64_t meta_reconnects(struct meta *m);
 
 /* Frees an unlinked inode (nlink 0) once nothing holds it open: removes it,
  * its slices and xattrs; the slices' objects are recorded for gc. A linked

@@ -2529,6 +2529,7 @@ struct lease_args {
 	const char *holder;
 	int64_t ttl_ms;
 	int takeover;
+	uint64_t mine;
 	struct meta_lease cur;
 	int64_t epoch;
 };
@@ -2544,7 +2545,8 @@ static int do_lease_take(struct conn *c, void *p)
 	/* A holder whose lease has not ended is alive, or may be; one that
 	 * ended without a release died, or was cut off, and is taken over
 	 * only when asked (it may come back: then it is fenced). */
-	if (a->cur.holder[0] != '\0' && (a->cur.expires_ms > a->cur.now_ms || !a->takeover))
+	if (a->cur.holder[0] != '\0' && !(a->mine != 0 && a->cur.epoch == a->mine) &&
+	    (a->cur.expires_ms > a->cur.now_ms || !a->takeover))
 		return -EBUSY;
 	rc = stmt(c, ST_LEASE_TAKE, &st);
 	if (rc)
@@ -2568,9 +2570,10 @@ static int do_lease_take(struct conn *c, void *p)
 }
 
 int meta_lease_take(struct meta *m, const char *holder, int64_t ttl_ms, int takeover,
-		    struct meta_lease *cur)
+		    uint64_t mine, struct meta_lease *cur)
 {
-	struct lease_args a = { .holder = holder, .ttl_ms = ttl_ms, .takeover = takeover };
+	struct lease_args a = { .holder = holder, .ttl_ms = ttl_ms, .takeover = takeover,
+				.mine = mine };
 	int rc;
 
 	if (m == NULL || holder == NULL || holder[0] == '\0' ||
@@ -2635,6 +2638,11 @@ void meta_lease_fence(struct meta *m, uint64_t epoch)
 uint64_t meta_lease_fenced_to(struct meta *m)
 {
 	return atomic_load(&m->fence);
+}
+
+uint64_t meta_reconnects(struct meta *m)
+{
+	return atomic_load(&m->reconnects);
 }
 
 struct punch_args {

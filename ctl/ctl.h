@@ -18,8 +18,6 @@ int cmd_load(int argc, char **argv);     /* dump.c */
 
 /* main.c */
 void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* mkdir -p; 0 or -errno. */
-int ctl_mkdir_p(const char *path);
 /* The directory holding this program (and its sibling daemons); static. */
 const char *ctl_bindir(void);
 /* Reads MOUNTPOINT/.stats into a malloc'ed NUL-terminated buffer. */

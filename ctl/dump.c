@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "dirs.h"
 #include "meta.h"
 #include "meta_dump.h"
 #include "url.h"
@@ -110,7 +111,7 @@ int cmd_load(int argc, char **argv)
 		goto out;
 	}
 	made_dir = access(dir, F_OK) != 0;
-	if ((rc = ctl_mkdir_p(dir)) < 0) {
+	if ((rc = dirs_make(dir, 0755)) < 0) {
 		ctl_err("cannot create %s: %s", dir, strerror(-rc));
 		goto out;
 	}

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "dirs.h"
 #include "meta.h"
 #include "objstore.h"
 #include "url.h"
@@ -28,7 +29,7 @@ int cmd_format(int argc, char **argv)
 	struct objstore *store = NULL;
 	char *db = NULL, *dir = NULL, *storage = NULL, err[512];
 	unsigned long long bs = META_DEFAULT_BLOCK_SIZE;
-	int opt, rc, force = 0, s3_http = 0, code = 1;
+	int opt, rc, force = 0, s3_http = 0, code = 1, pg;
 	struct stat st;
 
 	optind = 1;
@@ -61,7 +62,8 @@ int cmd_format(int argc, char **argv)
 		}
 	}
 	if (argc - optind != 1) {
-		ctl_err("format takes one VOLUME (a directory or sqlite:///abs/path/meta.db)");
+		ctl_err("format takes one VOLUME (a directory, sqlite:///abs/path/meta.db or "
+			"postgresql://[USER@]HOST[:PORT]/DB?volume=NAME)");
 		code = 2;
 		goto out;
 	}
@@ -69,11 +71,19 @@ int cmd_format(int argc, char **argv)
 		ctl_err("volume %s: %s", argv[optind], err);
 		goto out;
 	}
-	if (!force && stat(db, &st) == 0) {
+	pg = meta_url_is_pg(db);
+	if (!pg && !force && stat(db, &st) == 0) {
 		ctl_err("%s already holds a volume; give --force to replace it", db);
 		goto out;
 	}
-	if ((rc = ctl_mkdir_p(dir)) < 0) {
+	/* A volume whose metadata any node reaches keeps its data where any
+	 * node does too: no default under this node's directory. */
+	if (pg && !storage) {
+		ctl_err("a PostgreSQL volume needs --storage (an object store every node reaches)");
+		code = 2;
+		goto out;
+	}
+	if ((rc = dirs_make(dir, 0755)) < 0) {
 		ctl_err("cannot create %s: %s", dir, strerror(-rc));
 		goto out;
 	}
@@ -104,7 +114,10 @@ int cmd_format(int argc, char **argv)
 		goto out;
 	}
 	if (rc < 0) {
-		ctl_err("cannot format %s: %s", db, strerror(-rc));
+		ctl_err("cannot format %s: %s%s", db, strerror(-rc),
+			rc == -EACCES ? " (the server refused the role, its password or the "
+					"database: see PGPASSWORD, ~/.pgpass, passfile=)" :
+					"");
 		goto out;
 	}
 	printf("formatted volume at %s (storage %s, block size %llu)\n", db, storage, bs);

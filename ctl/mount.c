@@ -20,6 +20,7 @@
 
 #include "broker_client.h"
 #include "ctl.h"
+#include "dirs.h"
 #include "url.h"
 
 #define MAX_ARGS 32
@@ -37,13 +38,14 @@ int cmd_mount(int argc, char **argv)
 		{ "no-reconciler", no_argument, NULL, 'N' },
 		{ "metrics", required_argument, NULL, 'P' },
 		{ "broker", required_argument, NULL, 'B' },
+		{ "takeover", no_argument, NULL, 'K' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	char *args[MAX_ARGS], daemon[PATH_MAX], fdarg[16], msg[1024] = "", mpabs[PATH_MAX];
 	char *db = NULL, *dir = NULL, *log = NULL, err[512];
-	int nargs = 0, opt, foreground = 0, pipefd[2] = { -1, -1 }, code = 1;
+	int nargs = 0, opt, foreground = 0, pipefd[2] = { -1, -1 }, code = 1, rc;
 	pid_t pid;
 
 	snprintf(daemon, sizeof(daemon), "%s/ferry-mountd", ctl_bindir());
@@ -66,11 +68,12 @@ int cmd_mount(int argc, char **argv)
 		case 'N': args[nargs++] = "--no-reconciler"; break;
 		case 'P': args[nargs++] = "--metrics"; args[nargs++] = optarg; break;
 		case 'B': args[nargs++] = "--broker"; args[nargs++] = optarg; break;
+		case 'K': args[nargs++] = "--takeover"; break;
 		case 'L': log = strdup(optarg); break;
 		case 'h':
 			printf("usage: ferry mount [-f] [--cache-dir DIR] [--cache-size MiB] "
 			       "[--staging-dir DIR] [--staging-min-free MiB] [--log FILE] [--reconciler SOCKET | --no-reconciler] "
-			       "[--metrics ADDR:PORT] [--broker SOCKET] "
+			       "[--metrics ADDR:PORT] [--broker SOCKET] [--takeover] "
 			       "[-o OPTS] VOLUME MOUNTPOINT\n");
 			return 0;
 		default:
@@ -86,8 +89,13 @@ int cmd_mount(int argc, char **argv)
 		ctl_err("volume %s: %s", argv[optind], err);
 		goto out;
 	}
-	if (access(db, F_OK) < 0) {
+	if (!meta_url_is_pg(db) && access(db, F_OK) < 0) {
 		ctl_err("no ferryfs volume at %s (run `ferry format` first)", argv[optind]);
+		goto out;
+	}
+	/* A PostgreSQL volume's node directory (its log, staging, cache). */
+	if (meta_url_is_pg(db) && (rc = dirs_make(dir, 0700)) < 0) {
+		ctl_err("cannot create %s: %s", dir, strerror(-rc));
 		goto out;
 	}
 	/* The daemon gets the mountpoint absolute: `ferry umount` finds it by

@@ -185,7 +185,9 @@ static void *gc_main(void *arg)
 		}
 		md->gc_poked = false;
 		pthread_mutex_unlock(&md->gc_lock);
-		gc_round(md, &k);
+		/* A fenced mount's writes all fail: the new holder collects. */
+		if (!atomic_load(&md->lease_fenced))
+			gc_round(md, &k);
 		atomic_fetch_add(&md->stats.gc_rounds, 1);
 		pthread_mutex_lock(&md->gc_lock);
 	}

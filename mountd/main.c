@@ -22,6 +22,7 @@
 #include "log.h"
 #include "mountd.h"
 #include "reconcile_plan.h"
+#include "dirs.h"
 #include "url.h"
 
 #define DEFAULT_CACHE_MIB 1024
@@ -32,7 +33,9 @@ static void usage(FILE *f)
 		"usage: ferry-mountd [options] VOLUME MOUNTPOINT\n"
 		"\n"
 		"Serves a ferryfs volume at MOUNTPOINT (normally started by `ferry mount`).\n"
-		"VOLUME is a volume directory or sqlite:///abs/path/meta.db.\n"
+		"VOLUME is a volume directory, sqlite:///abs/path/meta.db, or\n"
+		"postgresql://[USER@]HOST[:PORT]/DB?volume=NAME (its node directory:\n"
+		"$FERRY_STATE_DIR/NAME; one read-write mount at a time holds its lease).\n"
 		"\n"
 		"  -f, --foreground        stay attached to the terminal\n"
 		"  -o OPTS                 FUSE mount options (e.g. allow_other)\n"
@@ -53,6 +56,9 @@ static void usage(FILE *f)
 		"      --broker SOCKET     as an unprivileged user: ferry-brokerd at SOCKET mounts\n"
 		"                          (MOUNTPOINT beneath the root its policy gives this uid)\n"
 		"                          and registers passthrough backing files\n"
+		"      --takeover          a PostgreSQL volume: take over a lease whose holder\n"
+		"                          let it run out (its node died); the holder, if it\n"
+		"                          comes back, is fenced\n"
 		"\n"
 		"ferry's own -o options: passthrough=auto|on|off (default auto: FUSE\n"
 		"passthrough writes when the kernel and the registration allow it);\n"
@@ -72,6 +78,9 @@ static void usage(FILE *f)
 		"readahead=MIB (default 64: a sequential reader has the objects ahead of it\n"
 		"fetched into the read cache, 4 at a time, up to this many MiB queued or in\n"
 		"flight and a quarter of --cache-size ahead; 0: none);\n"
+		"lease_ms=MS (default 15000: a PostgreSQL volume's writer's lease lasts this\n"
+		"long and is renewed every third of it; a mount cut off for longer can be\n"
+		"taken over, and is then fenced);\n"
 		"meta_batch_ms=MS (default 5: namespace changes are journaled on local\n"
 		"disk as they are made and committed to the metadata database in batches\n"
 		"this far apart, and at every fsync, fsyncdir and unmount; 0 commits each\n"
@@ -215,6 +224,18 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 			md->meta_batch_ms = (int)v;
 			continue;
 		}
+		if (strncmp(o, "lease_ms=", 9) == 0) {
+			char *end;
+			long v = strtol(o + 9, &end, 10);
+
+			if (!o[9] || *end || v < 1000 || v > 600000) {
+				snprintf(err, errlen, "-o %s: lease_ms takes milliseconds, 1000 to "
+					 "600000", o);
+				return -EINVAL;
+			}
+			md->lease_ms = v;
+			continue;
+		}
 		if (strncmp(o, "readahead=", 10) == 0) {
 			char *end;
 			long v = strtol(o + 10, &end, 10);
@@ -253,9 +274,7 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 	return 0;
 }
 
-static _Noreturn void start_failed(struct mountd *md, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static void start_failed(struct mountd *md, const char *fmt, ...)
+void start_failed(struct mountd *md, const char *fmt, ...)
 {
 	char msg[1024];
 	va_list ap;
@@ -266,6 +285,7 @@ static void start_failed(struct mountd *md, const char *fmt, ...)
 	log_warnx("%s", msg);
 	mountd_ready(md, msg);
 	rclient_stop(md); /* a reconciler we started goes too */
+	lease_stop(md);   /* the next mount needs no takeover */
 	exit(1);
 }
 
@@ -295,7 +315,8 @@ static int volume_lock(struct mountd *md)
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
 	int fd;
 
-	snprintf(path, sizeof(path), "%s.lock", md->cfg.db_path);
+	if (meta_local_file(md->cfg.db_path, md->cfg.vol_dir, ".lock", path, sizeof(path)) < 0)
+		return -ENAMETOOLONG;
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
@@ -432,6 +453,7 @@ int main(int argc, char **argv)
 		{ "metrics", required_argument, NULL, 'P' },
 		{ "reopen-timeout", required_argument, NULL, 'W' },
 		{ "broker", required_argument, NULL, 'B' },
+		{ "takeover", no_argument, NULL, 'K' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -462,6 +484,7 @@ int main(int argc, char **argv)
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
 	md->readahead_budget = READAHEAD_DEFAULT_MIB << 20;
+	md->lease_ms = LEASE_MS_DEFAULT;
 	for (int k = 0; k < RC_NOPTS; k++)
 		md->rc_opt[k] = -1; /* the reconciler's own default */
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
@@ -528,6 +551,7 @@ int main(int argc, char **argv)
 				fatalx("--broker: not a socket path: %s", optarg);
 			md->cfg.broker = strdup(optarg);
 			break;
+		case 'K': md->lease_takeover = true; break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("ferry-mountd 0.1.0 (libfuse %s)\n", fuse_pkgversion()); return 0;
@@ -545,6 +569,10 @@ int main(int argc, char **argv)
 	md->cfg.cache_bytes = cache_mib << 20;
 	if (meta_url_parse(argv[optind], &md->cfg.db_path, &md->cfg.vol_dir, err, sizeof(err)) < 0)
 		start_failed(md, "volume %s: %s", argv[optind], err);
+	/* A PostgreSQL volume's node directory: its lock, journal, staging
+	 * and cache (a SQLite volume's is the directory its file is in). */
+	if (meta_url_is_pg(md->cfg.db_path) && (rc = dirs_make(md->cfg.vol_dir, 0700)) < 0)
+		start_failed(md, "volume directory %s: %s", md->cfg.vol_dir, strerror(-rc));
 	md->cfg.mountpoint = abs_path(argv[optind + 1]);
 	if (!md->cfg.cache_dir && asprintf(&md->cfg.cache_dir, "%s/cache", md->cfg.vol_dir) < 0)
 		fatalx("out of memory");
@@ -567,10 +595,18 @@ int main(int argc, char **argv)
 		start_failed(md, "cannot start the metadata checkpointer: %s", strerror(-rc));
 	if ((rc = volume_lock(md)) < 0)
 		start_failed(md, "cannot lock volume %s: %s", md->cfg.db_path, strerror(-rc));
+	/* Before anything of this mount writes, the journal's replay included. */
+	lease_take(md);
+	if ((rc = lease_start(md)) < 0)
+		start_failed(md, "cannot start renewing the lease: %s", strerror(-rc));
 	if (md->meta_batch_ms > 0) {
 		uint64_t replayed = 0;
 
-		if (asprintf(&journal, "%s" META_JOURNAL_SUFFIX, md->cfg.db_path) < 0)
+		char jpath[PATH_MAX];
+
+		if (meta_local_file(md->cfg.db_path, md->cfg.vol_dir, META_JOURNAL_SUFFIX, jpath,
+				    sizeof(jpath)) < 0 ||
+		    (journal = strdup(jpath)) == NULL)
 			fatalx("out of memory");
 		/* Before the reconciler starts: its jobs may name inodes whose
 		 * creation only the journal holds. */
@@ -722,6 +758,7 @@ out:
 	if (md->se)
 		fuse_session_destroy(md->se); /* runs destroy: commits what is still pending */
 	rclient_stop(md); /* if destroy did not run (no INIT) */
+	lease_stop(md);   /* everything is committed: the lease goes */
 	fuse_loop_cfg_destroy(loop_cfg);
 	fuse_opt_free_args(&fargs);
 	if (md->handles)

@@ -388,6 +388,21 @@ int gc_start(struct mountd *md);
 void gc_poke(struct mountd *md);
 void gc_stop(struct mountd *md);
 
+/* main.c: the daemon could not start: says why (log, ready fd) and exits. */
+_Noreturn void start_failed(struct mountd *md, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* ---- lease.c: one read-write mount of a shared volume at a time ---- */
+#define LEASE_MS_DEFAULT 15000
+/* A PostgreSQL volume: takes the writer's lease (-o lease_ms, --takeover)
+ * before anything writes; start_failed() names the holder when another has
+ * it. A SQLite volume: nothing (its file lock is the lease). */
+void lease_take(struct mountd *md);
+/* Renews it every lease_ms / 3 on a thread of its own. */
+int lease_start(struct mountd *md);
+/* Stops renewing; releases the lease unless it was taken over. */
+void lease_stop(struct mountd *md);
+
 /* ---- caller.c: what a signal may do (FUSE_INTERRUPT) ---- */
 /* Is req's caller being killed (or gone)? Only then may a wait that
  * changed nothing end early (with EINTR). */
@@ -601,6 +616,18 @@ struct mountd {
 	/* -o meta_batch_ms: namespace changes commit in batches this far apart
 	 * (meta_journal_open); 0: each on its own. */
 	int meta_batch_ms;
+	/* lease.c: the writer's lease of a PostgreSQL volume */
+	int64_t lease_ms;            /* -o lease_ms */
+	bool lease_takeover;         /* --takeover */
+	bool lease_held;             /* taken at start */
+	_Atomic bool lease_fenced;   /* another mount took it over: read-only now */
+	_Atomic bool meta_up;        /* the last renewal reached the database */
+	_Atomic uint64_t lease_leftovers; /* journal/staging moved aside at start */
+	pthread_t lease_thread;
+	bool lease_live;
+	pthread_mutex_t lease_lock;
+	pthread_cond_t lease_cond;
+	bool lease_stopping;         /* under lease_lock */
 	/* gc.c: deletes the objects of garbage slices after gc_grace_s */
 	int64_t gc_grace_s;
 	pthread_t gc_thread;

@@ -36,6 +36,7 @@
 
 #include "log.h"
 #include "mountd.h"
+#include "url.h"
 #include "reconcile_job.h"
 
 /* How long a close waits for the reconciler to read hand-offs again before
@@ -530,7 +531,10 @@ static int spawn_reconciler(struct mountd *md)
 				close(null);
 		}
 		char vol[PATH_MAX + 16];
-		snprintf(vol, sizeof(vol), "sqlite://%s", md->cfg.db_path);
+		/* A PostgreSQL volume's node directory comes from the same
+		 * FERRY_STATE_DIR, which the reconciler inherits. */
+		snprintf(vol, sizeof(vol), "%s%s", meta_url_is_pg(md->cfg.db_path) ? "" : "sqlite://",
+			 md->cfg.db_path);
 		char val[RC_NOPTS][16];
 		const char *argv[16 + 2 * RC_NOPTS];
 		int n = 0;
@@ -542,6 +546,13 @@ static int spawn_reconciler(struct mountd *md)
 		argv[n++] = md->cfg.staging_dir;
 		argv[n++] = "--socket";
 		argv[n++] = md->rc_path;
+		char epoch[24];
+		if (meta_lease_fenced_to(md->meta)) {
+			snprintf(epoch, sizeof(epoch), "%llu",
+				 (unsigned long long)meta_lease_fenced_to(md->meta));
+			argv[n++] = "--lease-epoch";
+			argv[n++] = epoch;
+		}
 		if (md->cfg.metrics) {
 			argv[n++] = "--metrics";
 			argv[n++] = md->cfg.metrics;

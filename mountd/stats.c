@@ -53,6 +53,13 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "meta_batches %llu\n", (unsigned long long)js.batches);
 	fprintf(f, "meta_journal_replayed %llu\n", (unsigned long long)js.replayed);
 	fprintf(f, "meta_journal_replay_errors %llu\n", (unsigned long long)js.replay_errors);
+	/* The shared engine: the writer's lease and the connection. */
+	fprintf(f, "lease_epoch %llu\n", (unsigned long long)meta_lease_fenced_to(md->meta));
+	fprintf(f, "lease_fenced %d\n", atomic_load(&md->lease_fenced) ? 1 : 0);
+	fprintf(f, "lease_leftovers_kept %llu\n",
+		(unsigned long long)atomic_load(&md->lease_leftovers));
+	fprintf(f, "meta_up %d\n", !md->lease_held || atomic_load(&md->meta_up) ? 1 : 0);
+	fprintf(f, "meta_reconnects %llu\n", (unsigned long long)meta_reconnects(md->meta));
 	fprintf(f, "meta_batch_commit_failures %llu\n", (unsigned long long)js.commit_failures);
 	for (int i = 0; i < OP_COUNT; i++)
 		fprintf(f, "fuse_requests_%s %llu\n", op_names[i],

@@ -44,7 +44,8 @@ static void usage(FILE *f)
 		"in sequence order, and jobs given up before (<name>.orphan) are tried again.\n"
 		"A job that keeps failing is kept as <name>.orphan, never deleted.\n"
 		"\n"
-		"  --volume VOLUME         a volume directory or sqlite:///abs/path/meta.db\n"
+		"  --volume VOLUME         a volume directory, sqlite:///abs/path/meta.db or\n"
+		"                          postgresql://...?volume=NAME\n"
 		"  --staging-dir DIR       the staging directory ferry-mountd hands files from\n"
 		"  --socket PATH           listen here (mode 0600; peers must run as our uid or root)\n"
 		"  --max-uploads N         objects being stored at once (default 8)\n"
@@ -64,6 +65,8 @@ static void usage(FILE *f)
 		"                          a drain (fsync, unmount, ferry drain) ends every wait\n"
 		"  --upload-delay-max-ms MS  ... but no longer than MS after its own handoff\n"
 		"                          (default 5000)\n"
+		"  --lease-epoch N         commit only while the writer's lease of the volume is\n"
+		"                          at epoch N (ferry-mountd's; a takeover fences us)\n"
 		"  --shutdown-timeout SEC  on SIGTERM/SIGINT, give up after SEC seconds without\n"
 		"                          progress; what is left stays journaled (default 60)\n"
 		"  -f, --foreground        stay attached (otherwise return once serving)\n"
@@ -280,6 +283,7 @@ int main(int argc, char **argv)
 		{ "retries", required_argument, NULL, 'r' },
 		{ "retry-delay", required_argument, NULL, 'R' },
 		{ "shutdown-timeout", required_argument, NULL, 't' },
+		{ "lease-epoch", required_argument, NULL, 'E' },
 		{ "foreground", no_argument, NULL, 'f' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
@@ -292,6 +296,7 @@ int main(int argc, char **argv)
 	struct event *sigterm = NULL, *sigint = NULL, *sighup = NULL;
 	struct statfs sfs;
 	char err[512], *volume = NULL;
+	uint64_t lease_epoch = 0;
 	int opt, rc, pid_fd;
 
 	r->staging_fd = r->lock_fd = r->listen_fd = -1;
@@ -327,6 +332,7 @@ int main(int argc, char **argv)
 		case 'q': cfg->upload_quiet_ms = (unsigned)parse_num("--upload-quiet-ms", optarg, 0, 600000); break;
 		case 'D': cfg->upload_delay_max_ms = (unsigned)parse_num("--upload-delay-max-ms", optarg, 0, 3600000); break;
 		case 't': cfg->shutdown_timeout_s = (unsigned)parse_num("--shutdown-timeout", optarg, 1, 86400); break;
+		case 'E': lease_epoch = (uint64_t)parse_num("--lease-epoch", optarg, 1, INT64_MAX); break;
 		case 'f': cfg->foreground = true; break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;
 		case 'h': usage(stdout); return 0;
@@ -361,6 +367,9 @@ int main(int argc, char **argv)
 	 * database lock held during the sync (ferry-mountd's creates go on). */
 	if ((rc = meta_set_batched(r->meta, 1)) < 0)
 		start_failed("cannot start the metadata checkpointer: %s", strerror(-rc));
+	/* Commits only while the mount that started us holds the lease. */
+	if (lease_epoch)
+		meta_lease_fence(r->meta, lease_epoch);
 	if ((rc = meta_volume_get(r->meta, &r->vol)) < 0)
 		start_failed("cannot read the volume record of %s: %s", cfg->db_path, strerror(-rc));
 	if (store_url_parse(r->vol.storage_url, r->vol.s3_http, &surl, err, sizeof(err)) < 0)

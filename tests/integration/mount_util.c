@@ -4,7 +4,9 @@
 #include "mount_util.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <libpq-fe.h>
 #include <ftw.h>
 #include <grp.h>
 #include <signal.h>
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
@@ -165,7 +168,8 @@ static const char *log_tail(void)
 	char a[4096], b[3072], path[PATH_MAX];
 
 	file_tail(fm.log, a, sizeof(a));
-	(void)!snprintf(path, sizeof(path), "%.4000s/ferry-mountd.log", fm.vol);
+	(void)!snprintf(path, sizeof(path), "%.4000s/ferry-mountd.log",
+			fm.voldir[0] ? fm.voldir : fm.vol);
 	if (access(path, R_OK) == 0) {
 		file_tail(path, b, sizeof(b));
 		snprintf(buf, sizeof(buf), "%.4095s\n--- %.900s (end) ---\n%.3071s", a, path, b);
@@ -445,8 +449,13 @@ static bool alive(pid_t pid);
 
 int fm_daemon_pids(const char *prog, pid_t *out, int max)
 {
+	return fm_daemon_pids_with(prog, fm.dir, out, max);
+}
+
+int fm_daemon_pids_with(const char *prog, const char *s, pid_t *out, int max)
+{
 	pid_t all[64];
-	int n = find_daemon(prog, fm.dir, all, max < 64 ? max : 64), k = 0;
+	int n = find_daemon(prog, s, all, max < 64 ? max : 64), k = 0;
 
 	for (int i = 0; i < n; i++)
 		if (alive(all[i]))
@@ -803,6 +812,66 @@ void fm_crash(void)
 	fm.mounted = false;
 }
 
+static bool pg_volume_drop_later;
+
+/*
+ * FERRY_IT_META=pg (scripts/test runs the posix and data suites so): the
+ * volume's metadata goes to a schema of its own in the test PostgreSQL
+ * server, its node directory beneath the scratch directory, its objects
+ * in scratch/objects unless the suite names a store.
+ */
+static void pg_volume_setup(void)
+{
+	const char *meta = getenv("FERRY_IT_META"), *url = getenv("FERRY_TEST_PG_URL");
+	char state[PATH_MAX];
+	unsigned r = 0;
+
+	fm.voldir[0] = fm.pg_schema[0] = '\0';
+	if (meta == NULL || strcmp(meta, "pg") != 0)
+		return;
+	if (url == NULL || *url == '\0')
+		SETUP_FAIL("FERRY_IT_META=pg, but FERRY_TEST_PG_URL is not set (scripts/pg-server)");
+	if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		SETUP_FAIL("getrandom: %s", strerror(errno));
+	snprintf(fm.pg_schema, sizeof(fm.pg_schema), "ferry_it%d_%08x", (int)getpid(), r);
+	if (snprintf(fm.vol, sizeof(fm.vol), "%s&volume=%s", url, fm.pg_schema + 6) >=
+	    (int)sizeof(fm.vol))
+		SETUP_FAIL("FERRY_TEST_PG_URL is too long");
+	snprintf(state, sizeof(state), "%s/state", fm.dir);
+	if (snprintf(fm.voldir, sizeof(fm.voldir), "%s/%s", state, fm.pg_schema + 6) >=
+	    (int)sizeof(fm.voldir))
+		SETUP_FAIL("scratch directory %s is too long", fm.dir);
+	/* ferry and the daemons it starts find the node directory here. */
+	setenv("FERRY_STATE_DIR", state, 1);
+	if (!fm.storage[0]) {
+		snprintf(fm.storage, sizeof(fm.storage), "file://%s/objects", fm.dir);
+		if (mkdir(fm.storage + 7, 0755) != 0)
+			SETUP_FAIL("mkdir %s: %s", fm.storage + 7, strerror(errno));
+	}
+}
+
+void fm_pg_schema_drop(const char *schema)
+{
+	const char *url = getenv("FERRY_TEST_PG_URL");
+	char sql[160];
+	PGconn *h;
+
+	if (url == NULL || *url == '\0')
+		return;
+	h = PQconnectdb(url);
+	snprintf(sql, sizeof(sql), "SET client_min_messages = warning;"
+		 " DROP SCHEMA IF EXISTS %s CASCADE", schema);
+	if (PQstatus(h) == CONNECTION_OK)
+		PQclear(PQexec(h, sql));
+	PQfinish(h);
+}
+
+static void pg_volume_drop(void)
+{
+	fm_pg_schema_drop(fm.pg_schema);
+	fm.pg_schema[0] = '\0';
+}
+
 void fm_setup_opts(const struct fm_opts *o)
 {
 	const char *argv[16];
@@ -832,6 +901,7 @@ void fm_setup_opts(const struct fm_opts *o)
 	if (o && o->storage)
 		snprintf(fm.storage, sizeof(fm.storage), "%s", o->storage);
 	fm.s3_http = o && o->s3_http;
+	pg_volume_setup();
 
 	argv[a++] = fm_bin("ferry");
 	argv[a++] = "format";
@@ -909,6 +979,7 @@ void fm_teardown(void)
 {
 	if (!fm.created)
 		return;
+	pg_volume_drop_later = fm.pg_schema[0] != '\0';
 	release_mount_refs();
 	if (fm.mounted || fm_is_mounted(fm.mnt)) {
 		const char *argv[] = { fm_bin("ferry"), "umount", fm.mnt, NULL };
@@ -941,6 +1012,8 @@ void fm_teardown(void)
 		remove_tree(fm.dir);
 	fm.created = false;
 	stop_reaper();
+	if (pg_volume_drop_later)
+		pg_volume_drop();
 }
 
 void fm_stats_read(struct fm_stats *s)

@@ -32,7 +32,7 @@
 
 struct fm {
 	char dir[160];          /* $FERRY_IT_TMPDIR/ferry-it.XXXXXX (default /tmp) */
-	char vol[PATH_MAX];     /* dir/vol, or the sqlite:// URL given */
+	char vol[PATH_MAX];     /* dir/vol, the sqlite:// URL given, or a postgresql:// URL */
 	char mnt[PATH_MAX];     /* dir/mnt */
 	char cache[PATH_MAX];   /* dir/cache */
 	char log[PATH_MAX];     /* dir/ferry.log */
@@ -52,7 +52,16 @@ struct fm {
 	 * ferry-reconciler it starts: "NAME=value" (fm_daemon_env). */
 	char daemon_env[FM_DAEMON_ENV_MAX][1024];
 	int n_daemon_env;
+	/* FERRY_IT_META=pg: the volume's metadata is a schema of the test
+	 * PostgreSQL server ($FERRY_TEST_PG_URL) and vol its URL; voldir is
+	 * its node directory ($FERRY_STATE_DIR/NAME), pg_schema its schema. */
+	char voldir[PATH_MAX];
+	char pg_schema[64];
 };
+
+/* Removes a volume's schema from the test PostgreSQL server
+ * ($FERRY_TEST_PG_URL; nothing without it). */
+void fm_pg_schema_drop(const char *schema);
 
 /* The one fixture of this test process. */
 extern struct fm fm;
@@ -108,6 +117,9 @@ bool fm_asan(void);
 /* Pids of the live processes named prog (ferry-mountd, ferry-reconciler)
  * whose command line names the fixture's directory: how many, up to max. */
 int fm_daemon_pids(const char *prog, pid_t *out, int max);
+/* The same for daemons with an argument holding s (a mountpoint, a node
+ * directory) rather than the fixture's directory. */
+int fm_daemon_pids_with(const char *prog, const char *s, pid_t *out, int max);
 
 /* Waits until ferry-mountd holds exactly `held` open handles (.stats
  * open_handles), asserting after 2 minutes. The kernel sends RELEASE after

@@ -289,7 +289,15 @@ Test(cache, sequential_readers_get_read_ahead_random_ones_do_not)
 	cr_assert_eq(fm_stats_need(&s, "prefetch_failed"), 0);
 	cr_assert_eq(fm_stats_need(&s, "objects_get"), 24, "24 objects took %llu GETs",
 		     (unsigned long long)fm_stats_need(&s, "objects_get"));
-	cr_assert_eq(fm_stats_need(&s, "prefetch_bytes"), 0);
+	/* The read-ahead thread that fetched the last object may still be
+	 * writing it to the cache (the reader took it from the fetch itself):
+	 * its budget comes back once it is done. */
+	for (int t = 0; t < 500 && fm_stats_need(&s, "prefetch_bytes") != 0; t++) {
+		usleep(10000);
+		fm_stats_read(&s);
+	}
+	cr_assert_eq(fm_stats_need(&s, "prefetch_bytes"), 0, "read-ahead still holds %llu bytes",
+		     (unsigned long long)fm_stats_need(&s, "prefetch_bytes"));
 	free(got);
 	free(want);
 }

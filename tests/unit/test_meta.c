@@ -2767,12 +2767,12 @@ Test(meta, lease_one_writer_takeover_and_fencing)
 	cr_assert_eq(meta_lease_get(m, &cur), 0);
 	cr_assert_str_eq(cur.holder, "");
 	cr_assert_eq(cur.epoch, 0);
-	cr_assert_eq(meta_lease_take(m, "node-a pid 1", 600, 0, &cur), 0);
+	cr_assert_eq(meta_lease_take(m, "node-a pid 1", 600, 0, 0, &cur), 0);
 	cr_assert_eq(meta_lease_fenced_to(m), 1);
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "by-a", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
 
 	cr_assert_eq(meta_open(db, &o), 0);
-	rc = meta_lease_take(o, "node-b pid 2", 600, 1, &cur);
+	rc = meta_lease_take(o, "node-b pid 2", 600, 1, 0, &cur);
 	cr_assert_eq(rc, -EBUSY, "a running lease taken over: %d", rc);
 	cr_assert_str_eq(cur.holder, "node-a pid 1");
 	cr_assert_gt(cur.expires_ms, cur.now_ms);
@@ -2783,8 +2783,8 @@ Test(meta, lease_one_writer_takeover_and_fencing)
 	cr_assert_eq(rc, 0, "get: %d", rc);
 	cr_assert_leq(cur.expires_ms, cur.now_ms);
 	/* ...and is still a's until someone takes it over. */
-	cr_assert_eq(meta_lease_take(o, "node-b pid 2", 60000, 0, NULL), -EBUSY);
-	cr_assert_eq(meta_lease_take(o, "node-b pid 2", 60000, 1, NULL), 0);
+	cr_assert_eq(meta_lease_take(o, "node-b pid 2", 60000, 0, 0, NULL), -EBUSY);
+	cr_assert_eq(meta_lease_take(o, "node-b pid 2", 60000, 1, 0, NULL), 0);
 	cr_assert_eq(meta_lease_fenced_to(o), 2);
 
 	/* a comes back: it changes nothing, whatever it tries. */
@@ -2799,14 +2799,21 @@ Test(meta, lease_one_writer_takeover_and_fencing)
 	cr_assert_eq(meta_lookup(o, META_ROOT_INO, "by-a", &a), 0);
 	cr_assert_eq(attr(META_ROOT_INO).mode & 07777, 0755);
 
+	/* A restart of b's node (its daemon known dead) takes its own running
+	 * lease at once; anyone else's running lease stays refused. */
+	meta_close(o);
+	cr_assert_eq(meta_open(db, &o), 0);
+	cr_assert_eq(meta_lease_take(o, "node-b again", 60000, 0, 1, NULL), -EBUSY);
+	cr_assert_eq(meta_lease_take(o, "node-b again", 60000, 0, 2, NULL), 0);
+	cr_assert_eq(meta_lease_fenced_to(o), 3);
 	/* b writes, lets go; anyone takes a free lease, no takeover needed. */
 	cr_assert_eq(meta_create(o, META_ROOT_INO, "by-b", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
 	cr_assert_eq(meta_lease_release(o), 0);
 	cr_assert_eq(meta_lease_get(o, &cur), 0);
 	cr_assert_str_eq(cur.holder, "");
 	meta_close(o);
-	cr_assert_eq(meta_lease_take(m, "node-a pid 3", 60000, 0, NULL), 0);
-	cr_assert_eq(meta_lease_fenced_to(m), 3);
+	cr_assert_eq(meta_lease_take(m, "node-a pid 3", 60000, 0, 0, NULL), 0);
+	cr_assert_eq(meta_lease_fenced_to(m), 4);
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "again", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "by-b", &a), 0);
 }

@@ -1,0 +1,282 @@
+/*
+ * Two nodes on one machine sharing one PostgreSQL volume: two ferry-mountd
+ * with their own node directories ($FERRY_STATE_DIR: staging, cache,
+ * journal, lock), one PostgreSQL server (scripts/pg-server,
+ * $FERRY_TEST_PG_URL), one object store (a file:// directory both reach).
+ * A volume written on node A and unmounted reads back whole on node B; a
+ * writer killed while holding the lease is refused to B until the lease
+ * ends and B asks to take over, then B sees every file A fsynced; A, back
+ * with its old node directory, is refused while B holds the volume, and
+ * later moves what it left uncommitted aside instead of merging it.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mount_util.h"
+
+static char url[700];  /* the volume's URL */
+static char base[512]; /* $FERRY_TEST_PG_URL */
+static char vname[40];
+
+static void setup(void)
+{
+	const struct fm_opts o = { .no_mount = true };
+	const char *u = getenv("FERRY_TEST_PG_URL");
+	unsigned r;
+
+	cr_assert(u != NULL && *u && strlen(u) < sizeof(base),
+		  "FERRY_TEST_PG_URL is not set: start a server with scripts/pg-server");
+	strcpy(base, u);
+	fm_setup_opts(&o); /* the scratch directory, its log and clean-up */
+	cr_assert_eq(getrandom(&r, sizeof(r), 0), (ssize_t)sizeof(r));
+	snprintf(vname, sizeof(vname), "it%d_%08x", (int)getpid(), r);
+	snprintf(url, sizeof(url), "%s&volume=%s", base, vname);
+	cr_assert_eq(mkdir(sp("objects"), 0755), 0);
+	cr_assert_eq(mkdir(sp("mA"), 0755), 0);
+	cr_assert_eq(mkdir(sp("mB"), 0755), 0);
+}
+
+static void teardown(void)
+{
+	const char *mnts[2] = { sp("mA"), sp("mB") };
+
+	for (int i = 0; i < 2; i++) {
+		if (fm_is_mounted(mnts[i])) {
+			const char *argv[] = { fm_bin("ferry"), "umount", mnts[i], NULL };
+			if (fm_run(argv, NULL, NULL, 60) != 0)
+				umount2(mnts[i], MNT_DETACH);
+		}
+	}
+	fm_teardown(); /* kills what is left running beneath the scratch dir */
+	{
+		char schema[64];
+
+		snprintf(schema, sizeof(schema), "ferry_%s", vname);
+		fm_pg_schema_drop(schema);
+	}
+}
+
+TestSuite(pg_nodes, .init = setup, .fini = teardown, .timeout = 240);
+
+/* Runs ferry as node (A or B): its node directory is scratch/node<NODE>.
+ * The command's stderr goes to err_path when given. */
+static int ferry_on(char node, const char *err_path, const char *const *args)
+{
+	const char *argv[16];
+	char state[PATH_MAX];
+	int n = 0, rc;
+
+	snprintf(state, sizeof(state), "%s", sp("node%c", node));
+	argv[n++] = fm_bin("ferry");
+	for (int i = 0; args[i] && n < 15; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
+	setenv("FERRY_STATE_DIR", state, 1);
+	rc = fm_run(argv, NULL, err_path, 120);
+	unsetenv("FERRY_STATE_DIR");
+	return rc;
+}
+
+static void format_volume(void)
+{
+	char storage[PATH_MAX + 8];
+
+	snprintf(storage, sizeof(storage), "file://%s", sp("objects"));
+	const char *args[] = { "format", "--storage", storage, url, NULL };
+	cr_assert_eq(ferry_on('A', NULL, args), 0, "ferry format %s", url);
+}
+
+static int mount_on(char node, const char *opts, bool takeover, const char *err_path)
+{
+	const char *args[8];
+	int n = 0;
+
+	args[n++] = "mount";
+	if (takeover)
+		args[n++] = "--takeover";
+	if (opts) {
+		args[n++] = "-o";
+		args[n++] = opts;
+	}
+	args[n++] = url;
+	args[n++] = node == 'A' ? sp("mA") : sp("mB");
+	args[n] = NULL;
+	return ferry_on(node, err_path, args);
+}
+
+static void umount_on(char node)
+{
+	const char *args[] = { "umount", node == 'A' ? sp("mA") : sp("mB"), NULL };
+
+	cr_assert_eq(ferry_on(node, NULL, args), 0, "ferry umount on node %c", node);
+}
+
+/* The bytes of test file i: a size of its own (some span objects). */
+static size_t file_bytes(int i, unsigned char **buf)
+{
+	uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+	size_t len = i % 5 == 0 ? (size_t)(5u << 20) + 123 * (size_t)i : 1000 + 4097 * (size_t)i;
+
+	*buf = malloc(len);
+	cr_assert_not_null(*buf);
+	fm_fill_random(&seed, *buf, len);
+	return len;
+}
+
+static void write_files(const char *dir, int from, int to, bool fsync_each)
+{
+	char path[PATH_MAX];
+
+	for (int i = from; i < to; i++) {
+		unsigned char *b;
+		size_t len = file_bytes(i, &b);
+		int fd;
+
+		snprintf(path, sizeof(path), "%s/f%03d", dir, i);
+		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
+		fm_pwrite_all(fd, b, len, 0);
+		if (fsync_each)
+			cr_assert_eq(fsync(fd), 0, "fsync %s: %s", path, strerror(errno));
+		cr_assert_eq(close(fd), 0);
+		free(b);
+	}
+}
+
+static void expect_files(const char *dir, int from, int to)
+{
+	char path[PATH_MAX];
+
+	for (int i = from; i < to; i++) {
+		unsigned char *b;
+		size_t len = file_bytes(i, &b);
+
+		snprintf(path, sizeof(path), "%s/f%03d", dir, i);
+		fm_expect_content(path, b, len);
+		free(b);
+	}
+}
+
+/* A figure of the mount at mnt's .stats. */
+static uint64_t stat_of(const char *mnt, const char *name)
+{
+	char path[PATH_MAX], *text, *p;
+	size_t nl = strlen(name);
+	uint64_t v = 0;
+
+	snprintf(path, sizeof(path), "%s/.stats", mnt);
+	text = fm_slurp(path);
+	cr_assert_not_null(text, "read %s", path);
+	for (p = text; p != NULL && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+		if (strncmp(p, name, nl) == 0 && p[nl] == ' ') {
+			v = strtoull(p + nl + 1, NULL, 10);
+			free(text);
+			return v;
+		}
+	}
+	free(text);
+	cr_assert_fail("%s has no %s", path, name);
+	return 0;
+}
+
+Test(pg_nodes, a_volume_written_on_one_node_reads_whole_on_another)
+{
+	char target[64] = "";
+
+	format_volume();
+	cr_assert_eq(mount_on('A', NULL, false, NULL), 0, "mount on A");
+	write_files(sp("mA"), 0, 12, false);
+	cr_assert_eq(mkdir(sp("mA/dir"), 0750), 0);
+	cr_assert_eq(symlink("../f001", sp("mA/dir/link")), 0);
+	umount_on('A');
+
+	cr_assert_eq(mount_on('B', NULL, false, NULL), 0, "mount on B");
+	expect_files(sp("mB"), 0, 12);
+	cr_assert_eq(readlink(sp("mB/dir/link"), target, sizeof(target) - 1), 7);
+	cr_assert_str_eq(target, "../f001");
+	/* B's own node directory: A's is not needed to read the volume. */
+	cr_assert_eq(access(sp("nodeB/%s/staging", vname), F_OK), 0);
+	umount_on('B');
+}
+
+Test(pg_nodes, a_dead_writer_is_taken_over_and_comes_back_fenced)
+{
+	char err[PATH_MAX], *msg;
+	pid_t pids[8];
+	int n;
+
+	format_volume();
+	/* A keeps what is not fsynced staged for a minute: it is still there
+	 * when A dies. */
+	cr_assert_eq(mount_on('A', "lease_ms=2000,upload_quiet_ms=60000,upload_delay_max_ms=60000",
+			      false, NULL),
+		     0, "mount on A");
+	write_files(sp("mA"), 0, 6, true);
+	write_files(sp("mA"), 100, 101, false); /* closed, not fsynced */
+	cr_assert_eq(stat_of(sp("mA"), "lease_epoch"), 1);
+
+	/* A's node dies: its daemons with it. */
+	n = fm_daemon_pids_with("ferry-mountd", sp("mA"), pids, 8);
+	n += fm_daemon_pids_with("ferry-reconciler", sp("nodeA"), pids + n, 8 - n);
+	cr_assert_eq(n, 2, "ferry-mountd and ferry-reconciler of A: %d", n);
+	for (int i = 0; i < n; i++)
+		kill(pids[i], SIGKILL);
+	for (int t = 0; t < 200 && fm_daemon_pids_with("ferry-mountd", sp("mA"), pids, 8) +
+					   fm_daemon_pids_with("ferry-reconciler", sp("nodeA"),
+							       pids, 8);
+	     t++)
+		usleep(20000);
+	umount2(sp("mA"), MNT_DETACH);
+
+	/* B is refused while A's lease runs, and after, until it asks. */
+	snprintf(err, sizeof(err), "%s", sp("b.err"));
+	cr_assert_neq(mount_on('B', NULL, false, err), 0, "B mounted while A held the lease");
+	msg = fm_slurp(err);
+	cr_assert(msg && strstr(msg, "mounted read-write by") && strstr(msg, sp("mA")),
+		  "B's refusal names the holder: %s", msg ? msg : "");
+	free(msg);
+	usleep(2500 * 1000);
+	cr_assert_neq(mount_on('B', NULL, false, err), 0, "B mounted without --takeover");
+	msg = fm_slurp(err);
+	cr_assert(msg && strstr(msg, "--takeover"), "the refusal says how: %s", msg ? msg : "");
+	free(msg);
+	cr_assert_eq(mount_on('B', NULL, true, NULL), 0, "B takes over");
+	expect_files(sp("mB"), 0, 6);
+	write_files(sp("mB"), 200, 201, true);
+
+	/* A comes back with its old node directory: refused while B holds
+	 * the volume, and what it left is still there, untouched. */
+	snprintf(err, sizeof(err), "%s", sp("a.err"));
+	cr_assert_neq(mount_on('A', NULL, false, err), 0, "A mounted while B held the lease");
+	cr_assert_neq(mount_on('A', NULL, true, err), 0, "A took a running lease over");
+	cr_assert_eq(access(sp("nodeA/%s/meta.epoch", vname), F_OK), 0);
+	umount_on('B');
+
+	/* B let go: A mounts, and moves its leftovers aside, not merged. */
+	cr_assert_eq(mount_on('A', NULL, false, NULL), 0, "A after B let go");
+	cr_assert_eq(stat_of(sp("mA"), "lease_epoch"), 3);
+	cr_assert_gt(stat_of(sp("mA"), "lease_leftovers_kept"), 0);
+	{
+		struct stat st;
+		int kept = (stat(sp("nodeA/%s/staging.fenced-1", vname), &st) == 0) +
+			   (stat(sp("nodeA/%s/meta-changes.fenced-1", vname), &st) == 0);
+
+		cr_assert_gt(kept, 0, "nothing of A's old run was kept aside");
+		cr_assert_eq(stat(sp("mA/f100"), &st) == 0 && st.st_size > 0, false,
+			     "A's unsynced file from before the takeover was merged (%lld bytes)",
+			     (long long)st.st_size);
+	}
+	expect_files(sp("mA"), 0, 6);
+	expect_files(sp("mA"), 200, 201);
+	umount_on('A');
+}
