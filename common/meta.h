@@ -334,6 +334,9 @@ void meta_lease_fence(struct meta *m, uint64_t epoch);
 uint64_t meta_lease_fenced_to(struct meta *m);
 /* Connections made again after the database hung up (PostgreSQL). */
 uint64_t meta_reconnects(struct meta *m);
+/* Statements this meta ran, and exchanges with a database server (0 for
+ * SQLite, which runs in the process). */
+void meta_counters(struct meta *m, uint64_t *statements, uint64_t *round_trips);
 
 /* Frees an unlinked inode (nlink 0) once nothing holds it open: removes it,
  * its slices and xattrs; the slices' objects are recorded for gc. A linked

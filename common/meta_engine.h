@@ -66,6 +66,8 @@ struct meta {
 	pthread_mutex_t write_lock;
 	struct conn *conns;
 	_Atomic uint64_t reconnects; /* connections replaced after the server hung up */
+	_Atomic uint64_t statements;  /* statements run (meta_counters) */
+	_Atomic uint64_t round_trips; /* exchanges with a database server */
 	_Atomic uint64_t fence;      /* the lease epoch write transactions check (0: none) */
 	/* A connection was replaced while commits made without waiting for
 	 * the server's WAL flush were not synced yet: the server may have lost
@@ -164,6 +166,7 @@ int meta_replay_one(struct meta *m, const struct mj_rec *r);
 
 static inline int stmt(struct conn *c, enum st id, struct db_stmt **out)
 {
+	atomic_fetch_add_explicit(&c->m->statements, 1, memory_order_relaxed);
 	return c->drv->stmt(c, id, out);
 }
 

@@ -92,6 +92,12 @@ static struct pg_stmt *pgs(struct db_stmt *st)
 	return (struct pg_stmt *)st;
 }
 
+/* One exchange with the server (meta_counters). */
+static void trip(struct pg_conn *c)
+{
+	atomic_fetch_add_explicit(&c->base.m->round_trips, 1, memory_order_relaxed);
+}
+
 /* A failed result -> a negative errno. -EAGAIN: the transaction may be
  * tried again (a serialization failure or a deadlock). */
 static int pg_err(PGconn *pc, const PGresult *res)
@@ -364,6 +370,7 @@ static int prepare(struct pg_conn *c, enum st id)
 	if (sql == NULL)
 		return -ENOMEM;
 	snprintf(name, sizeof(name), "s%d", (int)id);
+	trip(c);
 	res = PQprepare(c->pc, name, sql, n, oids);
 	free(sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
@@ -466,6 +473,7 @@ static int begin_write(struct pg_conn *c)
 
 	snprintf(sql, sizeof(sql), "BEGIN; SELECT pg_advisory_xact_lock(%lld)",
 		 (long long)v->lock_key);
+	trip(c);
 	res = PQexec(c->pc, sql);
 	if (PQresultStatus(res) == PGRES_TUPLES_OK) {
 		PQclear(res);
@@ -495,6 +503,7 @@ static int run(struct pg_stmt *st)
 	if (rc)
 		return rc;
 	snprintf(name, sizeof(name), "s%d", (int)st->id);
+	trip(c);
 	st->res = PQexecPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1);
 	if (st->id == ST_COMMIT || st->id == ST_ROLLBACK)
 		c->txn = false; /* ended, whether or not it went through */
@@ -842,6 +851,7 @@ static int pg_sync(struct meta *m)
 
 	if (rc)
 		return rc;
+	trip(pgc(c));
 	res = PQexec(pgc(c)->pc, "BEGIN; SET LOCAL synchronous_commit = on;"
 				 " SELECT txid_current(); COMMIT");
 	rc = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : conn_err(pgc(c), res);

@@ -2645,6 +2645,12 @@ uint64_t meta_reconnects(struct meta *m)
 	return atomic_load(&m->reconnects);
 }
 
+void meta_counters(struct meta *m, uint64_t *statements, uint64_t *round_trips)
+{
+	*statements = atomic_load(&m->statements);
+	*round_trips = atomic_load(&m->round_trips);
+}
+
 struct punch_args {
 	uint64_t ino, off, len;
 	struct meta_attr out;

@@ -60,6 +60,13 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 		(unsigned long long)atomic_load(&md->lease_leftovers));
 	fprintf(f, "meta_up %d\n", !md->lease_held || atomic_load(&md->meta_up) ? 1 : 0);
 	fprintf(f, "meta_reconnects %llu\n", (unsigned long long)meta_reconnects(md->meta));
+	{
+		uint64_t st, rt;
+
+		meta_counters(md->meta, &st, &rt);
+		fprintf(f, "meta_statements %llu\nmeta_round_trips %llu\n", (unsigned long long)st,
+			(unsigned long long)rt);
+	}
 	fprintf(f, "meta_batch_commit_failures %llu\n", (unsigned long long)js.commit_failures);
 	for (int i = 0; i < OP_COUNT; i++)
 		fprintf(f, "fuse_requests_%s %llu\n", op_names[i],

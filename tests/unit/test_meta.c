@@ -2847,3 +2847,23 @@ Test(meta_journal, refused_changes_keep_the_batch, .init = setup_nodefer, .fini 
 	cr_assert_eq(meta_flush(m), 0);
 	cr_assert_eq(meta_lookup(m, d.ino, "f49", &a), 0);
 }
+
+/* What a change costs the engine: statements run, and exchanges with a
+ * server (none for SQLite, in the process). */
+Test(meta, counters_count_statements_and_round_trips)
+{
+	uint64_t s0, r0, s1, r1;
+
+	meta_counters(m, &s0, &r0);
+	mk(META_ROOT_INO, "counted", S_IFREG | 0644);
+	cr_assert_eq(meta_getattr(m, META_ROOT_INO, NULL), 0);
+	meta_flush(m);
+	meta_counters(m, &s1, &r1);
+	cr_assert_gt(s1, s0 + 1, "statements %llu -> %llu", (unsigned long long)s0,
+		     (unsigned long long)s1);
+#ifdef META_TEST_PG
+	cr_assert_gt(r1, r0, "no round trip counted");
+#else
+	cr_assert_eq(r1, 0);
+#endif
+}
