@@ -790,7 +790,11 @@ uint64_t meta_journal_last(struct meta *m)
 	return seq;
 }
 
-int meta_flush(struct meta *m)
+/* Commits the open batch; with restore, first makes acknowledged changes
+ * that no batch holds (m->stuck: the database refused them again) into one
+ * again. Those still not committed are not a success: they stay journaled,
+ * and each later change or read tries them again. */
+static int flush(struct meta *m, bool restore)
 {
 	int rc;
 
@@ -799,9 +803,18 @@ int meta_flush(struct meta *m)
 	if (m->jfd < 0)
 		return 0;
 	pthread_mutex_lock(&m->write_lock);
+	if (restore && m->stuck && !m->batch_open)
+		batch_restore(m);
 	rc = batch_commit(m);
+	if (rc == 0 && m->stuck)
+		rc = -EIO;
 	pthread_mutex_unlock(&m->write_lock);
 	return rc;
+}
+
+int meta_flush(struct meta *m)
+{
+	return flush(m, false);
 }
 
 void meta_journal_stats_get(struct meta *m, struct meta_journal_stats *out)
@@ -916,8 +929,11 @@ void meta_close(struct meta *m)
 		pthread_mutex_unlock(&m->write_lock);
 		if (m->flush_started)
 			pthread_join(m->flush_thread, NULL);
-		/* What does not commit now is replayed at the next open. */
-		meta_flush(m);
+		/* What does not commit now is replayed at the next open; once
+		 * everything did, the journal is left empty (a node handing
+		 * the volume over then leaves nothing that looks pending). */
+		if (meta_flush(m) == 0 && m->jseq == m->applied && !m->stuck)
+			(void)!ftruncate(m->jfd, 0);
 		close(m->jfd);
 		m->jfd = -1;
 	}
@@ -958,7 +974,7 @@ int meta_sync(struct meta *m)
 	if (m == NULL)
 		return -EINVAL;
 	if (m->jfd >= 0) {
-		rc = meta_flush(m);
+		rc = flush(m, true);
 		if (rc)
 			return rc;
 	}

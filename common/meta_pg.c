@@ -253,13 +253,20 @@ static void notice_drop(void *arg, const char *message)
  * and the commit mode. */
 static int session_setup(PGconn *pc, const struct pg_vol *v, int batched)
 {
-	char sql[192];
+	char sql[384];
 
 	/* libpq prints the server's notices on stderr otherwise. */
 	PQsetNoticeProcessor(pc, notice_drop, NULL);
+	/* The fence check reads the lease inside each write transaction after
+	 * its lock: READ COMMITTED, whatever the URL's options say. A writer
+	 * whose node died with a transaction open holds the volume's lock
+	 * until the server drops that transaction: after a minute, so a
+	 * takeover waits no longer (a batch is open a few ms at a time). */
 	snprintf(sql, sizeof(sql),
 		 "SET search_path TO %s; SET application_name = 'ferryfs %s';"
-		 " SET synchronous_commit = %s",
+		 " SET synchronous_commit = %s;"
+		 " SET default_transaction_isolation = 'read committed';"
+		 " SET idle_in_transaction_session_timeout = '60s'",
 		 v->schema, v->schema + 6, batched ? "off" : "on");
 	return pg_exec(pc, sql);
 }
@@ -282,7 +289,15 @@ static int pg_connect(const struct pg_vol *v, PGconn **out)
 	PGconn *pc;
 	int rc;
 
-	pc = PQconnectdb(v->conninfo);
+	/* Defaults the URL may override (they come first): a server that
+	 * stops answering (a partition, a dead host) fails a request within
+	 * seconds instead of TCP's quarter of an hour. */
+	static const char *const keys[] = { "connect_timeout", "keepalives_idle",
+					    "keepalives_interval", "keepalives_count",
+					    "tcp_user_timeout", "dbname", NULL };
+	const char *vals[] = { "10", "10", "5", "3", "15000", v->conninfo, NULL };
+
+	pc = PQconnectdbParams(keys, vals, 1);
 	if (pc == NULL)
 		return -ENOMEM;
 	if (PQstatus(pc) != CONNECTION_OK) {
@@ -740,11 +755,47 @@ static int vol_new(struct meta *m)
 	return 0;
 }
 
+/* A volume about to be formatted over: -EBUSY while a mount holds its
+ * lease (it would go on writing into the new one), else the epoch it
+ * reached in *epoch (0: none). */
+static int lease_before_reformat(struct pg_conn *c, const struct pg_vol *v, int64_t *epoch)
+{
+	char sql[320];
+	PGresult *res;
+	int rc = 0;
+
+	snprintf(sql, sizeof(sql), "SELECT to_regclass('%s.lease') IS NOT NULL", v->schema);
+	res = PQexec(c->pc, sql);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+		rc = conn_err(c, res);
+	else if (strcmp(PQgetvalue(res, 0, 0), "t") != 0)
+		rc = 1; /* no lease table: nothing to look at */
+	PQclear(res);
+	if (rc)
+		return rc > 0 ? 0 : rc;
+	snprintf(sql, sizeof(sql),
+		 "SELECT epoch, holder <> '' AND expires_ms >"
+		 " CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+		 " FROM %s.lease WHERE id = 1",
+		 v->schema);
+	res = PQexec(c->pc, sql);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		rc = conn_err(c, res);
+	else if (PQntuples(res) == 1) {
+		*epoch = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		if (strcmp(PQgetvalue(res, 0, 1), "t") == 0)
+			rc = -EBUSY;
+	}
+	PQclear(res);
+	return rc;
+}
+
 static int pg_format(struct meta *m, int force, int (*fill)(struct conn *c, void *arg), void *arg)
 {
 	struct conn *c = NULL;
 	struct pg_vol *v;
 	char sql[256];
+	int64_t old_epoch = 0;
 	int rc;
 
 	rc = vol_new(m);
@@ -758,6 +809,9 @@ static int pg_format(struct meta *m, int force, int (*fill)(struct conn *c, void
 	if (rc)
 		goto out;
 	if (force) {
+		rc = lease_before_reformat(pgc(c), v, &old_epoch);
+		if (rc)
+			goto out;
 		snprintf(sql, sizeof(sql), "DROP SCHEMA IF EXISTS %s CASCADE", v->schema);
 		rc = pg_exec(pgc(c)->pc, sql);
 		if (rc)
@@ -781,6 +835,13 @@ static int pg_format(struct meta *m, int force, int (*fill)(struct conn *c, void
 		 "INSERT INTO meta_schema(id, version, application) VALUES (1, %d, 'ferryfs')",
 		 PG_SCHEMA_VERSION);
 	rc = pg_exec(pgc(c)->pc, sql);
+	/* Epochs go on from the volume this one replaces: a holder of that
+	 * one, fenced to its epoch, never matches one of the new volume's. */
+	if (rc == 0 && old_epoch > 0) {
+		snprintf(sql, sizeof(sql), "UPDATE lease SET epoch = %lld WHERE id = 1",
+			 (long long)old_epoch);
+		rc = pg_exec(pgc(c)->pc, sql);
+	}
 	if (rc == 0)
 		rc = fill(c, arg);
 	if (rc == 0)

@@ -1050,6 +1050,14 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	int rc;
 
 	count(req, OP_OPEN);
+	/* Another mount took the volume over: nothing more is written here
+	 * (the engine refuses every change; a new writer would only stage
+	 * data that can never commit). */
+	if (ino != STATS_INO && (fi->flags & O_ACCMODE) != O_RDONLY &&
+	    atomic_load(&md->lease_fenced)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
 	if (ino == STATS_INO)
 		rc = open_special(md, fi);
 	else
@@ -1242,6 +1250,10 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 	int rc;
 
 	count(req, OP_WRITE);
+	if (atomic_load(&md->lease_fenced)) {
+		fuse_reply_err(req, EROFS); /* see op_open */
+		return;
+	}
 	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
 	if (!of || of->ino->ino != ino || !of->writer) {
 		fuse_reply_err(req, EBADF);

@@ -7,9 +7,11 @@
  * fenced by the engine: every write transaction it makes fails with EROFS
  * and changes nothing; its staged files and journal stay where they are,
  * said once in the log and in .stats (lease_fenced), never merged. The
- * node's directory records the epoch it last held (meta.epoch): a node that
- * comes back after another mount held the lease moves what it left
- * uncommitted aside (*.fenced-EPOCH) instead of replaying it.
+ * node's directory records the epoch it last held, with the volume's uuid
+ * and an id of its own (meta.epoch): a node that comes back after another
+ * mount held the lease moves what it left uncommitted aside
+ * (*.fenced-EPOCH) instead of replaying it. A mount that stops with
+ * anything uncommitted keeps the lease (it runs out) rather than free it.
  *
  * The thread and its lock belong to struct mountd (lease_*).
  */
@@ -19,6 +21,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,21 +45,38 @@ static void say_holder(struct mountd *md, const struct meta_lease *cur)
 		     "fences that holder if it comes back", md->cfg.db_path, cur->holder, -left);
 }
 
-/* The epoch this node's directory of the volume last held (0: none yet). */
-static uint64_t epoch_read(const char *path)
+/*
+ * What the node directory knows of the volume (meta.epoch): the epoch it
+ * last held, the volume's uuid then (a volume formatted again under the
+ * same name is another volume), and a random id of the directory that its
+ * holder strings carry, so that a lease taken by this directory is known
+ * for its own even if the take's reply or the record was lost.
+ */
+struct node_rec {
+	uint64_t epoch; /* 0: none yet */
+	char uuid[37];
+	char id[17];
+};
+
+static void node_read(const char *path, struct node_rec *r)
 {
-	unsigned long long v = 0;
+	unsigned long long e = 0;
+	char uuid[64] = "", id[64] = "";
 	FILE *f = fopen(path, "re");
 
+	memset(r, 0, sizeof(*r));
 	if (f == NULL)
-		return 0;
-	if (fscanf(f, "%llu", &v) != 1)
-		v = 0;
+		return;
+	if (fscanf(f, "%llu %63s %63s", &e, uuid, id) == 3 && strlen(uuid) == 36 &&
+	    strlen(id) == 16) {
+		r->epoch = e;
+		memcpy(r->uuid, uuid, 37);
+		memcpy(r->id, id, 17);
+	}
 	fclose(f);
-	return v;
 }
 
-static int epoch_write(const char *path, uint64_t epoch)
+static int node_write(const char *path, const struct node_rec *r)
 {
 	char tmp[PATH_MAX];
 	FILE *f;
@@ -67,8 +87,8 @@ static int epoch_write(const char *path, uint64_t epoch)
 	f = fopen(tmp, "we");
 	if (f == NULL)
 		return -errno;
-	if (fprintf(f, "%llu\n", (unsigned long long)epoch) < 0 || fflush(f) != 0 ||
-	    fsync(fileno(f)) != 0)
+	if (fprintf(f, "%llu %s %s\n", (unsigned long long)r->epoch, r->uuid, r->id) < 0 ||
+	    fflush(f) != 0 || fsync(fileno(f)) != 0)
 		rc = -EIO;
 	if (fclose(f) != 0 && rc == 0)
 		rc = -EIO;
@@ -109,61 +129,109 @@ static bool holds_something(const char *path)
  */
 static void leftovers_aside(struct mountd *md, uint64_t last)
 {
-	const char *what[2] = { md->cfg.staging_dir, NULL };
-	char journal[PATH_MAX], aside[PATH_MAX + 32];
-	int kept = 0;
+	char journal[PATH_MAX], aside[PATH_MAX + 32], dot[32], to[NAME_MAX + 40];
+	struct dirent *de;
+	uint64_t files = 0, kept = 0;
+	DIR *d;
 
+	/* Staging files go into a dot directory inside the staging directory
+	 * (which may be a mount point of its own): the reconciler and the
+	 * start-up scan pass over dot entries. */
+	snprintf(dot, sizeof(dot), ".fenced-%llu", (unsigned long long)last);
+	d = holds_something(md->cfg.staging_dir) ? opendir(md->cfg.staging_dir) : NULL;
+	if (d != NULL) {
+		if (mkdirat(dirfd(d), dot, 0700) != 0 && errno != EEXIST)
+			start_failed(md, "cannot make %s/%s: %s", md->cfg.staging_dir, dot,
+				     strerror(errno));
+		while ((de = readdir(d)) != NULL) {
+			if (de->d_name[0] == '.')
+				continue;
+			snprintf(to, sizeof(to), "%s/%s", dot, de->d_name);
+			if (renameat(dirfd(d), de->d_name, dirfd(d), to) != 0)
+				start_failed(md, "cannot move %s/%s aside to %s/%s: %s",
+					     md->cfg.staging_dir, de->d_name, md->cfg.staging_dir, to,
+					     strerror(errno));
+			files++;
+		}
+		closedir(d);
+		log_warnx("%s held %llu files this node staged under lease epoch %llu, before "
+			  "another mount took the volume over; kept in %s/%s, not uploaded",
+			  md->cfg.staging_dir, (unsigned long long)files, (unsigned long long)last,
+			  md->cfg.staging_dir, dot);
+		kept += files;
+	}
 	if (meta_local_file(md->cfg.db_path, md->cfg.vol_dir, META_JOURNAL_SUFFIX, journal,
-			    sizeof(journal)) == 0)
-		what[1] = journal;
-	for (int i = 0; i < 2; i++) {
-		if (what[i] == NULL || !holds_something(what[i]))
-			continue;
-		snprintf(aside, sizeof(aside), "%s.fenced-%llu", what[i], (unsigned long long)last);
-		if (rename(what[i], aside) != 0)
-			start_failed(md, "cannot move %s (left by this node under lease epoch %llu, "
-				     "which another mount took over) aside to %s: %s",
-				     what[i], (unsigned long long)last, aside, strerror(errno));
-		log_warnx("%s holds what this node left uncommitted under lease epoch %llu, before "
-			  "another mount took the volume over; kept as %s, not merged",
-			  what[i], (unsigned long long)last, aside);
+			    sizeof(journal)) == 0 && holds_something(journal)) {
+		snprintf(aside, sizeof(aside), "%s.fenced-%llu", journal, (unsigned long long)last);
+		if (rename(journal, aside) != 0)
+			start_failed(md, "cannot move %s aside to %s: %s", journal, aside,
+				     strerror(errno));
+		log_warnx("%s holds changes this node journaled under lease epoch %llu, before "
+			  "another mount took the volume over; kept as %s, not replayed", journal,
+			  (unsigned long long)last, aside);
 		kept++;
 	}
-	atomic_store(&md->lease_leftovers, (uint64_t)kept);
-}
-
-void lease_take(struct mountd *md)
+	atomic_store(&md->lease_leftovers, kept);
+}void lease_take(struct mountd *md)
 {
 	struct meta_lease cur = { 0 };
-	char host[HOST_NAME_MAX + 1] = "?", holder[META_LEASE_HOLDER_MAX + 1];
-	char epoch_path[PATH_MAX];
-	uint64_t last;
+	struct meta_volume vol = { 0 };
+	char host[HOST_NAME_MAX + 1] = "?", holder[META_LEASE_HOLDER_MAX + 1], tag[32];
+	char path[PATH_MAX];
+	struct node_rec node;
+	uint64_t mine = 0, last;
 	int rc;
 
 	if (!meta_url_is_pg(md->cfg.db_path))
 		return;
+	if (meta_local_file(md->cfg.db_path, md->cfg.vol_dir, ".epoch", path, sizeof(path)) < 0)
+		start_failed(md, "volume directory %s: name too long", md->cfg.vol_dir);
+	if ((rc = meta_volume_get(md->meta, &vol)) < 0)
+		start_failed(md, "cannot read the volume record of %s: %s", md->cfg.db_path,
+			     strerror(-rc));
+	node_read(path, &node);
+	if (node.id[0] == '\0') {
+		uint64_t r = 0;
+
+		if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+			start_failed(md, "getrandom: %s", strerror(errno));
+		snprintf(node.id, sizeof(node.id), "%016llx", (unsigned long long)r);
+	}
+	/* Another volume of the same name (formatted again, or on another
+	 * server): nothing this directory holds is of this one. */
+	last = strcmp(node.uuid, vol.uuid) == 0 ? node.epoch : 0;
+	snprintf(tag, sizeof(tag), "node %s", node.id);
 	gethostname(host, sizeof(host));
 	host[sizeof(host) - 1] = '\0';
-	snprintf(holder, sizeof(holder), "%s pid %d at %.*s", host, (int)getpid(), 160,
+	snprintf(holder, sizeof(holder), "%s pid %d %s at %.*s", host, (int)getpid(), tag, 160,
 		 md->cfg.mountpoint);
-	if (meta_local_file(md->cfg.db_path, md->cfg.vol_dir, ".epoch", epoch_path,
-			    sizeof(epoch_path)) < 0)
-		start_failed(md, "volume directory %s: name too long", md->cfg.vol_dir);
-	last = epoch_read(epoch_path);
-	/* An epoch this node directory holds is this node's: its daemon is
-	 * dead (we hold the directory's lock), so the lease is taken at once,
-	 * and what that daemon left is replayed. */
-	rc = meta_lease_take(md->meta, holder, md->lease_ms, md->lease_takeover, last, &cur);
+	/*
+	 * A lease whose holder is this directory (a daemon of this node that
+	 * died: we hold the directory's lock now) is this node's: taken at
+	 * once, and what that daemon left is replayed, even when it died
+	 * before it wrote down the epoch it took.
+	 */
+	if (meta_lease_get(md->meta, &cur) == 0 && strstr(cur.holder, tag) != NULL &&
+	    last != 0 && cur.epoch >= last) {
+		mine = cur.epoch;
+		last = cur.epoch;
+	}
+	rc = meta_lease_take(md->meta, holder, md->lease_ms, md->lease_takeover, mine, &cur);
 	if (rc == -EBUSY)
 		say_holder(md, &cur);
 	if (rc < 0)
 		start_failed(md, "cannot take the writer's lease of %s: %s", md->cfg.db_path,
 			     strerror(-rc));
 	md->lease_held = true;
-	if (last != 0 && meta_lease_fenced_to(md->meta) != last + 1)
-		leftovers_aside(md, last);
-	if ((rc = epoch_write(epoch_path, meta_lease_fenced_to(md->meta))) < 0)
-		start_failed(md, "cannot record the lease epoch in %s: %s", epoch_path, strerror(-rc));
+	/* Anything left here from before another mount held the volume (or
+	 * from another volume of this name) is not replayed. */
+	if (node.epoch != 0 && (last == 0 || meta_lease_fenced_to(md->meta) != last + 1))
+		leftovers_aside(md, node.epoch);
+	node.epoch = meta_lease_fenced_to(md->meta);
+	memcpy(node.uuid, vol.uuid, sizeof(node.uuid));
+	if ((rc = node_write(path, &node)) < 0)
+		start_failed(md, "cannot record the lease epoch in %s: %s", path, strerror(-rc));
+	meta_volume_free(&vol);
 	atomic_store(&md->meta_up, true);
 	if (md->lease_takeover && cur.holder[0])
 		log_warnx("took over the lease of %s from %s (epoch %llu): that holder is fenced",
@@ -234,6 +302,7 @@ int lease_start(struct mountd *md)
 
 void lease_stop(struct mountd *md)
 {
+	struct meta_journal_stats js;
 	int rc;
 
 	if (md->lease_live) {
@@ -249,6 +318,19 @@ void lease_stop(struct mountd *md)
 	if (!md->lease_held || atomic_load(&md->lease_fenced))
 		return;
 	md->lease_held = false;
+	/* Something of this mount is not committed (a staging file the
+	 * reconciler could not finish, journaled changes): the lease stays
+	 * this node's until it runs out, so no other node mounts over what
+	 * the next mount here will commit. */
+	meta_journal_stats_get(md->meta, &js);
+	if (js.pending > 0 || holds_something(md->cfg.staging_dir)) {
+		log_warnx("keeping the writer's lease of %s: this node has changes not committed "
+			  "yet (%s); the next mount here commits them, another node needs "
+			  "--takeover once the lease runs out (%lld ms)",
+			  md->cfg.db_path, js.pending ? "journaled changes" : "staging files",
+			  (long long)md->lease_ms);
+		return;
+	}
 	/* Everything of this mount is committed (meta_flush came first): the
 	 * next mount, on any node, takes the lease without a takeover. */
 	if ((rc = meta_lease_release(md->meta)) < 0)

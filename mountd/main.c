@@ -573,6 +573,11 @@ int main(int argc, char **argv)
 	 * and cache (a SQLite volume's is the directory its file is in). */
 	if (meta_url_is_pg(md->cfg.db_path) && (rc = dirs_make(md->cfg.vol_dir, 0700)) < 0)
 		start_failed(md, "volume directory %s: %s", md->cfg.vol_dir, strerror(-rc));
+	/* A reconciler started on its own would commit whatever the lease:
+	 * only the one this daemon starts is fenced to its epoch. */
+	if (meta_url_is_pg(md->cfg.db_path) && md->cfg.reconciler)
+		start_failed(md, "--reconciler cannot serve a PostgreSQL volume (it would not be "
+			     "fenced by the mount's lease): let ferry-mountd start its own");
 	md->cfg.mountpoint = abs_path(argv[optind + 1]);
 	if (!md->cfg.cache_dir && asprintf(&md->cfg.cache_dir, "%s/cache", md->cfg.vol_dir) < 0)
 		fatalx("out of memory");

@@ -11,6 +11,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -268,10 +269,17 @@ Test(pg_nodes, a_dead_writer_is_taken_over_and_comes_back_fenced)
 	cr_assert_gt(stat_of(sp("mA"), "lease_leftovers_kept"), 0);
 	{
 		struct stat st;
-		int kept = (stat(sp("nodeA/%s/staging.fenced-1", vname), &st) == 0) +
-			   (stat(sp("nodeA/%s/meta-changes.fenced-1", vname), &st) == 0);
+		struct dirent *de;
+		DIR *d = opendir(sp("nodeA/%s/staging/.fenced-1", vname));
+		int staged = 0;
 
-		cr_assert_gt(kept, 0, "nothing of A's old run was kept aside");
+		/* f100's staging file (its job waited a minute) went aside... */
+		cr_assert_not_null(d, "A's staging directory was not kept aside");
+		while ((de = readdir(d)) != NULL)
+			staged += de->d_name[0] != '.';
+		closedir(d);
+		cr_assert_gt(staged, 0, "nothing of A's staged data was kept aside");
+		/* ...and is not merged into the volume B wrote since. */
 		cr_assert_eq(stat(sp("mA/f100"), &st) == 0 && st.st_size > 0, false,
 			     "A's unsynced file from before the takeover was merged (%lld bytes)",
 			     (long long)st.st_size);
@@ -279,4 +287,43 @@ Test(pg_nodes, a_dead_writer_is_taken_over_and_comes_back_fenced)
 	expect_files(sp("mA"), 0, 6);
 	expect_files(sp("mA"), 200, 201);
 	umount_on('A');
+}
+
+/* A writer cut off long enough for its lease to run out (here: stopped)
+ * finds, when it comes back, that another mount took the volume over: it
+ * turns read-only (EROFS), says so in .stats, and nothing it does lands. */
+Test(pg_nodes, a_writer_cut_off_and_taken_over_turns_read_only)
+{
+	pid_t pids[4];
+	struct stat st;
+	int fd;
+
+	format_volume();
+	cr_assert_eq(mount_on('A', "lease_ms=2000", false, NULL), 0, "mount on A");
+	write_files(sp("mA"), 0, 2, true);
+	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", sp("mA"), pids, 4), 1);
+	kill(pids[0], SIGSTOP);
+	usleep(2500 * 1000);
+	cr_assert_eq(mount_on('B', NULL, true, NULL), 0, "B takes over");
+	write_files(sp("mB"), 10, 11, true);
+	kill(pids[0], SIGCONT);
+	/* A's next renewal (a third of its lease) finds the epoch moved on. */
+	for (int t = 0; t < 300 && stat_of(sp("mA"), "lease_fenced") == 0; t++)
+		usleep(10000);
+	cr_assert_eq(stat_of(sp("mA"), "lease_fenced"), 1);
+	errno = 0;
+	fd = open(sp("mA/late"), O_WRONLY | O_CREAT, 0644);
+	cr_assert(fd < 0 && errno == EROFS, "create on a fenced mount: %d %s", fd, strerror(errno));
+	errno = 0;
+	fd = open(sp("mA/f000"), O_WRONLY);
+	cr_assert(fd < 0 && errno == EROFS, "open for write: %d %s", fd, strerror(errno));
+	cr_assert(mkdir(sp("mA/dir"), 0755) < 0 && errno == EROFS);
+	cr_assert(unlink(sp("mA/f001")) < 0 && errno == EROFS);
+	expect_files(sp("mA"), 0, 2); /* reads go on */
+	umount_on('A');
+	cr_assert_eq(stat(sp("mB/late"), &st), -1);
+	cr_assert_eq(stat(sp("mB/dir"), &st), -1);
+	expect_files(sp("mB"), 0, 2);
+	expect_files(sp("mB"), 10, 11);
+	umount_on('B');
 }

@@ -477,6 +477,31 @@ Test(meta_open, wrong_schemas)
 	}
 }
 
+/* A volume formatted over while a mount holds its lease is refused (that
+ * mount would go on writing into the new one); once it let go, the new
+ * volume's epochs go on from the old one's, so a holder fenced to an old
+ * epoch never matches a new one. */
+Test(meta_open, no_format_over_a_held_lease)
+{
+	struct meta_volume v = { .storage_url = "file:///tmp/objs" };
+	struct meta *o = NULL;
+
+	format_volume();
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_lease_take(m, "holder", 60000, 0, 0, NULL), 0);
+	cr_assert_eq(meta_format(db, &v, 0, 0, 1), -EBUSY);
+	cr_assert_eq(meta_lease_release(m), 0);
+	cr_assert_eq(meta_format(db, &v, 0, 0, 1), 0);
+	cr_assert_eq(meta_open(db, &o), 0);
+	cr_assert_eq(meta_lease_take(o, "next", 60000, 0, 0, NULL), 0);
+	cr_assert_eq(meta_lease_fenced_to(o), 2, "epoch %llu",
+		     (unsigned long long)meta_lease_fenced_to(o));
+	/* The old meta, fenced to epoch 1, writes nothing into the new volume. */
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "old", S_IFREG | 0644, 1, 1, 0, NULL, NULL),
+		     -EROFS);
+	meta_close(o);
+}
+
 /* A URL the engine refuses before it connects. */
 Test(meta_open, bad_urls)
 {
@@ -2588,6 +2613,8 @@ Test(meta_journal, counters_of_a_lost_batch_are_never_written, .init = setup_nod
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "poison", S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
 	/* Fails part way: batch lost, the replay fails (the trigger), m is stuck. */
 	cr_assert_neq(meta_create(m, META_ROOT_INO, "boom", S_IFREG | 0644, 1, 2, 0, NULL, NULL), 0);
+	/* poison's create was acknowledged and is in no batch: a sync says so. */
+	cr_assert_eq(meta_sync(m), -EIO);
 	raw_trigger_drop("poison", "inode");
 	raw_trigger_drop("boom", "dentry");
 	/* Another writer, while no batch is open. */
