@@ -203,8 +203,11 @@ static void leftovers_aside(struct mountd *md, uint64_t last)
 	snprintf(tag, sizeof(tag), "node %s", node.id);
 	gethostname(host, sizeof(host));
 	host[sizeof(host) - 1] = '\0';
-	snprintf(holder, sizeof(holder), "%s pid %d %s at %.*s", host, (int)getpid(), tag, 160,
-		 md->cfg.mountpoint);
+	/* A long mountpoint is cut short: the line names, it does not identify
+	 * (the node id does). */
+	if (snprintf(holder, sizeof(holder), "%.64s pid %d %s at %.120s", host, (int)getpid(), tag,
+		     md->cfg.mountpoint) >= (int)sizeof(holder))
+		holder[sizeof(holder) - 1] = '\0';
 	/*
 	 * A lease whose holder is this directory (a daemon of this node that
 	 * died: we hold the directory's lock now) is this node's: taken at
