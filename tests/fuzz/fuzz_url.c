@@ -24,7 +24,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 	}
 	store_url_free(&u);
-	if (meta_url_parse(s, &db, &dir, err, sizeof(err)) == 0 && (!db || db[0] != '/'))
+	/* A parsed location is a SQLite file's absolute path, or a PostgreSQL
+	 * URL kept as given; either way with an absolute node directory. */
+	if (meta_url_parse(s, &db, &dir, err, sizeof(err)) == 0 &&
+	    (!db || !dir || dir[0] != '/' || (db[0] != '/' && !meta_url_is_pg(db)) ||
+	     (meta_url_is_pg(db) && strcmp(db, s) != 0)))
 		abort();
 	free(db);
 	free(dir);
