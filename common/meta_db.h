@@ -159,6 +159,14 @@ struct db_driver {
 	/* The connection still reaches its database (a server's connection
 	 * can drop; the engine then opens another). */
 	bool (*conn_ok)(struct conn *c);
+	/* A statement outside the catalogue (ferry dump and load, which are
+	 * generic over tables), in the catalogue's dialect with params' types:
+	 * prepared on c, owned by the caller until stmt_free. */
+	int (*stmt_new)(struct conn *c, const char *sql, const char *params,
+			struct db_stmt **out);
+	void (*stmt_free)(struct db_stmt *st); /* accepts NULL */
+	/* What the database said of c's last failure, on one line. */
+	const char *(*errmsg)(struct conn *c, char *buf, size_t len);
 };
 
 #endif

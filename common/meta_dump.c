@@ -1,12 +1,14 @@
 /*
- * meta_dump: `ferry dump` and `ferry load` on the SQLite engine. The
- * records are the tables' rows, named by table and column as in the schema
- * (meta_sqlite.c), so a later engine reads and writes the same stream.
- * Generic over the columns (PRAGMA table_info): what a row holds is written
- * and read back as it is, whatever a later schema version adds to a table.
+ * meta_dump: `ferry dump` and `ferry load` on either engine. The records
+ * are the tables' rows, named by table and column as in the schemas
+ * (meta_sqlite.c and meta_pg.c agree on both), read and written through
+ * the engine's driver (meta_db.h): a dump of one engine loads into the
+ * other, and the two dumps of one volume are the same past the header.
  *
  * A value is a JSON integer, null, or a string; a blob that is not UTF-8
  * text (names are any bytes but '/' and NUL) is written as "COLUMN@hex".
+ * Tables are read a page at a time in key order (keyset pages, not one
+ * result: a server's result is held whole by its client).
  */
 #include "meta_dump.h"
 
@@ -14,43 +16,86 @@
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <limits.h>
-#include <sqlite3.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "meta.h"
+#include "meta_engine.h"
+#include "url.h"
 
-/* The tables, in the order they are written and loaded; "sequence" is
- * SQLite's record of the highest slice seq ever given (AUTOINCREMENT),
- * after the slices, whose inserts move it. */
+/* A column as the dump knows it: its type ('i' integer, 't' UTF-8 text,
+ * 'b' bytes, 'n' an entry's name, 'z' bytes without a NUL) and whether it
+ * may be null. */
+struct dump_col {
+	const char *name;
+	char type;
+	bool null_ok;
+};
+#define I(c) { #c, 'i', false }
+#define T(c) { #c, 't', false }
+#define END { NULL, 0, false }
+static const struct dump_col volume_cols[] = { I(id), T(uuid), I(block_size), T(storage_url),
+					       I(created_at), I(s3_http), END };
+static const struct dump_col counters_cols[] = { I(id), I(next_ino), I(next_slice),
+						 I(next_cookie), END };
+static const struct dump_col seq_epoch_cols[] = { I(id), I(epoch), END };
+static const struct dump_col journal_cols[] = { I(id), I(seq), END };
+static const struct dump_col inode_cols[] = { I(ino), I(mode), I(uid), I(gid), I(rdev),
+					      I(nlink), I(size), I(atime_sec), I(atime_nsec),
+					      I(mtime_sec), I(mtime_nsec), I(ctime_sec),
+					      I(ctime_nsec), END };
+static const struct dump_col dentry_cols[] = { I(parent), { "name", 'n', false }, I(ino),
+					       I(cookie), END };
+static const struct dump_col symlink_cols[] = { I(ino), { "target", 'z', false }, END };
+static const struct dump_col xattr_cols[] = { I(ino), { "name", 'z', false },
+					      { "value", 'b', false }, END };
+static const struct dump_col slice_cols[] = { I(seq), I(ino), I(chunk), I(id), I(size), I(off),
+					      I(pos), I(len), END };
+static const struct dump_col ino_cols[] = { I(ino), END };
+static const struct dump_col ino_seq_cols[] = { I(ino), I(seq), END };
+static const struct dump_col gc_slice_cols[] = { I(id), I(size), I(since), { "seen", 'i', true },
+						 END };
+/* The highest slice seq ever given: not a table of either engine (SQLite's
+ * sqlite_sequence, PostgreSQL's identity sequence), read and set through
+ * the engine's own statements. */
+static const struct dump_col sequence_cols[] = { T(name), I(seq), END };
+#undef I
+#undef T
+#undef END
+
+/* The tables, in the order they are written and loaded; each's key is its
+ * first nkey columns. The lease is not part of a dump. */
 static const struct dump_table {
-	const char *record; /* the record's "t" */
-	const char *table;
+	const char *table; /* and the record's "t" */
+	const struct dump_col *cols;
+	int nkey;
 } tables[] = {
-	{ "volume", "volume" },       { "counters", "counters" },   { "seq_epoch", "seq_epoch" },
-	{ "journal", "journal" },     { "inode", "inode" },         { "dentry", "dentry" },
-	{ "symlink", "symlink" },     { "xattr", "xattr" },         { "slice", "slice" },
-	{ "orphan", "orphan" },       { "commit_seq", "commit_seq" }, { "times_seq", "times_seq" },
-	{ "gc_slice", "gc_slice" },   { "delslice", "delslice" },   { "sequence", "sqlite_sequence" },
+	{ "volume", volume_cols, 1 },       { "counters", counters_cols, 1 },
+	{ "seq_epoch", seq_epoch_cols, 1 }, { "journal", journal_cols, 1 },
+	{ "inode", inode_cols, 1 },         { "dentry", dentry_cols, 2 },
+	{ "symlink", symlink_cols, 1 },     { "xattr", xattr_cols, 2 },
+	{ "slice", slice_cols, 1 },         { "orphan", ino_cols, 1 },
+	{ "commit_seq", ino_seq_cols, 1 },  { "times_seq", ino_seq_cols, 1 },
+	{ "gc_slice", gc_slice_cols, 1 },   { "sequence", sequence_cols, 0 },
 };
 #define NTABLES (sizeof(tables) / sizeof(tables[0]))
-#define MAX_COLS 32
+#define SEQUENCE (NTABLES - 1)
+#define MAX_COLS 16
+#define MAX_KEY 2
 /* The longest record line taken: the largest real one is an xattr value of
  * 64 KiB, as 128 KiB of hex. */
 #define LINE_MAX_BYTES (1u << 20)
-
-/* A table's columns as the database declares them. */
-struct columns {
-	int n;
-	char *name[MAX_COLS]; /* owned */
-	char type[MAX_COLS];  /* 'i' INTEGER, 't' TEXT, 'b' BLOB, '?' none declared */
-	bool notnull[MAX_COLS];
-	int pk[MAX_COLS];     /* position in the primary key, 0: not in it */
-};
+/* Rows a dump reads per statement. */
+#define PAGE_ROWS 4096
+#define BIG_NUM 4611686018427387904LL /* 2^62: far past any counter's reach */
+/* A dump of a PostgreSQL volume holds its lease this long, and renews it
+ * at a third of that while it runs. */
+#define DUMP_LEASE_MS 30000
 
 static void say(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -59,46 +104,6 @@ static void say(char *err, size_t errlen, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(err, errlen, fmt, ap);
 	va_end(ap);
-}
-
-static void columns_free(struct columns *c)
-{
-	for (int i = 0; i < c->n; i++)
-		free(c->name[i]);
-	c->n = 0;
-}
-
-/* 0, 1 if the table does not exist, or -errno. */
-static int columns_get(sqlite3 *db, const char *table, struct columns *c)
-{
-	char sql[128];
-	sqlite3_stmt *st = NULL;
-	int rc = 0;
-
-	c->n = 0;
-	snprintf(sql, sizeof(sql), "PRAGMA table_info(%s)", table);
-	if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
-		return -EIO;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		const char *name = (const char *)sqlite3_column_text(st, 1);
-		const char *type = (const char *)sqlite3_column_text(st, 2);
-
-		if (c->n == MAX_COLS || !name || !(c->name[c->n] = strdup(name))) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		c->type[c->n] = !type ? '?' : strcasecmp(type, "INTEGER") == 0 ? 'i' :
-				strcasecmp(type, "TEXT") == 0 ? 't' : strcasecmp(type, "BLOB") == 0 ? 'b' : '?';
-		c->notnull[c->n] = sqlite3_column_int(st, 3) != 0;
-		c->pk[c->n] = sqlite3_column_int(st, 5);
-		c->n++;
-	}
-	rc = rc == SQLITE_DONE ? (c->n == 0 ? 1 : 0) : -EIO;
-out:
-	sqlite3_finalize(st);
-	if (rc < 0)
-		columns_free(c);
-	return rc;
 }
 
 static bool utf8_text(const unsigned char *s, size_t n)
@@ -179,6 +184,7 @@ static int hex_decode(const char *s, size_t len, unsigned char **out, size_t *n)
 		}
 		p[i] = (unsigned char)(hi << 4 | lo);
 	}
+	p[len / 2] = '\0'; /* a text column's value is bound as a string */
 	*out = p;
 	*n = len / 2;
 	return 0;
@@ -245,159 +251,383 @@ static int volume_settle(const char *db_path, char *err, size_t errlen)
 	return rc;
 }
 
-/* ---- dump ---- */
 
-static int dump_table(sqlite3 *db, const struct dump_table *t, FILE *out, uint64_t *records,
-		      char *err, size_t errlen)
+static int ncols(const struct dump_table *t)
 {
-	struct columns c;
-	char sql[512];
-	size_t len;
-	sqlite3_stmt *st = NULL;
-	int rc = columns_get(db, t->table, &c);
+	int n = 0;
 
-	if (rc == 1)
-		return 0; /* not made in this volume (yet): nothing to write */
-	if (rc < 0) {
-		say(err, errlen, "cannot read the columns of %s", t->table);
-		return rc;
-	}
-	/* In key order: the same volume always gives the same stream. */
-	len = (size_t)snprintf(sql, sizeof(sql), "SELECT * FROM \"%s\"", t->table);
-	for (int k = 1, any = 0; k <= c.n; k++)
-		for (int i = 0; i < c.n; i++)
-			if (c.pk[i] == k && len < sizeof(sql))
-				len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s\"%s\"",
-							any++ ? ", " : " ORDER BY ", c.name[i]);
-	if (len >= sizeof(sql) || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-		say(err, errlen, "cannot read %s: %s", t->table, sqlite3_errmsg(db));
-		rc = -EIO;
-		goto out;
-	}
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		json_object *o = json_object_new_object();
+	while (t->cols[n].name)
+		n++;
+	return n;
+}
 
-		if (!o) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		json_object_object_add(o, "t", json_object_new_string(t->record));
-		for (int i = 0; i < c.n; i++) {
-			const unsigned char *p;
-			size_t n;
-			char key[80];
-			char *hex;
+/* Runs sql (no parameters, no rows wanted) on c. */
+static int exec_sql(struct conn *c, const char *sql)
+{
+	struct db_stmt *st = NULL;
+	int rc = c->drv->stmt_new(c, sql, "", &st);
 
-			switch (sqlite3_column_type(st, i)) {
-			case SQLITE_INTEGER:
-				json_object_object_add(o, c.name[i],
-						       json_object_new_int64(sqlite3_column_int64(st, i)));
-				break;
-			case SQLITE_NULL:
-				json_object_object_add(o, c.name[i], NULL);
-				break;
-			case SQLITE_TEXT:
-			case SQLITE_BLOB:
-				p = sqlite3_column_blob(st, i);
-				n = (size_t)sqlite3_column_bytes(st, i);
-				if (!p)
-					p = (const unsigned char *)"";
-				if (utf8_text(p, n)) {
-					json_object_object_add(o, c.name[i],
-							       json_object_new_string_len((const char *)p,
-											  (int)n));
-					break;
-				}
-				snprintf(key, sizeof(key), "%s@hex", c.name[i]);
-				if (!(hex = hex_encode(p, n))) {
-					json_object_put(o);
-					rc = -ENOMEM;
-					goto out;
-				}
-				json_object_object_add(o, key, json_object_new_string(hex));
-				free(hex);
-				break;
-			default: /* a REAL: no column of ours holds one */
-				json_object_put(o);
-				say(err, errlen, "%s.%s holds a value of a type ferry never writes",
-				    t->table, c.name[i]);
-				rc = -EIO;
-				goto out;
-			}
-		}
-		int w = fprintf(out, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
-
-		json_object_put(o);
-		if (w < 0) {
-			rc = errno ? -errno : -EIO;
-			say(err, errlen, "cannot write the dump: %s", strerror(errno));
-			goto out;
-		}
-		(*records)++;
+	if (rc == 0) {
+		rc = c->drv->step(st);
+		if (rc > 0)
+			rc = 0;
 	}
-	if (rc != SQLITE_DONE) {
-		say(err, errlen, "cannot read %s: %s", t->table, sqlite3_errmsg(db));
-		rc = -EIO;
-		goto out;
-	}
-	rc = 0;
-out:
-	sqlite3_finalize(st);
-	columns_free(&c);
+	c->drv->stmt_free(st);
 	return rc;
 }
 
-/* The stream is read and written on the SQLite engine only so far. */
-static int engine_sqlite(const char *loc, char *err, size_t errlen)
+/* The first column of sql's only row as an integer in *v; 0 if there is
+ * a row, 1 if none (or a null), or -errno. */
+static int query_one(struct conn *c, const char *sql, int64_t *v)
 {
-	if (strncmp(loc, "postgres://", 11) != 0 && strncmp(loc, "postgresql://", 13) != 0)
-		return 0;
-	say(err, errlen, "dump and load of a PostgreSQL volume are not built yet");
-	return -EPROTONOSUPPORT;
+	struct db_stmt *st = NULL;
+	int rc = c->drv->stmt_new(c, sql, "", &st);
+
+	if (rc == 0)
+		rc = c->drv->step(st);
+	if (rc == 0 || (rc == 1 && c->drv->col_type(st, 0) == DB_NULL)) {
+		rc = 1;
+	} else if (rc == 1) {
+		rc = c->drv->col_type(st, 0) == DB_INT ? 0 : -EIO;
+		*v = c->drv->col_i64(st, 0);
+	}
+	c->drv->stmt_free(st);
+	return rc;
 }
 
-int meta_dump(const char *db_path, FILE *out, uint64_t *records, char *err, size_t errlen)
+static void say_db(struct conn *c, char *err, size_t errlen, const char *what)
 {
-	sqlite3 *db = NULL;
-	uint64_t n = 0;
-	int lock, rc;
-	char uuid[64] = "";
-	sqlite3_stmt *st = NULL;
+	char msg[256];
 
-	rc = engine_sqlite(db_path, err, errlen);
-	if (rc)
+	say(err, errlen, "%s: %s", what, c->drv->errmsg(c, msg, sizeof(msg)));
+}
+
+/* ---- holding a volume still for a dump ---- */
+
+struct hold {
+	int lock;          /* SQLite: the volume's lock, -1: none */
+	bool lease;        /* PostgreSQL: its lease is ours */
+	struct timespec renewed;
+};
+
+static double ms_to_s(int64_t ms)
+{
+	return (double)ms / 1000.0;
+}
+
+/* Opens the volume at loc into *m, held so that no daemon changes it while
+ * it is read: a SQLite volume by its lock (and its journal replayed), a
+ * PostgreSQL one by its lease, which a mount holds and a clean unmount
+ * frees (a lease that ran out without a release may have changes in its
+ * node's journal: they are not in the database yet). */
+static int volume_hold(const char *loc, struct meta **m, struct hold *h, char *err, size_t errlen)
+{
+	struct meta_lease cur;
+	char holder[META_LEASE_HOLDER_MAX + 1], host[64] = "?";
+	int rc;
+
+	if (!meta_url_is_pg(loc)) {
+		h->lock = volume_lock(loc, err, errlen);
+		if (h->lock < 0)
+			return h->lock;
+		rc = volume_settle(loc, err, errlen);
+		if (rc == 0 && (rc = meta_open(loc, m)) < 0)
+			say(err, errlen, "cannot open %s: %s", loc, strerror(-rc));
 		return rc;
-	lock = volume_lock(db_path, err, errlen);
-	if (lock < 0)
-		return lock;
-	rc = volume_settle(db_path, err, errlen);
+	}
+	rc = meta_open(loc, m);
+	if (rc < 0) {
+		say(err, errlen, "%s is not a volume this ferry can open: %s", loc, strerror(-rc));
+		return rc;
+	}
+	gethostname(host, sizeof(host) - 1);
+	snprintf(holder, sizeof(holder), "ferry dump on %s pid %d", host, (int)getpid());
+	rc = meta_lease_take(*m, holder, DUMP_LEASE_MS, 0, 0, &cur);
+	if (rc == -EBUSY && cur.expires_ms > cur.now_ms)
+		say(err, errlen, "the volume is in use: its lease is held by %s for %.1f s more",
+		    cur.holder, ms_to_s(cur.expires_ms - cur.now_ms));
+	else if (rc == -EBUSY)
+		say(err, errlen, "the lease of %s ran out %.1f s ago without a release: its node may "
+		    "hold changes not in the database yet; mount the volume there (or take it over "
+		    "with ferry mount --takeover) and unmount it first", cur.holder,
+		    ms_to_s(cur.now_ms - cur.expires_ms));
+	else if (rc < 0)
+		say(err, errlen, "cannot take the volume's lease: %s", strerror(-rc));
+	if (rc == 0) {
+		h->lease = true;
+		clock_gettime(CLOCK_MONOTONIC, &h->renewed);
+	}
+	return rc;
+}
+
+/* Keeps a dump's lease while it runs. */
+static int hold_renew(struct meta *m, struct hold *h, char *err, size_t errlen)
+{
+	struct timespec now;
+	int rc;
+
+	if (!h->lease)
+		return 0;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if ((now.tv_sec - h->renewed.tv_sec) * 1000 < DUMP_LEASE_MS / 3)
+		return 0;
+	rc = meta_lease_renew(m, DUMP_LEASE_MS);
+	if (rc < 0)
+		say(err, errlen, "the volume's lease was lost during the dump: %s", strerror(-rc));
+	h->renewed = now;
+	return rc;
+}
+
+static void volume_unhold(struct meta *m, struct hold *h)
+{
+	if (h->lease)
+		meta_lease_release(m);
+	if (h->lock >= 0)
+		close(h->lock);
+}
+
+/* ---- dump ---- */
+
+/* The value of column i of st's row into o under col's name. */
+static int value_put(struct db_stmt *st, int i, const struct dump_col *col, json_object *o,
+		     char *err, size_t errlen)
+{
+	const unsigned char *p;
+	size_t n;
+	char key[80];
+	char *hex;
+
+	switch (st->drv->col_type(st, i)) {
+	case DB_INT:
+		json_object_object_add(o, col->name, json_object_new_int64(st->drv->col_i64(st, i)));
+		return 0;
+	case DB_NULL:
+		json_object_object_add(o, col->name, NULL);
+		return 0;
+	case DB_TEXT:
+	case DB_BLOB:
+		p = st->drv->col_blob(st, i, &n);
+		if (!p)
+			p = (const unsigned char *)"";
+		if (utf8_text(p, n)) {
+			json_object_object_add(o, col->name,
+					       json_object_new_string_len((const char *)p, (int)n));
+			return 0;
+		}
+		snprintf(key, sizeof(key), "%s@hex", col->name);
+		if (!(hex = hex_encode(p, n)))
+			return -ENOMEM;
+		json_object_object_add(o, key, json_object_new_string(hex));
+		free(hex);
+		return 0;
+	default: /* a REAL: no column of ours holds one */
+		say(err, errlen, "%s holds a value of a type ferry never writes", col->name);
+		return -EIO;
+	}
+}
+
+/* One row of st as a record of table t. */
+static int row_write(struct db_stmt *st, const struct dump_table *t, FILE *out, char *err,
+		     size_t errlen)
+{
+	json_object *o = json_object_new_object();
+	int rc = 0;
+
+	if (!o)
+		return -ENOMEM;
+	json_object_object_add(o, "t", json_object_new_string(t->table));
+	for (int i = 0; t->cols[i].name && rc == 0; i++)
+		rc = value_put(st, i, &t->cols[i], o, err, errlen);
+	if (rc == 0 &&
+	    fprintf(out, "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+								  JSON_C_TO_STRING_NOSLASHESCAPE)) < 0) {
+		rc = errno ? -errno : -EIO;
+		say(err, errlen, "cannot write the dump: %s", strerror(errno));
+	}
+	json_object_put(o);
+	return rc;
+}
+
+/* The key of the last row read, kept to start the next page after it. */
+struct key {
+	int64_t i[MAX_KEY];
+	unsigned char *p[MAX_KEY]; /* owned; a blob's bytes */
+	size_t n[MAX_KEY];
+};
+
+static int key_keep(struct db_stmt *st, const struct dump_table *t, struct key *k)
+{
+	for (int i = 0; i < t->nkey; i++) {
+		const void *p;
+		size_t n;
+
+		if (t->cols[i].type == 'i') {
+			k->i[i] = st->drv->col_i64(st, i);
+			continue;
+		}
+		p = st->drv->col_blob(st, i, &n);
+		free(k->p[i]);
+		k->p[i] = malloc(n + 1);
+		if (!k->p[i])
+			return -ENOMEM;
+		if (n)
+			memcpy(k->p[i], p, n);
+		k->n[i] = n;
+	}
+	return 0;
+}
+
+static int key_bind(struct db_stmt *st, const struct dump_table *t, const struct key *k)
+{
+	int rc = 0;
+
+	for (int i = 0; i < t->nkey && rc == 0; i++)
+		rc = t->cols[i].type == 'i' ? st->drv->bind_i64(st, i + 1, k->i[i]) :
+					      st->drv->bind_blob(st, i + 1, k->p[i], k->n[i]);
+	return rc;
+}
+
+/* SELECT of t's columns in key order, a page at a time; after: from the
+ * row past the bound key (?1, ?2). */
+static int select_sql(const struct dump_table *t, bool after, char *sql, size_t size,
+		      char *params)
+{
+	size_t len = (size_t)snprintf(sql, size, "SELECT ");
+
+	for (int i = 0; t->cols[i].name && len < size; i++)
+		len += (size_t)snprintf(sql + len, size - len, "%s%s", i ? ", " : "", t->cols[i].name);
+	if (len < size)
+		len += (size_t)snprintf(sql + len, size - len, " FROM %s", t->table);
+	for (int i = 0; after && i < t->nkey && len < size; i++) {
+		len += (size_t)snprintf(sql + len, size - len, "%s%s", i ? ", " : " WHERE (",
+					t->cols[i].name);
+		params[i] = t->cols[i].type == 'i' ? 'i' : 'b';
+	}
+	params[after ? t->nkey : 0] = '\0';
+	for (int i = 0; after && i < t->nkey && len < size; i++)
+		len += (size_t)snprintf(sql + len, size - len, "%s?%d", i ? ", " : ") > (", i + 1);
+	if (after && len < size)
+		len += (size_t)snprintf(sql + len, size - len, ")");
+	for (int i = 0; i < t->nkey && len < size; i++)
+		len += (size_t)snprintf(sql + len, size - len, "%s%s", i ? ", " : " ORDER BY ",
+					t->cols[i].name);
+	if (len < size)
+		len += (size_t)snprintf(sql + len, size - len, " LIMIT %d", PAGE_ROWS);
+	return len < size ? 0 : -ENAMETOOLONG;
+}
+
+static int dump_table(struct meta *m, struct hold *h, struct conn *c, const struct dump_table *t,
+		      FILE *out, uint64_t *records, char *err, size_t errlen)
+{
+	struct db_stmt *first = NULL, *next = NULL, *st;
+	struct key k = { 0 };
+	char sql[512], params[MAX_KEY + 1];
+	int rc, rows;
+
+	if ((rc = select_sql(t, false, sql, sizeof(sql), params)) < 0 ||
+	    (rc = c->drv->stmt_new(c, sql, params, &first)) < 0 ||
+	    (rc = select_sql(t, true, sql, sizeof(sql), params)) < 0 ||
+	    (rc = c->drv->stmt_new(c, sql, params, &next)) < 0) {
+		say_db(c, err, errlen, t->table);
+		goto out;
+	}
+	st = first;
+	do {
+		rows = 0;
+		while ((rc = st->drv->step(st)) == 1) {
+			if ((rc = row_write(st, t, out, err, errlen)) < 0)
+				goto out;
+			(*records)++;
+			rows++;
+			if (rows == PAGE_ROWS && (rc = key_keep(st, t, &k)) < 0)
+				goto out;
+		}
+		if (rc < 0) {
+			say_db(c, err, errlen, t->table);
+			goto out;
+		}
+		st->drv->done(st);
+		if ((rc = hold_renew(m, h, err, errlen)) < 0)
+			goto out;
+		st = next;
+		if (rows == PAGE_ROWS && (rc = key_bind(st, t, &k)) < 0)
+			goto out;
+	} while (rows == PAGE_ROWS);
+	rc = 0;
+out:
+	c->drv->stmt_free(first);
+	c->drv->stmt_free(next);
+	for (int i = 0; i < MAX_KEY; i++)
+		free(k.p[i]);
+	return rc;
+}
+
+/* The slice sequence, if the volume has one yet, as a "sequence" record. */
+static int dump_sequence(struct meta *m, struct conn *c, FILE *out, uint64_t *records,
+			 char *err, size_t errlen)
+{
+	int64_t seq = 0;
+	int rc = query_one(c, m->vol->slice_seq_get_sql, &seq);
+
+	if (rc < 0) {
+		say_db(c, err, errlen, "the slice sequence");
+		return rc;
+	}
+	if (rc == 1)
+		return 0;
+	if (fprintf(out, "{\"t\":\"sequence\",\"name\":\"slice\",\"seq\":%lld}\n", (long long)seq) < 0) {
+		say(err, errlen, "cannot write the dump: %s", strerror(errno));
+		return errno ? -errno : -EIO;
+	}
+	(*records)++;
+	return 0;
+}
+
+int meta_dump(const char *loc, FILE *out, uint64_t *records, char *err, size_t errlen)
+{
+	struct hold h = { .lock = -1 };
+	struct meta *m = NULL;
+	struct conn *c = NULL;
+	struct db_stmt *st = NULL;
+	uint64_t n = 0;
+	char uuid[64] = "";
+	int rc;
+
+	rc = volume_hold(loc, &m, &h, err, errlen);
 	if (rc < 0)
 		goto out;
-	if (sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) !=
-	    SQLITE_OK) {
-		say(err, errlen, "cannot open %s: %s", db_path, db ? sqlite3_errmsg(db) : "no memory");
-		rc = -EIO;
+	rc = m->drv->conn_open(m, &c);
+	if (rc < 0) {
+		say(err, errlen, "cannot connect to %s: %s", loc, strerror(-rc));
 		goto out;
 	}
-	sqlite3_busy_timeout(db, 5000);
 	/* One read transaction: every table from the same instant. */
-	if (sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK ||
-	    sqlite3_prepare_v2(db, "SELECT uuid FROM volume", -1, &st, NULL) != SQLITE_OK ||
-	    sqlite3_step(st) != SQLITE_ROW) {
-		say(err, errlen, "cannot read the volume record of %s: %s", db_path, sqlite3_errmsg(db));
-		rc = -EIO;
+	if ((rc = exec_sql(c, m->vol->snapshot_sql)) < 0 ||
+	    (rc = c->drv->stmt_new(c, "SELECT uuid FROM volume", "", &st)) < 0 ||
+	    (rc = c->drv->step(st)) != 1 || c->drv->col_type(st, 0) != DB_TEXT) {
+		say_db(c, err, errlen, "cannot read the volume record");
+		rc = rc < 0 ? rc : -EIO;
 		goto out;
 	}
-	snprintf(uuid, sizeof(uuid), "%s", (const char *)sqlite3_column_text(st, 0));
-	if (fprintf(out, "{\"ferry_dump\":%d,\"schema\":%d,\"engine\":\"sqlite\",\"volume\":\"%s\"}\n",
-		    META_DUMP_VERSION, META_SCHEMA_VERSION, uuid) < 0) {
+	{
+		size_t len;
+		const char *u = c->drv->col_blob(st, 0, &len);
+
+		snprintf(uuid, sizeof(uuid), "%.*s", (int)(len < 40 ? len : 40), u ? u : "");
+	}
+	c->drv->stmt_free(st);
+	st = NULL;
+	if (fprintf(out, "{\"ferry_dump\":%d,\"schema\":%d,\"engine\":\"%s\",\"volume\":\"%s\"}\n",
+		    META_DUMP_VERSION, META_SCHEMA_VERSION, m->drv->name, uuid) < 0) {
 		rc = errno ? -errno : -EIO;
 		say(err, errlen, "cannot write the dump: %s", strerror(errno));
 		goto out;
 	}
-	for (size_t i = 0; i < NTABLES; i++)
-		if ((rc = dump_table(db, &tables[i], out, &n, err, errlen)) < 0)
+	for (size_t i = 0; i < SEQUENCE; i++)
+		if ((rc = dump_table(m, &h, c, &tables[i], out, &n, err, errlen)) < 0)
 			goto out;
+	if ((rc = dump_sequence(m, c, out, &n, err, errlen)) < 0)
+		goto out;
 	if (fprintf(out, "{\"t\":\"end\",\"records\":%llu}\n", (unsigned long long)n) < 0 ||
 	    fflush(out) != 0) {
 		rc = errno ? -errno : -EIO;
@@ -408,129 +638,137 @@ int meta_dump(const char *db_path, FILE *out, uint64_t *records, char *err, size
 		*records = n;
 	rc = 0;
 out:
-	sqlite3_finalize(st);
-	if (db)
-		sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-	sqlite3_close(db);
-	close(lock);
+	if (c) {
+		c->drv->stmt_free(st);
+		if (c->drv->txn_open(c))
+			exec_sql(c, "ROLLBACK"); /* it only read */
+		c->drv->conn_free(c);
+	}
+	if (m)
+		volume_unhold(m, &h);
+	else if (h.lock >= 0)
+		close(h.lock);
+	meta_close(m);
 	return rc;
 }
 
 /* ---- load ---- */
 
-/* The insert of one table's rows: every column, in table_info order. */
-struct loader {
-	const struct dump_table *t;
-	struct columns c;
-	sqlite3_stmt *st;
+/* The values a record binds and frees after its step. */
+struct bound {
+	void *buf[MAX_COLS]; /* owned: decoded hex */
+	int n;
 };
 
-static int loader_prepare(sqlite3 *db, struct loader *l, char *err, size_t errlen)
+static void bound_free(struct bound *b)
 {
-	char sql[1024];
-	size_t len;
-	int rc = columns_get(db, l->t->table, &l->c);
-
-	if (rc != 0) {
-		say(err, errlen, "the new volume has no table %s", l->t->table);
-		return rc < 0 ? rc : -EIO;
-	}
-	/* sqlite_sequence has no key, and the slices' inserts (the table
-	 * before it) made its rows: the dump's replace them. */
-	if (strcmp(l->t->table, "sqlite_sequence") == 0 &&
-	    sqlite3_exec(db, "DELETE FROM sqlite_sequence", NULL, NULL, NULL) != SQLITE_OK) {
-		say(err, errlen, "cannot load %s: %s", l->t->table, sqlite3_errmsg(db));
-		return -EIO;
-	}
-	len = (size_t)snprintf(sql, sizeof(sql), "INSERT INTO \"%s\"(", l->t->table);
-	for (int i = 0; i < l->c.n && len < sizeof(sql); i++)
-		len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s\"%s\"", i ? ", " : "",
-					l->c.name[i]);
-	for (int i = 0; i < l->c.n && len < sizeof(sql); i++)
-		len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s?", i ? ", " : ") VALUES (");
-	if (len < sizeof(sql))
-		len += (size_t)snprintf(sql + len, sizeof(sql) - len, ")");
-	if (len >= sizeof(sql))
-		return -ENAMETOOLONG;
-	if (sqlite3_prepare_v2(db, sql, -1, &l->st, NULL) != SQLITE_OK) {
-		say(err, errlen, "cannot load %s: %s", l->t->table, sqlite3_errmsg(db));
-		return -EIO;
-	}
-	return 0;
+	for (int i = 0; i < b->n; i++)
+		free(b->buf[i]);
+	b->n = 0;
 }
 
-/* Binds the record's values to l->st. Every column must be there (null
- * only where the column allows it), nothing else. */
-static int record_bind(struct loader *l, json_object *o, char *why, size_t whylen)
+/* An entry's name as the engine takes one (meta_rules.c): 1 to 255 bytes,
+ * no '/' or NUL, not "." or "..". */
+static bool name_ok(const char *p, size_t n)
+{
+	return n >= 1 && n <= 255 && !memchr(p, '/', n) && !memchr(p, 0, n) &&
+	       !(n == 1 && p[0] == '.') && !(n == 2 && p[0] == '.' && p[1] == '.');
+}
+
+/* Binds the bytes of col, parameter i, after checking them. */
+static int bytes_bind(struct db_stmt *st, int i, const struct dump_col *col, const char *p,
+		      size_t n, char *why, size_t whylen)
+{
+	if (col->type == 'n' && !name_ok(p, n)) {
+		say(why, whylen, "an entry's name out of range (empty, '.', '..', a '/' or NUL, "
+		    "over 255 bytes)");
+		return -EINVAL;
+	}
+	if (col->type == 'z' && memchr(p, 0, n)) {
+		say(why, whylen, "%s holds a NUL byte", col->name);
+		return -EINVAL;
+	}
+	if (col->type == 't') {
+		if (memchr(p, 0, n) || !utf8_text((const unsigned char *)p, n)) {
+			say(why, whylen, "%s is not UTF-8 text", col->name);
+			return -EINVAL;
+		}
+		return st->drv->bind_text(st, i, p) ? -EIO : 0;
+	}
+	return st->drv->bind_blob(st, i, p, n) ? -EIO : 0;
+}
+
+/* Binds the record's values to st: every column there (null only where
+ * the column allows it), nothing else. The record and b hold what was
+ * bound until st has run. */
+static int record_bind(const struct dump_table *t, struct db_stmt *st, json_object *o,
+		       struct bound *b, char *why, size_t whylen)
 {
 	int used = 1; /* "t" */
 
-	sqlite3_reset(l->st);
-	sqlite3_clear_bindings(l->st);
-	for (int i = 0; i < l->c.n; i++) {
+	for (int i = 0; t->cols[i].name; i++) {
+		const struct dump_col *col = &t->cols[i];
 		char key[80];
 		json_object *v = NULL;
-		int col = i + 1;
+		int rc;
 
-		if (json_object_object_get_ex(o, l->c.name[i], &v)) {
+		if (json_object_object_get_ex(o, col->name, &v)) {
 			used++;
 			if (v == NULL) {
-				if (l->c.notnull[i]) {
-					say(why, whylen, "%s is null", l->c.name[i]);
+				if (!col->null_ok) {
+					say(why, whylen, "%s is null", col->name);
 					return -EINVAL;
 				}
 				continue; /* bound null */
 			}
 			if (json_object_is_type(v, json_type_int)) {
-				if (l->c.type[i] == 't' || l->c.type[i] == 'b') {
-					say(why, whylen, "%s is a number, not text", l->c.name[i]);
-					return -EINVAL;
-				}
 				int64_t x = json_object_get_int64(v);
 
+				if (col->type != 'i') {
+					say(why, whylen, "%s is a number, not text", col->name);
+					return -EINVAL;
+				}
 				/* json-c clamps what is past int64 to its ends */
 				if ((x == INT64_MAX && json_object_get_uint64(v) != (uint64_t)INT64_MAX) ||
 				    (x == INT64_MIN && strcmp(json_object_get_string(v), "-9223372036854775808"))) {
-					say(why, whylen, "%s is out of range", l->c.name[i]);
+					say(why, whylen, "%s is out of range", col->name);
 					return -EINVAL;
 				}
-				sqlite3_bind_int64(l->st, col, x);
+				if (st->drv->bind_i64(st, i + 1, x))
+					return -EIO;
 			} else if (json_object_is_type(v, json_type_string)) {
-				const char *s = json_object_get_string(v);
-				int n = json_object_get_string_len(v);
-
-				if (l->c.type[i] == 'i') {
-					say(why, whylen, "%s is text, not a number", l->c.name[i]);
+				if (col->type == 'i') {
+					say(why, whylen, "%s is text, not a number", col->name);
 					return -EINVAL;
 				}
-				if (l->c.type[i] == 'b')
-					sqlite3_bind_blob(l->st, col, s, n, SQLITE_TRANSIENT);
-				else
-					sqlite3_bind_text(l->st, col, s, n, SQLITE_TRANSIENT);
+				rc = bytes_bind(st, i + 1, col, json_object_get_string(v),
+						(size_t)json_object_get_string_len(v), why, whylen);
+				if (rc)
+					return rc;
 			} else {
-				say(why, whylen, "%s is neither a number, text nor null", l->c.name[i]);
+				say(why, whylen, "%s is neither a number, text nor null", col->name);
 				return -EINVAL;
 			}
 			continue;
 		}
-		snprintf(key, sizeof(key), "%s@hex", l->c.name[i]);
+		snprintf(key, sizeof(key), "%s@hex", col->name);
 		if (json_object_object_get_ex(o, key, &v) && json_object_is_type(v, json_type_string)) {
 			unsigned char *p;
 			size_t n;
 
 			used++;
-			if (l->c.type[i] == 'i' || hex_decode(json_object_get_string(v),
-							       (size_t)json_object_get_string_len(v), &p, &n) < 0) {
+			if (col->type == 'i' || hex_decode(json_object_get_string(v),
+							   (size_t)json_object_get_string_len(v), &p, &n) < 0) {
 				say(why, whylen, "%s is not hex of a text or blob column", key);
 				return -EINVAL;
 			}
-			if (l->c.type[i] == 't') /* text that is not UTF-8, as it was */
-				sqlite3_bind_text(l->st, col, (const char *)p, (int)n, free);
-			else
-				sqlite3_bind_blob(l->st, col, p, (int)n, free);
+			b->buf[b->n++] = p;
+			rc = bytes_bind(st, i + 1, col, (const char *)p, n, why, whylen);
+			if (rc)
+				return rc;
 			continue;
 		}
-		say(why, whylen, "no %s", l->c.name[i]);
+		say(why, whylen, "no %s", col->name);
 		return -EINVAL;
 	}
 	if (used != json_object_object_length(o)) {
@@ -541,7 +779,8 @@ static int record_bind(struct loader *l, json_object *o, char *why, size_t whyle
 }
 
 /* What makes the rows a file system that ferry-mountd can use: queries
- * that must all find nothing. They hold the rows to what the engine
+ * that must all find nothing, in SQL both engines run (the bytes of names
+ * and targets are checked as they are read: record_bind). They hold the rows to what the engine
  * itself writes and checks as it reads (meta_rules.c: row_attr, names,
  * SYMLINK_MAX, chunk bounds), so a stream that was edited, or made by
  * hand, cannot load a volume that fails later (EIO on a readdir, a create
@@ -570,8 +809,7 @@ static const struct {
 	  " OR atime_nsec NOT BETWEEN 0 AND 999999999 OR mtime_nsec NOT BETWEEN 0 AND 999999999"
 	  " OR ctime_nsec NOT BETWEEN 0 AND 999999999 OR (" FT " = " DIR_T " AND size != 0) LIMIT 1",
 	  "an inode out of range (number, type, ids, size or times)" },
-	{ "SELECT 1 FROM dentry WHERE typeof(name) != 'blob' OR length(name) NOT BETWEEN 1 AND 255"
-	  " OR instr(name, X'2F') OR instr(name, X'00') OR name IN (X'2E', X'2E2E')"
+	{ "SELECT 1 FROM dentry WHERE length(name) NOT BETWEEN 1 AND 255"
 	  " OR cookie < 1 OR cookie >= (SELECT next_cookie FROM counters) LIMIT 1",
 	  "an entry's name or cookie out of range (empty, '.', '..', a '/' or NUL, "
 	  "over 255 bytes; a cookie the counters would give again)" },
@@ -581,9 +819,9 @@ static const struct {
 	  " WHERE p.ino IS NULL OR (p.mode & 61440) != " DIR_T " LIMIT 1",
 	  "an entry's parent is not a directory" },
 	{ "SELECT 1 FROM inode i WHERE " FT " = " DIR_T " AND (SELECT count(*) FROM dentry d"
-	  " WHERE d.ino = i.ino) != (i.ino != 1) LIMIT 1",
+	  " WHERE d.ino = i.ino) != CASE WHEN i.ino = 1 THEN 0 ELSE 1 END LIMIT 1",
 	  "a directory with no entry or more than one (or an entry for the root)" },
-	{ "WITH RECURSIVE r(ino) AS (SELECT 1 UNION SELECT d.ino FROM dentry d JOIN r"
+	{ "WITH RECURSIVE r(ino) AS (SELECT CAST(1 AS BIGINT) UNION SELECT d.ino FROM dentry d JOIN r"
 	  " ON d.parent = r.ino) SELECT 1 FROM inode WHERE ino NOT IN (SELECT ino FROM r)"
 	  " AND ino NOT IN (SELECT ino FROM orphan) LIMIT 1",
 	  "an inode neither reachable from the root nor an orphan (a cycle?)" },
@@ -599,13 +837,13 @@ static const struct {
 	  "an orphan that is not an unlinked inode" },
 	{ "SELECT 1 FROM symlink s LEFT JOIN inode i ON i.ino = s.ino WHERE i.ino IS NULL"
 	  " OR (i.mode & 61440) != 40960 OR length(s.target) NOT BETWEEN 1 AND 4095"
-	  " OR instr(s.target, X'00') OR i.size != length(s.target) LIMIT 1",
+	  " OR i.size != length(s.target) LIMIT 1",
 	  "a symlink target out of range or of an inode that is not a symlink" },
 	{ "SELECT 1 FROM inode i WHERE " FT " = 40960 AND NOT EXISTS (SELECT 1 FROM symlink s"
 	  " WHERE s.ino = i.ino) LIMIT 1",
 	  "a symlink without a target" },
 	{ "SELECT 1 FROM xattr x LEFT JOIN inode i ON i.ino = x.ino WHERE i.ino IS NULL"
-	  " OR length(x.name) NOT BETWEEN 1 AND 255 OR instr(x.name, X'00')"
+	  " OR length(x.name) NOT BETWEEN 1 AND 255"
 	  " OR length(x.value) > 65536 LIMIT 1",
 	  "an xattr out of range or of an inode that is not there" },
 	{ "SELECT 1 FROM slice s LEFT JOIN inode i ON i.ino = s.ino WHERE i.ino IS NULL"
@@ -617,12 +855,6 @@ static const struct {
 	{ "SELECT 1 FROM gc_slice g WHERE g.id < 1 OR g.id >= (SELECT next_slice FROM counters)"
 	  " OR g.size < 0 OR EXISTS (SELECT 1 FROM slice s WHERE s.id = g.id) LIMIT 1",
 	  "a freed slice that a file still uses (or out of range)" },
-	{ "SELECT 1 FROM delslice g WHERE g.id < 1 OR g.id >= (SELECT next_slice FROM counters)"
-	  " OR EXISTS (SELECT 1 FROM slice s WHERE s.id = g.id) LIMIT 1",
-	  "a freed slice that a file still uses (or out of range)" },
-	{ "SELECT 1 FROM sqlite_sequence WHERE name != 'slice' OR seq < (SELECT coalesce(max(seq), 0)"
-	  " FROM slice) OR seq > " BIG " LIMIT 1",
-	  "a slice sequence below the slices' or out of range" },
 	{ "SELECT 1 WHERE EXISTS (SELECT 1 FROM journal WHERE seq < 0 OR seq > " BIG ")"
 	  " OR EXISTS (SELECT 1 FROM commit_seq WHERE seq < 0 OR seq > " BIG ")"
 	  " OR EXISTS (SELECT 1 FROM times_seq WHERE seq < 0 OR seq > " BIG ")"
@@ -630,25 +862,20 @@ static const struct {
 	  "a journal, commit or epoch number out of range" },
 };
 
-static int load_check(sqlite3 *db, char *err, size_t errlen)
+
+static int load_check(struct conn *c, char *err, size_t errlen)
 {
 	for (size_t i = 0; i < sizeof(load_checks) / sizeof(load_checks[0]); i++) {
-		sqlite3_stmt *st = NULL;
-		int rc;
+		int64_t v;
+		int rc = query_one(c, load_checks[i].sql, &v);
 
-		if (sqlite3_prepare_v2(db, load_checks[i].sql, -1, &st, NULL) != SQLITE_OK) {
-			say(err, errlen, "cannot check the loaded volume: %s", sqlite3_errmsg(db));
-			return -EIO;
+		if (rc < 0) {
+			say_db(c, err, errlen, "cannot check the loaded volume");
+			return rc;
 		}
-		rc = sqlite3_step(st);
-		sqlite3_finalize(st);
-		if (rc == SQLITE_ROW) {
+		if (rc == 0) {
 			say(err, errlen, "not a file system: %s", load_checks[i].what);
 			return -EINVAL;
-		}
-		if (rc != SQLITE_DONE) {
-			say(err, errlen, "cannot check the loaded volume: %s", sqlite3_errmsg(db));
-			return -EIO;
 		}
 	}
 	return 0;
@@ -679,7 +906,7 @@ static json_object *parse_line(const char *line, size_t len)
 }
 
 /* The header: {"ferry_dump":1,"schema":N,...}; fills uuid. */
-static int load_header(const char *line, struct meta_volume *v, char *err, size_t errlen)
+static int load_header(const char *line, char uuid[37], char *err, size_t errlen)
 {
 	size_t len = strlen(line);
 	json_object *o, *x;
@@ -710,28 +937,81 @@ static int load_header(const char *line, struct meta_volume *v, char *err, size_
 		say(err, errlen, "line 1: no volume uuid");
 		goto out;
 	}
-	memcpy(v->uuid, json_object_get_string(x), 36);
-	v->uuid[36] = '\0';
+	memcpy(uuid, json_object_get_string(x), 36);
+	uuid[36] = '\0';
 	rc = 0;
 out:
 	json_object_put(o);
 	return rc;
 }
 
-/* Loads the records after the header into db (a transaction is open). */
-static int load_records(FILE *in, sqlite3 *db, uint64_t *records, char *err, size_t errlen)
+struct load {
+	FILE *in;
+	char uuid[37]; /* the header's */
+	bool have_seq; /* a "sequence" record came, with seq */
+	int64_t seq;
+	uint64_t records;
+	char *err;
+	size_t errlen;
+};
+
+/* The sequence record: {"t":"sequence","name":"slice","seq":N}. */
+static int sequence_take(struct load *l, json_object *o, char *why, size_t whylen)
 {
-	struct loader l[NTABLES] = { 0 };
-	char *line = NULL, why[256];
-	size_t cap = 0, next = 0; /* tables come in order: l[next] is the earliest allowed */
+	json_object *name, *seq;
+
+	if (!json_object_object_get_ex(o, "name", &name) || !json_object_is_type(name, json_type_string) ||
+	    strcmp(json_object_get_string(name), "slice") != 0 ||
+	    !json_object_object_get_ex(o, "seq", &seq) || !json_object_is_type(seq, json_type_int) ||
+	    json_object_object_length(o) != 3 || l->have_seq) {
+		say(why, whylen, "not the slice sequence");
+		return -EINVAL;
+	}
+	l->seq = json_object_get_int64(seq);
+	if (l->seq < 1 || l->seq > BIG_NUM) {
+		say(why, whylen, "seq is out of range");
+		return -EINVAL;
+	}
+	l->have_seq = true;
+	return 0;
+}
+
+/* INSERT of every column of t. */
+static int insert_new(struct conn *c, const struct dump_table *t, struct db_stmt **out)
+{
+	char sql[512], params[MAX_COLS + 1];
+	size_t len = (size_t)snprintf(sql, sizeof(sql), "INSERT INTO %s(", t->table);
+	int n = ncols(t);
+
+	for (int i = 0; i < n && len < sizeof(sql); i++) {
+		len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s%s", i ? ", " : "",
+					t->cols[i].name);
+		params[i] = t->cols[i].type == 'i' ? 'i' : t->cols[i].type == 't' ? 't' : 'b';
+	}
+	params[n] = '\0';
+	for (int i = 0; i < n && len < sizeof(sql); i++)
+		len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s?%d",
+					i ? ", " : ") VALUES (", i + 1);
+	if (len < sizeof(sql))
+		len += (size_t)snprintf(sql + len, sizeof(sql) - len, ")");
+	if (len >= sizeof(sql))
+		return -ENAMETOOLONG;
+	return c->drv->stmt_new(c, sql, params, out);
+}
+
+/* Loads the records after the header into c's transaction. */
+static int load_records(struct load *l, struct conn *c)
+{
+	struct db_stmt *ins[NTABLES] = { 0 };
+	char *line = NULL, why[256], *err = l->err;
+	size_t cap = 0, next = 0, errlen = l->errlen; /* tables come in order: next is the earliest allowed */
 	uint64_t lineno = 1, n = 0;
 	bool ended = false;
 	ssize_t len;
 	int rc = 0;
 
-	for (size_t i = 0; i < NTABLES; i++)
-		l[i].t = &tables[i];
-	while ((len = getline(&line, &cap, in)) >= 0) {
+	while ((len = getline(&line, &cap, l->in)) >= 0) {
+		struct bound b = { .n = 0 };
 		json_object *o, *t;
 		char name[64];
 		size_t k;
@@ -770,7 +1050,7 @@ static int load_records(FILE *in, sqlite3 *db, uint64_t *records, char *err, siz
 			}
 			continue;
 		}
-		for (k = next; k < NTABLES && strcmp(tables[k].record, name) != 0; k++)
+		for (k = next; k < NTABLES && strcmp(tables[k].table, name) != 0; k++)
 			;
 		if (k == NTABLES) {
 			json_object_put(o);
@@ -780,25 +1060,27 @@ static int load_records(FILE *in, sqlite3 *db, uint64_t *records, char *err, siz
 			goto out;
 		}
 		next = k;
-		if (!l[k].st && (rc = loader_prepare(db, &l[k], err, errlen)) < 0) {
-			json_object_put(o);
-			goto out;
+		if (k == SEQUENCE) {
+			rc = sequence_take(l, o, why, sizeof(why));
+		} else if (!ins[k] && (rc = insert_new(c, &tables[k], &ins[k])) < 0) {
+			say_db(c, why, sizeof(why), "cannot load it");
+		} else {
+			rc = record_bind(&tables[k], ins[k], o, &b, why, sizeof(why));
+			if (rc == 0 && (rc = ins[k]->drv->step(ins[k])) != 0) {
+				say_db(c, why, sizeof(why), "cannot load it");
+				rc = -EINVAL;
+			}
+			ins[k]->drv->done(ins[k]);
 		}
-		rc = record_bind(&l[k], o, why, sizeof(why));
 		json_object_put(o);
+		bound_free(&b);
 		if (rc < 0) {
 			say(err, errlen, "line %llu (%s): %s", (unsigned long long)lineno, name, why);
 			goto out;
 		}
-		if (sqlite3_step(l[k].st) != SQLITE_DONE) {
-			say(err, errlen, "line %llu (%s): %s", (unsigned long long)lineno, name,
-			    sqlite3_errmsg(db));
-			rc = -EINVAL;
-			goto out;
-		}
 		n++;
 	}
-	if (ferror(in)) {
+	if (ferror(l->in)) {
 		say(err, errlen, "cannot read the dump: %s", strerror(errno));
 		rc = -EIO;
 		goto out;
@@ -809,15 +1091,87 @@ static int load_records(FILE *in, sqlite3 *db, uint64_t *records, char *err, siz
 		rc = -EINVAL;
 		goto out;
 	}
-	*records = n;
+	l->records = n;
 	rc = 0;
 out:
-	for (size_t i = 0; i < NTABLES; i++) {
-		sqlite3_finalize(l[i].st);
-		columns_free(&l[i].c);
-	}
+	for (size_t i = 0; i < NTABLES; i++)
+		c->drv->stmt_free(ins[i]);
 	free(line);
 	return rc;
+}
+
+/* The slice sequence as the dump had it (never below the slices' seqs),
+ * or after the slices when it had none. */
+static int load_sequence(struct meta *m, struct load *l, struct conn *c)
+{
+	int64_t max = 0, seq;
+	int rc = query_one(c, "SELECT coalesce(max(seq), 0) FROM slice", &max);
+
+	if (rc != 0) {
+		say_db(c, l->err, l->errlen, "cannot read the slices");
+		return rc < 0 ? rc : -EIO;
+	}
+	if (l->have_seq && l->seq < max) {
+		say(l->err, l->errlen, "not a file system: a slice sequence below the slices'");
+		return -EINVAL;
+	}
+	seq = l->have_seq ? l->seq : max;
+	for (int i = 0; i < 2 && seq > 0 && m->vol->slice_seq_set_sql[i]; i++) {
+		const char *sql = m->vol->slice_seq_set_sql[i];
+		struct db_stmt *st = NULL;
+		bool param = strstr(sql, "?1") != NULL;
+
+		rc = c->drv->stmt_new(c, sql, param ? "i" : "", &st);
+		if (rc == 0 && param)
+			rc = c->drv->bind_i64(st, 1, seq);
+		if (rc == 0 && (rc = c->drv->step(st)) > 0)
+			rc = 0;
+		if (rc < 0)
+			say_db(c, l->err, l->errlen, "cannot set the slice sequence");
+		c->drv->stmt_free(st);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* The uuid the header named is the volume record's. */
+static int load_uuid_check(struct load *l, struct conn *c)
+{
+	struct db_stmt *st = NULL;
+	const char *u;
+	size_t n = 0;
+	int rc = c->drv->stmt_new(c, "SELECT uuid FROM volume", "", &st);
+
+	if (rc == 0 && (rc = c->drv->step(st)) == 1 && (u = c->drv->col_blob(st, 0, &n)) &&
+	    n == 36 && memcmp(u, l->uuid, 36) == 0)
+		rc = 0;
+	else if (rc >= 0) {
+		say(l->err, l->errlen, "not a file system: the volume record is not the volume the "
+		    "header names (%s)", l->uuid);
+		rc = -EINVAL;
+	}
+	c->drv->stmt_free(st);
+	return rc;
+}
+
+/* The new volume's rows, in the transaction that makes its schema. */
+static int load_fill(struct conn *c, void *arg)
+{
+	struct load *l = arg;
+	int rc;
+
+	/* The schema comes with a journal record of its own: the dump's
+	 * replaces it. */
+	rc = exec_sql(c, "DELETE FROM journal");
+	if (rc < 0) {
+		say_db(c, l->err, l->errlen, "cannot write the new volume");
+		return rc;
+	}
+	if ((rc = load_records(l, c)) < 0 || (rc = load_sequence(c->m, l, c)) < 0 ||
+	    (rc = load_check(c, l->err, l->errlen)) < 0 || (rc = load_uuid_check(l, c)) < 0)
+		return rc;
+	return 0;
 }
 
 /* Removes a volume's database and the files beside it; .lock too when
@@ -836,134 +1190,99 @@ static void volume_remove(const char *db_path, bool with_lock)
 	}
 }
 
-/* The uuid the header named is the volume record's. */
-static int load_uuid_check(sqlite3 *db, const char *uuid, char *err, size_t errlen)
+/* The loaded volume opens (schema, volume record). */
+static int volume_opens(const char *loc, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	int rc = -EINVAL;
+	struct meta *m = NULL;
+	int rc = meta_open(loc, &m);
 
-	if (sqlite3_prepare_v2(db, "SELECT uuid FROM volume", -1, &st, NULL) == SQLITE_OK &&
-	    sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0) &&
-	    strcmp((const char *)sqlite3_column_text(st, 0), uuid) == 0)
-		rc = 0;
-	else
-		say(err, errlen, "not a file system: the volume record is not the volume the header "
-		    "names (%s)", uuid);
-	sqlite3_finalize(st);
+	if (rc < 0)
+		say(err, errlen, "the loaded volume does not open: %s", strerror(-rc));
+	meta_close(m);
 	return rc;
 }
 
-int meta_load(FILE *in, const char *db_path, uint64_t *records, char *err, size_t errlen)
+/* A PostgreSQL volume is made whole in one transaction, schema and rows:
+ * a load that fails, or is cut off, leaves no schema behind. */
+static int load_pg(struct load *l, const char *url)
 {
-	struct meta_volume v = { .storage_url = "file:///nonexistent", .block_size = 4096 };
+	int rc = meta_format_with(url, 0, load_fill, l);
+
+	if (rc == -EEXIST)
+		say(l->err, l->errlen, "%s already holds a volume", url);
+	else if (rc < 0 && !l->err[0])
+		say(l->err, l->errlen, "cannot create %s: %s", url, strerror(-rc));
+	return rc < 0 ? rc : volume_opens(url, l->err, l->errlen);
+}
+
+int meta_load(FILE *in, const char *loc, uint64_t *records, char *err, size_t errlen)
+{
+	struct load l = { .in = in, .err = err, .errlen = errlen };
 	char *line = NULL, tmp[PATH_MAX];
 	size_t cap = 0;
-	sqlite3 *db = NULL;
-	uint64_t n = 0;
-	bool made = false, placed = false;
+	bool placed = false, pg = meta_url_is_pg(loc);
 	struct stat st;
 	int lock = -1, rc;
 
-	/* Built aside and renamed into place once whole and checked: a load
-	 * that fails or is killed leaves no volume at db_path (a leftover
-	 * db_path.load.PID is not one). The volume's lock is held throughout,
-	 * as ferry-mountd holds it, so nothing mounts the path meanwhile. */
-	rc = engine_sqlite(db_path, err, errlen);
-	if (rc)
-		return rc;
-	if (snprintf(tmp, sizeof(tmp), "%s.load.%d", db_path, (int)getpid()) >= (int)sizeof(tmp))
-		return -ENAMETOOLONG;
-	if (stat(db_path, &st) == 0) {
-		say(err, errlen, "%s already holds a volume", db_path);
-		return -EEXIST;
+	if (err && errlen)
+		err[0] = '\0';
+	/* A SQLite volume is built aside and renamed into place once whole and
+	 * checked: a load that fails or is killed leaves no volume at loc (a
+	 * leftover loc.load.PID is not one). Its lock is held throughout, as
+	 * ferry-mountd holds it, so nothing mounts the path meanwhile. */
+	if (!pg) {
+		if (snprintf(tmp, sizeof(tmp), "%s.load.%d", loc, (int)getpid()) >= (int)sizeof(tmp))
+			return -ENAMETOOLONG;
+		if (stat(loc, &st) == 0) {
+			say(err, errlen, "%s already holds a volume", loc);
+			return -EEXIST;
+		}
+		lock = volume_lock(loc, err, errlen);
+		if (lock < 0)
+			return lock;
 	}
-	lock = volume_lock(db_path, err, errlen);
-	if (lock < 0)
-		return lock;
 	if (getline(&line, &cap, in) < 0) {
 		say(err, errlen, "the dump is empty");
 		rc = -EINVAL;
 		goto out;
 	}
-	if ((rc = load_header(line, &v, err, errlen)) < 0)
+	if ((rc = load_header(line, l.uuid, err, errlen)) < 0)
 		goto out;
-	/* The engine makes the file, its schema and the tables the first open
-	 * adds; the records then replace every row it wrote. */
+	if (pg) {
+		rc = load_pg(&l, loc);
+		goto out;
+	}
 	volume_remove(tmp, true);
-	rc = meta_format(tmp, &v, 0, 0, 0);
+	rc = meta_format_with(tmp, 0, load_fill, &l);
 	if (rc < 0) {
-		say(err, errlen, "cannot create %s: %s", tmp, strerror(-rc));
+		if (!err[0])
+			say(err, errlen, "cannot create %s: %s", tmp, strerror(-rc));
 		goto out;
 	}
-	made = true;
-	if ((rc = volume_settle(tmp, err, errlen)) < 0)
-		goto out;
-	if (sqlite3_open_v2(tmp, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
-	    SQLITE_OK) {
-		say(err, errlen, "cannot open %s", tmp);
-		rc = -EIO;
-		goto out;
-	}
-	sqlite3_busy_timeout(db, 5000);
-	if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
-		say(err, errlen, "cannot write %s: %s", tmp, sqlite3_errmsg(db));
-		rc = -EIO;
-		goto out;
-	}
-	for (size_t i = 0; i < NTABLES; i++) {
-		char sql[96];
-		struct columns c;
-
-		if (strcmp(tables[i].table, "sqlite_sequence") == 0)
-			continue; /* follows the slices */
-		if (columns_get(db, tables[i].table, &c) != 0)
-			continue;
-		columns_free(&c);
-		snprintf(sql, sizeof(sql), "DELETE FROM \"%s\"", tables[i].table);
-		if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK) {
-			say(err, errlen, "cannot write %s: %s", tmp, sqlite3_errmsg(db));
-			rc = -EIO;
-			goto out;
-		}
-	}
-	if ((rc = load_records(in, db, &n, err, errlen)) < 0 ||
-	    (rc = load_check(db, err, errlen)) < 0 || (rc = load_uuid_check(db, v.uuid, err, errlen)) < 0)
-		goto out;
-	if (sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK ||
-	    sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL) != SQLITE_OK) {
-		say(err, errlen, "cannot commit %s: %s", tmp, sqlite3_errmsg(db));
-		rc = -EIO;
-		goto out;
-	}
-	sqlite3_close(db);
-	db = NULL;
-	/* Only the database goes: its WAL is empty, and the files beside it
-	 * (journal, intent, lock) belong to its old name. */
-	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, db_path, RENAME_NOREPLACE) < 0) {
+	/* Only the database goes: its WAL is empty (the engine's last close
+	 * checkpoints it), and the files beside it belong to its old name. */
+	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, loc, RENAME_NOREPLACE) < 0) {
 		rc = errno == EEXIST ? -EEXIST : -errno;
-		say(err, errlen, "cannot put the volume at %s: %s", db_path, strerror(errno));
+		say(err, errlen, "cannot put the volume at %s: %s", loc, strerror(errno));
 		goto out;
 	}
 	placed = true;
 	volume_remove(tmp, true);
-	/* The engine opens what was loaded (schema, volume record). */
-	if ((rc = volume_settle(db_path, err, errlen)) < 0)
-		goto out;
-	if (records)
-		*records = n;
-	rc = 0;
+	rc = volume_opens(loc, err, errlen);
 out:
-	sqlite3_close(db); /* an open transaction rolls back */
-	if (rc < 0 && made)
+	if (!pg && rc < 0) {
 		volume_remove(tmp, true);
-	if (rc < 0 && placed)
-		volume_remove(db_path, false);
-	if (rc < 0 && !placed) {
-		char p[PATH_MAX];
+		if (placed)
+			volume_remove(loc, false);
+		else {
+			char p[PATH_MAX];
 
-		if (snprintf(p, sizeof(p), "%s.lock", db_path) < (int)sizeof(p))
-			unlink(p); /* ours: there was no volume here */
+			if (snprintf(p, sizeof(p), "%s.lock", loc) < (int)sizeof(p))
+				unlink(p); /* ours: there was no volume here */
+		}
 	}
+	if (rc == 0 && records)
+		*records = l.records;
 	if (lock >= 0)
 		close(lock);
 	free(line);

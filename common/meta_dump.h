@@ -19,21 +19,24 @@
 #define META_DUMP_VERSION 1
 
 /*
- * Writes the volume at db_path to out. Refuses a volume a ferry-mountd has
- * mounted (-EBUSY, its pid in err); replays what its metadata journal holds
- * first (a daemon killed before it committed), so the dump has every
- * change that returned. *records: how many records were written (may be
- * NULL). Returns 0 or -errno, with the reason in err.
+ * Writes the volume at loc (a SQLite path or a PostgreSQL URL) to out.
+ * Refuses a volume a ferry-mountd has mounted (-EBUSY, naming it in err):
+ * on SQLite, its lock, and the journal is replayed first (a daemon killed
+ * before it committed), so the dump has every change that returned; on
+ * PostgreSQL, its lease, which the dump holds for its length (a lease that
+ * ran out without a release is refused too: its node's journal may hold
+ * changes). *records: how many records were written (may be NULL).
+ * Returns 0 or -errno, with the reason in err.
  */
-int meta_dump(const char *db_path, FILE *out, uint64_t *records, char *err, size_t errlen);
+int meta_dump(const char *loc, FILE *out, uint64_t *records, char *err, size_t errlen);
 
 /*
- * Makes a new volume at db_path (which must not exist) from the stream in.
+ * Makes a new volume at loc (which must not exist) from the stream in.
  * Every record is checked (known table, known columns, types) and the
  * result must be a file system (the root a directory, every entry's parent
  * a directory and its inode present); anything else is refused with the
- * line number in err, and nothing is left at db_path. Returns 0 or -errno.
+ * line number in err, and nothing is left at loc. Returns 0 or -errno.
  */
-int meta_load(FILE *in, const char *db_path, uint64_t *records, char *err, size_t errlen);
+int meta_load(FILE *in, const char *loc, uint64_t *records, char *err, size_t errlen);
 
 #endif

@@ -44,6 +44,14 @@ struct db_volume_ops {
 	int (*set_batched)(struct meta *m, int batched);
 	/* Makes every commit m made so far durable. */
 	int (*sync)(struct meta *m);
+	/* For ferry dump and load (meta_dump.c), in the catalogue's dialect:
+	 * a read transaction that sees the whole volume at one instant; the
+	 * highest slice seq ever given (a row of one integer, or none before
+	 * the first slice); the statements that set it to ?1 after a load
+	 * (the second may be NULL). */
+	const char *snapshot_sql;
+	const char *slice_seq_get_sql;
+	const char *slice_seq_set_sql[2];
 };
 
 struct meta {
@@ -134,6 +142,10 @@ extern _Thread_local uint64_t meta_tl_seq;
 /* A struct meta for the volume at loc (a path or a URL) with its engine
  * chosen and no connection yet: meta_close() frees it. */
 int meta_alloc(const char *loc, struct meta **out);
+/* Makes a new volume at loc as meta_format() does, with fill writing its
+ * first rows in the transaction that makes its schema (ferry load). */
+int meta_format_with(const char *loc, int force, int (*fill)(struct conn *c, void *arg),
+		     void *arg);
 /* A connection of m's was made again (the server hung up). */
 void meta_conn_replaced(struct meta *m);
 /* This thread's connection to m's database. */

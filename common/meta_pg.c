@@ -76,6 +76,13 @@ struct pg_conn {
 	bool lost; /* the server hung up (or stopped answering) */
 };
 
+/* A statement outside the catalogue (stmt_new): st.id is ST_COUNT. */
+struct pg_adhoc {
+	struct pg_stmt st;
+	char *sql; /* owned: the text with $N */
+	Oid oids[PG_MAX_PARAMS];
+};
+
 struct pg_vol {
 	char *conninfo; /* the URL without volume= */
 	char schema[sizeof("ferry_") + PG_VOLUME_NAME_MAX];
@@ -358,11 +365,13 @@ static Oid param_oid(char t)
 	return t == 'b' ? OID_BYTEA : t == 't' ? OID_TEXT : OID_INT8;
 }
 
+/* The server's clock in ms since the epoch (META_SQL_NOW_MS). */
+#define PG_NOW_MS "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
 /* The catalogue's ?N as PostgreSQL's $N, and the server's clock. */
 static char *pg_sql_text(enum st id)
 {
-	return meta_sql_expand(meta_sql[id].sql,
-			       "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)", '$');
+	return meta_sql_expand(meta_sql[id].sql, PG_NOW_MS, '$');
 }
 
 static int prepare(struct pg_conn *c, enum st id)
@@ -514,12 +523,24 @@ static int run(struct pg_stmt *st)
 
 	if (st->id == ST_BEGIN)
 		return begin_write(c);
-	rc = prepare(c, st->id);
-	if (rc)
-		return rc;
-	snprintf(name, sizeof(name), "s%d", (int)st->id);
-	trip(c);
-	st->res = PQexecPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1);
+	if (st->id == ST_COUNT) {
+		const struct pg_adhoc *a = (const struct pg_adhoc *)st;
+		PGTransactionStatusType ts;
+
+		trip(c);
+		st->res = PQexecParams(c->pc, a->sql, st->nparams, a->oids, st->val, st->len,
+				       st->fmt, 1);
+		/* It may begin or end a transaction (a dump's snapshot). */
+		ts = PQtransactionStatus(c->pc);
+		c->txn = ts == PQTRANS_INTRANS || ts == PQTRANS_INERROR;
+	} else {
+		rc = prepare(c, st->id);
+		if (rc)
+			return rc;
+		snprintf(name, sizeof(name), "s%d", (int)st->id);
+		trip(c);
+		st->res = PQexecPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1);
+	}
 	if (st->id == ST_COMMIT || st->id == ST_ROLLBACK)
 		c->txn = false; /* ended, whether or not it went through */
 	s = PQresultStatus(st->res);
@@ -669,6 +690,54 @@ static bool pg_conn_ok(struct conn *c)
 	return !pgc(c)->lost && PQstatus(pgc(c)->pc) == CONNECTION_OK;
 }
 
+static int pg_stmt_new(struct conn *base, const char *sql, const char *params,
+		       struct db_stmt **out)
+{
+	struct pg_adhoc *a;
+	int n = (int)strlen(params);
+
+	if (n > PG_MAX_PARAMS)
+		return -EINVAL;
+	a = calloc(1, sizeof(*a));
+	if (a == NULL)
+		return -ENOMEM;
+	a->sql = meta_sql_expand(sql, PG_NOW_MS, '$');
+	if (a->sql == NULL) {
+		free(a);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < n; i++)
+		a->oids[i] = param_oid(params[i]);
+	a->st.base.drv = &meta_pg_driver;
+	a->st.c = pgc(base);
+	a->st.id = ST_COUNT;
+	a->st.nparams = n;
+	*out = &a->st.base;
+	return 0;
+}
+
+static void pg_stmt_free(struct db_stmt *base)
+{
+	struct pg_adhoc *a = (struct pg_adhoc *)base;
+
+	if (a == NULL)
+		return;
+	PQclear(a->st.res);
+	free(a->sql);
+	free(a);
+}
+
+static const char *pg_errmsg(struct conn *c, char *buf, size_t len)
+{
+	const char *msg = PQerrorMessage(pgc(c)->pc);
+
+	/* "ERROR:  what\nDETAIL: ...": the first line, without its label. */
+	if (strncmp(msg, "ERROR:  ", 8) == 0)
+		msg += 8;
+	snprintf(buf, len, "%.*s", (int)strcspn(msg, "\n"), msg);
+	return buf;
+}
+
 const struct db_driver meta_pg_driver = {
 	.name = "postgresql",
 	.conn_open = pg_conn_open,
@@ -688,6 +757,9 @@ const struct db_driver meta_pg_driver = {
 	.in_txn = pg_in_txn,
 	.txn_open = pg_txn_open,
 	.conn_ok = pg_conn_ok,
+	.stmt_new = pg_stmt_new,
+	.stmt_free = pg_stmt_free,
+	.errmsg = pg_errmsg,
 };
 
 /* ---- the volume ----------------------------------------------------------- */
@@ -774,8 +846,7 @@ static int lease_before_reformat(struct pg_conn *c, const struct pg_vol *v, int6
 	if (rc)
 		return rc > 0 ? 0 : rc;
 	snprintf(sql, sizeof(sql),
-		 "SELECT epoch, holder <> '' AND expires_ms >"
-		 " CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+		 "SELECT epoch, holder <> '' AND expires_ms > " PG_NOW_MS
 		 " FROM %s.lease WHERE id = 1",
 		 v->schema);
 	res = PQexec(c->pc, sql);
@@ -927,4 +998,10 @@ const struct db_volume_ops meta_pg_volume = {
 	.close = pg_close,
 	.set_batched = pg_set_batched,
 	.sync = pg_sync,
+	.snapshot_sql = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+	/* The identity's sequence: it is not transactional, and only grows. */
+	.slice_seq_get_sql = "SELECT last_value FROM pg_sequences WHERE format('%I.%I', schemaname,"
+			     " sequencename) = pg_get_serial_sequence('slice', 'seq')"
+			     " AND last_value IS NOT NULL",
+	.slice_seq_set_sql = { "SELECT setval(pg_get_serial_sequence('slice', 'seq'), ?1)", NULL },
 };

@@ -993,7 +993,6 @@ int meta_format(const char *db_path, const struct meta_volume *v, uint32_t root_
 		uint32_t root_gid, int force)
 {
 	struct format_args a = { .v = v, .uid = root_uid, .gid = root_gid };
-	struct meta *m = NULL;
 	char uuid[37];
 	int rc;
 
@@ -1010,10 +1009,18 @@ int meta_format(const char *db_path, const struct meta_volume *v, uint32_t root_
 		memcpy(uuid, v->uuid, sizeof(uuid));
 	}
 	a.uuid = uuid;
-	rc = meta_alloc(db_path, &m);
+	return meta_format_with(db_path, force, format_fill, &a);
+}
+
+int meta_format_with(const char *loc, int force, int (*fill)(struct conn *c, void *arg),
+		     void *arg)
+{
+	struct meta *m = NULL;
+	int rc = meta_alloc(loc, &m);
+
 	if (rc)
 		return rc;
-	rc = m->vol->format(m, force, format_fill, &a);
+	rc = m->vol->format(m, force, fill, arg);
 	meta_close(m);
 	return rc;
 }

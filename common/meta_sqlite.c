@@ -503,6 +503,47 @@ static bool sq_conn_ok(struct conn *c)
 	return true; /* a file does not hang up */
 }
 
+static int sq_stmt_new(struct conn *base, const char *sql, const char *params,
+		       struct db_stmt **out)
+{
+	struct sq_stmt *st = calloc(1, sizeof(*st));
+	char *x = meta_sql_expand(sql, SQ_NOW_MS, '?');
+	int rc = 0;
+
+	(void)params; /* SQLite's values carry their own types */
+	if (st == NULL || x == NULL) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	st->base.drv = &meta_sqlite_driver;
+	st->c = sq(base);
+	rc = sqlite3_prepare_v2(sq(base)->db, x, -1, &st->s, NULL);
+	if (rc != SQLITE_OK) {
+		rc = db_err(rc);
+		goto out;
+	}
+	*out = &st->base;
+	st = NULL;
+out:
+	free(x);
+	free(st);
+	return rc;
+}
+
+static void sq_stmt_free(struct db_stmt *st)
+{
+	if (st == NULL)
+		return;
+	sqlite3_finalize(sqs(st)->s);
+	free(st);
+}
+
+static const char *sq_errmsg(struct conn *c, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s", sqlite3_errmsg(sq(c)->db));
+	return buf;
+}
+
 const struct db_driver meta_sqlite_driver = {
 	.name = "sqlite",
 	.conn_open = sq_conn_open,
@@ -522,6 +563,9 @@ const struct db_driver meta_sqlite_driver = {
 	.in_txn = sq_txn_open,
 	.txn_open = sq_txn_open,
 	.conn_ok = sq_conn_ok,
+	.stmt_new = sq_stmt_new,
+	.stmt_free = sq_stmt_free,
+	.errmsg = sq_errmsg,
 };
 
 /* ---- the volume ----------------------------------------------------------- */
@@ -729,6 +773,12 @@ const struct db_volume_ops meta_sqlite_volume = {
 	.close = sq_close,
 	.set_batched = sq_set_batched,
 	.sync = sq_sync,
+	.snapshot_sql = "BEGIN",
+	/* AUTOINCREMENT's record of the highest seq given; the slices' own
+	 * inserts (a load) write it, and the dump's value replaces it. */
+	.slice_seq_get_sql = "SELECT seq FROM sqlite_sequence WHERE name = 'slice'",
+	.slice_seq_set_sql = { "DELETE FROM sqlite_sequence WHERE name = 'slice'",
+			       "INSERT INTO sqlite_sequence(name, seq) VALUES ('slice', ?1)" },
 };
 
 /* Test hooks of the SQLite engine's checkpointer (meta.h). */
