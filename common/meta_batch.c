@@ -66,6 +66,16 @@ void meta_conn_replaced(struct meta *m)
 		atomic_store(&m->sync_lost, 1);
 }
 
+/* A new connection for m. Once m is open, a server that cannot be
+ * reached or refuses us is an I/O error to the caller (an application's
+ * create must not see ECONNREFUSED); meta_open() tells them apart. */
+static int conn_new(struct meta *m, struct conn **out)
+{
+	int rc = m->drv->conn_open(m, out);
+
+	return rc && m->opened && rc != -ENOMEM ? -EIO : rc;
+}
+
 int meta_conn_get(struct meta *m, struct conn **out)
 {
 	struct conn *c = pthread_getspecific(m->key);
@@ -82,7 +92,7 @@ int meta_conn_get(struct meta *m, struct conn **out)
 		conn_free(c);
 		meta_conn_replaced(m);
 	}
-	rc = m->drv->conn_open(m, &c);
+	rc = conn_new(m, &c);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&m->lock);
@@ -314,7 +324,7 @@ static int batch_begin(struct meta *m)
 		meta_conn_replaced(m);
 	}
 	if (m->bc == NULL) {
-		rc = m->drv->conn_open(m, &m->bc);
+		rc = conn_new(m, &m->bc);
 		if (rc)
 			return rc;
 	}
@@ -898,6 +908,8 @@ int meta_open(const char *db_path, struct meta **out)
 		rc = meta_volume_get(m, &v); /* the volume row is there and sound */
 		meta_volume_free(&v);
 	}
+	if (rc == 0)
+		m->opened = 1;
 	if (rc) {
 		meta_close(m);
 		switch (rc) {

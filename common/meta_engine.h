@@ -73,6 +73,7 @@ struct meta {
 	 * here, woken at once, instead of polling the database's lock. */
 	pthread_mutex_t write_lock;
 	struct conn *conns;
+	int opened; /* meta_open() went through */
 	_Atomic uint64_t reconnects; /* connections replaced after the server hung up */
 	_Atomic uint64_t statements;  /* statements run (meta_counters) */
 	_Atomic uint64_t round_trips; /* exchanges with a database server */

@@ -592,6 +592,13 @@ int main(int argc, char **argv)
 	rc = meta_open(md->cfg.db_path, &md->meta);
 	if (rc == -ENOENT)
 		start_failed(md, "no ferryfs volume at %s (run `ferry format` first)", argv[optind]);
+	if (rc == -ECONNREFUSED)
+		start_failed(md, "cannot reach the database server of %s (not running, not "
+			     "answering, or not where the URL says)", md->cfg.db_path);
+	if (rc == -EACCES && meta_url_is_pg(md->cfg.db_path))
+		start_failed(md, "the database server refused %s: a wrong or missing password (from "
+			     "PGPASSWORD, ~/.pgpass or passfile=), role or database",
+			     md->cfg.db_path);
 	if (rc < 0)
 		start_failed(md, "cannot open volume %s: %s", md->cfg.db_path, strerror(-rc));
 	/* Namespace changes need not each wait for a disk sync: they are

@@ -18,9 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mount_util.h"
@@ -326,4 +330,202 @@ Test(pg_nodes, a_writer_cut_off_and_taken_over_turns_read_only)
 	expect_files(sp("mB"), 0, 2);
 	expect_files(sp("mB"), 10, 11);
 	umount_on('B');
+}
+
+/* ---- a server that goes away, or is not there ---------------------------- */
+
+/*
+ * These stop and start their server, so it is one of their own
+ * (scripts/pg-server in the scratch directory), not the shared one other
+ * tests use meanwhile.
+ */
+static void outage_setup(void)
+{
+	const struct fm_opts o = { .no_mount = true };
+	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/pg-server", "start", NULL, NULL };
+	char *out, *p, *q;
+
+	fm_setup_opts(&o);
+	argv[2] = sp("pgsrv");
+	cr_assert_eq(fm_run(argv, sp("pgsrv.env"), sp("pgsrv.err"), 120), 0,
+		     "scripts/pg-server start failed: see %s", sp("pgsrv.err"));
+	out = fm_slurp(sp("pgsrv.env"));
+	cr_assert_not_null(out);
+	/* export FERRY_TEST_PG_URL=postgresql:///ferry_test\?host=...\&user=ferry */
+	p = strstr(out, "FERRY_TEST_PG_URL=");
+	cr_assert_not_null(p, "%s", out);
+	p += strlen("FERRY_TEST_PG_URL=");
+	q = base;
+	for (; *p && *p != '\n' && q < base + sizeof(base) - 1; p++)
+		if (*p != '\\') /* %q's escapes */
+			*q++ = *p;
+	*q = '\0';
+	free(out);
+	snprintf(vname, sizeof(vname), "outage");
+	snprintf(url, sizeof(url), "%s&volume=%s", base, vname);
+	cr_assert_eq(mkdir(sp("objects"), 0755), 0);
+	cr_assert_eq(mkdir(sp("mA"), 0755), 0);
+	cr_assert_eq(mkdir(sp("mB"), 0755), 0);
+}
+
+static void pg_server(const char *cmd)
+{
+	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/pg-server", cmd, sp("pgsrv"), NULL };
+
+	cr_assert_eq(fm_run(argv, NULL, NULL, 120), 0, "scripts/pg-server %s", cmd);
+}
+
+static void outage_teardown(void)
+{
+	const char *mnts[2] = { sp("mA"), sp("mB") };
+	const char *argv[] = { FERRY_SOURCE_DIR "/scripts/pg-server", "stop", sp("pgsrv"), NULL };
+
+	for (int i = 0; i < 2; i++) {
+		if (fm_is_mounted(mnts[i])) {
+			const char *um[] = { fm_bin("ferry"), "umount", mnts[i], NULL };
+
+			/* A stopped server would hold the unmount: start it. */
+			const char *res[] = { argv[0], "resume", sp("pgsrv"), NULL };
+			fm_run(res, "/dev/null", "/dev/null", 60);
+			if (fm_run(um, NULL, NULL, 60) != 0)
+				umount2(mnts[i], MNT_DETACH);
+		}
+	}
+	fm_teardown();
+	fm_run(argv, "/dev/null", "/dev/null", 60);
+}
+
+TestSuite(pg_outage, .init = outage_setup, .fini = outage_teardown, .timeout = 240);
+
+/* Creates scratch-relative file i of the stream; true if every call of it
+ * returned success (the application was told it is there). */
+static bool create_one(const char *dir, int i, int *err)
+{
+	char path[PATH_MAX], text[64];
+	int fd, len = snprintf(text, sizeof(text), "file %d of the stream\n", i);
+
+	snprintf(path, sizeof(path), "%s/s%04d", dir, i);
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	if (fd < 0) {
+		*err = errno;
+		return false;
+	}
+	if (write(fd, text, (size_t)len) != len) {
+		*err = errno;
+		close(fd);
+		return false;
+	}
+	if (close(fd) != 0) {
+		*err = errno;
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The server stops (a fast shutdown: every session ended) in the middle of
+ * a stream of creates and starts again seconds later. No daemon dies;
+ * calls made while it is away either succeed or fail with EIO; the daemon
+ * connects again by itself; every create that returned, before, during
+ * and after, is in the volume another node mounts afterwards.
+ */
+Test(pg_outage, a_server_stopped_in_a_stream_of_creates_loses_nothing_acknowledged)
+{
+	enum { N = 240, STOP_AT = 60, START_AT = 150 };
+	bool ok[N] = { false };
+	int failed = 0, other = 0, err = 0, dfd;
+	char text[64];
+
+	format_volume();
+	cr_assert_eq(mount_on('A', NULL, false, NULL), 0, "mount on A");
+	for (int i = 0; i < N; i++) {
+		if (i == STOP_AT)
+			pg_server("pause");
+		if (i == START_AT)
+			pg_server("resume");
+		err = 0;
+		ok[i] = create_one(sp("mA"), i, &err);
+		if (!ok[i]) {
+			failed++;
+			other += err != EIO;
+			cr_assert(i >= STOP_AT, "create %d failed before the server stopped: %s", i,
+				  strerror(err));
+			cr_assert_eq(err, EIO, "create %d: %s, not EIO", i, strerror(err));
+		}
+		if (i >= STOP_AT && i < START_AT)
+			usleep(20 * 1000); /* the outage lasts a few seconds */
+	}
+	cr_assert_eq(other, 0);
+	cr_assert(ok[0] && ok[STOP_AT - 1], "creates with the server up went through");
+	/* Back, and connected again: a sync goes through (it may first say,
+	 * once, that commits made without waiting for the server's flush
+	 * could be lost; a fast shutdown flushed them). */
+	dfd = open(sp("mA"), O_RDONLY | O_DIRECTORY);
+	cr_assert_geq(dfd, 0);
+	if (fsync(dfd) != 0)
+		cr_assert_eq(fsync(dfd), 0, "fsyncdir after the server came back: %s", strerror(errno));
+	close(dfd);
+	cr_assert_gt(stat_of(sp("mA"), "meta_reconnects"), 0);
+	cr_assert(ok[N - 1], "creates after the server came back went through");
+	umount_on('A');
+
+	cr_assert_eq(mount_on('B', NULL, false, NULL), 0, "mount on B");
+	for (int i = 0; i < N; i++) {
+		char path[PATH_MAX];
+		int len = snprintf(text, sizeof(text), "file %d of the stream\n", i);
+
+		snprintf(path, sizeof(path), "%s/s%04d", sp("mB"), i);
+		if (ok[i])
+			fm_expect_content(path, text, (size_t)len);
+	}
+	umount_on('B');
+	cr_log_info("creates while the server was away: %d of %d failed with EIO", failed,
+		    START_AT - STOP_AT);
+}
+
+/* A server that is not there, or does not answer: the mount fails soon,
+ * with a line that says so, and leaves nothing mounted or running. */
+Test(pg_outage, an_unreachable_or_silent_server_fails_the_mount_clearly)
+{
+	char err[PATH_MAX], bad[900], *msg;
+	int lfd, port;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t alen = sizeof(a);
+	time_t t0;
+	pid_t pids[4];
+
+	format_volume();
+	pg_server("pause");
+	snprintf(err, sizeof(err), "%s", sp("a.err"));
+	cr_assert_neq(mount_on('A', NULL, false, err), 0, "mounted with the server stopped");
+	msg = fm_slurp(err);
+	cr_assert(msg && strstr(msg, "reach"), "the refusal says the server is unreachable: %s",
+		  msg ? msg : "");
+	free(msg);
+	cr_assert(!fm_is_mounted(sp("mA")));
+	pg_server("resume");
+
+	/* A server that accepts the connection and says nothing. */
+	lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(lfd, 0);
+	cr_assert_eq(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(listen(lfd, 16), 0);
+	cr_assert_eq(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+	port = ntohs(a.sin_port);
+	snprintf(bad, sizeof(bad), "postgresql://ferry@127.0.0.1:%d/ferry_test?connect_timeout=2&volume=%s",
+		 port, vname);
+	{
+		const char *args[] = { "mount", bad, sp("mA"), NULL };
+
+		t0 = time(NULL);
+		cr_assert_neq(ferry_on('A', err, args), 0, "mounted a silent server");
+	}
+	cr_assert_lt(time(NULL) - t0, 30, "the mount waited %ld s", (long)(time(NULL) - t0));
+	msg = fm_slurp(err);
+	cr_assert(msg && strstr(msg, "reach"), "the refusal says the server is unreachable: %s",
+		  msg ? msg : "");
+	free(msg);
+	close(lfd);
+	cr_assert(!fm_is_mounted(sp("mA")));
+	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", sp("mA"), pids, 4), 0);
 }
