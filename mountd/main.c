@@ -263,6 +263,8 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 			}
 			continue;
 		}
+		if (strcmp(o, "ro") == 0)
+			md->ro_asked = true; /* and to the kernel, below */
 		size_t n = strlen(o);
 		if (!first)
 			*out++ = ',';
@@ -575,6 +577,12 @@ int main(int argc, char **argv)
 		start_failed(md, "volume directory %s: %s", md->cfg.vol_dir, strerror(-rc));
 	/* A reconciler started on its own would commit whatever the lease:
 	 * only the one this daemon starts is fenced to its epoch. */
+	/* A read-only mount of a shared volume is a follower of whichever
+	 * node writes it: it must neither take the lease nor keep caches the
+	 * writer's commits do not reach. Not built: said, not half done. */
+	if (meta_url_is_pg(md->cfg.db_path) && md->ro_asked)
+		start_failed(md, "-o ro: read-only mounts of a PostgreSQL volume next to its writer "
+			     "are not built yet; mount it read-write on one node at a time");
 	if (meta_url_is_pg(md->cfg.db_path) && md->cfg.reconciler)
 		start_failed(md, "--reconciler cannot serve a PostgreSQL volume (it would not be "
 			     "fenced by the mount's lease): let ferry-mountd start its own");

@@ -598,6 +598,7 @@ struct mountd {
 	enum { WB_OFF, WB_AUTO, WB_ON } wb_mode;
 	bool writeback;               /* in effect (set at INIT) */
 	bool fsync_local;             /* -o fsync=local: fsync is durable on the node only */
+	bool ro_asked;                /* -o ro */
 	/* -o passthrough_copy_max: the largest non-empty file a write open
 	 * copies into a passthrough staging file; larger ones take the daemon
 	 * path (a copy reads the whole file before the open returns). */

@@ -205,6 +205,16 @@ Test(pg_nodes, a_volume_written_on_one_node_reads_whole_on_another)
 	cr_assert_eq(symlink("../f001", sp("mA/dir/link")), 0);
 	umount_on('A');
 
+	/* A read-only follower is not built: refused, not a writer in disguise. */
+	{
+		char err[PATH_MAX], *msg;
+
+		snprintf(err, sizeof(err), "%s", sp("ro.err"));
+		cr_assert_neq(mount_on('B', "ro", false, err), 0, "a read-only mount went through");
+		msg = fm_slurp(err);
+		cr_assert(msg && strstr(msg, "not built yet"), "%s", msg ? msg : "");
+		free(msg);
+	}
 	cr_assert_eq(mount_on('B', NULL, false, NULL), 0, "mount on B");
 	expect_files(sp("mB"), 0, 12);
 	cr_assert_eq(readlink(sp("mB/dir/link"), target, sizeof(target) - 1), 7);
