@@ -241,7 +241,8 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	if (rc == -ENOENT) {
 		/* A negative entry: the kernel caches the absence; every change
 		 * of the namespace passes through this daemon, which the kernel
-		 * sees, so the cache cannot go stale. */
+		 * sees, so the cache cannot go stale (a follower's entry_timeout
+		 * bounds it instead). */
 		struct fuse_entry_param e = { .ino = 0, .entry_timeout = md->cfg.entry_timeout };
 		fuse_reply_entry(req, &e);
 		return;
@@ -1030,8 +1031,11 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 		atomic_fetch_add(&md->stats.writeback_bypassed, 1);
 	} else {
 		/* Every change to the data passes through this daemon and the
-		 * kernel's page cache, so what it cached stays valid across opens. */
-		fi->keep_cache = 1;
+		 * kernel's page cache, so what it cached stays valid across opens;
+		 * a follower's changes come from another node: each open reads
+		 * afresh (and FUSE_AUTO_INVAL_DATA drops the pages of an open file
+		 * once its attributes show a change). */
+		fi->keep_cache = !md->follower;
 	}
 	/* A reader has nothing to flush and ferry takes no POSIX locks itself;
 	 * a passthrough writer's data is already where the reconciler takes

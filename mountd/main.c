@@ -74,7 +74,9 @@ static void usage(FILE *f)
 		"files, and 0, take the daemon path);\n"
 		"attr_timeout=SEC (default 3600: how long the kernel keeps names, absent\n"
 		"names and attributes; this daemon is the volume's only writer and\n"
-		"invalidates what the reconciler's commits change);\n"
+		"invalidates what the reconciler's commits change; 1 for a follower);\n"
+		"ro (on a PostgreSQL volume: a read-only follower of the node that writes\n"
+		"it, which sees its commits within attr_timeout and takes no lease);\n"
 		"readahead=MIB (default 64: a sequential reader has the objects ahead of it\n"
 		"fetched into the read cache, 4 at a time, up to this many MiB queued or in\n"
 		"flight and a quarter of --cache-size ahead; 0: none);\n"
@@ -210,6 +212,7 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->cfg.attr_timeout = md->cfg.entry_timeout = v;
+			md->attr_timeout_set = true;
 			continue;
 		}
 		if (strncmp(o, "meta_batch_ms=", 14) == 0) {
@@ -533,6 +536,7 @@ int main(int argc, char **argv)
 			md->cfg.attr_timeout = md->cfg.entry_timeout = strtod(optarg, &end);
 			if (*end || md->cfg.attr_timeout < 0)
 				fatalx("--attr-timeout: not a number of seconds: %s", optarg);
+			md->attr_timeout_set = true;
 			break;
 		case 'M':
 			errno = 0;
@@ -577,12 +581,13 @@ int main(int argc, char **argv)
 		start_failed(md, "volume directory %s: %s", md->cfg.vol_dir, strerror(-rc));
 	/* A reconciler started on its own would commit whatever the lease:
 	 * only the one this daemon starts is fenced to its epoch. */
-	/* A read-only mount of a shared volume is a follower of whichever
-	 * node writes it: it must neither take the lease nor keep caches the
-	 * writer's commits do not reach. Not built: said, not half done. */
-	if (meta_url_is_pg(md->cfg.db_path) && md->ro_asked)
-		start_failed(md, "-o ro: read-only mounts of a PostgreSQL volume next to its writer "
-			     "are not built yet; mount it read-write on one node at a time");
+	/* A read-only mount of a shared volume follows whichever node writes
+	 * it: no lease, and the kernel asks again within the bound. */
+	md->follower = meta_url_is_pg(md->cfg.db_path) && md->ro_asked;
+	if (md->follower && !md->attr_timeout_set)
+		md->cfg.attr_timeout = md->cfg.entry_timeout = FOLLOW_TIMEOUT_S;
+	if (md->follower && md->cfg.reconciler)
+		start_failed(md, "--reconciler: a read-only mount uploads nothing");
 	if (meta_url_is_pg(md->cfg.db_path) && md->cfg.reconciler)
 		start_failed(md, "--reconciler cannot serve a PostgreSQL volume (it would not be "
 			     "fenced by the mount's lease): let ferry-mountd start its own");
@@ -615,11 +620,18 @@ int main(int argc, char **argv)
 		start_failed(md, "cannot start the metadata checkpointer: %s", strerror(-rc));
 	if ((rc = volume_lock(md)) < 0)
 		start_failed(md, "cannot lock volume %s: %s", md->cfg.db_path, strerror(-rc));
-	/* Before anything of this mount writes, the journal's replay included. */
-	lease_take(md);
-	if ((rc = lease_start(md)) < 0)
-		start_failed(md, "cannot start renewing the lease: %s", strerror(-rc));
-	if (md->meta_batch_ms > 0) {
+	/* Before anything of this mount writes, the journal's replay included.
+	 * A follower writes nothing: its handle is fenced to an epoch no lease
+	 * reaches, so a write transaction that got this far would fail EROFS
+	 * instead of changing a volume another node holds. */
+	if (md->follower) {
+		meta_lease_fence(md->meta, UINT64_MAX);
+	} else {
+		lease_take(md);
+		if ((rc = lease_start(md)) < 0)
+			start_failed(md, "cannot start renewing the lease: %s", strerror(-rc));
+	}
+	if (md->meta_batch_ms > 0 && !md->follower) {
 		uint64_t replayed = 0;
 
 		char jpath[PATH_MAX];
@@ -676,7 +688,11 @@ int main(int argc, char **argv)
 	if ((rc = inode_table_new(&md->inodes)) < 0 ||
 	    (rc = handle_table_new(1u << 20, &md->handles)) < 0)
 		start_failed(md, "out of memory");
-	if (md->cfg.no_reconciler) {
+	if (md->follower) {
+		/* Nothing to upload; staging leftovers of an earlier read-write
+		 * mount on this node wait for the next one (it holds the lease).
+		 * No layout is cached: the writer's commits do not pass here. */
+	} else if (md->cfg.no_reconciler) {
 		staging_recover(md, false);
 		atomic_store(&md->layout_ready, true); /* every commit is this daemon's */
 	}
@@ -687,10 +703,12 @@ int main(int argc, char **argv)
 	 * by the reconciler at its start) commit before this run serves, so
 	 * no file reads as it was before its last close. The wait moves while
 	 * they progress; a store that does not answer is not waited for. */
-	if (!md->cfg.no_reconciler && (rc = rclient_drain(md, 60000)) < 0)
+	if (!md->cfg.no_reconciler && !md->follower && (rc = rclient_drain(md, 60000)) < 0)
 		log_warnx("uploads left by an earlier run are not all committed (%s): files they "
 			  "hold read as before them until they are", strerror(-rc));
-	if ((rc = meta_orphans_purge(md->meta, &purged)) < 0)
+	if (md->follower)
+		; /* the writer's orphans are its own to free */
+	else if ((rc = meta_orphans_purge(md->meta, &purged)) < 0)
 		log_errno(rc, "cannot free unlinked inodes left by an earlier run");
 	else if (purged)
 		log_info("freed %llu unlinked inodes left by an earlier run", (unsigned long long)purged);
@@ -734,7 +752,7 @@ int main(int argc, char **argv)
 		log_errno(rc, "cannot start the write-back thread");
 		goto out;
 	}
-	if ((rc = gc_start(md)) < 0) {
+	if (!md->follower && (rc = gc_start(md)) < 0) {
 		log_errno(rc, "cannot start the gc thread");
 		goto out;
 	}

@@ -382,6 +382,9 @@ void staging_superseded(struct mountd *md, uint64_t ino);
 #define GC_GRACE_DEFAULT_S 300
 #define META_BATCH_MS_DEFAULT 5
 #define ATTR_TIMEOUT_DEFAULT_S 3600.0
+/* A read-only follower's (md->follower) bound on how stale a name, an
+ * attribute or a page it shows may be past the writer's commit. */
+#define FOLLOW_TIMEOUT_S 1.0
 #define PT_COPY_MAX_DEFAULT (1ull << 30)
 int gc_start(struct mountd *md);
 /* A round now (tests; `ferry gc`). */
@@ -599,6 +602,14 @@ struct mountd {
 	bool writeback;               /* in effect (set at INIT) */
 	bool fsync_local;             /* -o fsync=local: fsync is durable on the node only */
 	bool ro_asked;                /* -o ro */
+	/* -o ro on a PostgreSQL volume: a read-only follower of whichever node
+	 * holds the writer's lease. It takes no lease, replays no journal,
+	 * starts no reconciler or collector, its engine handle is fenced so no
+	 * write transaction goes through, and the kernel asks again after
+	 * attr_timeout (FOLLOW_TIMEOUT_S unless set) instead of caching names,
+	 * attributes and pages as if every change passed through it. */
+	bool follower;
+	bool attr_timeout_set;        /* -o attr_timeout or --attr-timeout given */
 	/* -o passthrough_copy_max: the largest non-empty file a write open
 	 * copies into a passthrough staging file; larger ones take the daemon
 	 * path (a copy reads the whole file before the open returns). */

@@ -54,7 +54,9 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "meta_journal_replayed %llu\n", (unsigned long long)js.replayed);
 	fprintf(f, "meta_journal_replay_errors %llu\n", (unsigned long long)js.replay_errors);
 	/* The shared engine: the writer's lease and the connection. */
-	fprintf(f, "lease_epoch %llu\n", (unsigned long long)meta_lease_fenced_to(md->meta));
+	fprintf(f, "follower %d\n", md->follower ? 1 : 0);
+	fprintf(f, "lease_epoch %llu\n",
+		md->follower ? 0ull : (unsigned long long)meta_lease_fenced_to(md->meta));
 	fprintf(f, "lease_fenced %d\n", atomic_load(&md->lease_fenced) ? 1 : 0);
 	fprintf(f, "lease_leftovers_kept %llu\n",
 		(unsigned long long)atomic_load(&md->lease_leftovers));
