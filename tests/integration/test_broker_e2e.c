@@ -33,6 +33,7 @@
 
 static char top[64];
 static pid_t brokerd = -1;
+static char pg_schema[64]; /* a PostgreSQL volume's, dropped at teardown */
 
 static const char *tp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static const char *tp(const char *fmt, ...)
@@ -143,20 +144,26 @@ static bool mounted(void)
 	return fm_is_mounted(tp("pods/m"));
 }
 
+static void mount_checked(const char *const *cmd, const char *mountd_log)
+{
+	int rc = run_nobody(cmd);
+
+	if (rc != 0) {
+		log_tail("ferry", tp("ferry.log.err"));
+		log_tail("ferry-mountd", mountd_log);
+		log_tail("brokerd", tp("brokerd.log"));
+	}
+	cr_assert_eq(rc, 0, "ferry mount --broker as nobody failed");
+	cr_assert(mounted());
+}
+
 static void do_mount(void)
 {
 	const char *cmd[] = { fm_bin("ferry"), "mount", "--broker", tp("broker.sock"),
 			      "--staging-dir", tp("home/staging"), "--cache-dir", tp("home/cache"),
 			      tp("home/vol"), tp("pods/m"), NULL };
-	int rc = run_nobody(cmd);
 
-	if (rc != 0) {
-		log_tail("ferry", tp("ferry.log.err"));
-		log_tail("ferry-mountd", tp("home/vol/ferry-mountd.log"));
-		log_tail("brokerd", tp("brokerd.log"));
-	}
-	cr_assert_eq(rc, 0, "ferry mount --broker as nobody failed");
-	cr_assert(mounted());
+	mount_checked(cmd, tp("home/vol/ferry-mountd.log"));
 }
 
 static void do_umount(void)
@@ -216,6 +223,9 @@ static void teardown(void)
 	if (*top)
 		fm_run(pk, "/dev/null", "/dev/null", 10);
 	brokerd_kill(SIGTERM);
+	if (*pg_schema)
+		fm_pg_schema_drop(pg_schema);
+	unsetenv("FERRY_STATE_DIR");
 	if (*top && !getenv("FERRY_IT_KEEP")) /* keep it to read the logs */
 		rm_rf(top);
 }
@@ -424,5 +434,45 @@ Test(broker_e2e, broker_restart_under_a_live_mount)
 	do_mount();
 	AS_NOBODY(check_files, &a, "reading");
 	AS_NOBODY(check_files, &b, "reading");
+	do_umount();
+}
+
+/* A PostgreSQL volume mounted through the broker, as a pod mounts one: the
+ * node directory is nobody's ($FERRY_STATE_DIR), the mount holds the
+ * writer's lease, passthrough is engaged, and every file is there after
+ * the volume was unmounted and mounted again. */
+Test(broker_e2e, a_postgresql_volume_mounts_through_the_broker)
+{
+	const char *base = getenv("FERRY_TEST_PG_URL");
+	char url[700], storage[PATH_MAX + 8], log[PATH_MAX], sock[PATH_MAX], mp[PATH_MAX];
+	struct job j = { .nfiles = 20, .big = 3u << 20, .seed = 7 };
+	uint64_t w0;
+
+	cr_assert(base && *base, "FERRY_TEST_PG_URL is not set: start a server with scripts/pg-server");
+	snprintf(pg_schema, sizeof(pg_schema), "ferry_bke%d", (int)getpid());
+	snprintf(url, sizeof(url), "%s&volume=%s", base, pg_schema + 6);
+	snprintf(storage, sizeof(storage), "file://%s", tp("home/objects"));
+	snprintf(log, sizeof(log), "%s/%s/ferry-mountd.log", tp("home/state"), pg_schema + 6);
+	snprintf(j.dir, sizeof(j.dir), "%s", tp("pods/m"));
+	mkdir_owned(tp("home/objects"), FM_NOBODY_UID, 0755);
+	setenv("FERRY_STATE_DIR", tp("home/state"), 1);
+	const char *fmt[] = { fm_bin("ferry"), "format", "--storage", storage, url, NULL };
+	cr_assert_eq(run_nobody(fmt), 0, "ferry format of %s as nobody failed", url);
+	/* Copies: tp()'s ring of names is reused by the calls below. */
+	snprintf(sock, sizeof(sock), "%s", tp("broker.sock"));
+	snprintf(mp, sizeof(mp), "%s", tp("pods/m"));
+	const char *mnt[] = { fm_bin("ferry"), "mount", "--broker", sock, url, mp, NULL };
+	mount_checked(mnt, log);
+	cr_assert_eq(stat_of("passthrough_active"), 1, "passthrough is off under the broker");
+	cr_assert_eq(stat_of("lease_epoch"), 1);
+	cr_assert_eq(stat_of("follower"), 0);
+	w0 = stat_of("fuse_requests_write");
+	AS_NOBODY(write_files, &j, "writing");
+	cr_assert_eq(stat_of("fuse_requests_write") - w0, 0,
+		     "WRITE requests reached ferry-mountd: passthrough is not engaged");
+	do_umount();
+	mount_checked(mnt, log);
+	cr_assert_eq(stat_of("lease_epoch"), 2, "the lease was not released at unmount");
+	AS_NOBODY(check_files, &j, "reading back after remount");
 	do_umount();
 }
