@@ -508,11 +508,17 @@ int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn
 	ctr0 = m->ctr; /* a change that fails takes no number */
 	if (meta_tl_replaying) {
 		rc = fn(m->bc, arg);
+		if (rc == 0)
+			rc = m->bc->drv->settle(m->bc);
 	} else {
 		clock_gettime(CLOCK_REALTIME, &now);
 		meta_tl_now = &now;
 		meta_tl_seq = r != NULL ? m->jseq + 1 : 0;
 		rc = fn(m->bc, arg);
+		/* Every write of the change answered before it is acknowledged
+		 * (an engine may have queued some: meta_db.h settle). */
+		if (rc == 0)
+			rc = m->bc->drv->settle(m->bc);
 		meta_tl_seq = 0;
 		meta_tl_now = NULL;
 		if (rc == 0 && r != NULL) {

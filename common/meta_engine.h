@@ -229,6 +229,13 @@ static inline int64_t db_changes(struct conn *c)
 	return c->drv->changes(c);
 }
 
+/* A write that must have changed exactly one row (a sanity check, not a
+ * rule's question: a rule that acts on the count reads db_changes()). */
+static inline int expect_one(struct conn *c)
+{
+	return c->drv->expect_changes(c, 1);
+}
+
 static inline int col_int(struct db_stmt *st, int i, int64_t lo, int64_t hi, int64_t *out)
 {
 	if (col_type(st, i) != DB_INT)

@@ -17,6 +17,15 @@
  * with their parameter types declared, and run with binary parameters and
  * results.
  *
+ * Round trips: inside a transaction a write whose result nobody reads at
+ * once (an INSERT, UPDATE or DELETE without RETURNING) is queued in
+ * libpq's pipeline instead of waited for; the next statement that needs
+ * an answer (a read, COMMIT, changes()) goes in the same pipeline and one
+ * exchange brings every result back. A queued write that failed fails
+ * that statement (the transaction is then lost, as after any error). The
+ * batch settles each change (pg_settle) before it acknowledges it, so a
+ * change is never acknowledged with a write of it unanswered.
+ *
  * Durability: a batched connection commits with synchronous_commit off;
  * meta_sync() ends with a commit that waits for the server's WAL flush,
  * which covers every commit before it.
@@ -38,6 +47,9 @@
 #define PG_SCHEMA_VERSION META_SCHEMA_VERSION
 #define PG_MAX_PARAMS 16
 #define PG_VOLUME_NAME_MAX 48
+/* Writes queued before the pipeline is ended anyway: a bound on what a
+ * failure there makes the engine redo, and on the client's buffers. */
+#define PG_QUEUE_MAX 64
 /* PostgreSQL's type oids (catalog/pg_type.h, stable across versions). */
 #define OID_BOOL 16
 #define OID_BYTEA 17
@@ -60,6 +72,7 @@ struct pg_stmt {
 	uint64_t ibuf[PG_MAX_PARAMS]; /* integers in network order */
 	PGresult *res;                /* the run's rows, owned */
 	int row, nrows;
+	bool queued; /* sent in the pipeline, its result not read: no rows */
 };
 
 struct pg_conn {
@@ -74,6 +87,11 @@ struct pg_conn {
 	 * or the rest of the transaction would commit piece by piece. */
 	bool txn;
 	bool lost; /* the server hung up (or stopped answering) */
+	int queued; /* writes sent in the pipeline whose results are not read */
+	bool last_queued; /* the last statement run is the queue's last */
+	/* The rows each queued write must have changed (expect_changes), -1:
+	 * any. */
+	int64_t expect[PG_QUEUE_MAX];
 };
 
 /* A statement outside the catalogue (stmt_new): st.id is ST_COUNT. */
@@ -127,6 +145,7 @@ static int pg_err(PGconn *pc, const PGresult *res)
 
 struct pg_conn;
 static int conn_err(struct pg_conn *c, const PGresult *res);
+static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going);
 
 /* Runs sql (no parameters, any number of statements) on pc. */
 static int pg_exec(PGconn *pc, const char *sql)
@@ -360,6 +379,17 @@ static int pg_write_prepare(struct conn *base)
 	return rc;
 }
 
+/* A statement whose result need not be read before the next one is sent:
+ * a write without RETURNING (see "Round trips" above). */
+static bool queueable(enum st id)
+{
+	const char *sql = meta_sql[id].sql;
+
+	return (strncmp(sql, "INSERT", 6) == 0 || strncmp(sql, "UPDATE", 6) == 0 ||
+		strncmp(sql, "DELETE", 6) == 0) &&
+	       strstr(sql, "RETURNING") == NULL;
+}
+
 static Oid param_oid(char t)
 {
 	return t == 'b' ? OID_BYTEA : t == 't' ? OID_TEXT : OID_INT8;
@@ -388,6 +418,9 @@ static int prepare(struct pg_conn *c, enum st id)
 		return 0;
 	if (n > PG_MAX_PARAMS)
 		return -EIO;
+	/* PQprepare waits for its answer: not inside a pipeline. */
+	if (c->queued > 0 && (rc = pipe_end(c, NULL, false)) != 0)
+		return rc;
 	for (int i = 0; i < n; i++)
 		oids[i] = param_oid(types[i]);
 	sql = pg_sql_text(id);
@@ -421,6 +454,7 @@ static int reconnect(struct pg_conn *c)
 		return -EIO;
 	c->lost = false;
 	c->txn = false;
+	c->queued = 0;
 	memset(c->prepared, 0, sizeof(c->prepared));
 	meta_conn_replaced(c->base.m);
 	return session_setup(c->pc, c->base.m->drv_state, c->batched) ? -EIO : 0;
@@ -512,17 +546,125 @@ static int begin_write(struct pg_conn *c)
 		pg_exec(c->pc, "ROLLBACK");
 	return rc;
 }
+/* Rows a write's command tag says it changed (a SELECT's counts rows too,
+ * and must not). */
+static int64_t tag_changes(const PGresult *res)
+{
+	const char *tag = PQcmdStatus((PGresult *)res), *tuples = PQcmdTuples((PGresult *)res);
+
+	if (strncmp(tag, "INSERT", 6) == 0 || strncmp(tag, "UPDATE", 6) == 0 ||
+	    strncmp(tag, "DELETE", 6) == 0)
+		return tuples[0] ? strtoll(tuples, NULL, 10) : 0;
+	return 0;
+}
+
+/*
+ * Ends the pipeline: a sync, then the results of the c->queued writes and,
+ * if last is given, of one more statement sent after them, whose result
+ * goes to *last. Returns the first failure; with keep_going (a ROLLBACK
+ * follows) failures are only drained.
+ */
+static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going)
+{
+	int n = c->queued + (last != NULL), rc = 0;
+	PGresult *res;
+
+	c->queued = 0; /* c->expect[] is read below, before any is queued */
+	trip(c);
+	if (PQpipelineSync(c->pc) != 1) {
+		c->lost = true;
+		return -EIO;
+	}
+	c->last_queued = false;
+	for (int q = 0; q < n; q++) {
+		bool any = false;
+
+		while ((res = PQgetResult(c->pc)) != NULL) {
+			ExecStatusType s = PQresultStatus(res);
+
+			any = true;
+			if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
+				c->changes = tag_changes(res);
+				c->total_changes += c->changes;
+				if (q < n - (last != NULL) && c->expect[q] >= 0 &&
+				    c->changes != c->expect[q] && rc == 0)
+					rc = -EIO; /* a row that was not there */
+				if (last && q == n - 1 && *last == NULL) {
+					*last = res;
+					continue;
+				}
+			} else if (s == PGRES_PIPELINE_ABORTED) {
+				if (rc == 0)
+					rc = -EIO; /* an earlier one failed: reported already */
+			} else if (rc == 0) {
+				rc = conn_err(c, res);
+			}
+			PQclear(res);
+		}
+		if (!any || PQstatus(c->pc) != CONNECTION_OK) {
+			c->lost = true;
+			return -EIO;
+		}
+	}
+	res = PQgetResult(c->pc);
+	if (res == NULL || PQresultStatus(res) != PGRES_PIPELINE_SYNC ||
+	    PQexitPipelineMode(c->pc) != 1) {
+		PQclear(res);
+		c->lost = true;
+		return -EIO;
+	}
+	PQclear(res);
+	return keep_going ? 0 : rc;
+}
+
+/* Sends st's write into the pipeline; its result is read later. */
+static int queue(struct pg_stmt *st)
+{
+	struct pg_conn *c = st->c;
+	char name[16];
+	int rc = prepare(c, st->id);
+
+	if (rc)
+		return rc;
+	if (c->queued == 0 && PQenterPipelineMode(c->pc) != 1) {
+		c->lost = PQstatus(c->pc) != CONNECTION_OK;
+		return -EIO;
+	}
+	snprintf(name, sizeof(name), "s%d", (int)st->id);
+	if (PQsendQueryPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1) != 1) {
+		c->lost = true;
+		return -EIO;
+	}
+	c->expect[c->queued++] = -1;
+	c->last_queued = true;
+	st->queued = true;
+	st->nrows = 0;
+	st->row = -1;
+	return 0;
+}
+
 /* Runs st's statement with its bound parameters; st->res holds the rows. */
 static int run(struct pg_stmt *st)
 {
 	struct pg_conn *c = st->c;
-	const char *tuples, *tag;
 	ExecStatusType s;
 	char name[16];
 	int rc;
 
 	if (st->id == ST_BEGIN)
 		return begin_write(c);
+	if (c->queued >= PG_QUEUE_MAX && (rc = pipe_end(c, NULL, false)) != 0)
+		return rc;
+	if (st->id < ST_COUNT && c->txn && !c->lost && queueable(st->id) && c->prepared[st->id])
+		return queue(st);
+	c->last_queued = false;
+	if (c->queued > 0 && (st->id == ST_COUNT || st->id == ST_ROLLBACK || !c->prepared[st->id])) {
+		/* Not sent in the pipeline: it is ended first (a ROLLBACK
+		 * drops whatever the queued writes did anyway). */
+		rc = pipe_end(c, NULL, st->id == ST_ROLLBACK);
+		if (rc && st->id != ST_ROLLBACK)
+			return rc;
+	}
 	if (st->id == ST_COUNT) {
 		const struct pg_adhoc *a = (const struct pg_adhoc *)st;
 		PGTransactionStatusType ts;
@@ -538,6 +680,27 @@ static int run(struct pg_stmt *st)
 		if (rc)
 			return rc;
 		snprintf(name, sizeof(name), "s%d", (int)st->id);
+		if (c->queued > 0) {
+			/* After the queued writes, in the same exchange. */
+			st->res = NULL;
+			if (PQsendQueryPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt,
+						1) != 1) {
+				c->lost = true;
+				rc = -EIO;
+			} else {
+				rc = pipe_end(c, &st->res, false);
+			}
+			if (st->id == ST_COMMIT)
+				c->txn = false;
+			if (rc) {
+				PQclear(st->res);
+				st->res = NULL;
+				return rc;
+			}
+			st->nrows = PQntuples(st->res);
+			st->row = -1;
+			return 0;
+		}
 		trip(c);
 		st->res = PQexecPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1);
 	}
@@ -550,13 +713,7 @@ static int run(struct pg_stmt *st)
 		st->res = NULL;
 		return rc;
 	}
-	/* Rows changed: a SELECT's tag counts rows too, and must not. */
-	tag = PQcmdStatus(st->res);
-	tuples = PQcmdTuples(st->res);
-	c->changes = 0;
-	if (strncmp(tag, "INSERT", 6) == 0 || strncmp(tag, "UPDATE", 6) == 0 ||
-	    strncmp(tag, "DELETE", 6) == 0)
-		c->changes = tuples[0] ? strtoll(tuples, NULL, 10) : 0;
+	c->changes = tag_changes(st->res);
 	c->total_changes += c->changes;
 	st->nrows = PQntuples(st->res);
 	st->row = -1;
@@ -567,7 +724,7 @@ static int pg_step(struct db_stmt *base)
 {
 	struct pg_stmt *st = pgs(base);
 
-	if (st->res == NULL) {
+	if (st->res == NULL && !st->queued) {
 		/* Outside a transaction nothing is lost with the connection:
 		 * the statement may run again on a new one. */
 		bool idle = !st->c->txn && !st->c->lost;
@@ -594,6 +751,7 @@ static void pg_done(struct db_stmt *base)
 	st->res = NULL;
 	st->row = 0;
 	st->nrows = 0;
+	st->queued = false;
 }
 
 static enum db_type pg_col_type(struct db_stmt *base, int i)
@@ -663,26 +821,60 @@ static const void *pg_col_blob(struct db_stmt *base, int i, size_t *n)
 	return PQgetvalue(st->res, st->row, i);
 }
 
-static int64_t pg_changes(struct conn *c)
+/* The rows the last statement changed: a queued one's answer is read. */
+static int64_t pg_changes(struct conn *base)
 {
-	return pgc(c)->changes;
+	struct pg_conn *c = pgc(base);
+
+	if (c->queued > 0 && pipe_end(c, NULL, false) != 0)
+		return -1;
+	return c->changes;
 }
 
-static int64_t pg_total_changes(struct conn *c)
+static int pg_expect_changes(struct conn *base, int64_t n)
 {
-	return pgc(c)->total_changes;
+	struct pg_conn *c = pgc(base);
+
+	if (c->last_queued) {
+		c->expect[c->queued - 1] = n;
+		return 0;
+	}
+	return c->changes == n ? 0 : -EIO;
 }
 
-static bool pg_in_txn(struct conn *c)
+static int pg_settle(struct conn *base)
 {
-	return !pgc(c)->lost && PQtransactionStatus(pgc(c)->pc) == PQTRANS_INTRANS;
+	struct pg_conn *c = pgc(base);
+
+	return c->queued > 0 ? pipe_end(c, NULL, false) : 0;
 }
 
-static bool pg_txn_open(struct conn *c)
+/* Queued writes count as one row each until their answers come (the
+ * engine compares this before and after a change that failed, to know
+ * whether it wrote anything; reading the answers here would cost the
+ * exchange the pipeline saves). */
+static int64_t pg_total_changes(struct conn *base)
 {
-	PGTransactionStatusType s = PQtransactionStatus(pgc(c)->pc);
+	return pgc(base)->total_changes + pgc(base)->queued;
+}
 
-	return !pgc(c)->lost && (s == PQTRANS_INTRANS || s == PQTRANS_INERROR);
+/* Queued writes leave the transaction "active" until their answers are
+ * read: it is still open. */
+static bool pg_in_txn(struct conn *base)
+{
+	struct pg_conn *c = pgc(base);
+	PGTransactionStatusType s = PQtransactionStatus(c->pc);
+
+	return !c->lost && (s == PQTRANS_INTRANS || (s == PQTRANS_ACTIVE && c->queued > 0));
+}
+
+static bool pg_txn_open(struct conn *base)
+{
+	struct pg_conn *c = pgc(base);
+	PGTransactionStatusType s = PQtransactionStatus(c->pc);
+
+	return !c->lost && (s == PQTRANS_INTRANS || s == PQTRANS_INERROR ||
+			    (s == PQTRANS_ACTIVE && c->queued > 0));
 }
 
 static bool pg_conn_ok(struct conn *c)
@@ -753,6 +945,8 @@ const struct db_driver meta_pg_driver = {
 	.col_i64 = pg_col_i64,
 	.col_blob = pg_col_blob,
 	.changes = pg_changes,
+	.expect_changes = pg_expect_changes,
+	.settle = pg_settle,
 	.total_changes = pg_total_changes,
 	.in_txn = pg_in_txn,
 	.txn_open = pg_txn_open,
@@ -915,9 +1109,13 @@ static int pg_format(struct meta *m, int force, int (*fill)(struct conn *c, void
 	}
 	if (rc == 0)
 		rc = fill(c, arg);
+	if (rc == 0 && pgc(c)->queued > 0)
+		rc = pipe_end(pgc(c), NULL, false); /* COMMIT below is not piped */
 	if (rc == 0)
 		rc = pg_exec(pgc(c)->pc, "COMMIT");
 out:
+	if (rc && pgc(c)->queued > 0)
+		pipe_end(pgc(c), NULL, true);
 	if (rc && pg_txn_open(c))
 		pg_exec(pgc(c)->pc, "ROLLBACK");
 	pg_conn_free(c);

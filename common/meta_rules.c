@@ -179,8 +179,8 @@ int meta_hot_flush(struct meta *m)
 	if (rc == 0 && m->ctr.held && m->ctr.dirty) {
 		rc = run_ints(m->bc, ST_COUNTERS_PUT, 2,
 			      (const int64_t[]){ (int64_t)m->ctr.ino, (int64_t)m->ctr.cookie });
-		if (rc == 0 && db_changes(m->bc) != 1)
-			rc = -EIO;
+		if (rc == 0)
+			rc = expect_one(m->bc);
 	}
 	m->nhot = 0; /* a failure loses the batch (batch_lost), these with it */
 	m->ctr.held = m->ctr.dirty = 0;
@@ -273,8 +273,8 @@ static int inode_write(struct conn *c, enum st id, const struct meta_attr *a)
 		rc = step(st);
 	if (rc > 0)
 		rc = 0;
-	if (rc == 0 && db_changes(c) != 1)
-		rc = -EIO;
+	if (rc == 0)
+		rc = expect_one(c);
 	stmt_done(st);
 	return rc;
 }
@@ -367,8 +367,8 @@ static int dentry_run(struct conn *c, enum st id, uint64_t parent, const char *n
 		rc = step(st);
 	if (rc > 0)
 		rc = 0;
-	if (rc == 0 && db_changes(c) != 1)
-		rc = -EIO;
+	if (rc == 0)
+		rc = expect_one(c);
 	stmt_done(st);
 	return rc;
 }

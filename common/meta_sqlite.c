@@ -487,6 +487,17 @@ static int64_t sq_changes(struct conn *c)
 	return sqlite3_changes64(sq(c)->db);
 }
 
+static int sq_expect_changes(struct conn *c, int64_t n)
+{
+	return sqlite3_changes64(sq(c)->db) == n ? 0 : -EIO;
+}
+
+static int sq_settle(struct conn *c)
+{
+	(void)c;
+	return 0; /* every statement was answered when it ran */
+}
+
 static int64_t sq_total_changes(struct conn *c)
 {
 	return sqlite3_total_changes64(sq(c)->db);
@@ -559,6 +570,8 @@ const struct db_driver meta_sqlite_driver = {
 	.col_i64 = sq_col_i64,
 	.col_blob = sq_col_blob,
 	.changes = sq_changes,
+	.expect_changes = sq_expect_changes,
+	.settle = sq_settle,
 	.total_changes = sq_total_changes,
 	.in_txn = sq_txn_open,
 	.txn_open = sq_txn_open,

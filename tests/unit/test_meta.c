@@ -1908,6 +1908,27 @@ Test(meta, write_commit_batch_items_fail_alone)
 	cr_assert_eq(meta_write_commit_batch(m, NULL, 1), -EINVAL);
 }
 
+/* A write that fails after the statement that checked the name (on
+ * PostgreSQL a write nobody reads at once goes into the pipeline, and its
+ * failure comes back with a later answer): the change fails whole, in
+ * either mode, and what was acknowledged before it stays. */
+Test(meta, a_write_failing_after_the_checks_fails_its_change_whole)
+{
+	struct meta_attr a;
+
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "before", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	raw_trigger("no_mode", "BEFORE INSERT", "inode", "NEW.mode = 33188");
+	cr_assert_neq(meta_create(m, META_ROOT_INO, "bad", S_IFREG | 0644, 1, 1, 0, NULL, NULL), 0);
+	raw_trigger_drop("no_mode", "inode");
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "bad", &a), -ENOENT);
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "before", &a), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "after", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM dentry WHERE name = CAST('bad' AS BLOB)"), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM inode"), 3, "root, before, after");
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "after", &a), 0);
+}
+
 /* A failure that is not the item's own rolls the whole batch back. */
 Test(meta, write_commit_batch_rolls_back_together)
 {
