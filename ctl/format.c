@@ -113,6 +113,20 @@ int cmd_format(int argc, char **argv)
 		ctl_err("%s already holds a volume; give --force to replace it", db);
 		goto out;
 	}
+	if (rc == -EBUSY) {
+		struct meta *m = NULL;
+		struct meta_lease l = { 0 };
+
+		if (meta_open(db, &m) == 0 && meta_lease_get(m, &l) == 0 && l.holder[0])
+			ctl_err("%s is mounted read-write by %s (its lease ends in %.1f s): unmount it "
+				"before formatting it again", db, l.holder,
+				(double)(l.expires_ms - l.now_ms) / 1000.0);
+		else
+			ctl_err("%s is mounted read-write elsewhere: unmount it before formatting it "
+				"again", db);
+		meta_close(m);
+		goto out;
+	}
 	if (rc < 0) {
 		ctl_err("cannot format %s: %s%s", db, strerror(-rc),
 			rc == -EACCES ? " (the server refused the role, its password or the "
