@@ -149,14 +149,18 @@ struct db_driver {
 	/* Rows the last INSERT, UPDATE or DELETE on c changed. */
 	int64_t (*changes)(struct conn *c);
 	/* The last statement on c must have changed n rows, or the change
-	 * fails: -EIO now, or, for a write whose answer the driver has not
-	 * read yet (meta_pg.c's pipeline), -EIO from the statement that reads
-	 * it, which fails the transaction. 0 if it did, or may yet. */
-	int (*expect_changes)(struct conn *c, int64_t n);
+	 * fails with err (< 0): now, or, for a write whose answer the driver
+	 * has not read yet (meta_pg.c's pipeline), from the statement that
+	 * reads it or settle(); the change is then rolled back whole. 0 if it
+	 * did, or may yet. */
+	int (*expect_changes)(struct conn *c, int64_t n, int err);
 	/* Reads what the database answered to every write sent on c so far
 	 * (meta_pg.c queues some): the first failure among them, or 0. The
 	 * batch settles each change before it acknowledges it. */
 	int (*settle)(struct conn *c);
+	/* Writes and savepoints cost no exchange of their own (they are
+	 * queued): the batch takes a savepoint around every change. */
+	bool queues_writes;
 	/* Rows changed on c since it was opened (goes up, never down). */
 	int64_t (*total_changes)(struct conn *c);
 	/* c is inside a transaction that can still commit: false when the

@@ -233,7 +233,7 @@ static inline int64_t db_changes(struct conn *c)
  * rule's question: a rule that acts on the count reads db_changes()). */
 static inline int expect_one(struct conn *c)
 {
-	return c->drv->expect_changes(c, 1);
+	return c->drv->expect_changes(c, 1, -EIO);
 }
 
 static inline int col_int(struct db_stmt *st, int i, int64_t lo, int64_t hi, int64_t *out)

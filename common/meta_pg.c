@@ -90,8 +90,9 @@ struct pg_conn {
 	int queued; /* writes sent in the pipeline whose results are not read */
 	bool last_queued; /* the last statement run is the queue's last */
 	/* The rows each queued write must have changed (expect_changes), -1:
-	 * any. */
+	 * any, and the failure if it did not. */
 	int64_t expect[PG_QUEUE_MAX];
+	int expect_err[PG_QUEUE_MAX];
 };
 
 /* A statement outside the catalogue (stmt_new): st.id is ST_COUNT. */
@@ -380,11 +381,14 @@ static int pg_write_prepare(struct conn *base)
 }
 
 /* A statement whose result need not be read before the next one is sent:
- * a write without RETURNING (see "Round trips" above). */
+ * a write without RETURNING, a savepoint taken or released (see "Round
+ * trips" above). */
 static bool queueable(enum st id)
 {
 	const char *sql = meta_sql[id].sql;
 
+	if (id == ST_SAVEPOINT || id == ST_SAVEPOINT_RELEASE)
+		return true;
 	return (strncmp(sql, "INSERT", 6) == 0 || strncmp(sql, "UPDATE", 6) == 0 ||
 		strncmp(sql, "DELETE", 6) == 0) &&
 	       strstr(sql, "RETURNING") == NULL;
@@ -588,7 +592,7 @@ static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going)
 				c->total_changes += c->changes;
 				if (q < n - (last != NULL) && c->expect[q] >= 0 &&
 				    c->changes != c->expect[q] && rc == 0)
-					rc = -EIO; /* a row that was not there */
+					rc = c->expect_err[q]; /* a row that was (not) there */
 				if (last && q == n - 1 && *last == NULL) {
 					*last = res;
 					continue;
@@ -647,6 +651,7 @@ static int queue(struct pg_stmt *st)
 static int run(struct pg_stmt *st)
 {
 	struct pg_conn *c = st->c;
+	bool undo = st->id == ST_ROLLBACK || st->id == ST_SAVEPOINT_ROLLBACK;
 	ExecStatusType s;
 	char name[16];
 	int rc;
@@ -658,11 +663,22 @@ static int run(struct pg_stmt *st)
 	if (st->id < ST_COUNT && c->txn && !c->lost && queueable(st->id) && c->prepared[st->id])
 		return queue(st);
 	c->last_queued = false;
-	if (c->queued > 0 && (st->id == ST_COUNT || st->id == ST_ROLLBACK || !c->prepared[st->id])) {
-		/* Not sent in the pipeline: it is ended first (a ROLLBACK
-		 * drops whatever the queued writes did anyway). */
-		rc = pipe_end(c, NULL, st->id == ST_ROLLBACK);
-		if (rc && st->id != ST_ROLLBACK)
+	/* A queued write whose row count is checked here, on the client, may
+	 * fail its change without the server knowing: never COMMIT in the
+	 * same exchange (the server would commit it). */
+	for (int q = 0; st->id == ST_COMMIT && q < c->queued; q++)
+		if (c->expect[q] >= 0) {
+			rc = pipe_end(c, NULL, false);
+			if (rc)
+				return rc;
+			break;
+		}
+	if (c->queued > 0 && (st->id == ST_COUNT || undo || !c->prepared[st->id])) {
+		/* Not sent in the pipeline: it is ended first (a rollback
+		 * drops whatever the queued writes did anyway, and in a
+		 * pipeline would be skipped after a failed one). */
+		rc = pipe_end(c, NULL, undo);
+		if (rc && !undo)
 			return rc;
 	}
 	if (st->id == ST_COUNT) {
@@ -831,15 +847,16 @@ static int64_t pg_changes(struct conn *base)
 	return c->changes;
 }
 
-static int pg_expect_changes(struct conn *base, int64_t n)
+static int pg_expect_changes(struct conn *base, int64_t n, int err)
 {
 	struct pg_conn *c = pgc(base);
 
 	if (c->last_queued) {
 		c->expect[c->queued - 1] = n;
+		c->expect_err[c->queued - 1] = err;
 		return 0;
 	}
-	return c->changes == n ? 0 : -EIO;
+	return c->changes == n ? 0 : err;
 }
 
 static int pg_settle(struct conn *base)
@@ -947,6 +964,7 @@ const struct db_driver meta_pg_driver = {
 	.changes = pg_changes,
 	.expect_changes = pg_expect_changes,
 	.settle = pg_settle,
+	.queues_writes = true,
 	.total_changes = pg_total_changes,
 	.in_txn = pg_in_txn,
 	.txn_open = pg_txn_open,

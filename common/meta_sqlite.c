@@ -487,9 +487,9 @@ static int64_t sq_changes(struct conn *c)
 	return sqlite3_changes64(sq(c)->db);
 }
 
-static int sq_expect_changes(struct conn *c, int64_t n)
+static int sq_expect_changes(struct conn *c, int64_t n, int err)
 {
-	return sqlite3_changes64(sq(c)->db) == n ? 0 : -EIO;
+	return sqlite3_changes64(sq(c)->db) == n ? 0 : err;
 }
 
 static int sq_settle(struct conn *c)

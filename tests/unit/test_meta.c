@@ -1929,6 +1929,31 @@ Test(meta, a_write_failing_after_the_checks_fails_its_change_whole)
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "after", &a), 0);
 }
 
+/* A name that is taken: the change fails with EEXIST and leaves nothing,
+ * not even in the rows a deferring batch holds (on PostgreSQL the name's
+ * answer comes after the change's other writes were sent). */
+Test(meta, a_taken_name_leaves_the_parent_as_it_was)
+{
+	struct meta_attr d, before, after, a;
+
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "d", S_IFDIR | 0755, 1, 1, 0, NULL, &d), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	cr_assert_eq(meta_getattr(m, META_ROOT_INO, &before), 0);
+	usleep(2000); /* a change would move the parent's times */
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "d", S_IFDIR | 0755, 1, 1, 0, NULL, NULL),
+		     -EEXIST);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "f", S_IFREG | 0644, 1, 1, 0, NULL, NULL),
+		     -EEXIST);
+	cr_assert_eq(meta_getattr(m, META_ROOT_INO, &after), 0);
+	cr_assert_eq(after.nlink, before.nlink);
+	cr_assert_eq(after.mtime.tv_sec, before.mtime.tv_sec);
+	cr_assert_eq(after.mtime.tv_nsec, before.mtime.tv_nsec);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "g", S_IFREG | 0644, 1, 1, 0, NULL, &a), 0);
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM inode"), 4, "root, d, f, g");
+	cr_assert_eq(raw_int("SELECT nlink FROM inode WHERE ino = 1"), 3);
+}
+
 /* A failure that is not the item's own rolls the whole batch back. */
 Test(meta, write_commit_batch_rolls_back_together)
 {
