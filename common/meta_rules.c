@@ -2342,24 +2342,32 @@ struct commit_seq_args {
 static int do_write_commit_seq(struct conn *c, void *p)
 {
 	struct commit_seq_args *a = p;
-	int64_t ino = (int64_t)a->commit.ino, last = 0;
+	int64_t ino = (int64_t)a->commit.ino, last = -1, tseq = -1;
+	struct db_stmt *st = NULL;
 	int rc;
 
-	rc = query_int(c, ST_SEQ_GET, 1, &ino, 0, INT64_MAX, 0, &last);
-	if (rc == -ENOENT)
+	/* The last job committed for the inode, and the last explicit change
+	 * of its times: NULL when there is none. */
+	rc = stmt(c, ST_SEQS_GET, &st);
+	if (rc == 0)
+		rc = bind_i64(st, 1, ino);
+	if (rc == 0)
+		rc = step(st);
+	if (rc == 0)
+		rc = -EIO; /* a SELECT without FROM has its row */
+	if (rc > 0) {
 		rc = 0;
-	else if (rc == 0 && (uint64_t)last >= a->seq)
-		rc = -EALREADY;
-	if (rc == 0 && a->meta_seq > 0) {
-		int64_t tseq = 0;
-
-		/* Times set explicitly after the handoff stay. */
-		rc = query_int(c, ST_TIMES_SEQ_GET, 1, &ino, 0, INT64_MAX, 0, &tseq);
-		if (rc == 0 && (uint64_t)tseq > a->meta_seq)
-			a->commit.keep_times = true;
-		if (rc == -ENOENT)
-			rc = 0;
+		if (col_type(st, 0) != DB_NULL)
+			rc = col_int(st, 0, 0, INT64_MAX, &last);
+		if (rc == 0 && col_type(st, 1) != DB_NULL)
+			rc = col_int(st, 1, 0, INT64_MAX, &tseq);
 	}
+	stmt_done(st);
+	if (rc == 0 && last >= 0 && (uint64_t)last >= a->seq)
+		rc = -EALREADY;
+	/* Times set explicitly after the handoff stay. */
+	if (rc == 0 && a->meta_seq > 0 && tseq >= 0 && (uint64_t)tseq > a->meta_seq)
+		a->commit.keep_times = true;
 	if (rc == 0)
 		rc = do_write_commit(c, &a->commit);
 	if (rc == 0)
@@ -2375,25 +2383,30 @@ static int commit_refused_early(int rc)
 	       rc == -EINPROGRESS;
 }
 
-/* The database holds less of the journal than seq (see meta.h). */
-static bool journal_behind(struct conn *c, uint64_t seq)
-{
-	int64_t have = 0;
-	int rc = query_int(c, ST_JOURNAL_GET, 0, NULL, 0, INT64_MAX, 0, &have);
-
-	/* No table: no journal was ever opened here; that seq is not ours. */
-	return rc == 0 ? (uint64_t)have < seq : rc != -EIO;
-}
-
 struct commit_batch_args {
 	struct meta_commit_item *items;
 	size_t n;
+	int journal_rc; /* of the journal's seq, read once per transaction: */
+	int64_t journal; /* no other writer commits while it is open */
+	bool journal_read;
 };
+
+/* The database holds less of the journal than seq (see meta.h). */
+static bool journal_behind(struct conn *c, struct commit_batch_args *b, uint64_t seq)
+{
+	if (!b->journal_read) {
+		b->journal_rc = query_int(c, ST_JOURNAL_GET, 0, NULL, 0, INT64_MAX, 0, &b->journal);
+		b->journal_read = true;
+	}
+	/* No table: no journal was ever opened here; that seq is not ours. */
+	return b->journal_rc == 0 ? (uint64_t)b->journal < seq : b->journal_rc != -EIO;
+}
 
 static int do_write_commit_batch(struct conn *c, void *p)
 {
 	struct commit_batch_args *b = p;
 
+	b->journal_read = false; /* a retried transaction reads it again */
 	for (size_t i = 0; i < b->n; i++) {
 		struct meta_commit_item *it = &b->items[i];
 		struct commit_seq_args a = { .commit = { .ino = it->ino, .slices = it->slices,
@@ -2404,7 +2417,7 @@ static int do_write_commit_batch(struct conn *c, void *p)
 
 		if (it->seq == 0 || it->seq > INT64_MAX || it->meta_seq > INT64_MAX)
 			rc = -EINVAL;
-		else if (it->meta_seq > 0 && journal_behind(c, it->meta_seq))
+		else if (it->meta_seq > 0 && journal_behind(c, b, it->meta_seq))
 			rc = -EINPROGRESS;
 		else if ((rc = commit_args_check(c->m, &a.commit)) == 0)
 			rc = do_write_commit_seq(c, &a);

@@ -114,8 +114,9 @@ const struct meta_sql meta_sql[ST_COUNT] = {
 	[ST_COUNTERS_INSERT] = { "INSERT INTO counters(id, next_ino, next_slice, next_cookie)"
 				 " VALUES (1, 2, 1, 1)",
 				 "" },
-	[ST_SEQ_GET] = { "SELECT seq FROM commit_seq WHERE ino = ?1", "i" },
-	[ST_TIMES_SEQ_GET] = { "SELECT seq FROM times_seq WHERE ino = ?1", "i" },
+	/* A data commit's two checks in one exchange (NULL: no row). */
+	[ST_SEQS_GET] = { "SELECT (SELECT seq FROM commit_seq WHERE ino = ?1),"
+			  " (SELECT seq FROM times_seq WHERE ino = ?1)", "i" },
 	[ST_TIMES_SEQ_PUT] = { "INSERT INTO times_seq(ino, seq) VALUES (?1, ?2)"
 			       " ON CONFLICT(ino) DO UPDATE SET seq = excluded.seq",
 			       "ii" },
