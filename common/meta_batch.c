@@ -493,24 +493,11 @@ int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn
 	bool savepoint = meta_tl_replaying;
 	int64_t changes = 0;
 	struct ctr ctr0;
-	struct hot_dir hot0[HOT_DIRS];
-	unsigned nhot0;
-	uint64_t hot_puts0;
 	int rc;
 
 	rc = batch_begin(m);
 	if (rc)
 		return rc;
-	/* An engine whose savepoints cost no exchange (queued with the
-	 * writes) takes one around every change: a change whose queued write
-	 * failed, or whose name check answers late (-EEXIST), is undone alone,
-	 * with the rows it held in m->hot. */
-	if (m->bc->drv->queues_writes)
-		savepoint = true;
-	nhot0 = m->nhot;
-	hot_puts0 = m->hot_puts;
-	if (savepoint && !meta_tl_replaying)
-		memcpy(hot0, m->hot, sizeof(m->hot[0]) * m->nhot);
 	if (savepoint) {
 		rc = exec_st(m->bc, ST_SAVEPOINT);
 		if (rc)
@@ -562,11 +549,6 @@ int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn
 		}
 		if (exec_st(m->bc, ST_SAVEPOINT_ROLLBACK) || exec_st(m->bc, ST_SAVEPOINT_RELEASE))
 			goto broken;
-		if (!meta_tl_replaying) {
-			memcpy(m->hot, hot0, sizeof(m->hot[0]) * nhot0);
-			m->nhot = nhot0;
-			m->hot_puts = hot_puts0;
-		}
 		return rc;
 	}
 	if (savepoint && exec_st(m->bc, ST_SAVEPOINT_RELEASE))

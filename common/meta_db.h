@@ -157,9 +157,6 @@ struct db_driver {
 	 * (meta_pg.c queues some): the first failure among them, or 0. The
 	 * batch settles each change before it acknowledges it. */
 	int (*settle)(struct conn *c);
-	/* Writes and savepoints cost no exchange of their own (they are
-	 * queued): the batch takes a savepoint around every change. */
-	bool queues_writes;
 	/* Rows changed on c since it was opened (goes up, never down). */
 	int64_t (*total_changes)(struct conn *c);
 	/* c is inside a transaction that can still commit: false when the

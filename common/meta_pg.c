@@ -964,7 +964,6 @@ const struct db_driver meta_pg_driver = {
 	.changes = pg_changes,
 	.expect_changes = pg_expect_changes,
 	.settle = pg_settle,
-	.queues_writes = true,
 	.total_changes = pg_total_changes,
 	.in_txn = pg_in_txn,
 	.txn_open = pg_txn_open,
