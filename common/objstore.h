@@ -54,6 +54,10 @@ int objstore_open(const struct store_url *url, const struct objstore_opts *opts,
 /* Verifies the store is reachable and usable (file: directory exists and is
  * writable; s3: bucket answers). Creates the file:// directory if create. */
 int objstore_check(struct objstore *s, int create);
+struct aws_creds_info;
+/* Where an s3:// store's credentials come from, and how their refreshes go
+ * (aws_creds.h). 0, or -EOPNOTSUPP for a store that has none (file://). */
+int objstore_creds_info(struct objstore *s, struct aws_creds_info *i);
 void objstore_close(struct objstore *s); /* accepts NULL */
 
 /* Stores len bytes under key, atomically: a reader sees all or nothing.

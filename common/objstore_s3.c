@@ -24,6 +24,12 @@
  * say) corrects it again. Those requests are signed here (sigv4_sign):
  * curl 7.88 takes a date given in an X-Amz-Date header, but then sends
  * that header twice, and S3 reads the pair as no date at all.
+ *
+ * Credentials come from aws_creds (the SDKs' chain, refreshed ahead of
+ * expiry): each attempt is signed with the provider's current key, so a
+ * retry after a refresh carries the new one. A 400/403 ExpiredToken (or
+ * TokenRefreshRequired) makes the provider fetch a new key and the request
+ * is tried again with it, once.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -39,6 +45,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "aws_creds.h"
 #include "objstore.h"
 #include "objstore_async.h"
 #include "objstore_internal.h"
@@ -60,9 +67,7 @@ struct s3_store {
 	char *endpoint;         /* "http(s)://HOST:PORT" */
 	char *bucket;
 	char *prefix;           /* "" or "a/b" */
-	char *access_key;
-	char *secret_key;
-	char *session_token;    /* NULL unless AWS_SESSION_TOKEN */
+	struct aws_creds *creds;
 	char *sigv4;            /* "aws:amz:REGION:s3" */
 	char *region;
 	int max_retries;
@@ -423,8 +428,8 @@ header_cmp(const void *a, const void *b)
  * payload hash given in x-amz-content-sha256.
  */
 static int
-sigv4_sign(const struct s3_store *st, const char *method, const char *url,
-	   const struct curl_slist *hdrs, const char *amz_date, char **out)
+sigv4_sign(const struct s3_store *st, const struct aws_key *k, const char *method,
+	   const char *url, const struct curl_slist *hdrs, const char *amz_date, char **out)
 {
 	char *names[SIGV4_HEADERS_MAX], *canon = NULL, *sts = NULL, *signed_h = NULL;
 	const char *host, *path, *query, *payload = NULL;
@@ -506,7 +511,7 @@ sigv4_sign(const struct s3_store *st, const char *method, const char *url,
 		sts = NULL;
 		goto out;
 	}
-	snprintf(key, sizeof(key), "AWS4%s", st->secret_key);
+	snprintf(key, sizeof(key), "AWS4%s", k->secret_key);
 	snprintf(hash, sizeof(hash), "%.8s", amz_date);
 	hmac_sha256(key, strlen(key), hash, k1);
 	hmac_sha256(k1, 32, st->region, k2);
@@ -516,7 +521,7 @@ sigv4_sign(const struct s3_store *st, const char *method, const char *url,
 	for (unsigned i = 0; i < 32; i++)
 		snprintf(sig + 2 * i, 3, "%02x", k1[i]);
 	if (asprintf(out, "Authorization: AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, "
-		     "Signature=%s", st->access_key, scope, signed_h, sig) < 0) {
+		     "Signature=%s", k->access_key, scope, signed_h, sig) < 0) {
 		*out = NULL;
 		goto out;
 	}
@@ -534,22 +539,22 @@ out:
 }
 
 /*
- * Signs the next attempt of a request on h: by curl with our clock, or,
- * once the server told us how far off that is, here with the corrected
- * one (X-Amz-Date and Authorization appended to *l; *tail is the first
- * node appended, cut off again on the next call so a retry is signed
- * afresh).
+ * Signs the next attempt of a request on h with key k: by curl with our
+ * clock, or, once the server told us how far off that is, here with the
+ * corrected one. What an attempt adds to *l (the session token; X-Amz-Date
+ * and Authorization) starts at *tail and is cut off again on the next call,
+ * so a retry is signed afresh, with whatever key is current then.
  */
 static int
-sign_attempt(struct s3_store *st, CURL *h, const char *method, const char *url,
-	     struct curl_slist **l, struct curl_slist **tail)
+sign_attempt(struct s3_store *st, const struct aws_key *k, CURL *h, const char *method,
+	     const char *url, struct curl_slist **l, struct curl_slist **tail)
 {
 	long long skew = atomic_load(&st->clock_skew_s);
 	time_t t = time(NULL) + (time_t)skew;
-	char line[64], *auth = NULL;
-	struct curl_slist *prev;
+	struct curl_slist *prev, *last;
+	char line[64], *auth = NULL, *tok = NULL;
 	struct tm tm;
-	int ret;
+	int ret = 0;
 
 	if (*tail != NULL) {
 		for (prev = *l; prev != NULL && prev->next != *tail; prev = prev->next)
@@ -561,31 +566,50 @@ sign_attempt(struct s3_store *st, CURL *h, const char *method, const char *url,
 		curl_slist_free_all(*tail);
 		*tail = NULL;
 	}
-	if (skew == 0) {
-		curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
-		curl_easy_setopt(h, CURLOPT_USERNAME, st->access_key);
-		curl_easy_setopt(h, CURLOPT_PASSWORD, st->secret_key);
-		curl_easy_setopt(h, CURLOPT_HTTPHEADER, *l);
-		return 0;
-	}
-	gmtime_r(&t, &tm);
-	strftime(line, sizeof(line), "X-Amz-Date: %Y%m%dT%H%M%SZ", &tm);
-	ret = append_header(l, line);
-	for (*tail = *l; ret == 0 && (*tail)->next != NULL; *tail = (*tail)->next)
+	for (last = *l; last != NULL && last->next != NULL; last = last->next)
 		;
-	if (ret == 0)
-		ret = sigv4_sign(st, method, url, *l, line + 12, &auth);
-	if (ret == 0)
-		ret = append_header(l, auth);
-	free(auth);
+	if (k->session_token) {
+		if (asprintf(&tok, "x-amz-security-token: %s", k->session_token) < 0)
+			return -ENOMEM;
+		ret = append_header(l, tok);
+		explicit_bzero(tok, strlen(tok));
+		free(tok);
+	}
+	if (ret == 0 && skew != 0) {
+		gmtime_r(&t, &tm);
+		strftime(line, sizeof(line), "X-Amz-Date: %Y%m%dT%H%M%SZ", &tm);
+		ret = append_header(l, line);
+		if (ret == 0)
+			ret = sigv4_sign(st, k, method, url, *l, line + 12, &auth);
+		if (ret == 0)
+			ret = append_header(l, auth);
+		free(auth);
+	}
+	/* Whatever was appended goes with this attempt only, even on failure. */
+	*tail = last ? last->next : *l;
 	if (ret < 0)
 		return ret;
-	/* No credentials for curl: it would add an Authorization of its own. */
-	curl_easy_setopt(h, CURLOPT_AWS_SIGV4, NULL);
-	curl_easy_setopt(h, CURLOPT_USERNAME, NULL);
-	curl_easy_setopt(h, CURLOPT_PASSWORD, NULL);
+	if (skew == 0) {
+		curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
+		curl_easy_setopt(h, CURLOPT_USERNAME, k->access_key);
+		curl_easy_setopt(h, CURLOPT_PASSWORD, k->secret_key);
+	} else {
+		/* No credentials for curl: it would add an Authorization of its own. */
+		curl_easy_setopt(h, CURLOPT_AWS_SIGV4, NULL);
+		curl_easy_setopt(h, CURLOPT_USERNAME, NULL);
+		curl_easy_setopt(h, CURLOPT_PASSWORD, NULL);
+	}
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, *l);
 	return 0;
+}
+
+/* Did the server refuse the key as expired (the provider should fetch another)? */
+static int
+key_refused(const struct s3_req *r)
+{
+	return (r->status == 400 || r->status == 403) &&
+	       (strcmp(r->err_code, "ExpiredToken") == 0 ||
+		strcmp(r->err_code, "TokenRefreshRequired") == 0);
 }
 
 /* The negative errno for a curl failure, and whether to retry it. */
@@ -709,14 +733,6 @@ s3_prepare(struct s3_store *st, struct s3_req *r, struct xfer *x, int share, CUR
 			 r->off + (uint64_t)r->len - 1);
 		ret = append_header(&hdrs, line);
 	}
-	if (ret == 0 && st->session_token) {
-		char *t = NULL;
-		if (asprintf(&t, "x-amz-security-token: %s", st->session_token) < 0)
-			ret = -ENOMEM;
-		else
-			ret = append_header(&hdrs, t);
-		free(t);
-	}
 	for (struct curl_slist *e = st->test_headers; ret == 0 && e; e = e->next)
 		ret = append_header(&hdrs, e->data);
 	if (ret < 0) {
@@ -736,9 +752,6 @@ s3_prepare(struct s3_store *st, struct s3_req *r, struct xfer *x, int share, CUR
 	if (share)
 		curl_easy_setopt(h, CURLOPT_SHARE, st->share);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-	curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
-	curl_easy_setopt(h, CURLOPT_USERNAME, st->access_key);
-	curl_easy_setopt(h, CURLOPT_PASSWORD, st->secret_key);
 	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, st->timeout_ms);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, st->timeout_ms < 10000 ? st->timeout_ms : 10000L);
 	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
@@ -779,7 +792,8 @@ s3_request(struct objstore *s, struct s3_req *r)
 {
 	struct s3_store *st = s3_of(s);
 	struct curl_slist *hdrs = NULL, *signed_tail = NULL;
-	int skew_fixed = 0;
+	const struct aws_key *k = NULL;
+	int skew_fixed = 0, key_fixed = 0;
 	struct xfer *x = NULL;
 	CURL *h = NULL;
 	char *url = NULL;
@@ -806,7 +820,19 @@ s3_request(struct objstore *s, struct s3_req *r)
 	for (tries = 1;; tries++) {
 		CURLcode rc;
 
-		ret = sign_attempt(st, h, r->method, url, &hdrs, &signed_tail);
+		aws_key_put(k);
+		k = NULL;
+		ret = aws_creds_get(st->creds, &k);
+		if (ret < 0) {
+			struct aws_creds_info ci;
+
+			aws_creds_info(st->creds, &ci);
+			objstore_seterr(-EACCES, "%s %s: no valid credentials from %s (%s)", r->method,
+					req_what(r), ci.source, ci.last_error);
+			ret = -EACCES;
+			goto out;
+		}
+		ret = sign_attempt(st, k, h, r->method, url, &hdrs, &signed_tail);
 		if (ret < 0) {
 			objstore_seterr(ret, "%s %s: cannot sign it", r->method, req_what(r));
 			goto out;
@@ -831,6 +857,15 @@ s3_request(struct objstore *s, struct s3_req *r)
 			if (!skew_fixed && clock_skew_learn(st, r, x)) {
 				/* Nothing wrong but our date: again, at once, once. */
 				skew_fixed = 1;
+				tries--;
+				continue;
+			}
+			if (!key_fixed && key_refused(r) &&
+			    aws_creds_refresh(st->creds, k->generation) == 0) {
+				/* A key that expired under us (a clock far off the
+				 * source's, or a refresh that kept failing): again with
+				 * the new one, once. */
+				key_fixed = 1;
 				tries--;
 				continue;
 			}
@@ -881,6 +916,7 @@ out:
 		r->resp = NULL;
 		r->resp_len = 0;
 	}
+	aws_key_put(k);
 	curl_easy_cleanup(h);
 	curl_slist_free_all(hdrs);
 	free(url);
@@ -1290,12 +1326,7 @@ s3_close(struct objstore *s)
 	free(st->endpoint);
 	free(st->bucket);
 	free(st->prefix);
-	free(st->access_key);
-	if (st->secret_key) {
-		explicit_bzero(st->secret_key, strlen(st->secret_key));
-		free(st->secret_key);
-	}
-	free(st->session_token);
+	aws_creds_close(st->creds);
 	free(st->sigv4);
 	free(st->region);
 	free(st);
@@ -1356,23 +1387,16 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 		 struct objstore *s, char *err, size_t errlen)
 {
 	struct s3_store *st = NULL;
-	const char *ak = pick(opts->access_key, "AWS_ACCESS_KEY_ID", NULL);
-	const char *sk = pick(opts->secret_key, "AWS_SECRET_ACCESS_KEY", NULL);
-	const char *region = pick(opts->region, "AWS_REGION", "us-east-1");
-	const char *token = getenv("AWS_SESSION_TOKEN");
+	const char *region = pick(opts->region, "AWS_REGION", pick(NULL, "AWS_DEFAULT_REGION", "us-east-1"));
+	struct aws_creds_opts co = { .access_key = opts->access_key, .secret_key = opts->secret_key,
+				     .region = region };
+	char why[512];
 	int ret = -ENOMEM, nlocks = 0;
 
 	if (!url->host || !url->bucket || !url->prefix || url->port <= 0) {
 		ret = -EINVAL;
 		if (err && errlen)
 			snprintf(err, errlen, "s3 store: incomplete URL");
-		goto out;
-	}
-	if (ak == NULL || sk == NULL) {
-		ret = -EINVAL;
-		if (err && errlen)
-			snprintf(err, errlen, "s3 store: no credentials (set AWS_ACCESS_KEY_ID and "
-				 "AWS_SECRET_ACCESS_KEY)");
 		goto out;
 	}
 	for (const char *c = region; *c; c++) {
@@ -1408,12 +1432,18 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 	st->region = strdup(region);
 	st->bucket = strdup(url->bucket);
 	st->prefix = strdup(url->prefix);
-	st->access_key = strdup(ak);
-	st->secret_key = strdup(sk);
-	if (!st->region || !st->bucket || !st->prefix || !st->access_key || !st->secret_key)
+	if (!st->region || !st->bucket || !st->prefix)
 		goto out;
-	if (token && token[0] && (st->session_token = strdup(token)) == NULL)
-		goto out;
+	ret = aws_creds_open(&co, &st->creds, why, sizeof(why));
+	if (ret < 0) {
+		if (err && errlen)
+			snprintf(err, errlen, "s3 store: %s", why);
+		/* ENOENT would read as a missing bucket or object. */
+		if (ret == -ENOENT)
+			ret = -ENOKEY;
+		goto out_reason;
+	}
+	ret = -ENOMEM;
 	st->share = curl_share_init();
 	if (st->share == NULL)
 		goto out;
@@ -1430,6 +1460,7 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 out:
 	if (ret == -ENOMEM && err && errlen)
 		snprintf(err, errlen, "out of memory");
+out_reason:
 	if (st) {
 		struct objstore tmp = { .priv = st };
 		s3_close(&tmp);
@@ -1447,7 +1478,17 @@ struct objstore_aput {
 	struct curl_slist *hdrs;
 	char *url;
 	char *key;
+	uint64_t key_gen;       /* the generation of the key it was signed with */
 };
+
+int
+objstore_creds_info(struct objstore *s, struct aws_creds_info *i)
+{
+	if (s == NULL || s->kind != STORE_S3)
+		return -EOPNOTSUPP;
+	aws_creds_info(s3_of(s)->creds, i);
+	return 0;
+}
 
 int
 objstore_async_capable(struct objstore *s)
@@ -1488,6 +1529,7 @@ int
 objstore_aput_new(struct objstore *s, const char *key, const void *buf, size_t len,
 		  struct objstore_aput **out)
 {
+	const struct aws_key *k = NULL;
 	struct objstore_aput *p;
 	int ret;
 
@@ -1510,9 +1552,21 @@ objstore_aput_new(struct objstore *s, const char *key, const void *buf, size_t l
 	p->r.body_len = len;
 	objstore_aput_rearm(p);
 	ret = s3_prepare(s3_of(s), &p->r, &p->x, 0, &p->h, &p->hdrs, &p->url);
-	if (ret == 0 && (ret = sign_attempt(s3_of(s), p->h, "PUT", p->url, &p->hdrs,
-					    &(struct curl_slist *){ NULL })) < 0)
-		objstore_seterr(ret, "PUT %s: cannot sign it", key);
+	if (ret == 0 && (ret = aws_creds_get(p->st->creds, &k)) < 0) {
+		struct aws_creds_info ci;
+
+		aws_creds_info(p->st->creds, &ci);
+		ret = objstore_seterr(-EACCES, "PUT %s: no valid credentials from %s (%s)", key,
+				      ci.source, ci.last_error);
+	}
+	if (ret == 0) {
+		p->key_gen = k->generation;
+		ret = sign_attempt(p->st, k, p->h, "PUT", p->url, &p->hdrs,
+				   &(struct curl_slist *){ NULL });
+		if (ret < 0)
+			objstore_seterr(ret, "PUT %s: cannot sign it", key);
+	}
+	aws_key_put(k);
 	if (ret < 0) {
 		objstore_aput_free(p);
 		return ret;
@@ -1552,6 +1606,14 @@ objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
 		return objstore_seterr(-EACCES, "PUT %s: HTTP 403 (RequestTimeTooSkewed): our clock "
 				       "is %lld s off the server's; correcting", p->key,
 				       -atomic_load(&p->st->clock_skew_s));
+	}
+	if (key_refused(r)) {
+		/* The next attempt (a new aput) is signed with the key fetched now;
+		 * the event loop that runs this is not held up by the fetch. */
+		aws_creds_stale(p->st->creds, p->key_gen);
+		*transient = 1;
+		return objstore_seterr(-EACCES, "PUT %s: HTTP %ld (%s): fetching new credentials",
+				       p->key, r->status, r->err_code);
 	}
 	if (r->status >= 500 || r->status == 429) {
 		*transient = 1;

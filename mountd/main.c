@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "aws_creds.h"
 #include "broker_client.h"
 #include "fd_limit.h"
 #include "heap_trim.h"
@@ -469,6 +470,7 @@ int main(int argc, char **argv)
 	struct fuse_loop_config *loop_cfg = NULL;
 	struct store_url surl = { 0 };
 	char err[512], *user_opts = NULL, *fopts = NULL, *cache_vol = NULL, *journal = NULL;
+	struct aws_creds_info creds;
 	char *bopts[BROKER_OPTIONS_MAX + 1];
 	uint64_t cache_mib = DEFAULT_CACHE_MIB, purged = 0;
 	bool mounted = false, handlers = false;
@@ -662,6 +664,8 @@ int main(int argc, char **argv)
 		start_failed(md, "volume storage %s: %s", md->vol.storage_url, err);
 	if ((rc = objstore_open(&surl, NULL, &md->store, err, sizeof(err))) < 0)
 		start_failed(md, "storage %s: %s", md->vol.storage_url, err);
+	if (objstore_creds_info(md->store, &creds) == 0)
+		log_info("s3 credentials from %s", creds.source);
 	if ((rc = objstore_check(md->store, surl.kind == STORE_FILE)) < 0)
 		start_failed(md, "storage %s is not usable: %s%s%s", md->vol.storage_url,
 			     strerror(-rc), *objstore_last_error() ? ": " : "", objstore_last_error());

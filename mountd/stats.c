@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "aws_creds.h"
 #include "mountd.h"
 
 static const char *const op_names[OP_COUNT] = {
@@ -32,6 +33,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	size_t size = 0;
 	FILE *f = open_memstream(&buf, &size);
 	uint64_t used_bytes = 0, used_inodes = 0;
+	struct aws_creds_info ci;
 
 	if (!f)
 		return -errno;
@@ -54,6 +56,14 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "meta_journal_replayed %llu\n", (unsigned long long)js.replayed);
 	fprintf(f, "meta_journal_replay_errors %llu\n", (unsigned long long)js.replay_errors);
 	/* The shared engine: the writer's lease and the connection. */
+	if (objstore_creds_info(md->store, &ci) == 0) {
+		/* Where the keys come from and how refreshing them goes; never a secret. */
+		fprintf(f, "s3_credentials %s\n", ci.source);
+		fprintf(f, "s3_credentials_expire %lld\n", (long long)ci.expires);
+		fprintf(f, "s3_credentials_refreshes %llu\n", (unsigned long long)ci.refreshes);
+		fprintf(f, "s3_credentials_refresh_failures %llu\n",
+			(unsigned long long)ci.refresh_failures);
+	}
 	fprintf(f, "follower %d\n", md->follower ? 1 : 0);
 	fprintf(f, "lease_epoch %llu\n",
 		md->follower ? 0ull : (unsigned long long)meta_lease_fenced_to(md->meta));

@@ -22,6 +22,7 @@
 
 #include <event2/thread.h>
 
+#include "aws_creds.h"
 #include "fd_limit.h"
 #include "heap_trim.h"
 #include "log.h"
@@ -296,6 +297,7 @@ int main(int argc, char **argv)
 	struct event *sigterm = NULL, *sigint = NULL, *sighup = NULL;
 	struct statfs sfs;
 	char err[512], *volume = NULL;
+	struct aws_creds_info creds;
 	uint64_t lease_epoch = 0;
 	int opt, rc, pid_fd;
 
@@ -376,6 +378,8 @@ int main(int argc, char **argv)
 		start_failed("volume storage %s: %s", r->vol.storage_url, err);
 	if ((rc = objstore_open(&surl, NULL, &r->store, err, sizeof(err))) < 0)
 		start_failed("storage %s: %s", r->vol.storage_url, err);
+	if (objstore_creds_info(r->store, &creds) == 0)
+		log_info("s3 credentials from %s", creds.source);
 	r->async_store = objstore_async_capable(r->store);
 	/* Every commit batch syncs the objects it names first (commit_run). */
 	objstore_defer_durability(r->store);

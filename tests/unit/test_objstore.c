@@ -705,12 +705,24 @@ Test(s3, no_credentials)
 	struct objstore *s = NULL;
 	char err[256];
 
+	/* Nothing in the chain: no keys, no profile (HOME has no .aws), no
+	 * web identity or container endpoint, IMDS off. */
 	unsetenv("AWS_ACCESS_KEY_ID");
 	unsetenv("AWS_SECRET_ACCESS_KEY");
+	unsetenv("AWS_PROFILE");
+	unsetenv("AWS_ROLE_ARN");
+	unsetenv("AWS_WEB_IDENTITY_TOKEN_FILE");
+	unsetenv("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+	unsetenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
+	unsetenv("AWS_SHARED_CREDENTIALS_FILE");
+	unsetenv("AWS_CONFIG_FILE");
+	setenv("HOME", "/nonexistent", 1);
+	setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
 	cr_assert_eq(store_url_parse("s3://127.0.0.1:1/bkt", 1, &u, err, sizeof(err)), 0);
-	cr_assert_eq(objstore_open(&u, NULL, &s, err, sizeof(err)), -EINVAL);
+	cr_assert_eq(objstore_open(&u, NULL, &s, err, sizeof(err)), -ENOKEY);
 	cr_assert_null(s);
-	cr_assert(strstr(err, "AWS_ACCESS_KEY_ID"), "%s", err);
+	cr_assert(strstr(err, "no credentials") && strstr(err, "AWS_ACCESS_KEY_ID") &&
+		  strstr(err, "IMDS disabled"), "%s", err);
 	store_url_free(&u);
 }
 

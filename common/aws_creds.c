@@ -1,0 +1,310 @@
+/*
+ * aws_creds: the provider (aws_creds.h): the current key, reference-counted,
+ * and the thread that replaces it ahead of its expiry. One fetch at a time:
+ * a caller that needs a key while a fetch runs waits for that fetch.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "aws_creds.h"
+#include "aws_source.h"
+
+#define REFRESH_AHEAD_MAX_S 300  /* the SDKs' 5 minutes */
+#define BACKOFF_FIRST_S 1
+#define BACKOFF_MAX_S 30
+#define EXPIRY_MARGIN_S 2        /* a key this close to its end is not handed out */
+
+struct key_ref {
+	struct aws_key k;       /* first: aws_key_put() casts back */
+	atomic_int refs;
+	struct aws_fields f;    /* owns the strings k points at */
+};
+
+struct aws_creds {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;      /* a fetch ended, or the thread is asked to stop or to hurry */
+	struct aws_source *src;
+	struct key_ref *cur;
+	int64_t fetched_at;     /* when cur was fetched (Unix s) */
+	int64_t next_try;       /* after a failed refresh: not before (Unix s) */
+	int backoff_s;
+	int fetching;
+	int hurry;              /* aws_creds_refresh() asked for a fetch now */
+	int stop;
+	int has_thread;
+	pthread_t thread;
+	uint64_t refreshes, failures;
+	char last_error[256];
+};
+
+static int64_t
+now_s(void)
+{
+	return (int64_t)time(NULL);
+}
+
+static void
+key_free(struct key_ref *r)
+{
+	aws_fields_clear(&r->f);
+	free(r);
+}
+
+void
+aws_key_put(const struct aws_key *k)
+{
+	struct key_ref *r = (struct key_ref *)k;
+
+	if (r && atomic_fetch_sub(&r->refs, 1) == 1)
+		key_free(r);
+}
+
+/* When the key should be replaced: min(5 min, half its lifetime) before it expires. */
+static int64_t
+refresh_at(const struct aws_creds *c)
+{
+	int64_t life = c->cur->k.expires - c->fetched_at, ahead = life / 2;
+
+	if (ahead > REFRESH_AHEAD_MAX_S)
+		ahead = REFRESH_AHEAD_MAX_S;
+	return c->cur->k.expires - ahead;
+}
+
+/*
+ * One fetch, with mu held on entry and on return (dropped meanwhile; the
+ * fetching flag keeps it to one at a time). 0 or the fetch's errno.
+ */
+static int
+fetch_locked(struct aws_creds *c)
+{
+	struct aws_fields f = { 0 };
+	struct key_ref *r = NULL, *old;
+	char err[256] = "";
+	int64_t t = now_s();
+	int ret;
+
+	c->fetching = 1;
+	pthread_mutex_unlock(&c->mu);
+	ret = aws_source_fetch(c->src, &f, err, sizeof(err));
+	if (ret == 0 && f.expires != 0 && f.expires <= now_s() + EXPIRY_MARGIN_S) {
+		snprintf(err, sizeof(err), "%s: the credentials it gave expire at once",
+			 aws_source_name(c->src));
+		aws_fields_clear(&f);
+		ret = -EIO;
+	}
+	if (ret == 0) {
+		r = calloc(1, sizeof(*r));
+		if (r == NULL) {
+			aws_fields_clear(&f);
+			snprintf(err, sizeof(err), "out of memory");
+			ret = -ENOMEM;
+		}
+	}
+	pthread_mutex_lock(&c->mu);
+	c->fetching = 0;
+	if (ret == 0) {
+		r->f = f;
+		r->k.access_key = f.access_key;
+		r->k.secret_key = f.secret_key;
+		r->k.session_token = f.session_token;
+		r->k.expires = f.expires;
+		r->k.generation = c->cur ? c->cur->k.generation + 1 : 1;
+		atomic_init(&r->refs, 1);
+		old = c->cur;
+		c->cur = r;
+		c->fetched_at = t;
+		c->backoff_s = 0;
+		c->next_try = 0;
+		if (old) {
+			c->refreshes++;
+			aws_key_put(&old->k);
+		}
+	} else {
+		if (!err[0])
+			snprintf(err, sizeof(err), "%s: %s", aws_source_name(c->src), strerror(-ret));
+		snprintf(c->last_error, sizeof(c->last_error), "%s", err);
+		if (c->cur)
+			c->failures++;
+		c->backoff_s = c->backoff_s ? c->backoff_s * 2 : BACKOFF_FIRST_S;
+		if (c->backoff_s > BACKOFF_MAX_S)
+			c->backoff_s = BACKOFF_MAX_S;
+		c->next_try = now_s() + c->backoff_s;
+	}
+	pthread_cond_broadcast(&c->cv);
+	return ret;
+}
+
+static void *
+refresh_main(void *arg)
+{
+	struct aws_creds *c = arg;
+
+	pthread_mutex_lock(&c->mu);
+	while (!c->stop) {
+		int64_t due = c->cur->k.expires ? refresh_at(c) : INT64_MAX, t = now_s();
+
+		if (c->next_try > due)
+			due = c->next_try;
+		if (c->hurry || (t >= due && !c->fetching)) {
+			c->hurry = 0;
+			if (!c->fetching)
+				fetch_locked(c);
+			continue;
+		}
+		if (due == INT64_MAX) {
+			pthread_cond_wait(&c->cv, &c->mu);
+		} else {
+			/* Wall-clock deadlines (expiry is wall time); a jump of the clock
+			 * only moves the refresh, and at most by a second. */
+			struct timespec ts = { .tv_sec = (time_t)(due < t + 1 ? t + 1 : due) };
+
+			pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	return NULL;
+}
+
+int
+aws_creds_open(const struct aws_creds_opts *o, struct aws_creds **out, char *err, size_t errlen)
+{
+	struct aws_creds *c;
+	char why[256] = "";
+	int ret;
+
+	*out = NULL;
+	if (errlen)
+		err[0] = '\0';
+	c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return -ENOMEM;
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	ret = aws_source_find(o, &c->src, why, sizeof(why));
+	if (ret < 0) {
+		snprintf(err, errlen, "%s", why);
+		goto fail;
+	}
+	pthread_mutex_lock(&c->mu);
+	ret = fetch_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	if (ret < 0) {
+		if (aws_source_is_fallback(c->src))
+			snprintf(err, errlen, "no credentials: none in the environment, the shared "
+				 "files, web identity or a container endpoint, and %.180s",
+				 c->last_error);
+		else
+			snprintf(err, errlen, "%s", c->last_error);
+		goto fail;
+	}
+	/* Keys that never expire need no thread; aws_creds_refresh() still fetches. */
+	if (c->cur->k.expires != 0) {
+		ret = -pthread_create(&c->thread, NULL, refresh_main, c);
+		if (ret < 0) {
+			snprintf(err, errlen, "cannot start the credentials refresh thread: %s",
+				 strerror(-ret));
+			goto fail;
+		}
+		c->has_thread = 1;
+	}
+	*out = c;
+	return 0;
+fail:
+	aws_creds_close(c);
+	return ret;
+}
+
+void
+aws_creds_close(struct aws_creds *c)
+{
+	if (c == NULL)
+		return;
+	if (c->has_thread) {
+		pthread_mutex_lock(&c->mu);
+		c->stop = 1;
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+		pthread_join(c->thread, NULL);
+	}
+	if (c->cur)
+		aws_key_put(&c->cur->k);
+	aws_source_free(c->src);
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+static int
+expired(const struct key_ref *r)
+{
+	return r->k.expires != 0 && r->k.expires <= now_s() + EXPIRY_MARGIN_S;
+}
+
+int
+aws_creds_get(struct aws_creds *c, const struct aws_key **out)
+{
+	int ret = 0;
+
+	*out = NULL;
+	pthread_mutex_lock(&c->mu);
+	if (expired(c->cur)) {
+		/* The thread fell behind (a source that kept failing): one attempt here. */
+		uint64_t gen = c->cur->k.generation;
+
+		while (c->fetching)
+			pthread_cond_wait(&c->cv, &c->mu);
+		if (c->cur->k.generation == gen)
+			ret = fetch_locked(c);
+		if (expired(c->cur))
+			ret = -EKEYEXPIRED;
+	}
+	if (ret == 0) {
+		atomic_fetch_add(&c->cur->refs, 1);
+		*out = &c->cur->k;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return ret;
+}
+
+int
+aws_creds_refresh(struct aws_creds *c, uint64_t gen)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&c->mu);
+	while (c->fetching)
+		pthread_cond_wait(&c->cv, &c->mu);
+	if (c->cur->k.generation <= gen)
+		ret = fetch_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	return ret;
+}
+
+void
+aws_creds_stale(struct aws_creds *c, uint64_t gen)
+{
+	pthread_mutex_lock(&c->mu);
+	if (c->cur->k.generation <= gen && c->has_thread) {
+		c->hurry = 1;
+		pthread_cond_broadcast(&c->cv);
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+void
+aws_creds_info(struct aws_creds *c, struct aws_creds_info *i)
+{
+	memset(i, 0, sizeof(*i));
+	pthread_mutex_lock(&c->mu);
+	snprintf(i->source, sizeof(i->source), "%s", aws_source_name(c->src));
+	i->expires = c->cur ? c->cur->k.expires : 0;
+	i->refreshes = c->refreshes;
+	i->refresh_failures = c->failures;
+	snprintf(i->last_error, sizeof(i->last_error), "%s", c->last_error);
+	pthread_mutex_unlock(&c->mu);
+}
