@@ -1129,3 +1129,36 @@ Test(deploy, dockerfile_is_trixie_with_a_non_root_user)
 	cr_assert(strcmp(user, "root") && strncmp(user, "0", 1) && strncmp(user, "root:", 5),
 		  "the image's default USER is root");
 }
+
+/* Issue 13: no keys in the pod; its ServiceAccount names an IAM role (IRSA). */
+Test(deploy, workload_takes_aws_credentials_from_its_service_account)
+{
+	const struct ydoc *pod = find_doc(&set, "Pod", NULL);
+	const struct ynode *spec = pod_spec(pod), *ann, *lists[2];
+	const char *sa = ypath_str(spec, "serviceAccountName"), *role;
+
+	cr_assert_not_null(sa, "the pod names no serviceAccountName");
+	ann = ypath(find_doc(&set, "ServiceAccount", sa)->root, "metadata.annotations");
+	role = ystr(yget(ann, "eks.amazonaws.com/role-arn"));
+	cr_assert(role && !strncmp(role, "arn:aws:iam::", 13) && strstr(role, ":role/"),
+		  "ServiceAccount %s has no eks.amazonaws.com/role-arn annotation naming a role", sa);
+	lists[0] = yget(spec, "initContainers");
+	lists[1] = yget(spec, "containers");
+	for (int l = 0; l < 2; l++) {
+		for (size_t i = 0; i < yseq_len(lists[l]); i++) {
+			const struct ynode *c = lists[l]->kids[i], *env = yget(c, "env"),
+					   *from = yget(c, "envFrom");
+
+			for (size_t j = 0; j < yseq_len(from); j++)
+				cr_assert_null(yget(from->kids[j], "secretRef"),
+					       "container %s takes its environment from a Secret",
+					       ypath_str(c, "name"));
+			for (size_t j = 0; j < yseq_len(env); j++) {
+				const char *n = ypath_str(env->kids[j], "name");
+
+				cr_assert(!n || (strcmp(n, "AWS_ACCESS_KEY_ID") && strcmp(n, "AWS_SECRET_ACCESS_KEY")),
+					  "container %s is given static AWS keys", ypath_str(c, "name"));
+			}
+		}
+	}
+}
