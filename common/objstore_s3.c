@@ -50,6 +50,7 @@
 #include "objstore_async.h"
 #include "objstore_internal.h"
 #include "objstore_s3_internal.h"
+#include "s3_xml.h"
 
 #define S3_DEFAULT_RETRIES 5
 #define S3_DEFAULT_TIMEOUT_MS 30000L
@@ -320,23 +321,6 @@ on_body(char *buf, size_t size, size_t nmemb, void *ud)
 	r->resp_len += n;
 	r->resp[r->resp_len] = '\0';
 	return n;
-}
-
-/* The text between <tag> and </tag> in the S3 error body, into out. */
-static void
-xml_code(const char *body, char *out, size_t outlen)
-{
-	const char *a = strstr(body, "<Code>"), *b;
-
-	out[0] = '\0';
-	if (a == NULL)
-		return;
-	a += 6;
-	b = strstr(a, "</Code>");
-	if (b == NULL || (size_t)(b - a) >= outlen)
-		return;
-	memcpy(out, a, (size_t)(b - a));
-	out[b - a] = '\0';
 }
 
 static const char *
@@ -853,7 +837,8 @@ s3_request(struct objstore *s, struct s3_req *r)
 		}
 		if (rc == CURLE_OK) {
 			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
-			xml_code(x->errbody, r->err_code, sizeof(r->err_code));
+			s3_xml_error(x->errbody, x->errlen, r->err_code, sizeof(r->err_code),
+				     r->err_region, sizeof(r->err_region));
 			if (!skew_fixed && clock_skew_learn(st, r, x)) {
 				/* Nothing wrong but our date: again, at once, once. */
 				skew_fixed = 1;
@@ -1061,100 +1046,33 @@ s3_del(struct objstore *s, const char *key)
 }
 
 /* Decodes XML character data [a, b) into a new string; NULL if malformed. */
-static char *
-xml_text(const char *a, const char *b)
-{
-	char *out = malloc((size_t)(b - a) + 1), *o = out;
-
-	if (out == NULL)
-		return NULL;
-	while (a < b) {
-		if (*a != '&') {
-			if (*a == '<')
-				goto bad;
-			*o++ = *a++;
-			continue;
-		}
-		const char *semi = memchr(a, ';', (size_t)(b - a));
-		size_t n;
-		if (semi == NULL)
-			goto bad;
-		n = (size_t)(semi - a - 1);
-		if (n == 3 && memcmp(a + 1, "amp", 3) == 0)
-			*o++ = '&';
-		else if (n == 2 && memcmp(a + 1, "lt", 2) == 0)
-			*o++ = '<';
-		else if (n == 2 && memcmp(a + 1, "gt", 2) == 0)
-			*o++ = '>';
-		else if (n == 4 && memcmp(a + 1, "quot", 4) == 0)
-			*o++ = '"';
-		else if (n == 4 && memcmp(a + 1, "apos", 4) == 0)
-			*o++ = '\'';
-		else if (n >= 2 && a[1] == '#') {
-			char num[16], *end;
-			unsigned long cp;
-			int hex = a[2] == 'x' || a[2] == 'X';
-			size_t dl = n - 1 - (size_t)hex;
-			if (dl == 0 || dl >= sizeof(num))
-				goto bad;
-			memcpy(num, a + 2 + hex, dl);
-			num[dl] = '\0';
-			cp = strtoul(num, &end, hex ? 16 : 10);
-			if (*end || cp == 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-				goto bad;
-			/* UTF-8 encode. */
-			if (cp < 0x80) {
-				*o++ = (char)cp;
-			} else if (cp < 0x800) {
-				*o++ = (char)(0xc0 | (cp >> 6));
-				*o++ = (char)(0x80 | (cp & 0x3f));
-			} else if (cp < 0x10000) {
-				*o++ = (char)(0xe0 | (cp >> 12));
-				*o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
-				*o++ = (char)(0x80 | (cp & 0x3f));
-			} else {
-				*o++ = (char)(0xf0 | (cp >> 18));
-				*o++ = (char)(0x80 | ((cp >> 12) & 0x3f));
-				*o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
-				*o++ = (char)(0x80 | (cp & 0x3f));
-			}
-		} else {
-			goto bad;
-		}
-		a = semi + 1;
-	}
-	*o = '\0';
-	return out;
-bad:
-	free(out);
-	return NULL;
-}
-
-/* Finds <tag>...</tag> within [p, end); sets [*a, *b) to its content. */
-static int
-xml_find(const char *p, const char *end, const char *tag, const char **a, const char **b)
-{
-	char open[64], close[64];
-	const char *s, *e;
-
-	snprintf(open, sizeof(open), "<%s>", tag);
-	snprintf(close, sizeof(close), "</%s>", tag);
-	s = memmem(p, (size_t)(end - p), open, strlen(open));
-	if (s == NULL)
-		return 0;
-	s += strlen(open);
-	e = memmem(s, (size_t)(end - s), close, strlen(close));
-	if (e == NULL)
-		return -1;
-	*a = s;
-	*b = e;
-	return 1;
-}
-
 struct list_page {
 	int truncated;
 	char *next_token;
 };
+
+struct list_entry_ctx {
+	const char *prefix;     /* the store's */
+	size_t plen;
+	const char *what;
+	int (*cb)(const char *key, uint64_t size, void *arg);
+	void *arg;
+};
+
+/* One listed key: the store's prefix off, or an error when it lacks it. */
+static int
+list_entry(const char *key, uint64_t size, void *arg)
+{
+	struct list_entry_ctx *c = arg;
+
+	if (c->plen) {
+		if (strncmp(key, c->prefix, c->plen) != 0 || key[c->plen] != '/')
+			return objstore_seterr(-EIO, "LIST %s: key \"%s\" outside the store prefix",
+					       c->what, key);
+		key += c->plen + 1;
+	}
+	return c->cb(key, size, c->arg);
+}
 
 /* Parses one ListObjectsV2 page and calls cb for each key. */
 static int
@@ -1162,68 +1080,15 @@ parse_list_page(struct s3_store *st, const char *what, const char *body, size_t 
 		int (*cb)(const char *key, uint64_t size, void *arg), void *arg,
 		struct list_page *pg)
 {
-	const char *p = body, *end = body + len, *a, *b;
-	size_t plen = strlen(st->prefix);
-	char *key = NULL;
-	int r = 0, f;
+	struct list_entry_ctx c = { .prefix = st->prefix, .plen = strlen(st->prefix), .what = what,
+				    .cb = cb, .arg = arg };
+	char why[256];
+	int r;
 
-	pg->truncated = 0;
-	pg->next_token = NULL;
-	if (memmem(body, len, "<ListBucketResult", 17) == NULL)
-		return objstore_seterr(-EIO, "LIST %s: the answer is not a ListBucketResult", what);
-	while ((f = xml_find(p, end, "Contents", &a, &b)) == 1) {
-		const char *ka, *kb, *sa, *sb, *k;
-		char *send;
-		unsigned long long size;
-
-		p = b + strlen("</Contents>");
-		if (xml_find(a, b, "Key", &ka, &kb) != 1 || xml_find(a, b, "Size", &sa, &sb) != 1) {
-			r = objstore_seterr(-EIO, "LIST %s: an entry without Key or Size", what);
-			goto out;
-		}
-		if (sa == sb || !isdigit((unsigned char)*sa)) {
-			r = objstore_seterr(-EIO, "LIST %s: bad Size", what);
-			goto out;
-		}
-		errno = 0;
-		size = strtoull(sa, &send, 10);
-		if (send != sb || errno) {
-			r = objstore_seterr(-EIO, "LIST %s: bad Size", what);
-			goto out;
-		}
-		key = xml_text(ka, kb);
-		if (key == NULL) {
-			r = objstore_seterr(-EIO, "LIST %s: malformed Key", what);
-			goto out;
-		}
-		k = key;
-		if (plen) {
-			if (strncmp(k, st->prefix, plen) != 0 || k[plen] != '/') {
-				r = objstore_seterr(-EIO, "LIST %s: key \"%s\" outside the store prefix", what, key);
-				goto out;
-			}
-			k += plen + 1;
-		}
-		r = cb(k, (uint64_t)size, arg);
-		free(key);
-		key = NULL;
-		if (r != 0)
-			goto out;
-	}
-	if (f < 0) {
-		r = objstore_seterr(-EIO, "LIST %s: unterminated Contents", what);
-		goto out;
-	}
-	if (xml_find(body, end, "IsTruncated", &a, &b) == 1 && b - a == 4 && memcmp(a, "true", 4) == 0) {
-		pg->truncated = 1;
-		if (xml_find(body, end, "NextContinuationToken", &a, &b) != 1 || a == b ||
-		    (pg->next_token = xml_text(a, b)) == NULL) {
-			r = objstore_seterr(-EIO, "LIST %s: truncated listing without a continuation token", what);
-			goto out;
-		}
-	}
-out:
-	free(key);
+	r = s3_xml_list(body, len, list_entry, &c, &pg->truncated, &pg->next_token, why, sizeof(why));
+	/* An entry's own failure has its reason set already. */
+	if (r < 0 && why[0])
+		r = objstore_seterr(r, "LIST %s: %s", what, why);
 	return r;
 }
 
@@ -1597,7 +1462,8 @@ objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
 		return objstore_seterr(ret, "PUT %s: %s", p->key, curl_easy_strerror(rc));
 	}
 	curl_easy_getinfo(p->h, CURLINFO_RESPONSE_CODE, &r->status);
-	xml_code(p->x.errbody, r->err_code, sizeof(r->err_code));
+	s3_xml_error(p->x.errbody, p->x.errlen, r->err_code, sizeof(r->err_code), r->err_region,
+		     sizeof(r->err_region));
 	if (r->status == 200 || r->status == 201 || r->status == 204)
 		return 0;
 	if (clock_skew_learn(p->st, r, &p->x)) {

@@ -51,6 +51,7 @@ struct s3_req {
 	int64_t content_length; /* -1 if unknown */
 	int64_t cr_start, cr_end, cr_total; /* Content-Range, -1 if absent */
 	char err_code[64];      /* <Code> of an S3 error body, "" if none */
+	char err_region[32];    /* its <Region> (a bucket in another region), "" if none */
 };
 
 /*
