@@ -77,6 +77,9 @@ struct s3_store {
 	pthread_mutex_t locks[CURL_LOCK_DATA_LAST];
 	_Atomic long long clock_skew_s; /* the server's clock minus ours, once it refused a
 					   date (RequestTimeTooSkewed); 0 until then */
+	struct curl_slist *every_headers; /* x-amz-expected-bucket-owner */
+	struct curl_slist *put_headers;   /* server-side encryption, storage class */
+	char *ca_bundle;                  /* AWS_CA_BUNDLE; NULL: the system's CA store */
 	/* Test hooks. */
 	struct curl_slist *test_headers;
 	int virtual_hosted;
@@ -211,6 +214,7 @@ on_header(char *buf, size_t size, size_t nmemb, void *ud)
 		r->content_length = -1;
 		x->seen = 0;
 		x->errlen = 0;
+		r->err_region[0] = '\0';
 		x->ranged_full = 0;
 		x->retry_after_ms = -1;
 		x->server_date = 0;
@@ -240,6 +244,18 @@ on_header(char *buf, size_t size, size_t nmemb, void *ud)
 		} else if (sscanf(line + 14, " bytes %llu-%llu/%1[*]", &a, &b, slash) == 3) {
 			r->cr_start = (int64_t)a;
 			r->cr_end = (int64_t)b;
+		}
+	} else if (strncasecmp(line, "x-amz-bucket-region:", 20) == 0) {
+		/* Where the bucket lives, on an answer to a request for the wrong region. */
+		const char *v = line + 20;
+		size_t n;
+
+		while (*v == ' ' || *v == '\t')
+			v++;
+		n = strspn(v, "abcdefghijklmnopqrstuvwxyz0123456789-");
+		if (n > 0 && n < sizeof(r->err_region)) {
+			memcpy(r->err_region, v, n);
+			r->err_region[n] = '\0';
 		}
 	} else if (strncasecmp(line, "content-length:", 15) == 0) {
 		char *end;
@@ -321,6 +337,17 @@ on_body(char *buf, size_t size, size_t nmemb, void *ud)
 	r->resp_len += n;
 	r->resp[r->resp_len] = '\0';
 	return n;
+}
+
+/* The Code (and Region, unless a header said it) of an error answer's body. */
+static void
+error_body(const struct xfer *x, struct s3_req *r)
+{
+	char region[sizeof(r->err_region)];
+
+	s3_xml_error(x->errbody, x->errlen, r->err_code, sizeof(r->err_code), region, sizeof(region));
+	if (region[0])
+		memcpy(r->err_region, region, sizeof(region));
 }
 
 static const char *
@@ -717,6 +744,11 @@ s3_prepare(struct s3_store *st, struct s3_req *r, struct xfer *x, int share, CUR
 			 r->off + (uint64_t)r->len - 1);
 		ret = append_header(&hdrs, line);
 	}
+	for (struct curl_slist *e = st->every_headers; ret == 0 && e; e = e->next)
+		ret = append_header(&hdrs, e->data);
+	for (struct curl_slist *e = st->put_headers; ret == 0 && e && !strcmp(r->method, "PUT");
+	     e = e->next)
+		ret = append_header(&hdrs, e->data);
 	for (struct curl_slist *e = st->test_headers; ret == 0 && e; e = e->next)
 		ret = append_header(&hdrs, e->data);
 	if (ret < 0) {
@@ -733,6 +765,8 @@ s3_prepare(struct s3_store *st, struct s3_req *r, struct xfer *x, int share, CUR
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
+	if (st->ca_bundle)
+		curl_easy_setopt(h, CURLOPT_CAINFO, st->ca_bundle);
 	if (share)
 		curl_easy_setopt(h, CURLOPT_SHARE, st->share);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
@@ -789,6 +823,7 @@ s3_request(struct objstore *s, struct s3_req *r)
 	r->resp_len = 0;
 	r->content_length = r->cr_start = r->cr_end = r->cr_total = -1;
 	r->err_code[0] = '\0';
+	r->err_region[0] = '\0';
 
 	x = calloc(1, sizeof(*x));
 	if (x == NULL) {
@@ -837,8 +872,7 @@ s3_request(struct objstore *s, struct s3_req *r)
 		}
 		if (rc == CURLE_OK) {
 			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
-			s3_xml_error(x->errbody, x->errlen, r->err_code, sizeof(r->err_code),
-				     r->err_region, sizeof(r->err_region));
+			error_body(x, r);
 			if (!skew_fixed && clock_skew_learn(st, r, x)) {
 				/* Nothing wrong but our date: again, at once, once. */
 				skew_fixed = 1;
@@ -927,6 +961,13 @@ status_err(const struct s3_req *r)
 		e = -EIO;
 		break;
 	}
+	if (r->err_region[0] && r->status != 404)
+		/* We do not follow a bucket to its region: the volume's URL names
+		 * one, and it should name the right one. */
+		return objstore_seterr(e, "%s %s: HTTP %ld%s%s%s: the bucket is in region %s; name it "
+				       "in the storage URL (?region=%s) or in AWS_REGION", r->method,
+				       req_what(r), r->status, r->err_code[0] ? " (" : "", r->err_code,
+				       r->err_code[0] ? ")" : "", r->err_region, r->err_region);
 	return objstore_seterr(e, "%s %s: HTTP %ld%s%s%s", r->method, req_what(r), r->status,
 			       r->err_code[0] ? " (" : "", r->err_code, r->err_code[0] ? ")" : "");
 }
@@ -1188,6 +1229,9 @@ s3_close(struct objstore *s)
 	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
 		pthread_mutex_destroy(&st->locks[i]);
 	curl_slist_free_all(st->test_headers);
+	curl_slist_free_all(st->every_headers);
+	curl_slist_free_all(st->put_headers);
+	free(st->ca_bundle);
 	free(st->endpoint);
 	free(st->bucket);
 	free(st->prefix);
@@ -1239,6 +1283,33 @@ s3_test_set_hooks(struct objstore *s, const struct s3_test_hooks *h)
 	return 0;
 }
 
+/* The headers the URL's options ask for (url.h): each is signed with the rest. */
+static int
+store_headers(struct s3_store *st, const struct store_url *url)
+{
+	char line[2200];
+	int r = 0;
+
+	if (url->expected_owner) {
+		snprintf(line, sizeof(line), "x-amz-expected-bucket-owner: %s", url->expected_owner);
+		r = append_header(&st->every_headers, line);
+	}
+	if (r == 0 && url->sse) {
+		snprintf(line, sizeof(line), "x-amz-server-side-encryption: %s", url->sse);
+		r = append_header(&st->put_headers, line);
+	}
+	if (r == 0 && url->sse_kms_key_id) {
+		snprintf(line, sizeof(line), "x-amz-server-side-encryption-aws-kms-key-id: %s",
+			 url->sse_kms_key_id);
+		r = append_header(&st->put_headers, line);
+	}
+	if (r == 0 && url->storage_class) {
+		snprintf(line, sizeof(line), "x-amz-storage-class: %s", url->storage_class);
+		r = append_header(&st->put_headers, line);
+	}
+	return r;
+}
+
 static const char *
 pick(const char *opt, const char *env, const char *def)
 {
@@ -1252,7 +1323,8 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 		 struct objstore *s, char *err, size_t errlen)
 {
 	struct s3_store *st = NULL;
-	const char *region = pick(opts->region, "AWS_REGION", pick(NULL, "AWS_DEFAULT_REGION", "us-east-1"));
+	const char *region = opts->region ? opts->region : url->region ? url->region :
+			     pick(NULL, "AWS_REGION", pick(NULL, "AWS_DEFAULT_REGION", "us-east-1"));
 	struct aws_creds_opts co = { .access_key = opts->access_key, .secret_key = opts->secret_key,
 				     .region = region };
 	char why[512];
@@ -1284,8 +1356,15 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 		goto out;
 	for (; nlocks < CURL_LOCK_DATA_LAST; nlocks++)
 		pthread_mutex_init(&st->locks[nlocks], NULL);
-	st->max_retries = opts->max_retries > 0 ? opts->max_retries : S3_DEFAULT_RETRIES;
-	st->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : S3_DEFAULT_TIMEOUT_MS;
+	st->max_retries = opts->max_retries > 0 ? opts->max_retries :
+			  url->max_retries >= 0 ? url->max_retries : S3_DEFAULT_RETRIES;
+	st->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms :
+			 url->timeout_ms > 0 ? url->timeout_ms : S3_DEFAULT_TIMEOUT_MS;
+	st->virtual_hosted = url->virtual_hosted;
+	if (pick(NULL, "AWS_CA_BUNDLE", NULL) && (st->ca_bundle = strdup(getenv("AWS_CA_BUNDLE"))) == NULL)
+		goto out;
+	if (store_headers(st, url) < 0)
+		goto out;
 	if (asprintf(&st->endpoint, "%s://%s:%d", url->https ? "https" : "http", url->host, url->port) < 0) {
 		st->endpoint = NULL;
 		goto out;
@@ -1388,6 +1467,7 @@ objstore_aput_rearm(struct objstore_aput *p)
 	r->out_len = 0;
 	r->content_length = r->cr_start = r->cr_end = r->cr_total = -1;
 	r->err_code[0] = '\0';
+	r->err_region[0] = '\0';
 }
 
 int
@@ -1462,8 +1542,7 @@ objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
 		return objstore_seterr(ret, "PUT %s: %s", p->key, curl_easy_strerror(rc));
 	}
 	curl_easy_getinfo(p->h, CURLINFO_RESPONSE_CODE, &r->status);
-	s3_xml_error(p->x.errbody, p->x.errlen, r->err_code, sizeof(r->err_code), r->err_region,
-		     sizeof(r->err_region));
+	error_body(&p->x, r);
 	if (r->status == 200 || r->status == 201 || r->status == 204)
 		return 0;
 	if (clock_skew_learn(p->st, r, &p->x)) {

@@ -119,6 +119,11 @@ store_url_free(struct store_url *u)
 	free(u->host);
 	free(u->bucket);
 	free(u->prefix);
+	free(u->region);
+	free(u->sse);
+	free(u->sse_kms_key_id);
+	free(u->storage_class);
+	free(u->expected_owner);
 	memset(u, 0, sizeof(*u));
 }
 
@@ -182,23 +187,234 @@ valid_bucket(const char *b, size_t n)
 }
 
 static int
-parse_s3(const char *s, int s3_http, struct store_url *out, char *err, size_t errlen)
+hexval(char c)
 {
-	const char *auth = s + strlen("s3://");
-	const char *slash = strchr(auth, '/');
-	const char *hostend, *colon = NULL, *bkt, *bend, *pfx;
-	size_t plen;
-	long port;
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 :
+	       c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
 
-	if (strpbrk(auth, "?#"))
-		return seterr(err, errlen, "storage URL \"%s\": query strings and fragments are not supported", s);
+/* The value of a query option, %XX decoded, in a charset and length. NULL on a bad one. */
+static char *
+opt_value(const char *v, size_t n, const char *charset, size_t max)
+{
+	char *out = malloc(n + 1), *o = out;
+
+	if (out == NULL)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		char c = v[i];
+
+		if (c == '%') {
+			if (i + 2 >= n)
+				goto bad;
+			if (hexval(v[i + 1]) < 0 || hexval(v[i + 2]) < 0)
+				goto bad;
+			c = (char)(hexval(v[i + 1]) * 16 + hexval(v[i + 2]));
+			i += 2;
+		}
+		if (c == '\0' || !strchr(charset, c))
+			goto bad;
+		*o++ = c;
+	}
+	*o = '\0';
+	if (o == out || (size_t)(o - out) > max)
+		goto bad;
+	return out;
+bad:
+	free(out);
+	return NULL;
+}
+
+#define LOWER_DIGITS "abcdefghijklmnopqrstuvwxyz0123456789"
+#define UPPER "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+/*
+ * The options after '?' into out; *endpoint (malloc'ed) for endpoint=.
+ * Every option is one the store acts on: an unknown one is refused, not
+ * ignored.
+ */
+static int
+parse_s3_opts(const char *s, const char *q, struct store_url *out, char **endpoint, char *err,
+	      size_t errlen)
+{
+	out->max_retries = -1;
+	while (*q) {
+		const char *amp = strchr(q, '&'), *eq;
+		size_t n = amp ? (size_t)(amp - q) : strlen(q);
+		char **dst = NULL, *v = NULL, *name;
+		const char *charset = NULL;
+		size_t max = 0;
+
+		eq = memchr(q, '=', n);
+		if (eq == NULL || eq == q)
+			return seterr(err, errlen, "storage URL \"%s\": option \"%.*s\" is not NAME=VALUE", s,
+				      (int)n, q);
+		name = xstrndup(q, (size_t)(eq - q));
+		if (name == NULL)
+			return -ENOMEM;
+		if (!strcmp(name, "region")) {
+			dst = &out->region, charset = LOWER_DIGITS "-", max = 32;
+		} else if (!strcmp(name, "endpoint")) {
+			dst = endpoint, charset = LOWER_DIGITS UPPER ":/.-[]", max = 300;
+		} else if (!strcmp(name, "sse")) {
+			dst = &out->sse, charset = LOWER_DIGITS UPPER ":", max = 16;
+		} else if (!strcmp(name, "sse_kms_key_id")) {
+			dst = &out->sse_kms_key_id, charset = LOWER_DIGITS UPPER ":/_-", max = 2048;
+		} else if (!strcmp(name, "storage_class")) {
+			dst = &out->storage_class, charset = UPPER "_", max = 32;
+		} else if (!strcmp(name, "expected_owner")) {
+			dst = &out->expected_owner, charset = "0123456789", max = 12;
+		} else if (!strcmp(name, "timeout_ms") || !strcmp(name, "max_retries")) {
+			char *end;
+			long lo = name[0] == 't' ? 100 : 0, hi = name[0] == 't' ? 600000 : 20, x;
+
+			errno = 0;
+			x = strtol(eq + 1, &end, 10);
+			if (end != q + n || end == eq + 1 || errno || x < lo || x > hi) {
+				seterr(err, errlen, "storage URL \"%s\": %s must be %ld to %ld", s, name, lo, hi);
+				free(name);
+				return -EINVAL;
+			}
+			if (name[0] == 't')
+				out->timeout_ms = x;
+			else
+				out->max_retries = (int)x;
+			free(name);
+			q = amp ? amp + 1 : q + n;
+			continue;
+		} else {
+			seterr(err, errlen, "storage URL \"%s\": unknown option \"%s\" (region, endpoint, "
+			       "sse, sse_kms_key_id, storage_class, expected_owner, timeout_ms, max_retries)",
+			       s, name);
+			free(name);
+			return -EINVAL;
+		}
+		if (*dst != NULL) {
+			seterr(err, errlen, "storage URL \"%s\": option %s given twice", s, name);
+			free(name);
+			return -EINVAL;
+		}
+		v = opt_value(eq + 1, (size_t)(q + n - eq - 1), charset, max);
+		if (v == NULL) {
+			seterr(err, errlen, "storage URL \"%s\": invalid value for %s", s, name);
+			free(name);
+			return -EINVAL;
+		}
+		free(name);
+		*dst = v;
+		q = amp ? amp + 1 : q + n;
+	}
+	if (out->sse && strcmp(out->sse, "AES256") && strcmp(out->sse, "aws:kms") &&
+	    strcmp(out->sse, "aws:kms:dsse"))
+		return seterr(err, errlen, "storage URL \"%s\": sse is AES256, aws:kms or aws:kms:dsse", s);
+	if (out->sse_kms_key_id && (!out->sse || strncmp(out->sse, "aws:kms", 7)))
+		return seterr(err, errlen, "storage URL \"%s\": sse_kms_key_id needs sse=aws:kms", s);
+	if (out->expected_owner && strlen(out->expected_owner) != 12)
+		return seterr(err, errlen, "storage URL \"%s\": expected_owner is a 12-digit account id", s);
+	return 0;
+}
+
+/*
+ * s3://BUCKET[/PREFIX] with a region or an endpoint: AWS's own endpoint for
+ * the region (virtual-hosted; path-style for a bucket with dots, which
+ * AWS's wildcard certificate does not cover), or the endpoint given.
+ */
+static int
+parse_s3_bucket_form(const char *s, const char *auth, const char *endpoint, int s3_http,
+		     struct store_url *out, char *err, size_t errlen)
+{
+	const char *slash = strchr(auth, '/'), *host, *hend, *colon;
+	size_t blen = slash ? (size_t)(slash - auth) : strlen(auth);
+	char *h = NULL;
+
+	if (!valid_bucket(auth, blen))
+		return seterr(err, errlen, "storage URL \"%s\": invalid bucket name \"%.*s\" "
+			      "(3-63 characters of a-z, 0-9, '.', '-')", s, (int)blen, auth);
+	out->bucket = xstrndup(auth, blen);
+	if (out->bucket == NULL)
+		return -ENOMEM;
+	if (endpoint == NULL) {
+		int cn = strncmp(out->region, "cn-", 3) == 0, dotted = memchr(auth, '.', blen) != NULL;
+
+		if (s3_http)
+			return seterr(err, errlen, "storage URL \"%s\": AWS's endpoints are HTTPS only", s);
+		if (asprintf(&h, "%s%ss3.%s.amazonaws.com%s", dotted ? "" : out->bucket,
+			     dotted ? "" : ".", out->region, cn ? ".cn" : "") < 0)
+			return -ENOMEM;
+		out->host = h;
+		out->port = 443;
+		out->https = 1;
+		out->virtual_hosted = !dotted;
+		return 0;
+	}
+	if (!strncmp(endpoint, "https://", 8))
+		out->https = 1, host = endpoint + 8;
+	else if (!strncmp(endpoint, "http://", 7))
+		out->https = 0, host = endpoint + 7;
+	else
+		return seterr(err, errlen, "storage URL \"%s\": endpoint is http(s)://HOST[:PORT]", s);
+	hend = host + strcspn(host, "/");
+	if (*hend && hend[1] != '\0')
+		return seterr(err, errlen, "storage URL \"%s\": endpoint has a path", s);
+	colon = host[0] == '[' ? memchr(host, ']', (size_t)(hend - host)) : host;
+	colon = colon ? memchr(colon, ':', (size_t)(hend - colon)) : NULL;
+	if (!valid_hostname(host, (size_t)((colon ? colon : hend) - host)))
+		return seterr(err, errlen, "storage URL \"%s\": invalid endpoint host", s);
+	out->port = out->https ? 443 : 80;
+	if (colon) {
+		char *end;
+		long port = strtol(colon + 1, &end, 10);
+
+		if (end != hend || port < 1 || port > 65535)
+			return seterr(err, errlen, "storage URL \"%s\": invalid endpoint port", s);
+		out->port = (int)port;
+	}
+	out->host = xstrndup(host, (size_t)((colon ? colon : hend) - host));
+	return out->host ? 0 : -ENOMEM;
+}
+
+/* The key prefix after the bucket ("" or "a/b"): no empty, "." or ".." component. */
+static int
+parse_s3_prefix(const char *s, const char *pfx, struct store_url *out, char *err, size_t errlen)
+{
+	size_t plen = strlen(pfx);
+
+	while (plen > 0 && pfx[plen - 1] == '/')
+		plen--;
+	for (const char *c = pfx, *e = pfx + plen; c < e;) {
+		const char *ce = memchr(c, '/', (size_t)(e - c));
+		size_t cl;
+		if (ce == NULL)
+			ce = e;
+		cl = (size_t)(ce - c);
+		if (cl == 0 || (cl == 1 && c[0] == '.') || (cl == 2 && c[0] == '.' && c[1] == '.'))
+			return seterr(err, errlen, "storage URL \"%s\": empty, \".\" or \"..\" component in the prefix", s);
+		c = ce + 1;
+	}
+	if (plen > 512)
+		return seterr(err, errlen, "storage URL \"%s\": prefix longer than 512 bytes", s);
+	out->prefix = xstrndup(pfx, plen);
+	return out->prefix ? 0 : -ENOMEM;
+}
+
+/* main: the URL s without its query; out holds the query's options already. */
+static int
+parse_s3(const char *s, const char *main, const char *endpoint, int s3_http,
+	 struct store_url *out, char *err, size_t errlen)
+{
+	const char *auth = main + strlen("s3://");
+	const char *slash = strchr(auth, '/');
+	const char *hostend, *colon = NULL, *bkt, *bend;
+	long port;
+	int r;
+
 	if (strchr(auth, ' ') || has_ctl(auth))
 		return seterr(err, errlen, "storage URL \"%s\": spaces and control characters are not allowed", s);
 	if (slash == NULL)
 		slash = auth + strlen(auth);
 	if (memchr(auth, '@', (size_t)(slash - auth)))
 		return seterr(err, errlen, "storage URL \"%s\": credentials in the URL are not supported "
-			      "(use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)", s);
+			      "(README: S3 credentials)", s);
 	hostend = slash;
 	if (auth[0] == '[') {
 		const char *rb = memchr(auth, ']', (size_t)(slash - auth));
@@ -212,6 +428,18 @@ parse_s3(const char *s, int s3_http, struct store_url *out, char *err, size_t er
 	} else {
 		colon = memchr(auth, ':', (size_t)(slash - auth));
 	}
+	if (colon == NULL && (out->region || endpoint)) {
+		/* s3://BUCKET[/PREFIX]?region=... or ?endpoint=... */
+		r = parse_s3_bucket_form(s, auth, endpoint, s3_http, out, err, errlen);
+		if (r == 0)
+			r = parse_s3_prefix(s, *slash ? slash + 1 : slash, out, err, errlen);
+		if (r == 0)
+			out->kind = STORE_S3;
+		return r;
+	}
+	if (endpoint)
+		return seterr(err, errlen, "storage URL \"%s\": endpoint= goes with s3://BUCKET[/PREFIX], "
+			      "not with a host and port", s);
 	if (colon)
 		hostend = colon;
 	if (hostend == auth)
@@ -244,31 +472,39 @@ parse_s3(const char *s, int s3_http, struct store_url *out, char *err, size_t er
 	if (!valid_bucket(bkt, (size_t)(bend - bkt)))
 		return seterr(err, errlen, "storage URL \"%s\": invalid bucket name \"%.*s\" "
 			      "(3-63 characters of a-z, 0-9, '.', '-')", s, (int)(bend - bkt), bkt);
-	pfx = *bend ? bend + 1 : bend;
-	plen = strlen(pfx);
-	while (plen > 0 && pfx[plen - 1] == '/')
-		plen--;
-	for (const char *c = pfx, *e = pfx + plen; c < e;) {
-		const char *ce = memchr(c, '/', (size_t)(e - c));
-		size_t cl;
-		if (ce == NULL)
-			ce = e;
-		cl = (size_t)(ce - c);
-		if (cl == 0 || (cl == 1 && c[0] == '.') || (cl == 2 && c[0] == '.' && c[1] == '.'))
-			return seterr(err, errlen, "storage URL \"%s\": empty, \".\" or \"..\" component in the prefix", s);
-		c = ce + 1;
-	}
-	if (plen > 512)
-		return seterr(err, errlen, "storage URL \"%s\": prefix longer than 512 bytes", s);
+	r = parse_s3_prefix(s, *bend ? bend + 1 : bend, out, err, errlen);
+	if (r < 0)
+		return r;
 	out->host = xstrndup(auth, (size_t)(hostend - auth));
 	out->bucket = xstrndup(bkt, (size_t)(bend - bkt));
-	out->prefix = xstrndup(pfx, plen);
-	if (!out->host || !out->bucket || !out->prefix)
+	if (!out->host || !out->bucket)
 		return -ENOMEM;
 	out->port = (int)port;
 	out->https = !s3_http;
 	out->kind = STORE_S3;
 	return 0;
+}
+
+/* s3:// with its options split off. */
+static int
+parse_s3_url(const char *s, int s3_http, struct store_url *out, char *err, size_t errlen)
+{
+	const char *q = strchr(s, '?');
+	char *main = NULL, *endpoint = NULL;
+	int r;
+
+	out->max_retries = -1;
+	if (strchr(s, '#'))
+		return seterr(err, errlen, "storage URL \"%s\": fragments are not supported", s);
+	main = q ? xstrndup(s, (size_t)(q - s)) : strdup(s);
+	if (main == NULL)
+		return -ENOMEM;
+	r = q ? parse_s3_opts(s, q + 1, out, &endpoint, err, errlen) : 0;
+	if (r == 0)
+		r = parse_s3(s, main, endpoint, s3_http, out, err, errlen);
+	free(endpoint);
+	free(main);
+	return r;
 }
 
 int
@@ -291,7 +527,7 @@ store_url_parse(const char *s, int s3_http, struct store_url *out, char *err, si
 	if (strncmp(s, "file://", 7) == 0)
 		r = parse_file(s, &u, err, errlen);
 	else if (strncmp(s, "s3://", 5) == 0)
-		r = parse_s3(s, s3_http, &u, err, errlen);
+		r = parse_s3_url(s, s3_http, &u, err, errlen);
 	else
 		r = seterr(err, errlen, "storage URL \"%s\": unsupported (want file:///dir or "
 			   "s3://HOST[:PORT]/BUCKET[/PREFIX])", s);

@@ -2,7 +2,13 @@
  * url: parsing of the storage and metadata locations a volume is named by.
  *
  *   storage:  file:///abs/dir
- *             s3://HOST:PORT/BUCKET[/PREFIX]   (https unless s3_http is set)
+ *             s3://HOST[:PORT]/BUCKET[/PREFIX][?OPTS]  (https unless s3_http is set)
+ *             s3://BUCKET[/PREFIX]?region=R[&OPTS]     (AWS: virtual-hosted HTTPS,
+ *                                                       path-style for dotted buckets)
+ *             s3://BUCKET[/PREFIX]?endpoint=http(s)://HOST[:PORT][&OPTS]
+ *             OPTS: region, endpoint, sse (AES256, aws:kms, aws:kms:dsse),
+ *             sse_kms_key_id, storage_class, expected_owner (12 digits),
+ *             timeout_ms, max_retries; anything else is refused
  *   metadata: /abs/or/relative/VOLUME-DIR     (-> VOLUME-DIR/meta.db)
  *             sqlite:///abs/path/meta.db
  *             postgresql://[USER@]HOST[:PORT]/DB?volume=NAME[&libpq params]
@@ -28,6 +34,14 @@ struct store_url {
 	char *bucket;    /* s3: bucket name */
 	char *prefix;    /* s3: key prefix without leading/trailing '/', "" if none */
 	int https;       /* s3: 1 unless s3_http was asked for */
+	int virtual_hosted; /* s3: objects at https://BUCKET.HOST/KEY (AWS) */
+	char *region;    /* s3: ?region=; NULL: the environment's */
+	char *sse;       /* s3: x-amz-server-side-encryption of each PUT; NULL: none */
+	char *sse_kms_key_id;
+	char *storage_class;
+	char *expected_owner; /* s3: x-amz-expected-bucket-owner of every request */
+	long timeout_ms;      /* s3: 0: the store's default */
+	int max_retries;      /* s3: -1: the store's default */
 };
 
 /*

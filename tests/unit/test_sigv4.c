@@ -650,3 +650,157 @@ Test(sigv4, an_async_put_refused_for_its_date_is_retried_dated_right)
 	objstore_close(s);
 	free(skewed);
 }
+
+/* ---- issue 13: what the storage URL asks for, session tokens, refused keys, regions ---- */
+
+static struct objstore *
+open_url_store(const char *url, const struct objstore_opts *o)
+{
+	struct store_url u;
+	struct objstore *s = NULL;
+	char err[512];
+
+	cr_assert_eq(store_url_parse(url, 1, &u, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(objstore_open(&u, o, &s, err, sizeof(err)), 0, "%s", err);
+	store_url_free(&u);
+	return s;
+}
+
+static int
+signed_header(const char *req, const char *name)
+{
+	char auth[1024], *sh, *end;
+
+	if (!header(req, "Authorization", auth, sizeof(auth)) || !(sh = strstr(auth, "SignedHeaders=")))
+		return 0;
+	sh += 14;
+	end = strchr(sh, ',');
+	if (end)
+		*end = '\0';
+	for (char *t = strtok(sh, ";"); t; t = strtok(NULL, ";"))
+		if (strcasecmp(t, name) == 0)
+			return 1;
+	return 0;
+}
+
+Test(sigv4, url_options_are_sent_and_signed)
+{
+	struct objstore_opts o = { .access_key = AK, .secret_key = SK, .region = "us-east-1" };
+	struct capture c;
+	struct objstore *s;
+	char url[300], v[256], buf[4];
+
+	capture_start(&c, 2, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nabcd");
+	snprintf(url, sizeof(url), "s3://127.0.0.1:%d/bucket-1/p?sse=aws:kms&sse_kms_key_id=key-1&"
+		 "storage_class=STANDARD_IA&expected_owner=111122223333&max_retries=0", c.port);
+	s = open_url_store(url, &o);
+	cr_assert_eq(objstore_put(s, "k", "payload!", 8), 0, "%s", objstore_last_error());
+	cr_assert_eq(objstore_get(s, "k", 0, buf, 4), 4, "%s", objstore_last_error());
+	capture_wait(&c);
+	cr_assert_str_eq(header(c.req[0], "x-amz-server-side-encryption", v, sizeof(v)), "aws:kms");
+	cr_assert_str_eq(header(c.req[0], "x-amz-server-side-encryption-aws-kms-key-id", v, sizeof(v)),
+			 "key-1");
+	cr_assert_str_eq(header(c.req[0], "x-amz-storage-class", v, sizeof(v)), "STANDARD_IA");
+	for (int i = 0; i < 2; i++) {
+		cr_assert_str_eq(header(c.req[i], "x-amz-expected-bucket-owner", v, sizeof(v)),
+				 "111122223333");
+		cr_assert(signed_header(c.req[i], "x-amz-expected-bucket-owner"), "%s", c.req[i]);
+		assert_verifies(c.req[i], c.req_len[i]);
+	}
+	cr_assert(signed_header(c.req[0], "x-amz-storage-class"), "%s", c.req[0]);
+	/* A GET is not a PUT: no encryption or class headers. */
+	cr_assert_null(header(c.req[1], "x-amz-server-side-encryption", v, sizeof(v)));
+	cr_assert_null(header(c.req[1], "x-amz-storage-class", v, sizeof(v)));
+	objstore_close(s);
+}
+
+Test(sigv4, a_session_token_is_sent_and_signed)
+{
+	struct objstore_opts o = { .region = "us-east-1", .max_retries = 1 };
+	struct capture c;
+	struct objstore *s;
+	char url[128], v[256];
+
+	setenv("AWS_ACCESS_KEY_ID", AK, 1);
+	setenv("AWS_SECRET_ACCESS_KEY", SK, 1);
+	setenv("AWS_SESSION_TOKEN", "FwoGZXIvYXdzEXAMPLE//token+/=", 1);
+	capture_start(&c, 1, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+	snprintf(url, sizeof(url), "s3://127.0.0.1:%d/bucket-1", c.port);
+	s = open_url_store(url, &o);
+	cr_assert_eq(objstore_put(s, "k", "x", 1), 0, "%s", objstore_last_error());
+	capture_wait(&c);
+	cr_assert_str_eq(header(c.req[0], "x-amz-security-token", v, sizeof(v)),
+			 "FwoGZXIvYXdzEXAMPLE//token+/=");
+	cr_assert(signed_header(c.req[0], "x-amz-security-token"), "%s", c.req[0]);
+	assert_verifies(c.req[0], c.req_len[0]);
+	objstore_close(s);
+}
+
+/*
+ * S3 refuses the key as expired: the store fetches a new one (here from a
+ * credential_process that hands out a new token each run) and the request
+ * goes again, once, with it.
+ */
+Test(sigv4, an_expired_token_answer_fetches_a_new_key_and_retries_once)
+{
+	static const char *const replies[] = {
+		"HTTP/1.1 400 Bad Request\r\nContent-Length: 90\r\nConnection: close\r\n\r\n"
+		"<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>",
+		"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+	};
+	struct objstore_opts o = { .region = "us-east-1", .max_retries = 0 };
+	char dir[] = "/tmp/ferry-sigv4-XXXXXX", path[128], url[128], v1[256], v2[256];
+	struct capture c;
+	struct objstore *s;
+	FILE *f;
+
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/config", dir);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	/* Each run counts itself in a file and names its token after the count. */
+	fprintf(f, "[default]\ncredential_process = sh -c 'n=$(($(cat %s/n 2>/dev/null || echo 0)+1)); "
+		"echo $n > %s/n; printf \"{\\\"Version\\\":1,\\\"AccessKeyId\\\":\\\"%s\\\","
+		"\\\"SecretAccessKey\\\":\\\"%s\\\",\\\"SessionToken\\\":\\\"tok-$n\\\"}\"'\n",
+		dir, dir, AK, SK);
+	fclose(f);
+	unsetenv("AWS_ACCESS_KEY_ID");
+	unsetenv("AWS_SECRET_ACCESS_KEY");
+	unsetenv("AWS_SESSION_TOKEN");
+	unsetenv("AWS_PROFILE");
+	setenv("AWS_CONFIG_FILE", path, 1);
+	snprintf(path, sizeof(path), "%s/none", dir);
+	setenv("AWS_SHARED_CREDENTIALS_FILE", path, 1);
+	capture_start_n(&c, 2, NULL, replies);
+	snprintf(url, sizeof(url), "s3://127.0.0.1:%d/bucket-1", c.port);
+	s = open_url_store(url, &o);
+	cr_assert_eq(objstore_put(s, "k", "x", 1), 0, "%s", objstore_last_error());
+	capture_wait(&c);
+	cr_assert_str_eq(header(c.req[0], "x-amz-security-token", v1, sizeof(v1)), "tok-1");
+	cr_assert_str_eq(header(c.req[1], "x-amz-security-token", v2, sizeof(v2)), "tok-2");
+	assert_verifies(c.req[1], c.req_len[1]);
+	objstore_close(s);
+	snprintf(path, sizeof(path), "rm -rf %s", dir);
+	cr_assert_eq(system(path), 0);
+}
+
+/* A bucket of another region: not followed, named. */
+Test(sigv4, a_bucket_of_another_region_is_named)
+{
+	struct objstore_opts o = { .access_key = AK, .secret_key = SK, .region = "us-east-1",
+				   .max_retries = 1 };
+	struct capture c;
+	struct objstore *s;
+	char url[128], buf[4];
+
+	capture_start(&c, 1, "HTTP/1.1 301 Moved Permanently\r\nx-amz-bucket-region: eu-west-1\r\n"
+		      "Content-Length: 65\r\nConnection: close\r\n\r\n"
+		      "<Error><Code>PermanentRedirect</Code><Message>x</Message></Error>");
+	snprintf(url, sizeof(url), "s3://127.0.0.1:%d/bucket-1", c.port);
+	s = open_url_store(url, &o);
+	cr_assert_lt(objstore_get(s, "k", 0, buf, 4), 0);
+	capture_wait(&c);
+	cr_assert(strstr(objstore_last_error(), "region eu-west-1") &&
+		  strstr(objstore_last_error(), "PermanentRedirect"), "%s", objstore_last_error());
+	objstore_close(s);
+}

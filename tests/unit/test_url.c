@@ -94,6 +94,80 @@ Test(store_url, s3_urls)
 	store_url_free(&u);
 }
 
+Test(store_url, aws_and_endpoint_forms_and_options)
+{
+	struct store_url u;
+
+	/* A region and no host: AWS's virtual-hosted HTTPS endpoint. */
+	parse_ok("s3://my-bucket/vol/a?region=eu-west-1", 0, &u);
+	cr_assert_str_eq(u.host, "my-bucket.s3.eu-west-1.amazonaws.com");
+	cr_assert_eq(u.port, 443);
+	cr_assert_eq(u.https, 1);
+	cr_assert_eq(u.virtual_hosted, 1);
+	cr_assert_str_eq(u.bucket, "my-bucket");
+	cr_assert_str_eq(u.prefix, "vol/a");
+	cr_assert_str_eq(u.region, "eu-west-1");
+	cr_assert_eq(u.max_retries, -1);
+	cr_assert_eq(u.timeout_ms, 0);
+	store_url_free(&u);
+
+	/* Dots in the bucket: path-style (AWS's wildcard certificate does not cover them). */
+	parse_ok("s3://my.bucket?region=cn-north-1", 0, &u);
+	cr_assert_str_eq(u.host, "s3.cn-north-1.amazonaws.com.cn");
+	cr_assert_eq(u.virtual_hosted, 0);
+	cr_assert_str_eq(u.prefix, "");
+	store_url_free(&u);
+
+	/* A custom endpoint for the bucket, path-style, and every option. */
+	parse_ok("s3://bkt/p?endpoint=http://minio.local:9000&sse=aws%3Akms&sse_kms_key_id="
+		 "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab&storage_class=STANDARD_IA&"
+		 "expected_owner=111122223333&timeout_ms=5000&max_retries=0&region=us-west-2", 0, &u);
+	cr_assert_str_eq(u.host, "minio.local");
+	cr_assert_eq(u.port, 9000);
+	cr_assert_eq(u.https, 0);
+	cr_assert_eq(u.virtual_hosted, 0);
+	cr_assert_str_eq(u.bucket, "bkt");
+	cr_assert_str_eq(u.sse, "aws:kms");
+	cr_assert_str_eq(u.sse_kms_key_id, "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab");
+	cr_assert_str_eq(u.storage_class, "STANDARD_IA");
+	cr_assert_str_eq(u.expected_owner, "111122223333");
+	cr_assert_eq(u.timeout_ms, 5000);
+	cr_assert_eq(u.max_retries, 0);
+	cr_assert_str_eq(u.region, "us-west-2");
+	store_url_free(&u);
+
+	/* A host and port with options: the old form, options kept. */
+	parse_ok("s3://127.0.0.1:9000/bkt?region=eu-west-1&sse=AES256", 1, &u);
+	cr_assert_str_eq(u.host, "127.0.0.1");
+	cr_assert_str_eq(u.bucket, "bkt");
+	cr_assert_str_eq(u.sse, "AES256");
+	cr_assert_str_eq(u.region, "eu-west-1");
+	store_url_free(&u);
+}
+
+Test(store_url, rejects_options_it_would_not_act_on)
+{
+	static const char *bad[] = {
+		"s3://bkt?region=", "s3://bkt?region=EU", "s3://bkt?region=eu west", "s3://bkt?bogus=1",
+		"s3://bkt?region", "s3://bkt?=x", "s3://bkt?region=a&region=b", "s3://bkt?sse=rot13",
+		"s3://h:1/bkt?sse_kms_key_id=k", "s3://bkt?region=x&expected_owner=123",
+		"s3://bkt?region=x&expected_owner=12345678901a", "s3://bkt?region=x&timeout_ms=5",
+		"s3://bkt?region=x&max_retries=99", "s3://bkt?region=x&timeout_ms=1e3",
+		"s3://bkt?region=x&storage_class=standard", "s3://bkt?endpoint=ftp://h",
+		"s3://bkt?endpoint=http://h/path", "s3://bkt?endpoint=http://h:0",
+		"s3://h:1/bkt?endpoint=http://x", "s3://Bkt?region=x", "s3://bkt/a//b?region=x",
+		"s3://bkt?region=x%", "s3://bkt?region=x%4", "s3://bkt?region=%00x",
+	};
+	struct store_url u;
+	char err[256];
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		parse_bad(bad[i]);
+	/* AWS's endpoints are HTTPS. */
+	cr_assert_eq(store_url_parse("s3://bkt?region=eu-west-1", 1, &u, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "HTTPS"), "%s", err);
+}
+
 Test(store_url, rejects)
 {
 	static const char *bad[] = {
