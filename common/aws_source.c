@@ -270,8 +270,13 @@ http_exchange(struct aws_source *s, const char *url, int put, const char *post,
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_answer);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, a);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-	/* Credentials never go through a proxy the environment names. */
-	curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+	/* The container endpoint and IMDS are on this node (link-local or
+	 * loopback): never through a proxy the environment names. STS is on the
+	 * internet and goes the way the environment says (https_proxy). */
+	if (s->kind == SRC_CONTAINER || s->kind == SRC_IMDS)
+		curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+	if (env("AWS_CA_BUNDLE"))
+		curl_easy_setopt(h, CURLOPT_CAINFO, env("AWS_CA_BUNDLE"));
 	if (put) {
 		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "PUT");
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
