@@ -1,36 +1,29 @@
 /* ferry status: the mount's .stats as "key: value" lines or JSON. */
 #include <ctype.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <json-c/json.h>
+
 #include "ctl.h"
 
-static bool is_number(const char *s)
+/* A .stats value as JSON: an integer when it is one (json-c's own range checks), else a string. */
+static struct json_object *json_value(const char *v)
 {
-	if (!*s)
-		return false;
-	for (; *s; s++)
-		if (!isdigit((unsigned char)*s))
-			return false;
-	return true;
-}
+	char *end;
+	unsigned long long u;
 
-static void json_string(const char *s, size_t n)
-{
-	putchar('"');
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = (unsigned char)s[i];
-		if (c == '"' || c == '\\')
-			printf("\\%c", c);
-		else if (c < 0x20)
-			printf("\\u%04x", c);
-		else
-			putchar(c);
+	if (isdigit((unsigned char)v[0])) {
+		errno = 0;
+		u = strtoull(v, &end, 10);
+		if (*end == '\0' && errno == 0)
+			return json_object_new_uint64(u);
 	}
-	putchar('"');
+	return json_object_new_string(v);
 }
 
 int cmd_status(int argc, char **argv)
@@ -40,9 +33,9 @@ int cmd_status(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	struct json_object *obj = NULL;
 	char *stats = NULL;
 	int opt, rc, json = 0;
-	bool first = true;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "jh", longopts, NULL)) != -1) {
@@ -64,8 +57,11 @@ int cmd_status(int argc, char **argv)
 			strerror(-rc));
 		return 1;
 	}
-	if (json)
-		printf("{");
+	if (json && (obj = json_object_new_object()) == NULL) {
+		ctl_err("out of memory");
+		free(stats);
+		return 1;
+	}
 	if (!json)
 		printf("mountpoint: %s\n", argv[optind]);
 	for (char *line = strtok(stats, "\n"); line; line = strtok(NULL, "\n")) {
@@ -73,21 +69,16 @@ int cmd_status(int argc, char **argv)
 		if (!sp)
 			continue;
 		*sp = '\0';
-		if (!json) {
+		if (!json)
 			printf("%s: %s\n", line, sp + 1);
-			continue;
-		}
-		printf("%s", first ? "" : ",");
-		first = false;
-		json_string(line, strlen(line));
-		putchar(':');
-		if (is_number(sp + 1))
-			printf("%s", sp + 1);
 		else
-			json_string(sp + 1, strlen(sp + 1));
+			json_object_object_add(obj, line, json_value(sp + 1));
 	}
-	if (json)
-		printf("}\n");
+	if (json) {
+		printf("%s\n", json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PLAIN |
+								   JSON_C_TO_STRING_NOSLASHESCAPE));
+		json_object_put(obj);
+	}
 	free(stats);
 	return 0;
 }
