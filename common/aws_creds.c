@@ -258,7 +258,9 @@ aws_creds_get(struct aws_creds *c, const struct aws_key **out)
 
 		while (c->fetching)
 			pthread_cond_wait(&c->cv, &c->mu);
-		if (c->cur->k.generation == gen)
+		/* Within a failed fetch's backoff, fail at once: a reader per
+		 * thread must not queue up behind one fetch after another. */
+		if (c->cur->k.generation == gen && now_s() >= c->next_try)
 			ret = fetch_locked(c);
 		if (expired(c->cur))
 			ret = -EKEYEXPIRED;
