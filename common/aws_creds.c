@@ -194,12 +194,19 @@ aws_creds_open(const struct aws_creds_opts *o, struct aws_creds **out, char *err
 	ret = fetch_locked(c);
 	pthread_mutex_unlock(&c->mu);
 	if (ret < 0) {
-		if (aws_source_is_fallback(c->src))
+		if (aws_source_is_fallback(c->src)) {
+			/* IMDS is only asked because nothing else is configured:
+			 * off EC2 its failure means "no credentials". */
 			snprintf(err, errlen, "no credentials: none in the environment, the shared "
 				 "files, web identity or a container endpoint, and %.180s",
 				 c->last_error);
-		else
+			ret = ret == -ENOMEM ? ret : -ENOENT;
+		} else {
 			snprintf(err, errlen, "%s", c->last_error);
+			/* The header's errnos: a timeout or a broken answer is EIO. */
+			if (ret != -ENOMEM && ret != -EACCES && ret != -EINVAL && ret != -ENOENT)
+				ret = -EIO;
+		}
 		goto fail;
 	}
 	/* Keys that never expire need no thread; aws_creds_refresh() still fetches. */

@@ -64,7 +64,9 @@ struct aws_key {
 /*
  * Finds a source and fetches its credentials. 0, or a negative errno with
  * the reason in err: -ENOENT when no source has credentials (err names
- * what was tried), -EACCES when a source refused, -EIO when one failed.
+ * what was tried), -EACCES when a source refused, -EINVAL when one is
+ * configured wrongly or answered something that is not credentials, -EIO
+ * when one failed (timeouts included), -ENOMEM.
  */
 int aws_creds_open(const struct aws_creds_opts *o, struct aws_creds **out, char *err,
 		   size_t errlen);
@@ -73,7 +75,8 @@ void aws_creds_close(struct aws_creds *c); /* accepts NULL */
 /*
  * The current key, with a reference the caller gives back with
  * aws_key_put(). Never waits for a refresh unless the key has expired;
- * then it waits for one attempt and returns -EKEYEXPIRED if that fails.
+ * then it waits for one attempt (none while a failed one's backoff runs)
+ * and returns -EKEYEXPIRED if there is still no valid key.
  */
 int aws_creds_get(struct aws_creds *c, const struct aws_key **out);
 void aws_key_put(const struct aws_key *k); /* accepts NULL */
@@ -88,7 +91,7 @@ int aws_creds_refresh(struct aws_creds *c, uint64_t gen);
 void aws_creds_stale(struct aws_creds *c, uint64_t gen);
 
 struct aws_creds_info {
-	char source[80];          /* "environment", "profile NAME", "web identity ROLE_ARN", ... */
+	char source[160];         /* "environment", "profile NAME", "web identity ROLE_ARN", ... */
 	int64_t expires;          /* of the current key; 0: never */
 	uint64_t refreshes;       /* keys fetched after the first */
 	uint64_t refresh_failures;

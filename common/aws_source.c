@@ -3,6 +3,7 @@
  * Credential services are asked over libcurl; credential_process runs
  * through /bin/sh, as the Go and Java SDKs run it.
  */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -37,7 +38,7 @@ enum src_kind { SRC_STATIC, SRC_PROCESS, SRC_ASSUME_ROLE, SRC_WEB_IDENTITY, SRC_
 
 struct aws_source {
 	enum src_kind kind;
-	char name[80];
+	char name[160];
 	struct aws_fields fixed;     /* SRC_STATIC */
 	char *command;               /* SRC_PROCESS */
 	char *role_arn;              /* roles */
@@ -595,7 +596,8 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 {
 	char *argv[] = { "sh", "-c", s->command, NULL };
 	posix_spawn_file_actions_t fa;
-	int fds[2] = { -1, -1 }, ret, status = 0, fa_ok = 0;
+	posix_spawnattr_t attr;
+	int fds[2] = { -1, -1 }, ret, status = 0, fa_ok = 0, attr_ok = 0;
 	int64_t deadline = mono_now_ns() / 1000000 + s->timeout_ms;
 	char *out = NULL;
 	size_t len = 0;
@@ -613,7 +615,19 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 		ret = -ret;
 		goto out;
 	}
-	ret = posix_spawn(&pid, "/bin/sh", &fa, NULL, argv, environ);
+	/* Its own process group: sh may fork the command rather than exec it,
+	 * and a command that hangs is killed with everything it started. */
+	if ((ret = posix_spawnattr_init(&attr)) != 0) {
+		ret = -ret;
+		goto out;
+	}
+	attr_ok = 1;
+	if ((ret = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP)) != 0 ||
+	    (ret = posix_spawnattr_setpgroup(&attr, 0)) != 0) {
+		ret = -ret;
+		goto out;
+	}
+	ret = posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, environ);
 	if (ret != 0) {
 		snprintf(err, errlen, "%s: cannot run /bin/sh: %s", s->name, strerror(ret));
 		pid = -1;
@@ -663,6 +677,8 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 	out[len] = '\0';
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
+	/* Whatever it left running in its group goes with it. */
+	kill(-pid, SIGKILL);
 	pid = -1;
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 		if (WIFEXITED(status))
@@ -685,12 +701,14 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 	}
 out:
 	if (pid > 0) {
-		kill(pid, SIGKILL);
+		kill(-pid, SIGKILL);
 		while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 			;
 	}
 	if (fa_ok)
 		posix_spawn_file_actions_destroy(&fa);
+	if (attr_ok)
+		posix_spawnattr_destroy(&attr);
 	if (fds[0] >= 0)
 		close(fds[0]);
 	if (fds[1] >= 0)
@@ -1044,7 +1062,11 @@ container_url_ok(const char *url, char *err, size_t errlen)
 	if (strcmp(scheme, "https") == 0) {
 		ok = 1;
 	} else if (strcmp(scheme, "http") == 0) {
-		ok = strncmp(host, "127.", 4) == 0 || strcmp(host, "localhost") == 0 ||
+		struct in_addr a4;
+
+		/* A numeric loopback address: "127.attacker.example" is a name. */
+		ok = (inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) ||
+		     strcmp(host, "localhost") == 0 ||
 		     strcmp(host, "[::1]") == 0 || strcmp(host, "169.254.170.2") == 0 ||
 		     strcmp(host, "169.254.170.23") == 0 || strcmp(host, "[fd00:ec2::23]") == 0;
 		if (!ok)
@@ -1135,7 +1157,7 @@ aws_source_find(const struct aws_creds_opts *o, struct aws_source **out, char *e
 		if (s == NULL || role_source(s, env("AWS_ROLE_ARN"), env("AWS_ROLE_SESSION_NAME"), region) < 0 ||
 		    (s->token_file = expand_home(env("AWS_WEB_IDENTITY_TOKEN_FILE"))) == NULL)
 			goto out;
-		snprintf(s->name, sizeof(s->name), "web identity");
+		snprintf(s->name, sizeof(s->name), "web identity %s", env("AWS_ROLE_ARN"));
 		goto found;
 	}
 	/* 4. The container endpoint. */
