@@ -40,6 +40,9 @@ struct aws_creds {
 	pthread_t thread;
 	uint64_t refreshes, failures;
 	char last_error[256];
+	int failing;            /* the last refresh failed (for report) */
+	void (*report)(void *arg, const char *msg);
+	void *report_arg;
 };
 
 static int64_t
@@ -139,6 +142,29 @@ fetch_locked(struct aws_creds *c)
 	return ret;
 }
 
+/* Tells the daemon of a failed refresh, and of the first good one after. mu held on entry
+ * and return, dropped for the call. */
+static void
+report_fetch(struct aws_creds *c, int ret)
+{
+	char msg[512];
+
+	if (c->report == NULL || (ret == 0 && !c->failing))
+		return;
+	if (ret == 0)
+		snprintf(msg, sizeof(msg), "s3 credentials: %s answers again; the new key expires in "
+			 "%lld s", aws_source_name(c->src), (long long)(c->cur->k.expires - now_s()));
+	else
+		snprintf(msg, sizeof(msg), "s3 credentials: refresh failed (%.200s); trying again in "
+			 "%d s; the key in use expires in %lld s", c->last_error, c->backoff_s,
+			 (long long)(c->cur->k.expires - now_s()));
+	c->failing = ret != 0;
+	/* Not under mu: the daemon's logging may block on its log file. */
+	pthread_mutex_unlock(&c->mu);
+	c->report(c->report_arg, msg);
+	pthread_mutex_lock(&c->mu);
+}
+
 static void *
 refresh_main(void *arg)
 {
@@ -153,7 +179,7 @@ refresh_main(void *arg)
 		if (c->hurry || (t >= due && !c->fetching)) {
 			c->hurry = 0;
 			if (!c->fetching)
-				fetch_locked(c);
+				report_fetch(c, fetch_locked(c));
 			continue;
 		}
 		if (due == INT64_MAX) {
@@ -185,6 +211,8 @@ aws_creds_open(const struct aws_creds_opts *o, struct aws_creds **out, char *err
 		return -ENOMEM;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
+	c->report = o->report;
+	c->report_arg = o->report_arg;
 	ret = aws_source_find(o, &c->src, why, sizeof(why));
 	if (ret < 0) {
 		snprintf(err, errlen, "%s", why);
@@ -311,6 +339,7 @@ aws_creds_info(struct aws_creds *c, struct aws_creds_info *i)
 	memset(i, 0, sizeof(*i));
 	pthread_mutex_lock(&c->mu);
 	snprintf(i->source, sizeof(i->source), "%s", aws_source_name(c->src));
+	snprintf(i->kind, sizeof(i->kind), "%s", aws_source_kind(c->src));
 	i->expires = c->cur ? c->cur->k.expires : 0;
 	i->refreshes = c->refreshes;
 	i->refresh_failures = c->failures;

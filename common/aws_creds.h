@@ -51,6 +51,11 @@ struct aws_creds_opts {
 	const char *region;
 	/* Per HTTP exchange with a credentials service; 0: 5 s (IMDS: 1 s). */
 	long timeout_ms;
+	/* Told, from the refresh thread, when a refresh fails and when one
+	 * works again after failing (common/ never logs; the daemon does).
+	 * NULL: nobody. msg names the source and the reason, never a secret. */
+	void (*report)(void *arg, const char *msg);
+	void *report_arg;
 };
 
 struct aws_key {
@@ -92,6 +97,7 @@ void aws_creds_stale(struct aws_creds *c, uint64_t gen);
 
 struct aws_creds_info {
 	char source[160];         /* "environment", "profile NAME", "web identity ROLE_ARN", ... */
+	char kind[24];            /* one word: aws_source_kind() */
 	int64_t expires;          /* of the current key; 0: never */
 	uint64_t refreshes;       /* keys fetched after the first */
 	uint64_t refresh_failures;

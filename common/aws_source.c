@@ -92,6 +92,26 @@ aws_source_name(const struct aws_source *s)
 	return s->name;
 }
 
+const char *
+aws_source_kind(const struct aws_source *s)
+{
+	switch (s->kind) {
+	case SRC_STATIC:
+		return s->name[0] == 'o' ? "options" : s->name[0] == 'e' ? "environment" : "profile";
+	case SRC_PROCESS:
+		return "credential-process";
+	case SRC_ASSUME_ROLE:
+		return "assume-role";
+	case SRC_WEB_IDENTITY:
+		return "web-identity";
+	case SRC_CONTAINER:
+		return "container";
+	case SRC_IMDS:
+		return "imds";
+	}
+	return "unknown";
+}
+
 int
 aws_source_is_fallback(const struct aws_source *s)
 {

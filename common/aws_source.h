@@ -26,6 +26,9 @@ int aws_source_find(const struct aws_creds_opts *o, struct aws_source **out, cha
 int aws_source_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errlen);
 /* "environment", "profile prod (credential_process)", "container endpoint", ... */
 const char *aws_source_name(const struct aws_source *s);
+/* One word for it: options, environment, profile, credential-process,
+ * assume-role, web-identity, container, imds. */
+const char *aws_source_kind(const struct aws_source *s);
 /* 1 when the source is IMDS, tried last and only because nothing else is named. */
 int aws_source_is_fallback(const struct aws_source *s);
 void aws_source_free(struct aws_source *s); /* accepts NULL */

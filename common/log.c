@@ -70,3 +70,9 @@ void fatalx(const char *fmt, ...)
 	LOG_BODY(LOG_LVL_ERROR, 0);
 	exit(1);
 }
+
+void log_warnx_report(void *arg, const char *msg)
+{
+	(void)arg;
+	log_warnx("%s", msg);
+}

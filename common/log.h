@@ -22,6 +22,9 @@ void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* log_errno: like log_warn but with an explicit (positive or negative) errno. */
 void log_errno(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* log_warnx("%s", msg) for a library that reports through a callback
+ * (aws_creds_opts.report); arg is unused. */
+void log_warnx_report(void *arg, const char *msg);
 _Noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 _Noreturn void fatalx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

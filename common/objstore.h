@@ -34,6 +34,10 @@ struct objstore_opts {
 	const char *region;
 	int max_retries;        /* transient failures (5xx, timeouts); 0 = default (5) */
 	long timeout_ms;        /* per request; 0 = default (30 s) */
+	/* S3 only: told when refreshing the credentials fails and when it works
+	 * again (aws_creds_opts.report); NULL: nobody. */
+	void (*creds_report)(void *arg, const char *msg);
+	void *creds_report_arg;
 };
 
 /*

@@ -1326,7 +1326,8 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 	const char *region = opts->region ? opts->region : url->region ? url->region :
 			     pick(NULL, "AWS_REGION", pick(NULL, "AWS_DEFAULT_REGION", "us-east-1"));
 	struct aws_creds_opts co = { .access_key = opts->access_key, .secret_key = opts->secret_key,
-				     .region = region };
+				     .region = region, .report = opts->creds_report,
+				     .report_arg = opts->creds_report_arg };
 	char why[512];
 	int ret = -ENOMEM, nlocks = 0;
 

@@ -471,6 +471,7 @@ int main(int argc, char **argv)
 	struct store_url surl = { 0 };
 	char err[512], *user_opts = NULL, *fopts = NULL, *cache_vol = NULL, *journal = NULL;
 	struct aws_creds_info creds;
+	struct objstore_opts store_opts = { .creds_report = log_warnx_report };
 	char *bopts[BROKER_OPTIONS_MAX + 1];
 	uint64_t cache_mib = DEFAULT_CACHE_MIB, purged = 0;
 	bool mounted = false, handlers = false;
@@ -662,7 +663,7 @@ int main(int argc, char **argv)
 			     strerror(-rc));
 	if (store_url_parse(md->vol.storage_url, md->vol.s3_http, &surl, err, sizeof(err)) < 0)
 		start_failed(md, "volume storage %s: %s", md->vol.storage_url, err);
-	if ((rc = objstore_open(&surl, NULL, &md->store, err, sizeof(err))) < 0)
+	if ((rc = objstore_open(&surl, &store_opts, &md->store, err, sizeof(err))) < 0)
 		start_failed(md, "storage %s: %s", md->vol.storage_url, err);
 	if (objstore_creds_info(md->store, &creds) == 0)
 		log_info("s3 credentials from %s", creds.source);

@@ -58,7 +58,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	/* The shared engine: the writer's lease and the connection. */
 	if (objstore_creds_info(md->store, &ci) == 0) {
 		/* Where the keys come from and how refreshing them goes; never a secret. */
-		fprintf(f, "s3_credentials %s\n", ci.source);
+		fprintf(f, "s3_credentials %s\n", ci.kind);
 		fprintf(f, "s3_credentials_expire %lld\n", (long long)ci.expires);
 		fprintf(f, "s3_credentials_refreshes %llu\n", (unsigned long long)ci.refreshes);
 		fprintf(f, "s3_credentials_refresh_failures %llu\n",

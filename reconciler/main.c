@@ -298,6 +298,7 @@ int main(int argc, char **argv)
 	struct statfs sfs;
 	char err[512], *volume = NULL;
 	struct aws_creds_info creds;
+	struct objstore_opts store_opts = { .creds_report = log_warnx_report };
 	uint64_t lease_epoch = 0;
 	int opt, rc, pid_fd;
 
@@ -376,7 +377,7 @@ int main(int argc, char **argv)
 		start_failed("cannot read the volume record of %s: %s", cfg->db_path, strerror(-rc));
 	if (store_url_parse(r->vol.storage_url, r->vol.s3_http, &surl, err, sizeof(err)) < 0)
 		start_failed("volume storage %s: %s", r->vol.storage_url, err);
-	if ((rc = objstore_open(&surl, NULL, &r->store, err, sizeof(err))) < 0)
+	if ((rc = objstore_open(&surl, &store_opts, &r->store, err, sizeof(err))) < 0)
 		start_failed("storage %s: %s", r->vol.storage_url, err);
 	if (objstore_creds_info(r->store, &creds) == 0)
 		log_info("s3 credentials from %s", creds.source);
