@@ -20,6 +20,8 @@ int cmd_format(int argc, char **argv)
 		{ "storage", required_argument, NULL, 's' },
 		{ "block-size", required_argument, NULL, 'b' },
 		{ "s3-http", no_argument, NULL, 'H' },
+		{ "s3-endpoint", required_argument, NULL, 'E' },
+		{ "s3-region", required_argument, NULL, 'R' },
 		{ "force", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -28,6 +30,7 @@ int cmd_format(int argc, char **argv)
 	struct store_url surl = { 0 };
 	struct objstore *store = NULL;
 	char *db = NULL, *dir = NULL, *storage = NULL, err[512];
+	const char *endpoint = NULL, *region = NULL;
 	unsigned long long bs = META_DEFAULT_BLOCK_SIZE;
 	int opt, rc, force = 0, s3_http = 0, code = 1, pg;
 	struct stat st;
@@ -50,10 +53,12 @@ int cmd_format(int argc, char **argv)
 			}
 			break;
 		case 'H': s3_http = 1; break;
+		case 'E': endpoint = optarg; break;
+		case 'R': region = optarg; break;
 		case 'F': force = 1; break;
 		case 'h':
 			printf("usage: ferry format [--storage URL] [--block-size BYTES] [--s3-http] "
-			       "[--force] VOLUME\n");
+			       "[--s3-endpoint URL] [--s3-region REGION] [--force] VOLUME\n");
 			code = 0;
 			goto out;
 		default:
@@ -90,6 +95,25 @@ int cmd_format(int argc, char **argv)
 	if (!storage && asprintf(&storage, "file://%s/objects", dir) < 0) {
 		ctl_err("out of memory");
 		goto out;
+	}
+	if (endpoint || region) {
+		/* The URL's own options (url.h), so the volume keeps them. */
+		char *full = NULL;
+
+		if (strncmp(storage, "s3://", 5) != 0) {
+			ctl_err("--s3-endpoint and --s3-region go with s3:// storage");
+			code = 2;
+			goto out;
+		}
+		if (asprintf(&full, "%s%s%s%s%s%s%s", storage, strchr(storage, '?') ? "&" : "?",
+			     endpoint ? "endpoint=" : "", endpoint ? endpoint : "",
+			     endpoint && region ? "&" : "", region ? "region=" : "",
+			     region ? region : "") < 0) {
+			ctl_err("out of memory");
+			goto out;
+		}
+		free(storage);
+		storage = full;
 	}
 	if (store_url_parse(storage, s3_http, &surl, err, sizeof(err)) < 0) {
 		ctl_err("storage %s: %s", storage, err);
