@@ -17,7 +17,7 @@ static const struct command {
 	int (*fn)(int argc, char **argv);
 	const char *help;
 } commands[] = {
-	{ "format", cmd_format, "format [--storage URL] [--block-size BYTES] [--s3-http] [--force] VOLUME" },
+	{ "format", cmd_format, "format [--storage URL] [--block-size BYTES] [--s3-http] [--s3-endpoint URL] [--s3-region REGION] [--force] VOLUME" },
 	{ "mount", cmd_mount, "mount [-f] [--cache-dir DIR] [--cache-size MiB] [--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] [--metrics ADDR:PORT] [--broker SOCKET] [-o OPTS] VOLUME MOUNTPOINT" },
 	{ "umount", cmd_umount, "umount [--lazy] [--timeout SEC] [--broker SOCKET] MOUNTPOINT" },
 	{ "status", cmd_status, "status [--json] MOUNTPOINT" },
@@ -114,7 +114,8 @@ static void usage(FILE *f)
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  ferry %s\n", commands[i].help);
 	fprintf(f, "\nVOLUME is a directory (its meta.db) or sqlite:///abs/path/meta.db.\n"
-		   "Storage URLs: file:///abs/dir, s3://HOST:PORT/BUCKET[/PREFIX].\n");
+		   "Storage URLs: file:///abs/dir, s3://HOST:PORT/BUCKET[/PREFIX][?OPTS],\n"
+		   "s3://BUCKET[/PREFIX]?region=REGION[&OPTS] (AWS; README: Storage URLs).\n");
 }
 
 int main(int argc, char **argv)
