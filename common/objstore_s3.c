@@ -614,13 +614,21 @@ sign_attempt(struct s3_store *st, const struct aws_key *k, CURL *h, const char *
 	return 0;
 }
 
-/* Did the server refuse the key as expired (the provider should fetch another)? */
+/*
+ * Did the server refuse the key as expired (the provider should fetch
+ * another)? An answer to HEAD has no body to say why: a refusal of a key
+ * that carries a session token is taken as one (one fetch too many when
+ * the refusal was for something else).
+ */
 static int
-key_refused(const struct s3_req *r)
+key_refused(const struct s3_req *r, int has_token)
 {
-	return (r->status == 400 || r->status == 403) &&
-	       (strcmp(r->err_code, "ExpiredToken") == 0 ||
-		strcmp(r->err_code, "TokenRefreshRequired") == 0);
+	if (r->status != 400 && r->status != 403)
+		return 0;
+	if (strcmp(r->method, "HEAD") == 0 && r->err_code[0] == '\0')
+		return has_token;
+	return strcmp(r->err_code, "ExpiredToken") == 0 ||
+	       strcmp(r->err_code, "TokenRefreshRequired") == 0;
 }
 
 /* The negative errno for a curl failure, and whether to retry it. */
@@ -879,7 +887,7 @@ s3_request(struct objstore *s, struct s3_req *r)
 				tries--;
 				continue;
 			}
-			if (!key_fixed && key_refused(r) &&
+			if (!key_fixed && key_refused(r, k->session_token != NULL) &&
 			    aws_creds_refresh(st->creds, k->generation) == 0) {
 				/* A key that expired under us (a clock far off the
 				 * source's, or a refresh that kept failing): again with
@@ -1553,7 +1561,7 @@ objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
 				       "is %lld s off the server's; correcting", p->key,
 				       -atomic_load(&p->st->clock_skew_s));
 	}
-	if (key_refused(r)) {
+	if (key_refused(r, 0)) {
 		/* The next attempt (a new aput) is signed with the key fetched now;
 		 * the event loop that runs this is not held up by the fetch. */
 		aws_creds_stale(p->st->creds, p->key_gen);
