@@ -1,10 +1,12 @@
 /*
  * s3_proxy: see s3_proxy_util.h. One thread accepts; each connection gets a
  * detached thread that reads one request whole (answering Expect:
- * 100-continue itself), decides its fault, and either answers itself or
- * passes the request upstream (Connection: close), reads the whole answer
- * and sends it on, spoiled as armed. Whole messages in memory are fine for
- * a test: objects are at most a few MiB.
+ * 100-continue itself), checks its token in the strict mode, decides its
+ * fault, and either answers itself or passes the request upstream
+ * (Connection: close), reads the whole answer and sends it on, spoiled as
+ * armed. Whole messages in memory are fine for a test: objects are at most
+ * a few MiB. The token table is a plain array under the lock: a test knows
+ * a few hundred tokens at most.
  */
 #include "s3_proxy_util.h"
 
@@ -27,6 +29,18 @@
 #define HEAD_MAX (64u << 10)
 #define MSG_MAX (64u << 20)
 #define CONNS_MAX 256
+#define WATCH_MAX 8
+
+struct token {
+	char *name;
+	int64_t expires;
+};
+
+struct watch {
+	char method[8];
+	char path[64];
+	atomic_uint count;
+};
 
 struct s3_proxy {
 	int lfd;
@@ -45,6 +59,14 @@ struct s3_proxy {
 	bool release;                 /* stalled connections may go */
 	bool stop;
 	atomic_uint requests, faults_done;
+	struct watch watches[WATCH_MAX];
+	atomic_int nwatches;
+	/* Strict credentials, under lock. */
+	bool require_tokens;
+	struct token *tokens;
+	size_t ntokens, tokens_cap;
+	char last_rejection[320];
+	atomic_uint rejections;
 };
 
 struct msg {
@@ -194,17 +216,92 @@ static char *rewrite_head(const char *head, size_t len, size_t *out_len)
 	return out;
 }
 
-static void answer(int fd, int status, const char *reason, const char *extra, const char *code)
+/* An S3 error answer of the proxy's own; a HEAD's has no body (as S3's). */
+static void answer_msg(int fd, int status, const char *reason, const char *extra,
+		       const char *code, const char *message, bool head)
 {
-	char body[256], out[768];
+	char body[384], out[1024];
 	int bl = snprintf(body, sizeof(body),
 			  "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>%s</Code>"
-			  "<Message>injected by the test proxy</Message></Error>", code);
+			  "<Message>%s</Message></Error>", code, message);
 	int n = snprintf(out, sizeof(out),
 			 "HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\n%sContent-Length: %d\r\n"
-			 "Connection: close\r\n\r\n%s", status, reason, extra, bl, body);
+			 "Connection: close\r\n\r\n%s", status, reason, extra, bl, head ? "" : body);
 
 	send_all(fd, out, (size_t)n);
+}
+
+static void answer(int fd, int status, const char *reason, const char *extra, const char *code)
+{
+	answer_msg(fd, status, reason, extra, code, "injected by the test proxy", false);
+}
+
+/* The strict mode's check of a request whose head arrived at `at`: true if
+ * it may go on; false after answering it (and counting the refusal). */
+static bool token_check(struct s3_proxy *p, int fd, const struct msg *req, size_t head_len,
+			const char *method, const char *path, const struct timespec *at)
+{
+	const char *l = header_line(req->buf, head_len, "x-amz-security-token"), *v, *e;
+	char tok[256] = "";
+	bool known = false, ok = true;
+	int64_t expires = 0;
+
+	if (l) {
+		v = l + strlen("x-amz-security-token") + 1;
+		while (*v == ' ' || *v == '\t')
+			v++;
+		e = v;
+		while (e < req->buf + head_len && *e != '\r' && *e != '\n')
+			e++;
+		while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
+			e--;
+		snprintf(tok, sizeof(tok), "%.*s", (int)(e - v), v);
+	}
+	pthread_mutex_lock(&p->lock);
+	if (p->require_tokens) {
+		for (size_t i = 0; i < p->ntokens && !known; i++)
+			if (!strcmp(p->tokens[i].name, tok)) {
+				known = true;
+				expires = p->tokens[i].expires;
+			}
+		ok = known && (int64_t)at->tv_sec < expires;
+		if (!ok)
+			snprintf(p->last_rejection, sizeof(p->last_rejection),
+				 "%s %s %.16s %.96s (token %.32s%s, at %lld.%03ld)",
+				 known ? "400" : "403", known ? "ExpiredToken" : "InvalidToken", method,
+				 path, tok[0] ? tok : "none", known ? ", expired" : "",
+				 (long long)at->tv_sec, at->tv_nsec / 1000000);
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (ok)
+		return true;
+	atomic_fetch_add(&p->rejections, 1);
+	if (getenv("S3_PROXY_DEBUG"))
+		fprintf(stderr, "proxy: refused %s %s (token %s)\n", method, path, tok);
+	if (known)
+		answer_msg(fd, 400, "Bad Request", "", "ExpiredToken",
+			   "The provided token has expired.", !strcmp(method, "HEAD"));
+	else
+		answer_msg(fd, 403, "Forbidden", "", "InvalidToken",
+			   "The provided token is malformed or otherwise invalid.",
+			   !strcmp(method, "HEAD"));
+	return false;
+}
+
+static bool method_matches(const char *want, const char *method)
+{
+	return !want[0] || !strcmp(want, method) || (!strcmp(want, "GET") && !strcmp(method, "HEAD"));
+}
+
+/* Counts a request that goes upstream in every watch it matches. */
+static void count_watches(struct s3_proxy *p, const char *method, const char *path)
+{
+	int n = atomic_load(&p->nwatches);
+
+	for (int i = 0; i < n; i++)
+		if (method_matches(p->watches[i].method, method) &&
+		    (!p->watches[i].path[0] || strstr(path, p->watches[i].path)))
+			atomic_fetch_add(&p->watches[i].count, 1);
 }
 
 /* Which fault this request gets (and counts it). */
@@ -213,9 +310,7 @@ static enum s3_fault take_fault(struct s3_proxy *p, const char *method, const ch
 	enum s3_fault f = S3F_NONE;
 
 	pthread_mutex_lock(&p->lock);
-	if (p->fault != S3F_NONE && p->fault_count > 0 &&
-	    (!p->fault_method[0] || !strcmp(p->fault_method, method) ||
-	     (!strcmp(p->fault_method, "GET") && !strcmp(method, "HEAD"))) &&
+	if (p->fault != S3F_NONE && p->fault_count > 0 && method_matches(p->fault_method, method) &&
 	    (!p->fault_path[0] || strstr(path, p->fault_path))) {
 		f = p->fault;
 		if (--p->fault_count == 0)
@@ -275,11 +370,13 @@ static void serve(struct s3_proxy *p, int fd)
 	struct msg req = { 0 }, resp = { 0 };
 	char method[8] = "", path[1024] = "";
 	size_t head_len, rhead_len = 0;
+	struct timespec arrived;
 	long clen;
 	enum s3_fault f;
 
 	if (!read_head(fd, &req, &head_len))
 		goto out;
+	clock_gettime(CLOCK_REALTIME, &arrived); /* tokens expire in wall-clock time */
 	sscanf(req.buf, "%7s %1023s", method, path);
 	clen = header_num(req.buf, head_len, "Content-Length");
 	if (clen > 0 && header_line(req.buf, head_len, "Expect") && req.len == head_len &&
@@ -289,6 +386,8 @@ static void serve(struct s3_proxy *p, int fd)
 		goto out;
 	atomic_fetch_add(&p->requests, 1);
 	if (getenv("S3_PROXY_DEBUG")) fprintf(stderr, "proxy: %s %s\n", method, path);
+	if (!token_check(p, fd, &req, head_len, method, path, &arrived))
+		goto out;
 	f = take_fault(p, method, path);
 	switch (f) {
 	case S3F_500:
@@ -306,6 +405,7 @@ static void serve(struct s3_proxy *p, int fd)
 	default:
 		break;
 	}
+	count_watches(p, method, path);
 	if (!upstream(p, &req, head_len, &resp)) {
 		answer(fd, 502, "Bad Gateway", "", "InternalError"); /* the test sees a 5xx */
 		goto out;
@@ -506,5 +606,83 @@ void s3_proxy_stop(struct s3_proxy *p)
 	pthread_mutex_unlock(&p->lock);
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->changed);
+	for (size_t i = 0; i < p->ntokens; i++)
+		free(p->tokens[i].name);
+	free(p->tokens);
 	free(p);
+}
+
+int s3_proxy_watch(struct s3_proxy *p, const char *method, const char *path_part)
+{
+	int i;
+
+	pthread_mutex_lock(&p->lock);
+	i = atomic_load(&p->nwatches);
+	cr_assert(i < WATCH_MAX, "more than %d proxy watches", WATCH_MAX);
+	snprintf(p->watches[i].method, sizeof(p->watches[i].method), "%s", method ? method : "");
+	snprintf(p->watches[i].path, sizeof(p->watches[i].path), "%s", path_part ? path_part : "");
+	atomic_init(&p->watches[i].count, 0);
+	atomic_store(&p->nwatches, i + 1); /* after its fields: workers read them lock-free */
+	pthread_mutex_unlock(&p->lock);
+	return i;
+}
+
+unsigned s3_proxy_watched(const struct s3_proxy *p, int watch)
+{
+	cr_assert(watch >= 0 && watch < atomic_load(&p->nwatches), "no proxy watch %d", watch);
+	return atomic_load(&p->watches[watch].count);
+}
+
+void s3_proxy_require_tokens(struct s3_proxy *p, bool on)
+{
+	pthread_mutex_lock(&p->lock);
+	p->require_tokens = on;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void s3_proxy_token_add(struct s3_proxy *p, const char *token, int64_t expires)
+{
+	size_t i;
+
+	pthread_mutex_lock(&p->lock);
+	for (i = 0; i < p->ntokens && strcmp(p->tokens[i].name, token); i++)
+		;
+	if (i == p->ntokens) {
+		if (p->ntokens == p->tokens_cap) {
+			size_t cap = p->tokens_cap ? 2 * p->tokens_cap : 16;
+			struct token *t = realloc(p->tokens, cap * sizeof(*t));
+
+			cr_assert(t, "out of memory for the proxy's tokens");
+			p->tokens = t;
+			p->tokens_cap = cap;
+		}
+		p->tokens[i].name = strdup(token);
+		cr_assert(p->tokens[i].name, "out of memory for the proxy's tokens");
+		p->ntokens++;
+	}
+	p->tokens[i].expires = expires;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void s3_proxy_token_expire_all(struct s3_proxy *p)
+{
+	int64_t now = (int64_t)time(NULL);
+
+	pthread_mutex_lock(&p->lock);
+	for (size_t i = 0; i < p->ntokens; i++)
+		if (p->tokens[i].expires > now)
+			p->tokens[i].expires = now;
+	pthread_mutex_unlock(&p->lock);
+}
+
+unsigned s3_proxy_token_rejections(const struct s3_proxy *p)
+{
+	return atomic_load(&p->rejections);
+}
+
+void s3_proxy_token_last_rejection(const struct s3_proxy *p, char *buf, size_t len)
+{
+	pthread_mutex_lock((pthread_mutex_t *)&p->lock);
+	snprintf(buf, len, "%s", p->last_rejection);
+	pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
 }
