@@ -41,6 +41,7 @@ struct aws_creds {
 	uint64_t refreshes, failures;
 	char last_error[256];
 	int failing;            /* the last refresh failed (for report) */
+	int last_ret;           /* the last fetch's errno, 0 if it worked */
 	void (*report)(void *arg, const char *msg);
 	void *report_arg;
 };
@@ -110,6 +111,7 @@ fetch_locked(struct aws_creds *c)
 	}
 	pthread_mutex_lock(&c->mu);
 	c->fetching = 0;
+	c->last_ret = ret;
 	if (ret == 0) {
 		r->f = f;
 		r->k.access_key = f.access_key;
@@ -316,8 +318,10 @@ aws_creds_refresh(struct aws_creds *c, uint64_t gen)
 	pthread_mutex_lock(&c->mu);
 	while (c->fetching)
 		pthread_cond_wait(&c->cv, &c->mu);
+	/* Within a failed fetch's backoff the answer is that failure: with STS
+	 * down, every refused request must not queue a fetch of its own. */
 	if (c->cur->k.generation <= gen)
-		ret = fetch_locked(c);
+		ret = now_s() < c->next_try ? c->last_ret : fetch_locked(c);
 	pthread_mutex_unlock(&c->mu);
 	return ret;
 }
@@ -326,7 +330,7 @@ void
 aws_creds_stale(struct aws_creds *c, uint64_t gen)
 {
 	pthread_mutex_lock(&c->mu);
-	if (c->cur->k.generation <= gen && c->has_thread) {
+	if (c->cur->k.generation <= gen && c->has_thread && now_s() >= c->next_try) {
 		c->hurry = 1;
 		pthread_cond_broadcast(&c->cv);
 	}

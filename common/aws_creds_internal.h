@@ -34,6 +34,9 @@ int aws_parse_creds_json(const char *body, size_t len, struct aws_fields *f, cha
  */
 int aws_parse_sts_xml(const char *body, size_t len, struct aws_fields *f, char *err,
 		      size_t errlen);
+/* A key, secret or token fit for a header: printable ASCII, no spaces, at
+ * most 8 KiB. 1 or 0. */
+int aws_field_ok(const char *s);
 /* ISO 8601 UTC ("2026-12-03T13:30:00Z", fractions and "+00:00" too). 0 or -EINVAL. */
 int aws_parse_time(const char *s, int64_t *out);
 /*

@@ -116,6 +116,12 @@ field_ok(const char *s, size_t n)
 	return 1;
 }
 
+int
+aws_field_ok(const char *s)
+{
+	return field_ok(s, strlen(s));
+}
+
 static int
 fields_check(struct aws_fields *f, const char *what, char *err, size_t errlen)
 {
@@ -148,7 +154,7 @@ json_field(struct json_object *o, const char *name, char **out, const char *what
 			 what, name);
 		return -EINVAL;
 	}
-	free(*out);
+	wipe_free(*out); /* Token and SessionToken both given: the second wins */
 	*out = strdup(s);
 	return *out ? 0 : -ENOMEM;
 }

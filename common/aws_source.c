@@ -226,6 +226,15 @@ read_token(const char *path, char **out, char *err, size_t errlen, const char *w
 
 /* ---- HTTP ---- */
 
+/* Frees a header list whose lines may hold a token, wiping them first. */
+static void
+slist_wipe_free(struct curl_slist *l)
+{
+	for (struct curl_slist *e = l; e; e = e->next)
+		explicit_bzero(e->data, strlen(e->data));
+	curl_slist_free_all(l);
+}
+
 struct answer {
 	char *body;  /* NUL-terminated; owner: the caller */
 	size_t len;
@@ -238,19 +247,17 @@ on_answer(char *buf, size_t size, size_t nmemb, void *ud)
 {
 	struct answer *a = ud;
 	size_t n = size * nmemb;
-	char *b;
 
 	if (a->len + n > ANSWER_MAX) {
 		a->too_long = 1;
 		return 0;
 	}
-	b = realloc(a->body, a->len + n + 1);
-	if (b == NULL)
+	/* One buffer of the cap, never realloc'ed: no copy of a secret left behind. */
+	if (a->body == NULL && (a->body = malloc(ANSWER_MAX + 1)) == NULL)
 		return 0;
-	memcpy(b + a->len, buf, n);
+	memcpy(a->body + a->len, buf, n);
 	a->len += n;
-	b[a->len] = '\0';
-	a->body = b;
+	a->body[a->len] = '\0';
 	return n;
 }
 
@@ -371,7 +378,7 @@ sts_call(struct aws_source *s, const char *form, const struct aws_fields *signer
 		hdrs = n;
 	}
 	ret = http_exchange(s, s->url, 0, form, hdrs, signer, &a, err, errlen, s->name);
-	curl_slist_free_all(hdrs);
+	slist_wipe_free(hdrs);
 	if (ret < 0)
 		return ret;
 	ret = aws_parse_sts_xml(a.body, a.len, f, err, errlen);
@@ -503,7 +510,7 @@ container_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t er
 	}
 out:
 	answer_clear(&a);
-	curl_slist_free_all(hdrs);
+	slist_wipe_free(hdrs);
 	if (line)
 		explicit_bzero(line, strlen(line));
 	free(line);
@@ -530,7 +537,7 @@ imds_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errlen)
 	}
 	hdrs = n;
 	ret = http_exchange(s, url, 1, NULL, hdrs, NULL, &a, err, errlen, s->name);
-	curl_slist_free_all(hdrs);
+	slist_wipe_free(hdrs);
 	hdrs = NULL;
 	if (ret == -ETIMEDOUT) {
 		snprintf(err, errlen, "%s: no answer to the token request within %ld ms (not on EC2, "
@@ -601,7 +608,7 @@ imds_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errlen)
 	}
 out:
 	answer_clear(&a);
-	curl_slist_free_all(hdrs);
+	slist_wipe_free(hdrs);
 	if (line)
 		explicit_bzero(line, strlen(line));
 	free(line);
@@ -617,6 +624,7 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 	char *argv[] = { "sh", "-c", s->command, NULL };
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t attr;
+	sigset_t mask, deflt;
 	int fds[2] = { -1, -1 }, ret, status = 0, fa_ok = 0, attr_ok = 0;
 	int64_t deadline = mono_now_ns() / 1000000 + s->timeout_ms;
 	char *out = NULL;
@@ -642,8 +650,17 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 		goto out;
 	}
 	attr_ok = 1;
-	if ((ret = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP)) != 0 ||
-	    (ret = posix_spawnattr_setpgroup(&attr, 0)) != 0) {
+	/* And the signal state of a shell started from a terminal: a FUSE
+	 * worker blocks signals, the daemons ignore SIGPIPE. */
+	sigemptyset(&mask);
+	sigfillset(&deflt);
+	sigdelset(&deflt, SIGKILL);
+	sigdelset(&deflt, SIGSTOP);
+	if ((ret = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+						   POSIX_SPAWN_SETSIGDEF)) != 0 ||
+	    (ret = posix_spawnattr_setpgroup(&attr, 0)) != 0 ||
+	    (ret = posix_spawnattr_setsigmask(&attr, &mask)) != 0 ||
+	    (ret = posix_spawnattr_setsigdefault(&attr, &deflt)) != 0) {
 		ret = -ret;
 		goto out;
 	}
@@ -695,10 +712,28 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 		}
 	}
 	out[len] = '\0';
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
-	/* Whatever it left running in its group goes with it. */
-	kill(-pid, SIGKILL);
+	/* Its output ended; it still has until the deadline to exit (a command
+	 * that closed its stdout and went on would hold us for good). */
+	for (;;) {
+		pid_t w = waitpid(pid, &status, WNOHANG);
+
+		if (w == pid)
+			break;
+		if (w < 0 && errno != EINTR) {
+			ret = -errno;
+			goto out;
+		}
+		if (mono_now_ns() / 1000000 >= deadline) {
+			snprintf(err, errlen, "%s: the command did not exit within %ld ms", s->name,
+				 s->timeout_ms);
+			ret = -ETIMEDOUT;
+			goto out;
+		}
+		usleep(10 * 1000);
+	}
+	/* What it left running on purpose (a credential cache, say) lives on,
+	 * as the SDKs leave it; only a command that failed us is killed,
+	 * group and all, below. */
 	pid = -1;
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 		if (WIFEXITED(status))
@@ -883,7 +918,10 @@ region_of(const struct aws_creds_opts *o, const struct shared_files *sf, const c
 static char *
 sts_url(const char *region)
 {
-	const char *e = env("AWS_ENDPOINT_URL_STS") ? env("AWS_ENDPOINT_URL_STS") : env("AWS_ENDPOINT_URL");
+	/* Only the STS-specific variable: a pod's AWS_ENDPOINT_URL may name a
+	 * MinIO or a localstack for other tools, which must not be handed the
+	 * pod's web identity token. */
+	const char *e = env("AWS_ENDPOINT_URL_STS");
 	char *u = NULL;
 
 	if (e)
@@ -913,6 +951,53 @@ session_name_default(void)
 	if (asprintf(&n, "ferryfs-%ld-%ld", (long)getpid(), (long)time(NULL)) < 0)
 		return NULL;
 	return n;
+}
+
+/*
+ * The SDKs accept a plain-HTTP container endpoint only on the loopback
+ * interface or ECS's and EKS Pod Identity's link-local addresses: anything
+ * else would send the pod's authorization token in clear text. STS (a web
+ * identity token going out, keys coming back) gets plain HTTP on loopback
+ * only, for a test's or a node's local stand-in.
+ */
+static int
+local_url_ok(const char *url, const char *var, int link_local, char *err, size_t errlen)
+{
+	CURLU *u = curl_url();
+	char *scheme = NULL, *host = NULL;
+	int ok = 0;
+
+	if (u == NULL)
+		return -ENOMEM;
+	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK) {
+		snprintf(err, errlen, "%s is not a URL", var);
+		goto out;
+	}
+	if (strcmp(scheme, "https") == 0) {
+		ok = 1;
+	} else if (strcmp(scheme, "http") == 0) {
+		struct in_addr a4;
+
+		/* A numeric loopback address: "127.attacker.example" is a name. */
+		ok = (inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) ||
+		     strcmp(host, "localhost") == 0 || strcmp(host, "[::1]") == 0 ||
+		     (link_local && (strcmp(host, "169.254.170.2") == 0 ||
+				     strcmp(host, "169.254.170.23") == 0 ||
+				     strcmp(host, "[fd00:ec2::23]") == 0));
+		if (!ok)
+			snprintf(err, errlen, "%s: plain http only to the loopback interface%s, not %s",
+				 var, link_local ? ", 169.254.170.2, 169.254.170.23 or fd00:ec2::23" : "",
+				 host);
+	} else {
+		snprintf(err, errlen, "%s: scheme %s is not http or https", var, scheme);
+	}
+out:
+	curl_free(scheme);
+	curl_free(host);
+	curl_url_cleanup(u);
+	return ok ? 0 : -EINVAL;
 }
 
 static int
@@ -994,6 +1079,7 @@ profile_source(const struct aws_creds_opts *o, const struct shared_files *sf, co
 			    (s->parent->fixed.secret_key = strdup(sk)) == NULL ||
 			    (st && (s->parent->fixed.session_token = strdup(st)) == NULL))
 				goto out;
+			snprintf(s->parent->name, sizeof(s->parent->name), "profile %.40s", profile);
 		} else {
 			/* The source may assume a role of its own first (a chain of roles). */
 			ret = profile_source(o, sf, srcp, depth + 1, &s->parent, err, errlen);
@@ -1059,49 +1145,19 @@ out:
 	return ret;
 }
 
-/*
- * The SDKs accept a plain-HTTP container endpoint only on the loopback
- * interface or ECS's and EKS Pod Identity's link-local addresses: anything
- * else would send the pod's authorization token in clear text.
- */
+/* Static keys go into headers as they are: refuse what would break one. */
 static int
-container_url_ok(const char *url, char *err, size_t errlen)
+static_ok(const struct aws_source *s, char *err, size_t errlen)
 {
-	CURLU *u = curl_url();
-	char *scheme = NULL, *host = NULL;
-	int ok = 0;
+	const struct aws_fields *f = &s->fixed;
 
-	if (u == NULL)
-		return -ENOMEM;
-	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
-	    curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
-	    curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK) {
-		snprintf(err, errlen, "AWS_CONTAINER_CREDENTIALS_FULL_URI is not a URL");
-		goto out;
+	if (!aws_field_ok(f->access_key) || !aws_field_ok(f->secret_key) ||
+	    (f->session_token && !aws_field_ok(f->session_token))) {
+		snprintf(err, errlen, "%s: a key, secret or session token is empty, longer than 8 KiB "
+			 "or holds spaces or control bytes", s->name);
+		return -EINVAL;
 	}
-	if (strcmp(scheme, "https") == 0) {
-		ok = 1;
-	} else if (strcmp(scheme, "http") == 0) {
-		struct in_addr a4;
-
-		/* A numeric loopback address: "127.attacker.example" is a name. */
-		ok = (inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) ||
-		     strcmp(host, "localhost") == 0 ||
-		     strcmp(host, "[::1]") == 0 || strcmp(host, "169.254.170.2") == 0 ||
-		     strcmp(host, "169.254.170.23") == 0 || strcmp(host, "[fd00:ec2::23]") == 0;
-		if (!ok)
-			snprintf(err, errlen, "AWS_CONTAINER_CREDENTIALS_FULL_URI: plain http only to "
-				 "the loopback interface, 169.254.170.2, 169.254.170.23 or "
-				 "fd00:ec2::23, not %s", host);
-	} else {
-		snprintf(err, errlen, "AWS_CONTAINER_CREDENTIALS_FULL_URI: scheme %s is not http or "
-			 "https", scheme);
-	}
-out:
-	curl_free(scheme);
-	curl_free(host);
-	curl_url_cleanup(u);
-	return ok ? 0 : -EINVAL;
+	return 0;
 }
 
 int
@@ -1123,6 +1179,11 @@ aws_source_find(const struct aws_creds_opts *o, struct aws_source **out, char *e
 		snprintf(s->name, sizeof(s->name), "options");
 		goto found;
 	}
+	/* STS's stand-in, checked whichever source will use it. */
+	if ((v = env("AWS_ENDPOINT_URL_STS")) &&
+	    (ret = local_url_ok(v, "AWS_ENDPOINT_URL_STS", 0, err, errlen)) < 0)
+		goto out;
+	ret = -ENOMEM;
 	/* 1. The environment. */
 	if (env("AWS_ACCESS_KEY_ID") || env("AWS_SECRET_ACCESS_KEY")) {
 		if (!env("AWS_ACCESS_KEY_ID") || !env("AWS_SECRET_ACCESS_KEY")) {
@@ -1198,7 +1259,8 @@ aws_source_find(const struct aws_creds_opts *o, struct aws_source **out, char *e
 				goto out;
 			}
 		} else {
-			ret = container_url_ok(env("AWS_CONTAINER_CREDENTIALS_FULL_URI"), err, errlen);
+			ret = local_url_ok(env("AWS_CONTAINER_CREDENTIALS_FULL_URI"),
+					   "AWS_CONTAINER_CREDENTIALS_FULL_URI", 1, err, errlen);
 			if (ret < 0)
 				goto out;
 			ret = -ENOMEM;
@@ -1234,6 +1296,16 @@ aws_source_find(const struct aws_creds_opts *o, struct aws_source **out, char *e
 		s->url[strlen(s->url) - 1] = '\0';
 	snprintf(s->name, sizeof(s->name), "EC2 instance metadata (IMDSv2)");
 found:
+	if (s->kind == SRC_STATIC && (ret = static_ok(s, err, errlen)) < 0)
+		goto out;
+	if (s->kind == SRC_ASSUME_ROLE) {
+		const struct aws_source *p = s->parent;
+
+		while (p->kind == SRC_ASSUME_ROLE)
+			p = p->parent;
+		if (p->kind == SRC_STATIC && (ret = static_ok(p, err, errlen)) < 0)
+			goto out;
+	}
 	*out = s;
 	s = NULL;
 	ret = 0;

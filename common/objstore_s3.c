@@ -346,7 +346,7 @@ error_body(const struct xfer *x, struct s3_req *r)
 	char region[sizeof(r->err_region)];
 
 	s3_xml_error(x->errbody, x->errlen, r->err_code, sizeof(r->err_code), region, sizeof(region));
-	if (region[0])
+	if (region[0] && !r->err_region[0])
 		memcpy(r->err_region, region, sizeof(region));
 }
 
@@ -387,6 +387,15 @@ out:
 	free(full);
 	free(enc);
 	return ret;
+}
+
+/* Frees a header list that may hold a session token, wiping it first. */
+static void
+slist_wipe_free(struct curl_slist *l)
+{
+	for (struct curl_slist *e = l; e; e = e->next)
+		explicit_bzero(e->data, strlen(e->data));
+	curl_slist_free_all(l);
 }
 
 static int
@@ -540,9 +549,14 @@ sigv4_sign(const struct s3_store *st, const struct aws_key *k, const char *metho
 out:
 	if (f != NULL)
 		fclose(f);
-	for (size_t i = 0; i < n; i++)
+	/* The canonical request holds the session token on this path. */
+	for (size_t i = 0; i < n; i++) {
+		explicit_bzero(names[i], strlen(names[i]));
 		free(names[i]);
+	}
 	free(signed_h);
+	if (canon)
+		explicit_bzero(canon, strlen(canon));
 	free(canon);
 	free(sts);
 	explicit_bzero(key, sizeof(key));
@@ -574,7 +588,7 @@ sign_attempt(struct s3_store *st, const struct aws_key *k, CURL *h, const char *
 			prev->next = NULL;
 		else
 			*l = NULL;
-		curl_slist_free_all(*tail);
+		slist_wipe_free(*tail);
 		*tail = NULL;
 	}
 	for (last = *l; last != NULL && last->next != NULL; last = last->next)
@@ -616,17 +630,19 @@ sign_attempt(struct s3_store *st, const struct aws_key *k, CURL *h, const char *
 
 /*
  * Did the server refuse the key as expired (the provider should fetch
- * another)? An answer to HEAD has no body to say why: a refusal of a key
- * that carries a session token is taken as one (one fetch too many when
- * the refusal was for something else).
+ * another)? An answer to HEAD has no body to say why: a refusal of a
+ * session key within its last 5 minutes is taken as one.
  */
 static int
-key_refused(const struct s3_req *r, int has_token)
+key_refused(const struct s3_req *r, const struct aws_key *k)
 {
 	if (r->status != 400 && r->status != 403)
 		return 0;
+	/* Only for a key near its end: a HEAD refused for want of permission
+	 * (or a bucket owner mismatch) must not cost an STS call each. */
 	if (strcmp(r->method, "HEAD") == 0 && r->err_code[0] == '\0')
-		return has_token;
+		return k && k->session_token && k->expires != 0 &&
+		       k->expires - (int64_t)time(NULL) < 300;
 	return strcmp(r->err_code, "ExpiredToken") == 0 ||
 	       strcmp(r->err_code, "TokenRefreshRequired") == 0;
 }
@@ -887,7 +903,7 @@ s3_request(struct objstore *s, struct s3_req *r)
 				tries--;
 				continue;
 			}
-			if (!key_fixed && key_refused(r, k->session_token != NULL) &&
+			if (!key_fixed && key_refused(r, k) &&
 			    aws_creds_refresh(st->creds, k->generation) == 0) {
 				/* A key that expired under us (a clock far off the
 				 * source's, or a refresh that kept failing): again with
@@ -938,6 +954,10 @@ s3_request(struct objstore *s, struct s3_req *r)
 		}
 	}
 out:
+	/* S3 names the bucket's region on other refusals too (HeadBucket's
+	 * 403): a hint only when it is not the region we signed for. */
+	if (strcmp(r->err_region, st->region) == 0)
+		r->err_region[0] = '\0';
 	if (ret < 0 || r->out) {
 		free(r->resp);
 		r->resp = NULL;
@@ -945,7 +965,7 @@ out:
 	}
 	aws_key_put(k);
 	curl_easy_cleanup(h);
-	curl_slist_free_all(hdrs);
+	slist_wipe_free(hdrs);
 	free(url);
 	free(x);
 	return ret;
@@ -1374,7 +1394,12 @@ objstore_s3_open(const struct store_url *url, const struct objstore_opts *opts,
 		goto out;
 	if (store_headers(st, url) < 0)
 		goto out;
-	if (asprintf(&st->endpoint, "%s://%s:%d", url->https ? "https" : "http", url->host, url->port) < 0) {
+	/* No default port in the URL: curl sends "Host: h" then, and the
+	 * signature made here on a clock-skew retry signs what it sends. */
+	if ((url->port == (url->https ? 443 : 80) ?
+		     asprintf(&st->endpoint, "%s://%s", url->https ? "https" : "http", url->host) :
+		     asprintf(&st->endpoint, "%s://%s:%d", url->https ? "https" : "http", url->host,
+			      url->port)) < 0) {
 		st->endpoint = NULL;
 		goto out;
 	}
@@ -1455,7 +1480,7 @@ objstore_aput_free(struct objstore_aput *p)
 	if (p == NULL)
 		return;
 	curl_easy_cleanup(p->h);
-	curl_slist_free_all(p->hdrs);
+	slist_wipe_free(p->hdrs);
 	free(p->url);
 	free(p->r.resp);
 	free(p->key);
@@ -1561,7 +1586,7 @@ objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
 				       "is %lld s off the server's; correcting", p->key,
 				       -atomic_load(&p->st->clock_skew_s));
 	}
-	if (key_refused(r, 0)) {
+	if (key_refused(r, NULL)) {
 		/* The next attempt (a new aput) is signed with the key fetched now;
 		 * the event loop that runs this is not held up by the fetch. */
 		aws_creds_stale(p->st->creds, p->key_gen);
@@ -1569,6 +1594,8 @@ objstore_aput_result(struct objstore_aput *p, CURLcode rc, int *transient)
 		return objstore_seterr(-EACCES, "PUT %s: HTTP %ld (%s): fetching new credentials",
 				       p->key, r->status, r->err_code);
 	}
+	if (strcmp(r->err_region, p->st->region) == 0)
+		r->err_region[0] = '\0';
 	if (r->status >= 500 || r->status == 429) {
 		*transient = 1;
 		return objstore_seterr(-EIO, "PUT %s: HTTP %ld%s%s%s", p->key, r->status,

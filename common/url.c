@@ -265,17 +265,24 @@ parse_s3_opts(const char *s, const char *q, struct store_url *out, char **endpoi
 		} else if (!strcmp(name, "expected_owner")) {
 			dst = &out->expected_owner, charset = "0123456789", max = 12;
 		} else if (!strcmp(name, "timeout_ms") || !strcmp(name, "max_retries")) {
-			char *end;
-			long lo = name[0] == 't' ? 100 : 0, hi = name[0] == 't' ? 600000 : 20, x;
+			int t = name[0] == 't';
+			long lo = t ? 100 : 0, hi = t ? 600000 : 20, x = -1;
+			char *end = NULL;
 
-			errno = 0;
-			x = strtol(eq + 1, &end, 10);
-			if (end != q + n || end == eq + 1 || errno || x < lo || x > hi) {
-				seterr(err, errlen, "storage URL \"%s\": %s must be %ld to %ld", s, name, lo, hi);
+			v = opt_value(eq + 1, (size_t)(q + n - eq - 1), "0123456789", 6);
+			if (v) {
+				errno = 0;
+				x = strtol(v, &end, 10);
+			}
+			if (!v || *end || errno || x < lo || x > hi || (t ? out->timeout_ms != 0 : out->max_retries >= 0)) {
+				seterr(err, errlen, "storage URL \"%s\": %s must be given once, %ld to %ld", s,
+				       name, lo, hi);
+				free(v);
 				free(name);
 				return -EINVAL;
 			}
-			if (name[0] == 't')
+			free(v);
+			if (t)
 				out->timeout_ms = x;
 			else
 				out->max_retries = (int)x;
@@ -334,19 +341,29 @@ parse_s3_bucket_form(const char *s, const char *auth, const char *endpoint, int 
 	if (out->bucket == NULL)
 		return -ENOMEM;
 	if (endpoint == NULL) {
-		int cn = strncmp(out->region, "cn-", 3) == 0, dotted = memchr(auth, '.', blen) != NULL;
+		int cn = strncmp(out->region, "cn-", 3) == 0;
 
 		if (s3_http)
 			return seterr(err, errlen, "storage URL \"%s\": AWS's endpoints are HTTPS only", s);
-		if (asprintf(&h, "%s%ss3.%s.amazonaws.com%s", dotted ? "" : out->bucket,
-			     dotted ? "" : ".", out->region, cn ? ".cn" : "") < 0)
+		/* A name with dots reads like a host: s3://minio.local/bkt?region=x
+		 * must not quietly become AWS's bucket "minio.local" (bucket names
+		 * are global: someone else's). AWS's own advice is no dots. */
+		if (memchr(auth, '.', blen))
+			return seterr(err, errlen, "storage URL \"%s\": \"%.*s\" has dots: for an S3 "
+				      "service at that host give its port (s3://HOST:443/BUCKET) or "
+				      "endpoint=; AWS buckets with dots are not supported", s,
+				      (int)blen, auth);
+		if (asprintf(&h, "%s.s3.%s.amazonaws.com%s", out->bucket, out->region, cn ? ".cn" : "") < 0)
 			return -ENOMEM;
 		out->host = h;
 		out->port = 443;
 		out->https = 1;
-		out->virtual_hosted = !dotted;
+		out->virtual_hosted = 1;
 		return 0;
 	}
+	if (s3_http)
+		return seterr(err, errlen, "storage URL \"%s\": --s3-http with endpoint=: the "
+			      "endpoint's scheme says which", s);
 	if (!strncmp(endpoint, "https://", 8))
 		out->https = 1, host = endpoint + 8;
 	else if (!strncmp(endpoint, "http://", 7))

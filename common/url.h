@@ -3,8 +3,8 @@
  *
  *   storage:  file:///abs/dir
  *             s3://HOST[:PORT]/BUCKET[/PREFIX][?OPTS]  (https unless s3_http is set)
- *             s3://BUCKET[/PREFIX]?region=R[&OPTS]     (AWS: virtual-hosted HTTPS,
- *                                                       path-style for dotted buckets)
+ *             s3://BUCKET[/PREFIX]?region=R[&OPTS]     (AWS: virtual-hosted HTTPS;
+ *                                                       a bucket with dots is refused)
  *             s3://BUCKET[/PREFIX]?endpoint=http(s)://HOST[:PORT][&OPTS]
  *             OPTS: region, endpoint, sse (AES256, aws:kms, aws:kms:dsse),
  *             sse_kms_key_id, storage_class, expected_owner (12 digits),

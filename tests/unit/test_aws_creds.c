@@ -2158,3 +2158,98 @@ Test(aws_parse, sts_xml)
 	cr_assert_eq(aws_parse_sts_xml(ok, 60, &f, err, sizeof(err)), -EINVAL);
 	cr_assert_null(f.access_key);
 }
+
+/* ---- review fixes ---- */
+
+/* A command that printed keys, closed its output and went on is not waited for past the timeout. */
+Test(aws_creds, credential_process_that_closes_its_output_and_lingers)
+{
+	struct aws_creds_opts o = { .timeout_ms = 1000 };
+	struct aws_creds *c;
+	char err[512];
+	double t0;
+	int r;
+
+	write_process_profile("linger", "#!/bin/sh\n"
+			      "printf '{\"Version\":1,\"AccessKeyId\":\"AKIDLINGER\","
+			      "\"SecretAccessKey\":\"s" SECRET_MARK "\"}'\n"
+			      "exec >&-\nexec sleep 30\n");
+	setenv("AWS_PROFILE", "linger", 1);
+	t0 = mono();
+	r = chain_open(&o, &c, err, sizeof(err));
+	cr_assert_lt(mono() - t0, 10.0, "open took %.1f s with a 1 s timeout", mono() - t0);
+	cr_assert_eq(r, -EIO, "%d (%s)", r, err);
+	/* Whether the shell between us held the pipe open or not, the deadline ends it. */
+	cr_assert(strstr(err, "did not exit within") || strstr(err, "did not finish within"), "%s", err);
+}
+
+/* With the source failing, refusals within the backoff start no fetch of their own. */
+Test(aws_creds, refreshes_asked_for_within_the_backoff_run_nothing)
+{
+	char counter[256], buf[32] = "";
+	const struct aws_key *k;
+	struct aws_creds *c;
+	int runs_before, runs_after;
+	FILE *f;
+
+	write_counting_process("backoff", 3600);
+	setenv("AWS_PROFILE", "backoff", 1);
+	c = chain_open_ok();
+	k = key_of(c);
+	/* From now on the command fails, still counting its runs. */
+	tpath(counter, sizeof(counter), "backoff.sh");
+	write_file(counter, "#!/bin/sh\nn=$(( $(cat ${0%/*}/process-runs 2>/dev/null || echo 0) + 1 ))\n"
+		   "echo $n > ${0%/*}/process-runs\nexit 3\n", 0755);
+	tpath(counter, sizeof(counter), "process-runs");
+	cr_assert_lt(aws_creds_refresh(c, k->generation), 0);
+	f = fopen(counter, "r");
+	cr_assert_not_null(f);
+	cr_assert_not_null(fgets(buf, sizeof(buf), f));
+	fclose(f);
+	runs_before = atoi(buf);
+	for (int i = 0; i < 8; i++) {
+		cr_assert_lt(aws_creds_refresh(c, k->generation), 0);
+		aws_creds_stale(c, k->generation);
+	}
+	f = fopen(counter, "r");
+	cr_assert_not_null(f);
+	cr_assert_not_null(fgets(buf, sizeof(buf), f));
+	fclose(f);
+	runs_after = atoi(buf);
+	cr_assert_eq(runs_after, runs_before, "8 refusals within the backoff ran the command %d times",
+		     runs_after - runs_before);
+	/* The key in hand is still handed out. */
+	aws_key_put(key_of(c));
+	aws_key_put(k);
+}
+
+/* STS's stand-in gets plain http on loopback only: nothing is contacted otherwise. */
+Test(aws_creds, sts_endpoint_in_clear_text_off_the_node_is_refused)
+{
+	struct aws_creds *c;
+	char err[512], tok[256];
+	int r;
+
+	tpath(tok, sizeof(tok), "wit-token");
+	write_file(tok, "eyJ" SECRET_MARK "\n", 0600);
+	setenv("AWS_ROLE_ARN", "arn:aws:iam::111122223333:role/r", 1);
+	setenv("AWS_WEB_IDENTITY_TOKEN_FILE", tok, 1);
+	setenv("AWS_ENDPOINT_URL_STS", "http://sts.ferry-test.invalid/", 1);
+	r = chain_open(NULL, &c, err, sizeof(err));
+	cr_assert_eq(r, -EINVAL, "%d (%s)", r, err);
+	cr_assert(strstr(err, "AWS_ENDPOINT_URL_STS") && strstr(err, "loopback"), "%s", err);
+}
+
+/* Static keys that would break a header line are refused where they are read. */
+Test(aws_creds, static_keys_with_control_bytes_are_refused)
+{
+	struct aws_creds *c;
+	char err[512];
+
+	setenv("AWS_ACCESS_KEY_ID", "AKIDOK", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "s" SECRET_MARK, 1);
+	setenv("AWS_SESSION_TOKEN", "tok\r\nX-Evil: 1", 1);
+	cr_assert_eq(chain_open(NULL, &c, err, sizeof(err)), -EINVAL, "%s", err);
+	cr_assert(strstr(err, "environment"), "%s", err);
+	cr_assert_null(strstr(err, "Evil"), "%s", err);
+}

@@ -804,3 +804,24 @@ Test(sigv4, a_bucket_of_another_region_is_named)
 		  strstr(objstore_last_error(), "PermanentRedirect"), "%s", objstore_last_error());
 	objstore_close(s);
 }
+
+/* S3 names the bucket's region on other refusals too (HeadBucket's 403): no hint when it is ours. */
+Test(sigv4, a_refusal_naming_our_own_region_is_no_region_hint)
+{
+	struct objstore_opts o = { .access_key = AK, .secret_key = SK, .region = "us-east-1",
+				   .max_retries = 1 };
+	struct capture c;
+	struct objstore *s;
+	char url[128], buf[4];
+
+	capture_start(&c, 1, "HTTP/1.1 403 Forbidden\r\nx-amz-bucket-region: us-east-1\r\n"
+		      "Content-Length: 60\r\nConnection: close\r\n\r\n"
+		      "<Error><Code>AccessDenied</Code><Message>x</Message></Error>");
+	snprintf(url, sizeof(url), "s3://127.0.0.1:%d/bucket-1", c.port);
+	s = open_url_store(url, &o);
+	cr_assert_eq(objstore_get(s, "k", 0, buf, 4), -EACCES);
+	capture_wait(&c);
+	cr_assert(strstr(objstore_last_error(), "AccessDenied") &&
+		  !strstr(objstore_last_error(), "region"), "%s", objstore_last_error());
+	objstore_close(s);
+}

@@ -111,11 +111,12 @@ Test(store_url, aws_and_endpoint_forms_and_options)
 	cr_assert_eq(u.timeout_ms, 0);
 	store_url_free(&u);
 
-	/* Dots in the bucket: path-style (AWS's wildcard certificate does not cover them). */
-	parse_ok("s3://my.bucket?region=cn-north-1", 0, &u);
-	cr_assert_str_eq(u.host, "s3.cn-north-1.amazonaws.com.cn");
-	cr_assert_eq(u.virtual_hosted, 0);
+	/* China's partition; %-encoded numbers. */
+	parse_ok("s3://my-bucket?region=cn-north-1&timeout_ms=%31000", 0, &u);
+	cr_assert_str_eq(u.host, "my-bucket.s3.cn-north-1.amazonaws.com.cn");
+	cr_assert_eq(u.virtual_hosted, 1);
 	cr_assert_str_eq(u.prefix, "");
+	cr_assert_eq(u.timeout_ms, 1000);
 	store_url_free(&u);
 
 	/* A custom endpoint for the bucket, path-style, and every option. */
@@ -157,6 +158,11 @@ Test(store_url, rejects_options_it_would_not_act_on)
 		"s3://bkt?endpoint=http://h/path", "s3://bkt?endpoint=http://h:0",
 		"s3://h:1/bkt?endpoint=http://x", "s3://Bkt?region=x", "s3://bkt/a//b?region=x",
 		"s3://bkt?region=x%", "s3://bkt?region=x%4", "s3://bkt?region=%00x",
+		/* A host-looking name is not quietly an AWS bucket. */
+		"s3://minio.local/bucket?region=us-east-1", "s3://my.bucket?region=eu-west-1",
+		"s3://bkt?region=x&timeout_ms=1000&timeout_ms=2000",
+		"s3://bkt?region=x&max_retries=1&max_retries=1", "s3://bkt?region=x&timeout_ms=%201000",
+		"s3://bkt?region=x&timeout_ms=+1000",
 	};
 	struct store_url u;
 	char err[256];
@@ -166,6 +172,9 @@ Test(store_url, rejects_options_it_would_not_act_on)
 	/* AWS's endpoints are HTTPS. */
 	cr_assert_eq(store_url_parse("s3://bkt?region=eu-west-1", 1, &u, err, sizeof(err)), -EINVAL);
 	cr_assert(strstr(err, "HTTPS"), "%s", err);
+	/* The endpoint's scheme says http or https; --s3-http would be ignored. */
+	cr_assert_eq(store_url_parse("s3://bkt?endpoint=https://h", 1, &u, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "--s3-http"), "%s", err);
 }
 
 Test(store_url, rejects)
