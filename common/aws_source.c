@@ -130,6 +130,16 @@ source_new(enum src_kind kind, const struct aws_creds_opts *o, long default_time
 	return s;
 }
 
+/* Puts the source's name in front of a parser's reason. */
+static void
+name_err(const struct aws_source *s, char *err, size_t errlen)
+{
+	char why[200];
+
+	snprintf(why, sizeof(why), "%s", err);
+	snprintf(err, errlen, "%s: %s", s->name, why);
+}
+
 /* Reads a small file whole (NUL-terminated). 0, -ENOENT, -EFBIG, or another negative errno. */
 static int
 read_small(const char *path, size_t max, char **out, size_t *lenp)
@@ -391,15 +401,9 @@ sts_call(struct aws_source *s, const char *form, const struct aws_fields *signer
 		ret = a.status == 403 ? -EACCES : -EIO;
 	} else if (ret == -EACCES) {
 		/* err holds STS's code; say who asked. */
-		char why[200];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", s->name, why);
+		name_err(s, err, errlen);
 	} else if (ret == -EINVAL) {
-		char why[200];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", s->name, why);
+		name_err(s, err, errlen);
 		ret = -EIO;
 	}
 	answer_clear(&a);
@@ -502,10 +506,7 @@ container_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t er
 	}
 	ret = aws_parse_creds_json(a.body, a.len, f, err, errlen);
 	if (ret == -EINVAL) {
-		char why[200];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", s->name, why);
+		name_err(s, err, errlen);
 		ret = -EIO;
 	}
 out:
@@ -600,10 +601,7 @@ imds_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errlen)
 	}
 	ret = aws_parse_creds_json(a.body, a.len, f, err, errlen);
 	if (ret == -EINVAL) {
-		char why[200];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", s->name, why);
+		name_err(s, err, errlen);
 		ret = -EIO;
 	}
 out:
@@ -749,10 +747,7 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 		out[--len] = '\0';
 	ret = aws_parse_creds_json(out, len, f, err, errlen);
 	if (ret == -EINVAL) {
-		char why[200];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", s->name, why);
+		name_err(s, err, errlen);
 	}
 out:
 	if (pid > 0) {
