@@ -36,6 +36,7 @@ struct aws_creds {
 	int fetching;
 	int hurry;              /* aws_creds_refresh() asked for a fetch now */
 	int stop;
+	atomic_int closing;     /* the source's fetches give up (aws_source_set_abort) */
 	int has_thread;
 	pthread_t thread;
 	uint64_t refreshes, failures;
@@ -180,8 +181,13 @@ refresh_main(void *arg)
 			due = c->next_try;
 		if (c->hurry || (t >= due && !c->fetching)) {
 			c->hurry = 0;
-			if (!c->fetching)
-				report_fetch(c, fetch_locked(c));
+			if (!c->fetching) {
+				int r = fetch_locked(c);
+
+				/* One given up for close is nobody's news. */
+				if (!c->stop)
+					report_fetch(c, r);
+			}
 			continue;
 		}
 		if (due == INT64_MAX) {
@@ -213,6 +219,7 @@ aws_creds_open(const struct aws_creds_opts *o, struct aws_creds **out, char *err
 		return -ENOMEM;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
+	atomic_init(&c->closing, 0);
 	c->report = o->report;
 	c->report_arg = o->report_arg;
 	ret = aws_source_find(o, &c->src, why, sizeof(why));
@@ -220,6 +227,7 @@ aws_creds_open(const struct aws_creds_opts *o, struct aws_creds **out, char *err
 		snprintf(err, errlen, "%s", why);
 		goto fail;
 	}
+	aws_source_set_abort(c->src, &c->closing);
 	pthread_mutex_lock(&c->mu);
 	ret = fetch_locked(c);
 	pthread_mutex_unlock(&c->mu);
@@ -262,6 +270,8 @@ aws_creds_close(struct aws_creds *c)
 	if (c == NULL)
 		return;
 	if (c->has_thread) {
+		/* A fetch in flight gives up now rather than at its timeout. */
+		atomic_store(&c->closing, 1);
 		pthread_mutex_lock(&c->mu);
 		c->stop = 1;
 		pthread_cond_broadcast(&c->cv);

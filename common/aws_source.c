@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@ struct aws_source {
 	char *url;                   /* STS, the container endpoint, or IMDS's base */
 	char *region;                /* STS's */
 	long timeout_ms;
+	const atomic_int *abort;     /* nonzero: give up a fetch (the provider is closing) */
 };
 
 static const char *
@@ -110,6 +112,27 @@ aws_source_kind(const struct aws_source *s)
 		return "imds";
 	}
 	return "unknown";
+}
+
+void
+aws_source_set_abort(struct aws_source *s, const atomic_int *flag)
+{
+	for (; s; s = s->parent)
+		s->abort = flag;
+}
+
+static int
+aborted(const struct aws_source *s)
+{
+	return s->abort && atomic_load(s->abort);
+}
+
+/* curl asks this every so often: nonzero ends the transfer. */
+static int
+on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+	(void)dt, (void)dn, (void)ut, (void)un;
+	return aborted(ud);
 }
 
 int
@@ -308,6 +331,9 @@ http_exchange(struct aws_source *s, const char *url, int put, const char *post,
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_answer);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, a);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+	curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
+	curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
 	/* The container endpoint and IMDS are on this node (link-local or
 	 * loopback): never through a proxy the environment names. STS is on the
 	 * internet and goes the way the environment says (https_proxy). */
@@ -331,6 +357,8 @@ http_exchange(struct aws_source *s, const char *url, int put, const char *post,
 	if (rc != CURLE_OK) {
 		if (a->too_long)
 			snprintf(err, errlen, "%s: %s answered more than 64 KiB", what, url);
+		else if (rc == CURLE_ABORTED_BY_CALLBACK)
+			snprintf(err, errlen, "%s: given up (closing)", what);
 		else
 			snprintf(err, errlen, "%s: %s: %s", what, url, curl_easy_strerror(rc));
 		ret = a->too_long ? -EIO : rc == CURLE_WRITE_ERROR ? -ENOMEM : -EIO;
@@ -687,7 +715,12 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 			ret = -ETIMEDOUT;
 			goto out;
 		}
-		if (poll(&p, 1, (int)(left > 1000 ? 1000 : left)) < 0 && errno != EINTR) {
+		if (aborted(s)) {
+			snprintf(err, errlen, "%s: given up (closing)", s->name);
+			ret = -EINTR;
+			goto out;
+		}
+		if (poll(&p, 1, (int)(left > 100 ? 100 : left)) < 0 && errno != EINTR) {
 			ret = -errno;
 			goto out;
 		}
@@ -721,7 +754,7 @@ process_fetch(struct aws_source *s, struct aws_fields *f, char *err, size_t errl
 			ret = -errno;
 			goto out;
 		}
-		if (mono_now_ns() / 1000000 >= deadline) {
+		if (mono_now_ns() / 1000000 >= deadline || aborted(s)) {
 			snprintf(err, errlen, "%s: the command did not exit within %ld ms", s->name,
 				 s->timeout_ms);
 			ret = -ETIMEDOUT;

@@ -8,6 +8,7 @@
 #ifndef FERRY_AWS_SOURCE_H
 #define FERRY_AWS_SOURCE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "aws_creds.h"
@@ -29,6 +30,10 @@ const char *aws_source_name(const struct aws_source *s);
 /* One word for it: options, environment, profile, credential-process,
  * assume-role, web-identity, container, imds. */
 const char *aws_source_kind(const struct aws_source *s);
+/* From now on a fetch gives up soon after *flag turns nonzero (curl's
+ * progress callback, the command's poll): a provider closing must not wait
+ * out a timeout. flag outlives the source. */
+void aws_source_set_abort(struct aws_source *s, const atomic_int *flag);
 /* 1 when the source is IMDS, tried last and only because nothing else is named. */
 int aws_source_is_fallback(const struct aws_source *s);
 void aws_source_free(struct aws_source *s); /* accepts NULL */

@@ -2253,3 +2253,31 @@ Test(aws_creds, static_keys_with_control_bytes_are_refused)
 	cr_assert(strstr(err, "environment"), "%s", err);
 	cr_assert_null(strstr(err, "Evil"), "%s", err);
 }
+
+/* Closing while a refresh waits on an endpoint that never answers: no waiting out its timeout. */
+Test(aws_creds, close_gives_up_a_refresh_in_flight)
+{
+	static struct srv s;
+	struct aws_creds_opts o = { .timeout_ms = 30000 };
+	struct aws_creds *c;
+	char err[512];
+	double t0;
+	int n;
+
+	s.ttl = 4; /* refreshed 2 s before it expires */
+	srv_start(&s);
+	set_container(&s, "/creds");
+	cr_assert_eq(chain_open(&o, &c, err, sizeof(err)), 0, "%s", err);
+	n = srv_count(&s);
+	pthread_mutex_lock(&s.mu);
+	s.hang = 1;
+	pthread_mutex_unlock(&s.mu);
+	/* Until the refresh is under way (its request arrived, unanswered). */
+	for (t0 = mono(); srv_count(&s) == n; usleep(20 * 1000))
+		cr_assert_lt(mono() - t0, 30.0, "no refresh was tried");
+	t0 = mono();
+	creds_close(c);
+	cr_assert_lt(mono() - t0, 5.0, "close took %.1f s with a fetch in flight (timeout 30 s)",
+		     mono() - t0);
+	srv_stop(&s);
+}
