@@ -307,8 +307,10 @@ aws_creds_get(struct aws_creds *c, const struct aws_key **out)
 			pthread_cond_wait(&c->cv, &c->mu);
 		/* Within a failed fetch's backoff, fail at once: a reader per
 		 * thread must not queue up behind one fetch after another. */
-		if (c->cur->k.generation == gen && now_s() >= c->next_try)
+		if (c->cur->k.generation == gen && now_s() >= c->next_try) {
 			ret = fetch_locked(c);
+			report_fetch(c, ret);
+		}
 		if (expired(c->cur))
 			ret = -EKEYEXPIRED;
 	}
@@ -330,8 +332,12 @@ aws_creds_refresh(struct aws_creds *c, uint64_t gen)
 		pthread_cond_wait(&c->cv, &c->mu);
 	/* Within a failed fetch's backoff the answer is that failure: with STS
 	 * down, every refused request must not queue a fetch of its own. */
-	if (c->cur->k.generation <= gen)
-		ret = now_s() < c->next_try ? c->last_ret : fetch_locked(c);
+	if (c->cur->k.generation <= gen && now_s() < c->next_try) {
+		ret = c->last_ret;
+	} else if (c->cur->k.generation <= gen) {
+		ret = fetch_locked(c);
+		report_fetch(c, ret);
+	}
 	pthread_mutex_unlock(&c->mu);
 	return ret;
 }
