@@ -37,6 +37,7 @@
 
 #include "aws_creds.h"
 #include "aws_creds_internal.h"
+#include "sigv4_util.h"
 
 #define SECRET_MARK "SEKRET"
 #define ROLE_ARN "arn:aws:iam::123456789012:role/ferry-test"
@@ -765,51 +766,10 @@ srv_url(const struct srv *s, const char *path, char *out, size_t outlen)
 
 /* ---- SigV4 as the server checks it (from the specification) ---- */
 
-static void
-hex(const unsigned char *md, size_t n, char *out)
-{
-	for (size_t i = 0; i < n; i++)
-		sprintf(out + 2 * i, "%02x", md[i]);
-}
 
-static void
-sha256_hex(const void *p, size_t n, char out[65])
-{
-	unsigned char md[32];
-	unsigned int l = 32;
 
-	cr_assert_eq(EVP_Digest(p, n, md, &l, EVP_sha256(), NULL), 1);
-	hex(md, 32, out);
-}
 
-static void
-hmac(const void *key, size_t klen, const char *msg, unsigned char out[32])
-{
-	unsigned int l = 32;
 
-	cr_assert_not_null(HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)msg,
-				strlen(msg), out, &l));
-}
-
-static void
-uri_encode(const char *s, int keep_slash, char *out)
-{
-	size_t o = 0;
-
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (isalnum(*p) || strchr("-_.~", *p) || (keep_slash && *p == '/'))
-			out[o++] = (char)*p;
-		else
-			o += (size_t)sprintf(out + o, "%%%02X", *p);
-	}
-	out[o] = '\0';
-}
-
-static int
-cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
 
 static char sig_canon[65536];
 
