@@ -14,6 +14,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "aws_creds.h"
 #include "log.h"
 #include "reconciler.h"
 
@@ -69,6 +70,7 @@ static void http_cb(struct evhttp_request *req, void *arg)
 	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
 	struct evbuffer *b;
 	struct reconcile_stats s;
+	struct aws_creds_info ci;
 	uint64_t cum = 0;
 
 	if (!path || strcmp(path, "/metrics") != 0) {
@@ -100,6 +102,20 @@ static void http_cb(struct evhttp_request *req, void *arg)
 	metric(b, "uploads_total", "counter", "Objects stored", s.uploads_total);
 	metric(b, "upload_bytes_total", "counter", "Data bytes stored", s.upload_bytes_total);
 	metric(b, "upload_buffer_bytes", "gauge", "Memory in upload buffers", s.buffer_bytes);
+	if (objstore_creds_info(r->store, &ci) == 0) {
+		/* The keys the uploads are signed with: a refresh that keeps failing
+		 * shows here before the uploads start failing. */
+		evbuffer_add_printf(b, "# HELP s3_credentials_info Where the S3 keys come from\n"
+				       "# TYPE s3_credentials_info gauge\ns3_credentials_info{source=\"%s\"} 1\n",
+				    ci.kind);
+		metric(b, "s3_credentials_expire_timestamp_seconds", "gauge",
+		       "When the S3 key in use expires, Unix seconds (0: never)",
+		       ci.expires > 0 ? (uint64_t)ci.expires : 0);
+		metric(b, "s3_credentials_refreshes_total", "counter", "S3 keys fetched after the first",
+		       ci.refreshes);
+		metric(b, "s3_credentials_refresh_failures_total", "counter",
+		       "Fetches of a new S3 key that failed", ci.refresh_failures);
+	}
 	evbuffer_add_printf(b, "# HELP upload_latency_seconds Time to store one object\n"
 			       "# TYPE upload_latency_seconds histogram\n");
 	for (size_t i = 0; i <= REC_LAT_BUCKETS; i++) {

@@ -232,6 +232,8 @@ Test(reconciler, big_file_stats_and_metrics)
 	cr_assert_eq(prom_value(text, "uploads_total"), 48); /* 16 + 16 + 16 objects in 3 chunks */
 	cr_assert_eq(prom_value(text, "upload_latency_seconds_count"), 48);
 	cr_assert(strstr(text, "upload_latency_seconds_bucket{le=\"+Inf\"} 48"), "%s", text);
+	/* A file:// store has no credentials to show. */
+	cr_assert_null(strstr(text, "s3_credentials"), "%s", text);
 	free(text);
 	snprintf(url, sizeof(url), "http://127.0.0.1:%s/other", port);
 	text = http_get(url, &code);
@@ -1163,6 +1165,30 @@ Test(reconciler_s3, store_down_jobs_retry_and_commit)
 		free(data[i]);
 	}
 	fm_umount();
+}
+
+/* The keys the uploads are signed with, as an operator's scraper sees them. */
+Test(reconciler_s3, credentials_in_metrics)
+{
+	char addr[64], url[128];
+	int code;
+	char *text;
+
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", free_port());
+	rc.extra[0] = "--metrics";
+	rc.extra[1] = addr;
+	rcu_start(&rc);
+	snprintf(url, sizeof(url), "http://%s/metrics", addr);
+	text = http_get(url, &code);
+	cr_assert_eq(code, 200);
+	cr_assert(strstr(text, "s3_credentials_info{source=\"environment\"} 1\n"), "%s", text);
+	/* Keys from the environment never expire and are never fetched again. */
+	cr_assert_eq(prom_value(text, "s3_credentials_expire_timestamp_seconds"), 0, "%s", text);
+	cr_assert_eq(prom_value(text, "s3_credentials_refreshes_total"), 0, "%s", text);
+	cr_assert_eq(prom_value(text, "s3_credentials_refresh_failures_total"), 0, "%s", text);
+	cr_assert_null(strstr(text, "S3RVER"), "a key in the metrics: %s", text);
+	free(text);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
 }
 
 Test(reconciler, sigterm_gives_up_without_progress)
