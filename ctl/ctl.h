@@ -13,6 +13,7 @@ int cmd_mount(int argc, char **argv);    /* mount.c */
 int cmd_umount(int argc, char **argv);   /* mount.c */
 int cmd_status(int argc, char **argv);   /* status.c */
 int cmd_warmup(int argc, char **argv);   /* warmup.c */
+int cmd_drain(int argc, char **argv);    /* drain.c */
 int cmd_dump(int argc, char **argv);     /* dump.c */
 int cmd_load(int argc, char **argv);     /* dump.c */
 

@@ -21,6 +21,7 @@ static const struct command {
 	{ "mount", cmd_mount, "mount [-f] [--cache-dir DIR] [--cache-size MiB] [--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] [--metrics ADDR:PORT] [--broker SOCKET] [-o OPTS] VOLUME MOUNTPOINT" },
 	{ "umount", cmd_umount, "umount [--lazy] [--timeout SEC] [--broker SOCKET] MOUNTPOINT" },
 	{ "status", cmd_status, "status [--json] MOUNTPOINT" },
+	{ "drain", cmd_drain, "drain [--timeout SEC] [--json] MOUNTPOINT" },
 	{ "warmup", cmd_warmup, "warmup [--quiet] PATH..." },
 	{ "dump", cmd_dump, "dump VOLUME [FILE]" },
 	{ "load", cmd_load, "load FILE VOLUME" },

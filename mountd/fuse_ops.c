@@ -33,11 +33,6 @@ struct open_file {
 	struct readahead ra;     /* its reads so far, for read-ahead */
 };
 
-struct special_file {
-	char *data;              /* owned: the rendered content */
-	size_t len;
-};
-
 static inline struct mountd *MD(fuse_req_t req)
 {
 	return fuse_req_userdata(req);
@@ -59,7 +54,7 @@ static int new_name_check(fuse_req_t req, fuse_ino_t parent, const char *name)
 	(void)req;
 	if (!name_ok(name))
 		return ENAMETOOLONG;
-	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0)
+	if (special_named(parent, name))
 		return EEXIST;
 	return 0;
 }
@@ -79,17 +74,6 @@ static void attr_to_stat(const struct meta_attr *a, struct stat *st)
 	st->st_atim = a->atime;
 	st->st_mtim = a->mtime;
 	st->st_ctim = a->ctime;
-}
-
-static void stats_stat(struct mountd *md, struct stat *st)
-{
-	memset(st, 0, sizeof(*st));
-	st->st_ino = STATS_INO;
-	st->st_mode = S_IFREG | 0444;
-	st->st_nlink = 1;
-	st->st_size = 0;  /* opened with direct_io: the size is not used */
-	st->st_blksize = 4096;
-	st->st_atim.tv_sec = st->st_mtim.tv_sec = st->st_ctim.tv_sec = md->started;
 }
 
 static bool timespec_later(const struct timespec *a, const struct timespec *b)
@@ -227,9 +211,9 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	int rc;
 
 	count(req, OP_LOOKUP);
-	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
-		struct fuse_entry_param e = { .ino = STATS_INO, .generation = 1 };
-		stats_stat(md, &e.attr);
+	if (special_named(parent, name)) {
+		struct fuse_entry_param e = { .ino = special_named(parent, name), .generation = 1 };
+		special_stat(md, e.ino, &e.attr);
 		fuse_reply_entry(req, &e);
 		return;
 	}
@@ -261,7 +245,7 @@ static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 	struct inode *i;
 
 	count(req, OP_FORGET);
-	if (ino != STATS_INO && (i = inode_find(md, ino)))
+	if (!special_ino(ino) && (i = inode_find(md, ino)))
 		inode_unref(md, i, nlookup, 0);
 	fuse_reply_none(req);
 }
@@ -273,7 +257,7 @@ static void op_forget_multi(fuse_req_t req, size_t n, struct fuse_forget_data *f
 	atomic_fetch_add(&md->stats.requests[OP_FORGET], 1);
 	for (size_t k = 0; k < n; k++) {
 		struct inode *i;
-		if (f[k].ino != STATS_INO && (i = inode_find(md, f[k].ino)))
+		if (!special_ino(f[k].ino) && (i = inode_find(md, f[k].ino)))
 			inode_unref(md, i, f[k].nlookup, 0);
 	}
 	fuse_reply_none(req);
@@ -287,8 +271,8 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	int rc;
 
 	count(req, OP_GETATTR);
-	if (ino == STATS_INO) {
-		stats_stat(md, &st);
+	if (special_ino(ino)) {
+		special_stat(md, ino, &st);
 		fuse_reply_attr(req, &st, 0); /* it changes with every read */
 		return;
 	}
@@ -406,7 +390,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	int rc;
 
 	count(req, OP_SETATTR);
-	if (ino == STATS_INO) {
+	if (special_ino(ino)) {
 		fuse_reply_err(req, EACCES);
 		return;
 	}
@@ -619,7 +603,7 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 	int rc;
 
 	count(req, OP_UNLINK);
-	if (parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) {
+	if (special_named(parent, name)) {
 		fuse_reply_err(req, EACCES);
 		return;
 	}
@@ -659,8 +643,7 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 		fuse_reply_err(req, ENAMETOOLONG);
 		return;
 	}
-	if ((parent == META_ROOT_INO && strcmp(name, STATS_NAME) == 0) ||
-	    (newparent == META_ROOT_INO && strcmp(newname, STATS_NAME) == 0)) {
+	if (special_named(parent, name) || special_named(newparent, newname)) {
 		fuse_reply_err(req, EACCES);
 		return;
 	}
@@ -681,7 +664,7 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 	int rc;
 
 	count(req, OP_LINK);
-	if (ino == STATS_INO) {
+	if (special_ino(ino)) {
 		fuse_reply_err(req, EPERM);
 		return;
 	}
@@ -689,7 +672,7 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 		fuse_reply_err(req, ENAMETOOLONG);
 		return;
 	}
-	if (newparent == META_ROOT_INO && strcmp(newname, STATS_NAME) == 0) {
+	if (special_named(newparent, newname)) {
 		fuse_reply_err(req, EEXIST);
 		return;
 	}
@@ -703,31 +686,6 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 }
 
 /* ---- files ---- */
-
-static int open_special(struct mountd *md, struct fuse_file_info *fi)
-{
-	struct special_file *sf;
-	uint64_t fh;
-	int rc;
-
-	if ((fi->flags & O_ACCMODE) != O_RDONLY)
-		return -EACCES;
-	sf = calloc(1, sizeof(*sf));
-	if (!sf)
-		return -ENOMEM;
-	rc = stats_render(md, &sf->data, &sf->len);
-	if (rc == 0)
-		rc = handle_add(md->handles, HANDLE_SPECIAL, sf, &fh);
-	if (rc < 0) {
-		free(sf->data);
-		free(sf);
-		return rc;
-	}
-	fi->fh = fh;
-	fi->direct_io = 1;   /* the content is made at open; size 0 in getattr */
-	fi->noflush = 1;
-	return 0;
-}
 
 /* O_TRUNC arrives inside OPEN (atomic_o_trunc), so the kernel's own
  * clearing of set-id bits on truncate does not run: do it as it would, for
@@ -1057,13 +1015,13 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	/* Another mount took the volume over: nothing more is written here
 	 * (the engine refuses every change; a new writer would only stage
 	 * data that can never commit). */
-	if (ino != STATS_INO && (fi->flags & O_ACCMODE) != O_RDONLY &&
+	if (!special_ino(ino) && (fi->flags & O_ACCMODE) != O_RDONLY &&
 	    atomic_load(&md->lease_fenced)) {
 		fuse_reply_err(req, EROFS);
 		return;
 	}
-	if (ino == STATS_INO)
-		rc = open_special(md, fi);
+	if (special_ino(ino))
+		rc = special_open(md, ino, fi);
 	else
 		rc = open_file(md, ino, fuse_req_ctx(req)->uid, NULL, fi);
 	if (rc < 0) {
@@ -1072,11 +1030,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	if (fuse_reply_open(req, fi) != 0) {
 		/* The open was interrupted away: the kernel will not release it. */
-		if (ino == STATS_INO) {
-			struct special_file *sf = handle_remove(md->handles, fi->fh, HANDLE_SPECIAL);
-			if (sf)
-				free(sf->data);
-			free(sf);
+		if (special_ino(ino)) {
+			special_release(md, fi->fh);
 		} else {
 			struct open_file *of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
 			if (of)
@@ -1127,7 +1082,6 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
 	struct mountd *md = MD(req);
 	struct open_file *of;
-	struct special_file *sf;
 	struct meta_attr a;
 	char *buf = NULL;
 	ssize_t n;
@@ -1135,27 +1089,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	int rc;
 
 	count(req, OP_READ);
-	if (ino == STATS_INO) {
-		sf = handle_get(md->handles, fi->fh, HANDLE_SPECIAL);
-		if (!sf) {
-			fuse_reply_err(req, EBADF);
-			return;
-		}
-		if (off < 0 || (size_t)off >= sf->len) {
-			fuse_reply_buf(req, NULL, 0);
-			return;
-		}
-		/* Reply from a copy: a RELEASE of this handle may run on another
-		 * thread as soon as the kernel has the reply. */
-		size_t n = size < sf->len - (size_t)off ? size : sf->len - (size_t)off;
-		buf = malloc(n ? n : 1);
-		if (!buf) {
-			fuse_reply_err(req, ENOMEM);
-			return;
-		}
-		memcpy(buf, sf->data + off, n);
-		fuse_reply_buf(req, buf, n);
-		free(buf);
+	if (special_ino(ino)) {
+		special_read(req, md, size, off, fi);
 		return;
 	}
 	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
@@ -1254,6 +1189,10 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 	int rc;
 
 	count(req, OP_WRITE);
+	if (special_ino(ino)) {
+		special_write(req, md, buf, size, fi);
+		return;
+	}
 	if (atomic_load(&md->lease_fenced)) {
 		fuse_reply_err(req, EROFS); /* see op_open */
 		return;
@@ -1314,7 +1253,7 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	int rc;
 
 	count(req, OP_FLUSH);
-	if (ino == STATS_INO) {
+	if (special_ino(ino)) {
 		fuse_reply_err(req, 0);
 		return;
 	}
@@ -1382,7 +1321,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 	count(req, OP_FSYNC);
 	of = handle_get(md->handles, fi->fh, HANDLE_FILE);
 	if (!of) {
-		fuse_reply_err(req, ino == STATS_INO ? 0 : EBADF);
+		fuse_reply_err(req, special_ino(ino) ? 0 : EBADF);
 		return;
 	}
 	pthread_mutex_lock(&of->ino->lock);
@@ -1409,11 +1348,8 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct open_file *of;
 
 	count(req, OP_RELEASE);
-	if (ino == STATS_INO) {
-		struct special_file *sf = handle_remove(md->handles, fi->fh, HANDLE_SPECIAL);
-		if (sf)
-			free(sf->data);
-		free(sf);
+	if (special_ino(ino)) {
+		special_release(md, fi->fh);
 		fuse_reply_err(req, 0);
 		return;
 	}
@@ -1782,7 +1718,7 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 	struct inode *i;
 
 	count(req, OP_SETXATTR);
-	if (ino == STATS_INO) {
+	if (special_ino(ino)) {
 		fuse_reply_err(req, EPERM);
 		return;
 	}
@@ -1813,7 +1749,7 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 		fuse_reply_err(req, EOPNOTSUPP);
 		return;
 	}
-	if (ino == STATS_INO) {
+	if (special_ino(ino)) {
 		fuse_reply_err(req, ENODATA);
 		return;
 	}
@@ -1837,7 +1773,7 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	int rc;
 
 	count(req, OP_LISTXATTR);
-	rc = ino == STATS_INO || xattr_none(MD(req), ino) ?
+	rc = special_ino(ino) || xattr_none(MD(req), ino) ?
 		     0 :
 		     meta_listxattr(MD(req)->meta, ino, &list, &len);
 	if (rc == 0 && list)
@@ -1856,7 +1792,7 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
 	count(req, OP_REMOVEXATTR);
-	if (ino == STATS_INO) {
+	if (special_ino(ino)) {
 		fuse_reply_err(req, EPERM);
 		return;
 	}
@@ -1876,8 +1812,12 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 	int rc;
 
 	count(req, OP_ACCESS);
-	if (ino == STATS_INO) {
-		fuse_reply_err(req, (mask & (W_OK | X_OK)) ? EACCES : 0);
+	if (special_ino(ino)) {
+		struct stat st;
+		special_stat(md, ino, &st);
+		bits = ctx->uid == 0 ? 06 : ctx->uid == st.st_uid ? (st.st_mode >> 6) & 7 :
+								  st.st_mode & 7;
+		fuse_reply_err(req, (unsigned)(mask & (R_OK | W_OK | X_OK)) & ~bits ? EACCES : 0);
 		return;
 	}
 	rc = meta_getattr(md->meta, ino, &a);
@@ -1995,8 +1935,10 @@ static void op_destroy(void *userdata)
 
 static void drop_handle(enum handle_type type, void *obj, void *arg)
 {
-	if (type == HANDLE_SPECIAL)
-		free(((struct special_file *)obj)->data);
+	if (type == HANDLE_SPECIAL) {
+		special_handle_free(obj);
+		return;
+	}
 	/* An open_file's inode reference goes with the inode table. */
 	free(obj);
 }

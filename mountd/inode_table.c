@@ -208,3 +208,45 @@ bool inode_is_unlinked(struct mountd *md, struct inode *i)
 	pthread_mutex_unlock(stripe_of(t, b));
 	return u;
 }
+
+int inode_table_held_open(struct mountd *md, struct inode ***out, size_t *nout)
+{
+	struct inode_table *t = md->inodes;
+	struct inode **v = NULL; /* owned until handed to *out */
+	size_t n = 0, cap = 0;
+	int rc = 0;
+
+	for (uint32_t b = 0; b < BUCKETS; b++) {
+		if (!t->bucket[b]) /* a racy peek: only saves the lock of empty buckets */
+			continue;
+		pthread_mutex_lock(stripe_of(t, b));
+		for (struct inode *i = t->bucket[b]; i && rc == 0; i = i->hnext) {
+			if (i->nopen == 0)
+				continue;
+			if (n == cap) {
+				size_t ncap = cap ? cap * 2 : 64;
+				struct inode **nv = realloc(v, ncap * sizeof(*v));
+				if (!nv) {
+					rc = -ENOMEM;
+					break;
+				}
+				v = nv;
+				cap = ncap;
+			}
+			i->nopen++;
+			v[n++] = i;
+		}
+		pthread_mutex_unlock(stripe_of(t, b));
+		if (rc < 0)
+			break;
+	}
+	if (rc < 0) {
+		for (size_t k = 0; k < n; k++)
+			inode_unref(md, v[k], 0, 1);
+		free(v);
+		return rc;
+	}
+	*out = v;
+	*nout = n;
+	return 0;
+}

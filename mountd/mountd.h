@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <fuse_lowlevel.h>
@@ -36,6 +37,9 @@ struct inode;
 /* The read-only statistics file in the root; never a database inode. */
 #define STATS_NAME ".stats"
 #define STATS_INO  0xfffffffffffff001ull
+/* The owner's control file in the root (special.c); never a database inode. */
+#define CONTROL_NAME ".control"
+#define CONTROL_INO  0xfffffffffffff002ull
 /* Staging files of passthrough opens end in this: they hold whole files. */
 #define STAGING_PT_SUFFIX ".p"
 /* The journal record close() leaves for a daemon-path staging file. */
@@ -395,6 +399,45 @@ void gc_stop(struct mountd *md);
 _Noreturn void start_failed(struct mountd *md, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* ---- special.c: .stats and .control, the virtual files in the root ---- */
+bool special_ino(uint64_t ino);
+/* The special inode parent/name names, or 0. */
+uint64_t special_named(uint64_t parent, const char *name);
+void special_stat(struct mountd *md, uint64_t ino, struct stat *st);
+int special_open(struct mountd *md, uint64_t ino, struct fuse_file_info *fi);
+void special_release(struct mountd *md, uint64_t fh);
+/* Frees a HANDLE_SPECIAL object (its drain cancelled) at unmount. */
+void special_handle_free(void *obj);
+/* Reply to the request themselves. */
+void special_read(fuse_req_t req, struct mountd *md, size_t size, off_t off,
+		  struct fuse_file_info *fi);
+void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t size,
+		   struct fuse_file_info *fi);
+
+/* ---- drain.c: commits everything written up to a mark (ferry drain) ---- */
+enum drain_state { DRAIN_RUNNING, DRAIN_DONE, DRAIN_TIMED_OUT, DRAIN_FAILED, DRAIN_CANCELLED };
+struct drain_progress {
+	enum drain_state state;
+	uint64_t mark;            /* the last reconcile seq the drain waits for */
+	uint64_t elapsed_ms;
+	uint64_t files_left, bytes_left, blocks_left; /* blocks: 4 MiB, as the gauge */
+	uint64_t open_left;       /* of files_left: open for write, being committed here */
+	uint64_t files_at_mark, bytes_at_mark; /* what was left when the mark was taken */
+	uint64_t failed;          /* files whose upload failed for good */
+};
+struct drain;
+/* Takes the mark and starts committing up to it in a thread of its own;
+ * timeout_ms <= 0: no deadline. *out is the caller's (drain_free). */
+int drain_start(struct mountd *md, int64_t timeout_ms, struct drain **out);
+/* A copy of the progress, and a malloc'ed report (the caller frees it;
+ * NULL when memory is short): a line per failed or unfinished file. */
+char *drain_progress(struct drain *d, struct drain_progress *p);
+/* Waits up to ms for the drain to end; its state then. */
+enum drain_state drain_wait(struct drain *d, int ms);
+/* Cancels a drain still running, joins its thread, frees d (NULL: nothing). */
+void drain_free(struct drain *d);
+const char *drain_state_name(enum drain_state s);
+
 /* ---- lease.c: one read-write mount of a shared volume at a time ---- */
 #define LEASE_MS_DEFAULT 15000
 /* A PostgreSQL volume: takes the writer's lease (-o lease_ms, --takeover)
@@ -496,6 +539,7 @@ struct inode {
 	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
 	struct inode *inext;      /* md->inflight list */
 	struct inode **iprevp;    /* what points at this one in it (O(1) removal) */
+	uint64_t iseq, isize;     /* its job's seq and the file's size in it (drain.c) */
 	uint32_t nwriters;        /* open handles with write access */
 	/* Writeback cache: a write-back failed before the inode had a staging
 	 * file to cut (one could not be made: a read-only or full staging
@@ -533,6 +577,10 @@ size_t inode_table_count(struct inode_table *t);
 /* Records that ino's last link is gone. False if the daemon does not hold
  * the inode, in which case the caller frees its metadata at once. */
 bool inode_mark_unlinked(struct mountd *md, uint64_t ino);
+/* A reference (nopen) on every inode held open now (a handle, the retry
+ * list, a job in flight), for a drain: *out is malloc'ed and the caller's,
+ * as are the references (inode_unref each). */
+int inode_table_held_open(struct mountd *md, struct inode ***out, size_t *nout);
 bool inode_is_unlinked(struct mountd *md, struct inode *ino);
 
 /* ---- fuse_ops.c ---- */
@@ -560,6 +608,13 @@ struct mountd_config {
 	char *metrics;         /* owned: --metrics ADDR:PORT for the spawned reconciler */
 	int reopen_timeout_ms; /* how long an open waits for the inode's job */
 	char *broker;          /* owned: ferry-brokerd's socket (--broker), or NULL */
+};
+
+#define RC_FAILURES_KEPT 32
+struct rc_failure {
+	uint64_t seq, ino;
+	int error;                    /* negative errno */
+	char message[160];
 };
 
 struct mountd {
@@ -680,6 +735,12 @@ struct mountd {
 	_Atomic bool rc_stalled;      /* a hand-off found no room (logged once per stall) */
 	_Atomic bool rc_committed;    /* a job committed since the last reconciler start */
 	unsigned rc_restart_pause_ms; /* reader thread: the pause before the next restart */
+	/* The last jobs the reconciler gave up on (kept as .orphan), for
+	 * drains: the k-th ever is rc_failures[k % RC_FAILURES_KEPT]. */
+	struct rc_failure rc_failures[RC_FAILURES_KEPT];
+	uint64_t rc_nfailures;
+	/* drain.c: drains running (each owned by its .control handle) */
+	_Atomic uint64_t drains_running;
 };
 
 #endif

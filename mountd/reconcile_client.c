@@ -135,6 +135,15 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 			  "staging file is kept as .orphan",
 			  (unsigned long long)r->ino, (unsigned long long)r->seq, strerror(-r->error),
 			  r->message);
+	if (r->error) {
+		pthread_mutex_lock(&md->rc_lock);
+		struct rc_failure *f = &md->rc_failures[md->rc_nfailures++ % RC_FAILURES_KEPT];
+		f->seq = r->seq;
+		f->ino = r->ino;
+		f->error = r->error;
+		snprintf(f->message, sizeof(f->message), "%.159s", r->message);
+		pthread_mutex_unlock(&md->rc_lock);
+	}
 	if (!i)
 		return;
 	pthread_mutex_lock(&i->lock);
@@ -838,6 +847,8 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 			i->inext->iprevp = &i->inext;
 		i->iprevp = &md->inflight;
 		md->inflight = i;
+		i->iseq = job.seq;
+		i->isize = size;
 	}
 	pthread_mutex_unlock(&md->rc_lock);
 	if (rc < 0) {

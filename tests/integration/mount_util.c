@@ -780,7 +780,8 @@ void fm_remount(void)
 
 void fm_remount_cold(void)
 {
-	fm_umount();
+	if (fm.mounted) /* not after fm_crash() */
+		fm_umount();
 	fm.n_cache++;
 	snprintf(fm.cache, sizeof(fm.cache), "%s/cache-%d", fm.dir, fm.n_cache);
 	cr_assert(mkdir(fm.cache, 0700) == 0, "mkdir %s: %s", fm.cache, strerror(errno));

@@ -92,8 +92,9 @@ void fm_mount(void);
 void fm_mount_with(const char *opts);
 void fm_umount(void);
 void fm_remount(void);
-/* Unmount, then mount with a new, empty --cache-dir: every byte read
- * afterwards comes from the object store and the metadata DB. */
+/* Unmount (unless fm_crash() left it unmounted), then mount with a new,
+ * empty --cache-dir: every byte read afterwards comes from the object
+ * store and the metadata DB. */
 void fm_remount_cold(void);
 /* SIGKILL the fixture's ferry-mountd, wait until it is gone and lazily
  * unmount the dead mount (for crash-durability tests). */
