@@ -23,6 +23,10 @@ void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *ctl_bindir(void);
 /* Reads MOUNTPOINT/.stats into a malloc'ed NUL-terminated buffer. */
 int ctl_read_stats(const char *mountpoint, char **out);
+/* ctl_read_stats() in a child process, given up (and the child killed)
+ * after timeout_ms (<= 0: no limit): -ETIMEDOUT when the daemon does not
+ * answer, as a wedged one does not. */
+int ctl_read_stats_within(const char *mountpoint, int timeout_ms, char **out);
 /* Value of "name value" line in a .stats text, copied into buf. */
 int ctl_stats_value(const char *stats, const char *name, char *buf, size_t len);
 

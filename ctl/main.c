@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ctl.h"
@@ -20,7 +24,7 @@ static const struct command {
 	{ "format", cmd_format, "format [--storage URL] [--block-size BYTES] [--s3-http] [--s3-endpoint URL] [--s3-region REGION] [--force] VOLUME" },
 	{ "mount", cmd_mount, "mount [-f] [--cache-dir DIR] [--cache-size MiB] [--staging-dir DIR] [--log FILE] [--reconciler SOCKET | --no-reconciler] [--metrics ADDR:PORT] [--broker SOCKET] [-o OPTS] VOLUME MOUNTPOINT" },
 	{ "umount", cmd_umount, "umount [--lazy] [--timeout SEC] [--broker SOCKET] MOUNTPOINT" },
-	{ "status", cmd_status, "status [--json] MOUNTPOINT" },
+	{ "status", cmd_status, "status [--json] [--timeout SEC] MOUNTPOINT" },
 	{ "drain", cmd_drain, "drain [--timeout SEC] [--json] MOUNTPOINT" },
 	{ "warmup", cmd_warmup, "warmup [--quiet] PATH..." },
 	{ "dump", cmd_dump, "dump VOLUME [FILE]" },
@@ -90,6 +94,102 @@ out:
 	free(buf);
 	close(fd);
 	return rc;
+}
+
+int ctl_read_stats_within(const char *mountpoint, int timeout_ms, char **out)
+{
+	int pfd[2], rc = 0;
+	size_t len = 0, cap = 0;
+	char *buf = NULL; /* owned until handed to *out */
+	pid_t pid;
+	struct timespec start, now;
+
+	if (timeout_ms <= 0)
+		return ctl_read_stats(mountpoint, out);
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		return -errno;
+	pid = fork();
+	if (pid < 0) {
+		rc = -errno;
+		close(pfd[0]);
+		close(pfd[1]);
+		return rc;
+	}
+	if (pid == 0) {
+		/* The child may hang in the kernel on a wedged daemon; the
+		 * parent does not, and kills it. */
+		char *text = NULL;
+		int r = ctl_read_stats(mountpoint, &text);
+		if (r < 0) {
+			unsigned char e = (unsigned char)-r;
+			_exit(write(pfd[1], &e, 1) == 1 ? 1 : 2);
+		}
+		unsigned char ok = 0;
+		size_t n = strlen(text), off = 0;
+		if (write(pfd[1], &ok, 1) != 1)
+			_exit(2);
+		while (off < n) {
+			ssize_t w = write(pfd[1], text + off, n - off);
+			if (w <= 0)
+				_exit(2);
+			off += (size_t)w;
+		}
+		_exit(0);
+	}
+	close(pfd[1]);
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		long left = timeout_ms - ((now.tv_sec - start.tv_sec) * 1000 +
+					  (now.tv_nsec - start.tv_nsec) / 1000000);
+		if (left <= 0) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		int pr = poll(&p, 1, (int)left);
+		if (pr < 0 && errno == EINTR)
+			continue;
+		if (pr <= 0)
+			continue;
+		if (cap - len < 4096) {
+			char *nb = realloc(buf, cap + 65536);
+			if (!nb) {
+				rc = -ENOMEM;
+				break;
+			}
+			buf = nb;
+			cap += 65536;
+		}
+		ssize_t n = read(pfd[0], buf + len, cap - len - 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	close(pfd[0]);
+	if (rc == -ETIMEDOUT) {
+		kill(pid, SIGKILL);
+		/* Killed in a FUSE wait it goes at once; not reaped if it does
+		 * not (the process exits soon anyway). */
+		for (int k = 0; k < 100 && waitpid(pid, NULL, WNOHANG) == 0; k++)
+			usleep(10000);
+	} else {
+		waitpid(pid, NULL, 0);
+		if (rc == 0 && len == 0)
+			rc = -EIO;
+		else if (rc == 0 && (unsigned char)buf[0] != 0)
+			rc = -(int)(unsigned char)buf[0];
+	}
+	if (rc < 0) {
+		free(buf);
+		return rc;
+	}
+	memmove(buf, buf + 1, len - 1);
+	buf[len - 1] = '\0';
+	*out = buf;
+	return 0;
 }
 
 int ctl_stats_value(const char *stats, const char *name, char *buf, size_t len)

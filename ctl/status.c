@@ -30,28 +30,47 @@ int cmd_status(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{ "json", no_argument, NULL, 'j' },
+		{ "timeout", required_argument, NULL, 't' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct json_object *obj = NULL;
 	char *stats = NULL;
-	int opt, rc, json = 0;
+	int opt, rc, json = 0, timeout_ms = 0;
+	double secs;
+	char *end;
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "jh", longopts, NULL)) != -1) {
-		if (opt == 'j')
+	while ((opt = getopt_long(argc, argv, "jt:h", longopts, NULL)) != -1) {
+		if (opt == 'j') {
 			json = 1;
-		else if (opt == 'h') {
-			printf("usage: ferry status [--json] MOUNTPOINT\n");
+		} else if (opt == 't') {
+			errno = 0;
+			secs = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(secs > 0) || secs > 3600) {
+				ctl_err("status: --timeout wants seconds (up to 3600), not '%s'", optarg);
+				return 2;
+			}
+			timeout_ms = (int)(secs * 1000);
+			if (timeout_ms == 0)
+				timeout_ms = 1;
+		} else if (opt == 'h') {
+			printf("usage: ferry status [--json] [--timeout SEC] MOUNTPOINT\n");
 			return 0;
-		} else
+		} else {
 			return 2;
+		}
 	}
 	if (argc - optind != 1) {
 		ctl_err("status takes one MOUNTPOINT");
 		return 2;
 	}
-	rc = ctl_read_stats(argv[optind], &stats);
+	rc = ctl_read_stats_within(argv[optind], timeout_ms, &stats);
+	if (rc == -ETIMEDOUT) {
+		ctl_err("%s: ferry-mountd gave no answer in %.1f s (wedged, or stopped)", argv[optind],
+			timeout_ms / 1000.0);
+		return 3;
+	}
 	if (rc < 0) {
 		ctl_err("%s is not a ferryfs mount (cannot read its .stats: %s)", argv[optind],
 			strerror(-rc));

@@ -1054,8 +1054,9 @@ void rclient_stop(struct mountd *md)
 	if (rclient_coming(md)) {
 		rc = rclient_drain(md, 60000);
 		if (rc < 0)
-			log_errno(rc, "ferry-reconciler did not finish every job (they stay journaled "
-				  "in %s and are finished at the next start)", md->cfg.staging_dir);
+			log_errno(rc, "ferry-reconciler did not finish every job: %llu of this run "
+				  "left (they stay journaled in %s and are finished at the next start)",
+				  (unsigned long long)atomic_load(&md->rc_inflight), md->cfg.staging_dir);
 	}
 	/* Under the lock: a restart on the reader thread either installed its
 	 * socket already (shut down here) or sees rc_stopping and gives up. */

@@ -344,3 +344,34 @@ Test(drain_s3, store_down_times_out_and_loses_nothing)
 	free(b);
 	free(c);
 }
+
+/* deploy/hooks/ferry-drain-all, as a snapshot tool's pre-hook runs it.
+ * Named mountpoint: without one it drains every ferryfs mount it sees,
+ * which here would include other tests' mounts (one with its store down). */
+Test(drain, pre_snapshot_hook_drains_the_mount)
+{
+	const char *hook[] = { "/bin/sh", FERRY_SOURCE_DIR "/deploy/hooks/ferry-drain-all", fm.mnt,
+			       NULL };
+	char path[PATH_MAX * 2];
+	const char *bin = fm_bin("ferry");
+	size_t len = 700 * KiB;
+	unsigned char *a = pattern(len, 8);
+
+	/* ferry on PATH, as in the image. */
+	snprintf(path, sizeof(path), "%.*s:%s", (int)(strrchr(bin, '/') - bin), bin,
+		 getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+	setenv("PATH", path, 1);
+	fm_write_file(mp("a"), a, len);
+	int fd = OK(open(mp("open"), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+	fm_pwrite_all(fd, a, len, 0);
+	int st = fm_run(hook, sp("hook.out"), sp("hook.err"), 120);
+	char *out = fm_slurp(sp("hook.out"));
+	cr_assert_eq(st, 0, "the hook: %d\n%s\n%s", st, out ? out : "", fm_slurp(sp("hook.err")));
+	cr_assert(out && strstr(out, "drained to mark"), "%s", out ? out : "");
+	free(out);
+	lose_the_node();
+	close(fd);
+	fm_expect_content(mp("a"), a, len);
+	fm_expect_content(mp("open"), a, len);
+	free(a);
+}

@@ -1187,6 +1187,21 @@ Test(reconciler_s3, credentials_in_metrics)
 	cr_assert_eq(prom_value(text, "s3_credentials_refreshes_total"), 0, "%s", text);
 	cr_assert_eq(prom_value(text, "s3_credentials_refresh_failures_total"), 0, "%s", text);
 	cr_assert_null(strstr(text, "S3RVER"), "a key in the metrics: %s", text);
+	/* Every metric has help text and a row in the README's table. */
+	char *readme = fm_slurp(FERRY_SOURCE_DIR "/README.md");
+	cr_assert(readme);
+	int n = 0;
+	for (const char *p = strstr(text, "# TYPE "); p; p = strstr(p + 1, "# TYPE ")) {
+		char name[128], row[140], help[140];
+		cr_assert_eq(sscanf(p + 7, "%127s", name), 1);
+		snprintf(row, sizeof(row), "| `%s", name);
+		snprintf(help, sizeof(help), "# HELP %s ", name);
+		cr_assert(strstr(readme, row), "%s is not in README's metrics table", name);
+		cr_assert(strstr(text, help), "%s has no help text", name);
+		n++;
+	}
+	cr_assert_geq(n, 14, "%s", text);
+	free(readme);
 	free(text);
 	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
 }

@@ -9,11 +9,13 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -568,4 +570,31 @@ Test(stats, mount_leaves_the_callers_stdout_alone)
 	close(p[0]);
 	cr_assert(fm.mounted);
 	fm_umount();
+}
+
+/* The liveness probe (deploy/k8s): `ferry status --timeout` answers 0 for a
+ * serving daemon and 3, on time, for one that does not answer (stopped
+ * here; wedged in production), and 0 again once it serves. */
+Test(stats, status_timeout_notices_a_daemon_that_does_not_answer)
+{
+	const char *argv[] = { fm_bin("ferry"), "status", "--timeout", "1", fm.mnt, NULL };
+	pid_t pids[8];
+	struct timespec a, b;
+
+	cr_assert_eq(fm_run(argv, NULL, NULL, 30), 0);
+	cr_assert_eq(fm_daemon_pids("ferry-mountd", pids, 8), 1);
+	cr_assert_eq(kill(pids[0], SIGSTOP), 0);
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	int st = fm_run(argv, NULL, sp("status.err"), 30);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	kill(pids[0], SIGCONT);
+	cr_assert_eq(st, 3, "ferry status on a stopped daemon: %d", st);
+	char *err = fm_slurp(sp("status.err"));
+	cr_assert(err && strstr(err, "gave no answer"), "%s", err ? err : "");
+	free(err);
+	/* Generous: it is the probe's own clock that matters, not a benchmark. */
+	cr_assert_lt(b.tv_sec - a.tv_sec, 15, "took %ld s", (long)(b.tv_sec - a.tv_sec));
+	for (int t = 0; t < 100 && fm_run(argv, NULL, NULL, 30) != 0; t++)
+		usleep(100000);
+	cr_assert_eq(fm_run(argv, NULL, NULL, 30), 0);
 }
