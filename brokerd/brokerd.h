@@ -310,6 +310,10 @@ struct bmount {
 	gid_t gid;
 	int fuse_fd;                   /* the broker's own; -1 until attached after a restart */
 	bool made;                     /* made by this broker (on disk) or only attached */
+	/* The connection of the ferry-mountd serving it (it made, attached
+	 * or reattached the mount); NULL once that connection closed: a new
+	 * daemon may then REATTACH. */
+	struct conn *server;
 	bool adopted;                  /* known from disk after a restart: ids from
 	                                  before it are not in ids */
 	time_t created;
@@ -368,6 +372,8 @@ int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, i
 		 struct broker_rep *rep);
 int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
 		  struct broker_rep *rep);
+int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+		    struct broker_rep *rep);
 int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
 		  struct broker_rep *rep);
 int handle_backing_open(struct broker *b, struct conn *c, const struct broker_req *q, int fd,

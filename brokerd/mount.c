@@ -391,6 +391,7 @@ int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, i
 		goto out;
 	}
 	fuse_fd = -1;
+	m->server = c;
 	mount_table_add(b, m);
 	rep->mount_id = m->id;
 	rep->fd = reply_fd;
@@ -460,6 +461,49 @@ int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, 
 	return 0;
 }
 
+int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
+		    struct broker_rep *rep)
+{
+	const struct peer *p = conn_peer(c);
+	char *err = rep->message;
+	const size_t errlen = sizeof(rep->message);
+	struct bmount *m = mount_find_name(p->owner, q->name);
+	int root = -1, dup_fd, rc;
+
+	(void)b;
+	(void)fd;
+	if (!m) {
+		snprintf(err, errlen, "no mount of this peer's at %.128s", q->name);
+		return -ENOENT;
+	}
+	if (m->server) {
+		/* Two daemons reading one FUSE connection would split its
+		 * requests between them. */
+		snprintf(err, errlen, "%.128s is served by a live ferry-mountd (pid %d)", q->name,
+			 (int)conn_peer(m->server)->pid);
+		return -EBUSY;
+	}
+	if (m->fuse_fd < 0) {
+		snprintf(err, errlen, "the broker has no FUSE fd for %.128s (it restarted after the "
+			 "daemon was gone): unmount it (ferry umount --broker) and mount again", q->name);
+		return -ENOTCONN;
+	}
+	rc = mount_verify(m, p->gid, &root, err, errlen);
+	if (rc < 0)
+		return rc;
+	close(root);
+	dup_fd = fcntl(m->fuse_fd, F_DUPFD_CLOEXEC, 3);
+	if (dup_fd < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "dup: %s", strerror(-rc));
+		return rc;
+	}
+	m->server = c;
+	rep->mount_id = m->id;
+	rep->fd = dup_fd;
+	return 0;
+}
+
 int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
 		  struct broker_rep *rep)
 {
@@ -502,6 +546,7 @@ int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, 
 				return rc;
 			}
 		}
+		m->server = c;
 		rep->mount_id = m->id;
 		return 0;
 	}
@@ -561,6 +606,7 @@ int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, 
 	m->fuse_fd = dup_fd;
 	dup_fd = -1;
 	m->created = time(NULL);
+	m->server = c;
 	mount_table_add(b, m);
 	rep->mount_id = m->id;
 	rc = 0;

@@ -37,6 +37,7 @@ const char *broker_msg_name(enum broker_msg t)
 	case BROKER_MSG_MOUNT: return "MOUNT";
 	case BROKER_MSG_UMOUNT: return "UMOUNT";
 	case BROKER_MSG_ATTACH: return "ATTACH";
+	case BROKER_MSG_REATTACH: return "REATTACH";
 	case BROKER_MSG_BACKING_OPEN: return "BACKING_OPEN";
 	case BROKER_MSG_BACKING_CLOSE: return "BACKING_CLOSE";
 	case BROKER_MSG_STATUS: return "STATUS";
@@ -300,6 +301,11 @@ int broker_request_parse(const uint8_t *buf, size_t len, size_t nfds, struct bro
 		rc = take_name(q->attach->name, out->name, err, errlen);
 		out->has_name = true;
 		break;
+	case FERRY__BROKER__REQUEST__BODY_REATTACH:
+		out->type = BROKER_MSG_REATTACH;
+		rc = take_name(q->reattach->name, out->name, err, errlen);
+		out->has_name = true;
+		break;
 	case FERRY__BROKER__REQUEST__BODY_BACKING_OPEN:
 		out->type = BROKER_MSG_BACKING_OPEN;
 		want_fds = 1;
@@ -377,6 +383,7 @@ int broker_reply_encode(const struct broker_rep *rep, uint8_t *buf, size_t *len)
 			r.mounted = &m;
 			break;
 		case BROKER_MSG_ATTACH:
+		case BROKER_MSG_REATTACH:
 			a.mount_id = rep->mount_id;
 			r.body_case = FERRY__BROKER__REPLY__BODY_ATTACHED;
 			r.attached = &a;

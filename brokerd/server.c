@@ -68,6 +68,7 @@ static const struct {
 	[BROKER_MSG_MOUNT] = { REQ_RULE, handle_mount },
 	[BROKER_MSG_UMOUNT] = { REQ_RULE, handle_umount },
 	[BROKER_MSG_ATTACH] = { REQ_RULE, handle_attach },
+	[BROKER_MSG_REATTACH] = { REQ_RULE, handle_reattach },
 	[BROKER_MSG_BACKING_OPEN] = { REQ_RULE | REQ_QUIET, handle_backing_open },
 	[BROKER_MSG_BACKING_CLOSE] = { REQ_RULE | REQ_QUIET, handle_backing_close },
 	[BROKER_MSG_STATUS] = { REQ_QUIET, handle_status },
@@ -272,6 +273,11 @@ static void conn_close(struct conn *c)
 	struct out_frame *f;
 
 	log_debug("peer pid %d uid %d: connection closed", (int)c->peer.pid, (int)c->peer.uid);
+	/* Its mounts lose their server: a new ferry-mountd may reattach. */
+	struct bmount *m;
+	TAILQ_FOREACH(m, &b->mounts, link)
+		if (m->server == c)
+			m->server = NULL;
 	TAILQ_REMOVE(&b->conns, c, link);
 	b->nconns--;
 	event_free(c->rev);
@@ -473,9 +479,14 @@ static void handle_frame(struct conn *c, const uint8_t *buf, size_t len, int *fd
 		rc = dispatch[i].handler(b, c, &q, nfds ? fds[0] : -1, &rep);
 	rep.error = rc;
 	fd_safe = rep.fd_safe;
-	if (rc == 0 && (q.type == BROKER_MSG_MOUNT || q.type == BROKER_MSG_ATTACH))
+	if (rc == 0 && (q.type == BROKER_MSG_MOUNT || q.type == BROKER_MSG_ATTACH ||
+			q.type == BROKER_MSG_REATTACH))
 		c->session = true; /* ferry-mountd's own: it stays while the mount does */
-	if (rc < 0) {
+	if (rc == -ENOENT && q.type == BROKER_MSG_REATTACH) {
+		/* The usual answer: nothing to take over, the peer mounts. */
+		log_debug("peer pid %d uid %d: REATTACH %s: no such mount", (int)c->peer.pid,
+			  (int)c->peer.uid, q.name);
+	} else if (rc < 0) {
 		b->refusals++;
 		log_warnx("peer pid %d uid %d: %s%s%s: refused: %s (%s)", (int)c->peer.pid,
 			  (int)c->peer.uid, broker_msg_name(q.type), q.has_name ? " " : "",

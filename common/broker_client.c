@@ -578,6 +578,34 @@ int broker_mount(struct broker_conn *c, const char *name, const char *const *opt
 	return 0;
 }
 
+int broker_reattach(struct broker_conn *c, const char *name, int *fuse_fd, uint64_t *mount_id)
+{
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__Reattach a = FERRY__BROKER__REATTACH__INIT;
+	struct reply rep;
+	int rc, fd;
+
+	*fuse_fd = -1;
+	if (!name)
+		return -EINVAL;
+	a.name = (char *)name;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_REATTACH;
+	q.reattach = &a;
+	rc = call(c, &q, -1, false, &rep, &fd);
+	if (rc < 0)
+		return rc;
+	if (rep.body != FERRY__BROKER__REPLY__BODY_ATTACHED || fd < 0) {
+		if (fd >= 0)
+			close(fd);
+		set_msg("the broker's reply to a reattach carried no fd");
+		return -EBADMSG;
+	}
+	*fuse_fd = fd;
+	if (mount_id)
+		*mount_id = rep.mount_id;
+	return 0;
+}
+
 int broker_attach(struct broker_conn *c, const char *name, int fuse_fd, uint64_t *mount_id)
 {
 	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
@@ -754,4 +782,34 @@ int broker_status(struct broker_conn *c, struct broker_status *st)
 		return -EBADMSG;
 	*st = rep.status;
 	return 0;
+}
+
+char *broker_mountpoint_path(const char *mountpoint)
+{
+	char parent[PATH_MAX], *copy = strdup(mountpoint), *slash, *out = NULL;
+	const char *base;
+	size_t n;
+
+	if (!copy)
+		return NULL;
+	/* Trailing slashes name the same directory. */
+	for (n = strlen(copy); n > 1 && copy[n - 1] == '/'; n--)
+		copy[n - 1] = '\0';
+	slash = strrchr(copy, '/');
+	base = slash ? slash + 1 : copy;
+	if (slash)
+		*slash = '\0';
+	if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) {
+		/* Nothing to keep apart: resolve it whole. */
+		free(copy);
+		return realpath(mountpoint, NULL);
+	}
+	if (!realpath(slash ? (*copy ? copy : "/") : ".", parent)) {
+		free(copy);
+		return NULL;
+	}
+	if (asprintf(&out, "%s/%s", strcmp(parent, "/") ? parent : "", base) < 0)
+		out = NULL;
+	free(copy);
+	return out;
 }

@@ -57,6 +57,7 @@ enum broker_msg {
 	BROKER_MSG_BACKING_OPEN,
 	BROKER_MSG_BACKING_CLOSE,
 	BROKER_MSG_STATUS,
+	BROKER_MSG_REATTACH,
 	BROKER_MSG_COUNT            /* one past the last */
 };
 
@@ -104,6 +105,11 @@ int broker_mount(struct broker_conn *c, const char *name, const char *const *opt
 int broker_attach(struct broker_conn *c, const char *name, int fuse_fd, uint64_t *mount_id);
 /* Unmounts a mount the broker made for this peer: by name, or by mount_id
  * if name is NULL. */
+/* Takes over the FUSE connection of the peer's mount at name, which lost
+ * its ferry-mountd (proto Reattach): *fuse_fd is a dup of the broker's
+ * /dev/fuse fd (the caller's). -ENOENT: no such mount (mount it); -EBUSY:
+ * a live daemon serves it. */
+int broker_reattach(struct broker_conn *c, const char *name, int *fuse_fd, uint64_t *mount_id);
 int broker_umount(struct broker_conn *c, const char *name, uint64_t mount_id);
 /* Registers fd (a regular file of the peer's, open read-write) as a
  * passthrough backing file of the mount: returns the backing id (> 0) or a
@@ -141,6 +147,11 @@ int broker_status(struct broker_conn *c, struct broker_status *st);
  * not a valid name (see proto Mount.name), -ENOMEM.
  */
 int broker_mount_name(const char *root, const char *mountpoint, char **name);
+/* mountpoint as an absolute path (malloc'ed; NULL with errno set), found
+ * without looking at the mountpoint itself: only its parent is resolved.
+ * A brokered mount whose ferry-mountd died still has its connection (the
+ * broker holds it), and a stat() of its root would wait for a daemon. */
+char *broker_mountpoint_path(const char *mountpoint);
 
 /* The broker's message for the calling thread's last refused call ("" if
  * there was none). Thread-local storage, valid until the thread's next call. */

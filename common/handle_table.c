@@ -4,6 +4,9 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 /*
  * An fh is generation << 24 | slot index. A slot's state word keeps its
@@ -13,6 +16,12 @@
  *
  * Generations start at 1 and skip 0 when they wrap, so fh 0 is never live.
  * A wrap takes 2^40 reuses of one slot; only then could a stale fh match.
+ *
+ * Each table starts its generations at a random base (below 2^38): a
+ * ferry-mountd that takes over the FUSE connection of one that died gets
+ * requests carrying the dead one's handles, and those must not name its
+ * own (they answer -EBADF); two tables share a generation at one slot only
+ * if their bases lie within the number of reuses of each other.
  */
 #define IDX_BITS	24
 #define IDX_MASK	((UINT64_C(1) << IDX_BITS) - 1)
@@ -77,9 +86,13 @@ int handle_table_new(uint32_t max_handles, struct handle_table **out)
 		return -ENOMEM;
 	}
 	t->nslots = n;
+	uint64_t base = 0;
+	if (getrandom(&base, sizeof(base), 0) != sizeof(base))
+		base = (uint64_t)time(NULL) ^ (uint64_t)getpid() << 20;
+	base = (base & ((UINT64_C(1) << 38) - 1)) | 1;
 	/* Chained in index order so a fresh table hands out slot 0 first. */
 	for (i = 0; i < n; i++) {
-		atomic_init(&t->slots[i].word, UINT64_C(1) << IDX_BITS);
+		atomic_init(&t->slots[i].word, base << IDX_BITS);
 		atomic_init(&t->slots[i].obj, NULL);
 		atomic_init(&t->slots[i].next, i + 1 < n ? i + 1 : FREE_END);
 	}

@@ -45,7 +45,7 @@ int cmd_mount(int argc, char **argv)
 	};
 	char *args[MAX_ARGS], daemon[PATH_MAX], fdarg[16], msg[1024] = "", mpabs[PATH_MAX];
 	char *db = NULL, *dir = NULL, *log = NULL, err[512];
-	int nargs = 0, opt, foreground = 0, pipefd[2] = { -1, -1 }, code = 1, rc;
+	int nargs = 0, opt, foreground = 0, broker = 0, pipefd[2] = { -1, -1 }, code = 1, rc;
 	pid_t pid;
 
 	snprintf(daemon, sizeof(daemon), "%s/ferry-mountd", ctl_bindir());
@@ -67,7 +67,7 @@ int cmd_mount(int argc, char **argv)
 		case 'Q': args[nargs++] = "--reconciler"; args[nargs++] = optarg; break;
 		case 'N': args[nargs++] = "--no-reconciler"; break;
 		case 'P': args[nargs++] = "--metrics"; args[nargs++] = optarg; break;
-		case 'B': args[nargs++] = "--broker"; args[nargs++] = optarg; break;
+		case 'B': args[nargs++] = "--broker"; args[nargs++] = optarg; broker = 1; break;
 		case 'K': args[nargs++] = "--takeover"; break;
 		case 'L': log = strdup(optarg); break;
 		case 'h':
@@ -100,8 +100,18 @@ int cmd_mount(int argc, char **argv)
 	}
 	/* The daemon gets the mountpoint absolute: `ferry umount` finds it by
 	 * its command line. (An unresolvable one is left for it to report.) */
-	if (realpath(argv[optind + 1], mpabs))
+	if (broker) {
+		/* Its mount may be one whose daemon died (and is taken over):
+		 * no look inside it. */
+		char *p = broker_mountpoint_path(argv[optind + 1]);
+		if (p && strlen(p) < sizeof(mpabs)) {
+			snprintf(mpabs, sizeof(mpabs), "%s", p);
+			argv[optind + 1] = mpabs;
+		}
+		free(p);
+	} else if (realpath(argv[optind + 1], mpabs)) {
 		argv[optind + 1] = mpabs;
+	}
 	if (foreground) {
 		args[nargs++] = "-f";
 		args[nargs++] = argv[optind];

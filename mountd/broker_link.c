@@ -72,6 +72,25 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 			snprintf(err, errlen, "out of memory");
 		return rc;
 	}
+	/* A mount of ours whose daemon died (the broker still holds its
+	 * connection): take it over rather than mount anew. */
+	rc = broker_reattach(md->broker, name, fuse_fd, &id);
+	if (rc == 0) {
+		md->broker_name = name; /* owned by md, freed in broker_link_close() */
+		md->reattached = true;
+		atomic_store(&md->broker_mount_id, id);
+		atomic_store(&md->broker_up, true);
+		log_info("ferry-brokerd at %s handed over the FUSE connection of %s (mount id "
+			 "%llu), whose ferry-mountd is gone", md->cfg.broker, md->cfg.mountpoint,
+			 (unsigned long long)id);
+		return 0;
+	}
+	if (rc != -ENOENT) {
+		snprintf(err, errlen, "ferry-brokerd would not hand over the mount on %s: %s%s%s",
+			 md->cfg.mountpoint, strerror(-rc), *refusal() ? ": " : "", refusal());
+		free(name);
+		return rc;
+	}
 	rc = broker_mount(md->broker, name, options, fuse_fd, &id);
 	if (rc < 0) {
 		snprintf(err, errlen, "ferry-brokerd refused to mount %s: %s%s%s",

@@ -408,6 +408,8 @@ static int mountpoint_check(struct mountd *md)
 	if (!md->cfg.broker && (stat("/dev/fuse", &st) < 0 || !S_ISCHR(st.st_mode)))
 		start_failed(md, "/dev/fuse is missing (load the fuse module or give the "
 			     "container the device)");
+	if (md->cfg.broker)
+		return 0; /* the broker resolves and checks it (see main) */
 	if (stat(md->cfg.mountpoint, &st) < 0)
 		start_failed(md, "mountpoint %s: %s", md->cfg.mountpoint, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
@@ -594,7 +596,12 @@ int main(int argc, char **argv)
 	if (meta_url_is_pg(md->cfg.db_path) && md->cfg.reconciler)
 		start_failed(md, "--reconciler cannot serve a PostgreSQL volume (it would not be "
 			     "fenced by the mount's lease): let ferry-mountd start its own");
-	md->cfg.mountpoint = abs_path(argv[optind + 1]);
+	/* Through the broker the mountpoint may hold our own mount whose
+	 * daemon died, which would hang a stat(): only its parent is looked
+	 * at, and the broker checks the directory itself. */
+	md->cfg.mountpoint = md->cfg.broker ? broker_mountpoint_path(argv[optind + 1]) : NULL;
+	if (!md->cfg.mountpoint)
+		md->cfg.mountpoint = abs_path(argv[optind + 1]);
 	if (!md->cfg.cache_dir && asprintf(&md->cfg.cache_dir, "%s/cache", md->cfg.vol_dir) < 0)
 		fatalx("out of memory");
 	if (!md->cfg.staging_dir && asprintf(&md->cfg.staging_dir, "%s/staging", md->cfg.vol_dir) < 0)
@@ -734,7 +741,6 @@ int main(int argc, char **argv)
 	if (md->cfg.broker) {
 		/* The broker mounts, with the options the kernel would get from
 		 * libfuse; we serve the fd it returns. */
-		char devfd[32];
 		int fuse_fd = -1;
 
 		if (broker_options(fopts + 2, bopts, BROKER_OPTIONS_MAX) < 0)
@@ -742,12 +748,14 @@ int main(int argc, char **argv)
 				     BROKER_OPTIONS_MAX);
 		if (broker_link_mount(md, (const char *const *)bopts, &fuse_fd, err, sizeof(err)) < 0)
 			start_failed(md, "%s", err);
-		snprintf(devfd, sizeof(devfd), "/dev/fd/%d", fuse_fd);
-		if (fuse_session_mount(md->se, devfd) != 0) {
+		if ((rc = fuse_io_start(md, fuse_fd, md->reattached)) < 0) {
 			close(fuse_fd);
-			broker_link_umount(md);
-			start_failed(md, "cannot serve the mount ferry-brokerd made on %s",
-				     md->cfg.mountpoint);
+			if (!md->reattached)
+				broker_link_umount(md);
+			start_failed(md, "cannot serve the mount ferry-brokerd %s on %s: %s",
+				     md->reattached ? "handed over" : "made", md->cfg.mountpoint,
+				     rc == -ENOENT ? "the kernel's INIT of its first daemon is not in "
+						     "the staging directory" : strerror(-rc));
 		}
 	} else if (fuse_session_mount(md->se, md->cfg.mountpoint) != 0) {
 		start_failed(md, "cannot mount on %s (see the lines above)", md->cfg.mountpoint);
@@ -757,6 +765,7 @@ int main(int argc, char **argv)
 		log_errno(rc, "cannot start the write-back thread");
 		goto out;
 	}
+	staging_adopt(md);
 	if (!md->follower && (rc = gc_start(md)) < 0) {
 		log_errno(rc, "cannot start the gc thread");
 		goto out;

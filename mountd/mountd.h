@@ -91,6 +91,7 @@ struct stats {
 	_Atomic uint64_t mapped_after_close; /* hand-offs held back for a live mapping */
 	_Atomic uint64_t release_probes_deferred; /* lease probe still refused after the settle loop */
 	_Atomic uint64_t gc_rounds, gc_objects_deleted, gc_bytes_freed;
+	_Atomic uint64_t staging_adopted; /* staging files a dead daemon's opens held */
 };
 
 const char *stats_op_name(enum op_id op);
@@ -277,6 +278,9 @@ int wstate_passthrough_resume(struct mountd *md, struct inode *ino);
 /* Starts / stops the thread that retries commits that failed at close. */
 int write_back_start(struct mountd *md);
 void write_back_stop(struct mountd *md);
+/* Takes the staging files staging_recover() found still open (md->adopt)
+ * as their inodes' write state, as for a mapping that outlived its close. */
+void staging_adopt(struct mountd *md);
 /* Commits every pending inode now (unmount). Returns the number left. */
 size_t write_back_flush_all(struct mountd *md);
 
@@ -617,6 +621,21 @@ struct rc_failure {
 	char message[160];
 };
 
+/* fuse_io.c: a brokered mount's FUSE connection, which a new daemon can
+ * take over after a crash. */
+struct fuse_io {
+	pthread_mutex_t lock;         /* guards replay_len and swallow_unique */
+	pthread_cond_t cond;          /* swallow_unique went 0 */
+	uint8_t replay[512];          /* the kernel's INIT, to replay (reattach) */
+	size_t replay_len;            /* 0: replayed (or none) */
+	uint64_t swallow_unique;      /* the replayed INIT's reply is not sent */
+	_Atomic bool swallowing;      /* swallow_unique != 0, read without the lock */
+	bool captured;                /* the INIT is kept in the staging directory */
+};
+/* Serves fuse_fd through custom I/O; reattach: the kernel's INIT is replayed
+ * from the staging directory (fuse_io.c). 0 or -errno. */
+int fuse_io_start(struct mountd *md, int fuse_fd, bool reattach);
+
 struct mountd {
 	struct mountd_config cfg;
 	struct fuse_session *se;
@@ -739,6 +758,12 @@ struct mountd {
 	 * drains: the k-th ever is rc_failures[k % RC_FAILURES_KEPT]. */
 	struct rc_failure rc_failures[RC_FAILURES_KEPT];
 	uint64_t rc_nfailures;
+	struct fuse_io fio;
+	bool reattached;              /* took over a dead daemon's FUSE connection */
+	/* Passthrough staging files a dead daemon's opens still hold
+	 * (staging_recover), adopted once serving (staging_adopt); owned. */
+	char **adopt;
+	size_t nadopt;
 	/* drain.c: drains running (each owned by its .control handle) */
 	_Atomic uint64_t drains_running;
 };

@@ -408,6 +408,23 @@ void staging_superseded(struct mountd *md, uint64_t ino)
  * Any other is a daemon-path file whose close() never returned: kept as
  * .orphan, never deleted. with_jobs 0: every leftover is kept as .orphan.
  */
+/* Whether another open of staging file n exists (the lease probe of
+ * wstate_mapped()). */
+static bool staging_in_use(struct mountd *md, const char *n)
+{
+	int fd = openat(md->staging_dirfd, n, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	bool busy = false;
+
+	if (fd < 0)
+		return false;
+	if (fcntl(fd, F_SETLEASE, F_WRLCK) == 0)
+		(void)fcntl(fd, F_SETLEASE, F_UNLCK);
+	else
+		busy = errno == EAGAIN || errno == EBUSY;
+	close(fd);
+	return busy;
+}
+
 /* 1 if staging file n carries its job record (an xattr). */
 static bool staging_attached(struct mountd *md, const char *n)
 {
@@ -440,6 +457,18 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 		    strstr(n, RECONCILE_ORPHAN_SUFFIX) || ends_with(n, ".tmp") ||
 		    fstatat(md->staging_dirfd, n, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
 			continue;
+		/* Still open through a FUSE connection this daemon takes over
+		 * (its dead predecessor's passthrough opens): the opens write on
+		 * into it, so it stays the file's, adopted once serving. */
+		if (ends_with(n, STAGING_PT_SUFFIX) && staging_in_use(md, n)) {
+			char **na = realloc(md->adopt, (md->nadopt + 1) * sizeof(*na));
+			if (na) {
+				md->adopt = na;
+				if ((na[md->nadopt] = strdup(n)))
+					md->nadopt++;
+				continue;
+			}
+		}
 		snprintf(job, sizeof(job), "%s%s", n, RECONCILE_JOB_SUFFIX);
 		if (with_jobs && (faccessat(md->staging_dirfd, job, F_OK, AT_SYMLINK_NOFOLLOW) == 0 ||
 				  staging_attached(md, n))) {

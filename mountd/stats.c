@@ -129,6 +129,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(prefetch_dropped);
 	FIG(prefetch_cached);
 	FIG(gc_rounds);
+	FIG(staging_adopted);
 	FIG(gc_objects_deleted);
 	FIG(gc_bytes_freed);
 #undef FIG
@@ -174,6 +175,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 		fprintf(f, "broker_socket %s\n", md->cfg.broker);
 		fprintf(f, "broker_mount_id %llu\n",
 			(unsigned long long)atomic_load(&md->broker_mount_id));
+		fprintf(f, "broker_reattached %d\n", md->reattached ? 1 : 0);
 		fprintf(f, "broker_up %d\n", atomic_load(&md->broker_up) ? 1 : 0);
 		fprintf(f, "broker_relinks %llu\n",
 			(unsigned long long)atomic_load(&st->broker_relinks));

@@ -1242,3 +1242,75 @@ size_t write_back_flush_all(struct mountd *md)
 	}
 	return left;
 }
+
+void staging_adopt(struct mountd *md)
+{
+	for (size_t k = 0; k < md->nadopt; k++) {
+		const char *n = md->adopt[k];
+		char *end;
+		uint64_t ino = strtoull(n, &end, 10);
+		struct wstate *w = NULL;
+		struct inode *i = NULL;
+		struct stat st;
+		int rc = -EINVAL;
+
+		if (*end != '-' || ino == 0)
+			goto next;
+		i = inode_ref(md, ino, 0, 1);
+		w = calloc(1, sizeof(*w));
+		rc = !i || !w ? -ENOMEM : 0;
+		if (rc == 0 && asprintf(&w->path, "%s/%s", md->cfg.staging_dir, n) < 0) {
+			w->path = NULL;
+			rc = -ENOMEM;
+		}
+		if (rc < 0)
+			goto next;
+		w->fd = openat(md->staging_dirfd, n, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+		if (w->fd < 0 || fstat(w->fd, &st) < 0) {
+			rc = -errno;
+			goto next;
+		}
+		pthread_mutex_lock(&i->lock);
+		if (i->w || i->pending) {
+			pthread_mutex_unlock(&i->lock);
+			rc = -EEXIST;
+			goto next;
+		}
+		w->passthrough = true;
+		w->size = (uint64_t)st.st_size;
+		w->size_changed = true;
+		w->mtime = st.st_mtim;
+		w->started_mtime = st.st_mtim;
+		w->dir_synced = true;
+		/* A mapping's state: the staging file stays the inode's while
+		 * the dead daemon's opens hold it, committed now and then from
+		 * the retry list, and handed over once they are gone. */
+		w->mapped = true;
+		clock_gettime(CLOCK_MONOTONIC, &w->mapped_commit);
+		w->mapped_commit.tv_sec -= MAPPED_COMMIT_SEC;
+		i->w = w;
+		w = NULL;
+		write_back_defer(md, i);
+		pthread_mutex_unlock(&i->lock);
+		atomic_fetch_add(&md->stats.staging_adopted, 1);
+		log_info("inode %llu: its staging file %s is still open through the FUSE connection "
+			 "this daemon took over: it stays the file's, committed from here",
+			 (unsigned long long)ino, n);
+next:
+		if (rc < 0)
+			log_errno(rc, "cannot adopt the staging file %s still in use (left where it is; "
+				  "the next start recovers it)", n);
+		if (w) {
+			if (w->fd >= 0)
+				close(w->fd);
+			free(w->path);
+			free(w);
+		}
+		if (i)
+			inode_unref(md, i, 0, 1);
+		free(md->adopt[k]);
+	}
+	free(md->adopt);
+	md->adopt = NULL;
+	md->nadopt = 0;
+}

@@ -476,3 +476,168 @@ Test(broker_e2e, a_postgresql_volume_mounts_through_the_broker)
 	AS_NOBODY(check_files, &j, "reading back after remount");
 	do_umount();
 }
+
+/* A writer of nobody's: opens path, writes len bytes of seed's pattern at
+ * 0, says so on the pipe, waits for a byte, writes len more at len,
+ * closes, and exits 0 (or 1 at the first failure). */
+static pid_t held_writer(const char *path, size_t len, uint64_t seed, int *go_fd, int *ready_fd)
+{
+	int go[2], ready[2];
+	pid_t pid;
+
+	cr_assert(pipe(go) == 0 && pipe(ready) == 0);
+	pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		char c;
+		uint64_t st = seed;
+		unsigned char *buf = malloc(2 * len);
+		close(go[1]);
+		close(ready[0]);
+		if (!buf || setgroups(0, NULL) ||
+		    setresgid(FM_NOBODY_GID, FM_NOBODY_GID, FM_NOBODY_GID) ||
+		    setresuid(FM_NOBODY_UID, FM_NOBODY_UID, FM_NOBODY_UID))
+			_exit(1);
+		fm_fill_random(&st, buf, 2 * len);
+		int fd = open(path, O_CREAT | O_WRONLY, 0644);
+		if (fd < 0 || pwrite(fd, buf, len, 0) != (ssize_t)len || write(ready[1], "x", 1) != 1)
+			_exit(1);
+		if (read(go[0], &c, 1) != 1)
+			_exit(1);
+		if (pwrite(fd, buf + len, len, (off_t)len) != (ssize_t)len)
+			_exit(2);
+		if (close(fd) < 0)
+			_exit(3);
+		_exit(0);
+	}
+	close(go[0]);
+	close(ready[1]);
+	*go_fd = go[1];
+	*ready_fd = ready[0];
+	return pid;
+}
+
+/* held_writer()'s file (seed 13) is whole: both halves. */
+static long check_held(void *arg)
+{
+	size_t len = 2 * *(size_t *)arg, n = 0;
+	uint64_t seed = 13;
+	unsigned char *want = malloc(len), *got = malloc(len + 1);
+	ssize_t r = 0;
+	int fd = open(tp("pods/m/held"), O_RDONLY);
+
+	if (!want || !got || fd < 0)
+		return -1;
+	fm_fill_random(&seed, want, len);
+	while (n <= len && (r = read(fd, got + n, len + 1 - n)) > 0)
+		n += (size_t)r;
+	close(fd);
+	long rc = r < 0 || n != len || memcmp(want, got, len) ? -1 : 0;
+	if (rc) {
+		FILE *f = fopen(tp("home/check.err"), "we");
+		if (f) {
+			fprintf(f, "held: read %zu bytes, want %zu", n, len);
+			fclose(f);
+		}
+		errno = EIO;
+	}
+	free(want);
+	free(got);
+	return rc;
+}
+
+/* A reader of nobody's that reads path whole and compares it with job
+ * seed's first file, exiting 0 when it matches. */
+static pid_t reader_of(struct job *j)
+{
+	pid_t pid = fork();
+
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		if (setgroups(0, NULL) || setresgid(FM_NOBODY_GID, FM_NOBODY_GID, FM_NOBODY_GID) ||
+		    setresuid(FM_NOBODY_UID, FM_NOBODY_UID, FM_NOBODY_UID))
+			_exit(1);
+		_exit(check_files(j) == 0 ? 0 : 4);
+	}
+	return pid;
+}
+
+/* ferry-mountd dies (SIGKILL) under a live broker mount, with a reader
+ * waiting in the mount and a writer holding a passthrough file open. The
+ * broker still holds the FUSE connection; `ferry mount` again takes it
+ * over: the reader gets its answer, the writer writes on and closes
+ * without an error, and every byte is there after an unmount and mount. */
+Test(broker_e2e, mountd_crash_then_a_new_daemon_takes_the_mount_over)
+{
+	struct job a = { .nfiles = 6, .big = 1u << 20, .seed = 11 };
+	struct job b = { .nfiles = 4, .big = 4096, .seed = 12 };
+	size_t hlen = 1u << 20;
+	pid_t pids[4], rec[4];
+	int go, ready, st;
+	char c;
+
+	snprintf(a.dir, sizeof(a.dir), "%s", tp("pods/m"));
+	snprintf(b.dir, sizeof(b.dir), "%s", tp("pods/m/after"));
+	do_mount();
+	AS_NOBODY(write_files, &a, "writing");
+	/* While its daemon lives, a second one may not take the mount. */
+	{
+		/* Another volume: the same one would stop at its lock. */
+		char sock[PATH_MAX], stg[PATH_MAX], cache[PATH_MAX], vol[PATH_MAX], mnt[PATH_MAX];
+		snprintf(sock, sizeof(sock), "%s", tp("broker.sock"));
+		snprintf(stg, sizeof(stg), "%s", tp("home/staging2"));
+		snprintf(cache, sizeof(cache), "%s", tp("home/cache2"));
+		snprintf(vol, sizeof(vol), "%s", tp("home/vol2"));
+		snprintf(mnt, sizeof(mnt), "%s", tp("pods/m"));
+		const char *fmt[] = { fm_bin("ferry"), "format", vol, NULL };
+		const char *again[] = { fm_bin("ferry"), "mount", "--broker", sock, "--staging-dir",
+					stg, "--cache-dir", cache, vol, mnt, NULL };
+		cr_assert_eq(run_nobody(fmt), 0);
+		cr_assert_neq(run_nobody(again), 0, "a second ferry-mountd took a served mount");
+		char *err = fm_slurp(tp("ferry.log.err"));
+		cr_assert(err && strstr(err, "served by a live ferry-mountd"), "%s", err ? err : "");
+		free(err);
+	}
+	pid_t writer = held_writer(tp("pods/m/held"), hlen, 13, &go, &ready);
+	cr_assert_eq(read(ready, &c, 1), 1, "the held writer failed before the crash");
+
+	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", tp("pods/m"), pids, 4), 1);
+	int nrec = fm_daemon_pids_with("ferry-reconciler", tp("home/staging"), rec, 4);
+	/* Stopped first, so the reader's requests wait in the kernel. */
+	cr_assert_eq(kill(pids[0], SIGSTOP), 0);
+	pid_t reader = reader_of(&a);
+	usleep(300 * 1000);
+	cr_assert_eq(waitpid(reader, &st, WNOHANG), 0, "the reader did not wait for the daemon");
+	kill(pids[0], SIGKILL);
+	for (int k = 0; k < nrec; k++)
+		kill(rec[k], SIGKILL);
+	for (int t = 0; t < 500 && fm_daemon_pids_with("ferry-mountd", tp("pods/m"), pids, 4); t++)
+		usleep(10000);
+	cr_assert(mounted(), "the mount went with its daemon");
+
+	do_mount(); /* takes the connection over */
+	cr_assert_eq(stat_of("broker_reattached"), 1);
+	cr_assert_eq(waitpid(reader, &st, 0), reader);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the waiting reader: status 0x%x %s", st,
+		  check_err());
+	cr_assert_eq(stat_of("staging_adopted"), 1, "the held file's staging file was not adopted");
+	/* The writer's handle is the dead daemon's: its passthrough writes
+	 * go on, into the staging file the new daemon adopted. */
+	cr_assert_eq(write(go, "x", 1), 1);
+	cr_assert_eq(waitpid(writer, &st, 0), writer);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the held writer: status 0x%x", st);
+	close(go);
+	close(ready);
+	AS_NOBODY(mk_dir, (void *)tp("pods/m/after"), "mkdir after the takeover");
+	AS_NOBODY(write_files, &b, "writing after the takeover");
+	AS_NOBODY(check_files, &a, "reading after the takeover");
+
+	/* Everything is in the volume: the held file once its last close let
+	 * the adopted staging file go. */
+	do_umount();
+	do_mount();
+	AS_NOBODY(check_files, &a, "reading after a remount");
+	AS_NOBODY(check_files, &b, "reading after a remount");
+	AS_NOBODY(check_held, &hlen, "reading the held file after a remount");
+	do_umount();
+}
