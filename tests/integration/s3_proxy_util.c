@@ -9,6 +9,7 @@
  * a few hundred tokens at most.
  */
 #include "s3_proxy_util.h"
+#include "mount_util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -685,4 +686,22 @@ void s3_proxy_token_last_rejection(const struct s3_proxy *p, char *buf, size_t l
 	pthread_mutex_lock((pthread_mutex_t *)&p->lock);
 	snprintf(buf, len, "%s", p->last_rejection);
 	pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+}
+
+struct s3_proxy *s3_proxy_volume_setup(const char *tag)
+{
+	const char *up = getenv("FERRY_TEST_S3_HOSTPORT"), *bucket = getenv("FERRY_TEST_S3_BUCKET");
+	char url[PATH_MAX];
+	struct s3_proxy *p;
+	struct timespec now;
+
+	cr_assert(up && bucket && getenv("AWS_ACCESS_KEY_ID"),
+		  "no S3 test environment: run scripts/test, or eval \"$(scripts/s3-server start "
+		  "DIR)\" first");
+	p = s3_proxy_start(up);
+	clock_gettime(CLOCK_REALTIME, &now);
+	snprintf(url, sizeof(url), "s3://%s/%s/ferry-%s-%d-%lld%09ld", s3_proxy_hostport(p), bucket,
+		 tag, (int)getpid(), (long long)now.tv_sec, now.tv_nsec);
+	fm_setup_opts(&(struct fm_opts){ .storage = url, .s3_http = true });
+	return p;
 }

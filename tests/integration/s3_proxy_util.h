@@ -47,6 +47,10 @@ enum s3_fault {
 
 struct s3_proxy;
 
+/* The usual fixture: a proxy in front of the test's S3 server (asserting
+ * that scripts/test's environment is there), and a mounted volume on a
+ * fresh prefix of its bucket named after tag, through the proxy. */
+struct s3_proxy *s3_proxy_volume_setup(const char *tag);
 /* Starts a proxy for upstream "HOST:PORT" (asserts on failure). */
 struct s3_proxy *s3_proxy_start(const char *upstream);
 /* "127.0.0.1:PORT" of the proxy. */

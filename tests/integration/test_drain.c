@@ -29,18 +29,7 @@ TestSuite(drain, .init = fm_setup, .fini = fm_teardown, .timeout = 240);
 
 static void s3_setup(void)
 {
-	const char *up = getenv("FERRY_TEST_S3_HOSTPORT"), *bucket = getenv("FERRY_TEST_S3_BUCKET");
-	char url[PATH_MAX];
-	struct timespec now;
-
-	cr_assert(up && bucket && getenv("AWS_ACCESS_KEY_ID"),
-		  "no S3 test environment: run scripts/test, or eval \"$(scripts/s3-server start "
-		  "DIR)\" first");
-	proxy = s3_proxy_start(up);
-	clock_gettime(CLOCK_REALTIME, &now);
-	snprintf(url, sizeof(url), "s3://%s/%s/ferry-drain-%d-%lld%09ld", s3_proxy_hostport(proxy),
-		 bucket, (int)getpid(), (long long)now.tv_sec, now.tv_nsec);
-	fm_setup_opts(&(struct fm_opts){ .storage = url, .s3_http = true });
+	proxy = s3_proxy_volume_setup("drain");
 }
 
 static void s3_teardown(void)

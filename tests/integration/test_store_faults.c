@@ -27,18 +27,7 @@ static struct s3_proxy *proxy;
 
 static void faults_setup(void)
 {
-	const char *up = getenv("FERRY_TEST_S3_HOSTPORT"), *bucket = getenv("FERRY_TEST_S3_BUCKET");
-	char url[PATH_MAX];
-	struct timespec now;
-
-	cr_assert(up && bucket && getenv("AWS_ACCESS_KEY_ID"),
-		  "no S3 test environment: run scripts/test, or eval \"$(scripts/s3-server start "
-		  "DIR)\" first");
-	proxy = s3_proxy_start(up);
-	clock_gettime(CLOCK_REALTIME, &now);
-	snprintf(url, sizeof(url), "s3://%s/%s/ferry-faults-%d-%lld%09ld", s3_proxy_hostport(proxy),
-		 bucket, (int)getpid(), (long long)now.tv_sec, now.tv_nsec);
-	fm_setup_opts(&(struct fm_opts){ .storage = url, .s3_http = true });
+	proxy = s3_proxy_volume_setup("faults");
 }
 
 static void faults_teardown(void)
