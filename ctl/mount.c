@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/close_range.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -145,7 +146,11 @@ int cmd_mount(int argc, char **argv)
 		if (lfd >= 0) {
 			dup2(lfd, STDERR_FILENO);
 		}
-		fcntl(pipefd[1], F_SETFD, 0); /* the one fd the daemon inherits */
+		/* The one fd the daemon inherits: one the caller holds on a FUSE
+		 * file (of another mount, or of this one being taken over) would
+		 * live on in the daemon, and its RELEASE never come. */
+		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+		fcntl(pipefd[1], F_SETFD, 0);
 		execv(daemon, args);
 		dprintf(pipefd[1], "cannot run %s: %s\n", daemon, strerror(errno));
 		_exit(127);
