@@ -42,14 +42,14 @@
 #define FUSE_NOTIFY_RESEND 7
 #endif
 #define INIT_FILE ".fuse-init"
+#define INIT_TMP ".fuse-init.tmp"
 #define INIT_MAX 512
 
 static void init_save(struct mountd *md, const void *buf, size_t len)
 {
-	char tmp[64];
+	const char *tmp = INIT_TMP;
 	int fd, rc = 0;
 
-	snprintf(tmp, sizeof(tmp), ".%s.tmp", INIT_FILE + 1);
 	fd = openat(md->staging_dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
 		    0600);
 	if (fd < 0 || write(fd, buf, len) != (ssize_t)len || fsync(fd) < 0)
