@@ -47,8 +47,8 @@
  * input (our ends closed): the connections go within 2 s;
  * once the planted mounts are forgotten, no mount and no backing id is
  * left; every closer drains within 1 s and then no owner is left
- * (closer_watch() frees idle ones); our fd count is what it was after
- * set-up; nothing is mounted on the policy root and the temporary
+ * (closer_watch() frees idle ones); our fd count is what it was when
+ * the input began; nothing is mounted on the policy root and the temporary
  * directories hold only what set-up made. Memory: libFuzzer's leak check
  * (ASan) per input.
  *
@@ -171,7 +171,7 @@ static struct {
 	char root[64], state[64], files[64];
 	char file[96], linked[96], linked2[96], nobody[96];
 	unsigned nofile;
-	uint64_t fds_base;   /* our fd count once set up */
+	uint64_t fds_base;   /* our fd count as an input begins */
 	/* The input. */
 	unsigned flags;
 	bool aged;           /* time has passed (age()) */
@@ -180,6 +180,28 @@ static struct {
 } F;
 
 static void teardown(void);
+
+/* What a leaked fd is, for the report: every fd and what it names. */
+static void print_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	char path[64], target[256];
+	ssize_t n;
+
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		n = readlink(path, target, sizeof(target) - 1);
+		target[n < 0 ? 0 : n] = '\0';
+		fprintf(stderr, "fuzz_broker_loop: fd %s -> %s\n", e->d_name, target);
+
+	}
+	closedir(d);
+}
 
 static _Noreturn void __attribute__((format(printf, 1, 2))) die(const char *fmt, ...)
 {
@@ -1008,9 +1030,11 @@ static void finish(void)
 		    TAILQ_FIRST(&b->owners)->nmounts);
 
 	nfds = broker_count_fds();
-	if (nfds != F.fds_base)
-		die("%llu fds open, %llu after set-up: a leak", (unsigned long long)nfds,
+	if (nfds != F.fds_base) {
+		print_fds();
+		die("%llu fds open, %llu as the input began: a leak", (unsigned long long)nfds,
 		    (unsigned long long)F.fds_base);
+	}
 	if (dir_entries(F.root) || dir_entries(F.state) || dir_entries(F.files) != 4)
 		die("files left in %s, %s or %s", F.root, F.state, F.files);
 	check_nothing_mounted();
@@ -1029,6 +1053,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	F.flags = data[0];
 	F.aged = false;
+	/* Per input, not once at set-up: between inputs libFuzzer may start
+	 * its symbolizer (a NEW_FUNC line), whose pipes are not ours. */
+	F.fds_base = broker_count_fds();
 	b->nofile = (F.flags & FL_TIGHT_NOFILE) ? TIGHT_NOFILE : F.nofile;
 	b->policy = (F.flags & FL_NO_RULE) ? F.policy_norule : F.policy;
 	b->rights_gated = F.gated && !(F.flags & FL_UNGATED);
