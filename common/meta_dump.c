@@ -64,6 +64,10 @@ static const struct dump_col gc_slice_cols[] = { I(id), I(size), I(since), { "se
  * sqlite_sequence, PostgreSQL's identity sequence), read and set through
  * the engine's own statements. */
 static const struct dump_col sequence_cols[] = { T(name), I(seq), END };
+static const struct dump_col checkpoint_cols[] = { T(name), I(taken_ms), I(slices), I(bytes),
+						   END };
+static const struct dump_col checkpoint_slice_cols[] = { T(name), I(id), END };
+static const struct dump_col slice_range_cols[] = { I(id), I(base), END };
 #undef I
 #undef T
 #undef END
@@ -81,7 +85,9 @@ static const struct dump_table {
 	{ "symlink", symlink_cols, 1 },     { "xattr", xattr_cols, 2 },
 	{ "slice", slice_cols, 1 },         { "orphan", ino_cols, 1 },
 	{ "commit_seq", ino_seq_cols, 1 },  { "times_seq", ino_seq_cols, 1 },
-	{ "gc_slice", gc_slice_cols, 1 },   { "sequence", sequence_cols, 0 },
+	{ "gc_slice", gc_slice_cols, 1 },   { "checkpoint", checkpoint_cols, 1 },
+	{ "checkpoint_slice", checkpoint_slice_cols, 2 },
+	{ "slice_range", slice_range_cols, 1 }, { "sequence", sequence_cols, 0 },
 };
 #define NTABLES (sizeof(tables) / sizeof(tables[0]))
 #define SEQUENCE (NTABLES - 1)
@@ -583,13 +589,78 @@ static int dump_sequence(struct meta *m, struct conn *c, FILE *out, uint64_t *re
 	return 0;
 }
 
+/* Begins c's read transaction and takes its snapshot now (the first read
+ * does): the volume's uuid into uuid. */
+static int snapshot_begin(struct meta *m, struct conn *c, char *uuid, size_t ulen, char *err,
+			  size_t errlen)
+{
+	struct db_stmt *st = NULL;
+	size_t len;
+	const char *u;
+	int rc;
+
+	if ((rc = exec_sql(c, m->vol->snapshot_sql)) < 0 ||
+	    (rc = c->drv->stmt_new(c, "SELECT uuid FROM volume", "", &st)) < 0 ||
+	    (rc = c->drv->step(st)) != 1 || c->drv->col_type(st, 0) != DB_TEXT) {
+		say_db(c, err, errlen, "cannot read the volume record");
+		c->drv->stmt_free(st);
+		return rc < 0 ? rc : -EIO;
+	}
+	u = c->drv->col_blob(st, 0, &len);
+	snprintf(uuid, ulen, "%.*s", (int)(len < 40 ? len : 40), u ? u : "");
+	c->drv->stmt_free(st);
+	return 0;
+}
+
+/* The stream from c's snapshot: header, tables, sequence, end. */
+static int dump_snapshot(struct meta *m, struct hold *h, struct conn *c, const char *uuid,
+			 bool checkpoint, FILE *out, uint64_t *records, char *err, size_t errlen)
+{
+	uint64_t n = 0;
+	int rc;
+
+	if (fprintf(out, "{\"ferry_dump\":%d,\"schema\":%d,\"engine\":\"%s\",\"volume\":\"%s\"}\n",
+		    META_DUMP_VERSION, META_SCHEMA_VERSION, m->drv->name, uuid) < 0) {
+		rc = errno ? -errno : -EIO;
+		say(err, errlen, "cannot write the dump: %s", strerror(errno));
+		return rc;
+	}
+	for (size_t i = 0; i < SEQUENCE; i++) {
+		/* A checkpoint's volume keeps none of the origin's checkpoints
+		 * (meta_restore_adopt): they would only grow each dump. */
+		if (checkpoint && !strncmp(tables[i].table, "checkpoint", 10))
+			continue;
+		if ((rc = dump_table(m, h, c, &tables[i], out, &n, err, errlen)) < 0)
+			return rc;
+	}
+	if ((rc = dump_sequence(m, c, out, &n, err, errlen)) < 0)
+		return rc;
+	if (fprintf(out, "{\"t\":\"end\",\"records\":%llu}\n", (unsigned long long)n) < 0 ||
+	    fflush(out) != 0) {
+		rc = errno ? -errno : -EIO;
+		say(err, errlen, "cannot write the dump: %s", strerror(errno));
+		return rc;
+	}
+	if (records)
+		*records = n;
+	return 0;
+}
+
+/* Ends c's transaction (it only read, or failed) and frees it. */
+static void conn_end(struct conn *c)
+{
+	if (!c)
+		return;
+	if (c->drv->txn_open(c))
+		exec_sql(c, "ROLLBACK");
+	c->drv->conn_free(c);
+}
+
 int meta_dump(const char *loc, FILE *out, uint64_t *records, char *err, size_t errlen)
 {
 	struct hold h = { .lock = -1 };
 	struct meta *m = NULL;
 	struct conn *c = NULL;
-	struct db_stmt *st = NULL;
-	uint64_t n = 0;
 	char uuid[64] = "";
 	int rc;
 
@@ -602,48 +673,11 @@ int meta_dump(const char *loc, FILE *out, uint64_t *records, char *err, size_t e
 		goto out;
 	}
 	/* One read transaction: every table from the same instant. */
-	if ((rc = exec_sql(c, m->vol->snapshot_sql)) < 0 ||
-	    (rc = c->drv->stmt_new(c, "SELECT uuid FROM volume", "", &st)) < 0 ||
-	    (rc = c->drv->step(st)) != 1 || c->drv->col_type(st, 0) != DB_TEXT) {
-		say_db(c, err, errlen, "cannot read the volume record");
-		rc = rc < 0 ? rc : -EIO;
-		goto out;
-	}
-	{
-		size_t len;
-		const char *u = c->drv->col_blob(st, 0, &len);
-
-		snprintf(uuid, sizeof(uuid), "%.*s", (int)(len < 40 ? len : 40), u ? u : "");
-	}
-	c->drv->stmt_free(st);
-	st = NULL;
-	if (fprintf(out, "{\"ferry_dump\":%d,\"schema\":%d,\"engine\":\"%s\",\"volume\":\"%s\"}\n",
-		    META_DUMP_VERSION, META_SCHEMA_VERSION, m->drv->name, uuid) < 0) {
-		rc = errno ? -errno : -EIO;
-		say(err, errlen, "cannot write the dump: %s", strerror(errno));
-		goto out;
-	}
-	for (size_t i = 0; i < SEQUENCE; i++)
-		if ((rc = dump_table(m, &h, c, &tables[i], out, &n, err, errlen)) < 0)
-			goto out;
-	if ((rc = dump_sequence(m, c, out, &n, err, errlen)) < 0)
-		goto out;
-	if (fprintf(out, "{\"t\":\"end\",\"records\":%llu}\n", (unsigned long long)n) < 0 ||
-	    fflush(out) != 0) {
-		rc = errno ? -errno : -EIO;
-		say(err, errlen, "cannot write the dump: %s", strerror(errno));
-		goto out;
-	}
-	if (records)
-		*records = n;
-	rc = 0;
+	rc = snapshot_begin(m, c, uuid, sizeof(uuid), err, errlen);
+	if (rc == 0)
+		rc = dump_snapshot(m, &h, c, uuid, false, out, records, err, errlen);
 out:
-	if (c) {
-		c->drv->stmt_free(st);
-		if (c->drv->txn_open(c))
-			exec_sql(c, "ROLLBACK"); /* it only read */
-		c->drv->conn_free(c);
-	}
+	conn_end(c);
 	if (m)
 		volume_unhold(m, &h);
 	else if (h.lock >= 0)
@@ -1289,4 +1323,433 @@ out:
 		close(lock);
 	free(line);
 	return rc;
+}
+
+/* ---- checkpoints ---- */
+
+bool meta_checkpoint_name_ok(const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n == 0 || n > META_CHECKPOINT_NAME_MAX || name[0] == '.' || name[0] == '-')
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char ch = name[i];
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+		      ch == '.' || ch == '_' || ch == '-'))
+			return false;
+	}
+	return true;
+}
+
+/* Runs sql with one text parameter, ?1 = name; *changed: rows it changed. */
+static int exec_named(struct conn *c, const char *sql, const char *name, int64_t *changed)
+{
+	struct db_stmt *st = NULL;
+	int rc = c->drv->stmt_new(c, sql, "t", &st);
+
+	if (rc == 0)
+		rc = c->drv->bind_text(st, 1, name);
+	if (rc == 0) {
+		rc = c->drv->step(st);
+		if (rc > 0)
+			rc = 0;
+	}
+	c->drv->stmt_free(st);
+	if (rc == 0)
+		rc = c->drv->settle(c);
+	if (rc == 0 && changed)
+		*changed = c->drv->changes(c);
+	return rc;
+}
+
+struct take {
+	struct meta *m;
+	const char *name;
+	int64_t taken_ms;
+	struct conn *r;          /* the snapshot's connection */
+	char uuid[64];
+	char *err;
+	size_t errlen;
+};
+
+/* Inside the write transaction: nobody else changes the slices until it
+ * ends. The snapshot is taken here, then the same slices are kept. */
+static int take_fenced(struct conn *c, void *arg)
+{
+	struct take *t = arg;
+	struct db_stmt *st = NULL;
+	char sql[256];
+	int64_t n = 0;
+	int rc;
+
+	if (t->m->vol->fence_sql && (rc = exec_sql(c, t->m->vol->fence_sql)) < 0) {
+		say_db(c, t->err, t->errlen, "cannot fence the slices");
+		return rc;
+	}
+	if ((rc = c->drv->stmt_new(c, "SELECT 1 FROM checkpoint WHERE name = ?1", "t",
+					      &st)) == 0 &&
+	    (rc = c->drv->bind_text(st, 1, t->name)) == 0)
+		rc = c->drv->step(st);
+	c->drv->stmt_free(st);
+	if (rc == 1) {
+		say(t->err, t->errlen, "a checkpoint named %s exists", t->name);
+		return -EEXIST;
+	}
+	if (rc < 0) {
+		say_db(c, t->err, t->errlen, "cannot read the checkpoints");
+		return rc;
+	}
+	/* Run again after a busy retry: a new snapshot then. */
+	if (t->r->drv->txn_open(t->r))
+		exec_sql(t->r, "ROLLBACK");
+	rc = snapshot_begin(t->m, t->r, t->uuid, sizeof(t->uuid), t->err, t->errlen);
+	if (rc < 0)
+		return rc;
+	if ((rc = exec_named(c, "INSERT INTO checkpoint_slice(name, id) SELECT DISTINCT ?1, id "
+				"FROM slice", t->name, &n)) < 0) {
+		say_db(c, t->err, t->errlen, "cannot keep the checkpoint's slices");
+		return rc;
+	}
+	snprintf(sql, sizeof(sql),
+		 "INSERT INTO checkpoint(name, taken_ms, slices, bytes) SELECT ?1, %lld, COUNT(*), "
+		 "CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM (SELECT DISTINCT id, size FROM slice) s",
+		 (long long)t->taken_ms);
+	if ((rc = exec_named(c, sql, t->name, NULL)) < 0)
+		say_db(c, t->err, t->errlen, "cannot record the checkpoint");
+	return rc;
+}
+
+static double mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+int meta_checkpoint_take(struct meta *m, const char *name, FILE *out, struct meta_checkpoint *cp,
+			 uint64_t *records, double *pause_ms, char *err, size_t errlen)
+{
+	struct hold h = { .lock = -1 };
+	struct take t = { .m = m, .name = name, .err = err, .errlen = errlen };
+	struct timespec now;
+	double t0;
+	int rc;
+
+	if (errlen)
+		err[0] = '\0';
+	*pause_ms = 0;
+	if (!meta_checkpoint_name_ok(name)) {
+		say(err, errlen, "bad checkpoint name '%.80s' (1 to %d of A-Z a-z 0-9 . _ -, not "
+			"starting with . or -)", name, META_CHECKPOINT_NAME_MAX);
+		return -EINVAL;
+	}
+	clock_gettime(CLOCK_REALTIME, &now);
+	t.taken_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+	rc = m->drv->conn_open(m, &t.r);
+	if (rc < 0) {
+		say(err, errlen, "cannot connect to the volume: %s", strerror(-rc));
+		return rc;
+	}
+	t0 = mono_ms();
+	rc = meta_txn(m, take_fenced, &t);
+	*pause_ms = mono_ms() - t0;
+	if (rc < 0) {
+		if (!*err)
+			say(err, errlen, "cannot take the checkpoint: %s", strerror(-rc));
+		goto out;
+	}
+	rc = dump_snapshot(m, &h, t.r, t.uuid, true, out, records, err, errlen);
+	if (rc < 0) {
+		char e2[128];
+		meta_checkpoint_drop(m, name, e2, sizeof(e2));
+		goto out;
+	}
+	memset(cp, 0, sizeof(*cp));
+	snprintf(cp->name, sizeof(cp->name), "%s", name);
+	cp->taken_ms = t.taken_ms;
+	rc = meta_checkpoint_list(m, name, NULL, cp, err, errlen);
+	if (rc == 0)
+		rc = meta_sync(m); /* the checkpoint's rows keep its objects: durable first */
+out:
+	conn_end(t.r);
+	return rc;
+}
+
+struct drop {
+	const char *name;
+	int64_t n;
+};
+
+static int drop_rows(struct conn *c, void *arg)
+{
+	struct drop *d = arg;
+	int rc = exec_named(c, "DELETE FROM checkpoint_slice WHERE name = ?1", d->name, NULL);
+
+	if (rc == 0)
+		rc = exec_named(c, "DELETE FROM checkpoint WHERE name = ?1", d->name, &d->n);
+	return rc;
+}
+
+int meta_checkpoint_drop(struct meta *m, const char *name, char *err, size_t errlen)
+{
+	struct drop d = { .name = name };
+	int rc = meta_txn(m, drop_rows, &d);
+
+	if (rc < 0) {
+		say(err, errlen, "cannot delete checkpoint %s: %s", name, strerror(-rc));
+		return rc;
+	}
+	if (d.n == 0) {
+		say(err, errlen, "no checkpoint named %s", name);
+		return -ENOENT;
+	}
+	return meta_sync(m);
+}
+
+int meta_checkpoint_list(struct meta *m, const char *name,
+			 int (*cb)(const struct meta_checkpoint *cp, void *arg), void *arg,
+			 char *err, size_t errlen)
+{
+	struct meta_checkpoint one;
+	struct db_stmt *st = NULL;
+	READ_CONN(c);
+	bool found = false;
+	int rc;
+
+	rc = meta_read_conn(m, &c);
+	if (rc == 0)
+		rc = c->drv->stmt_new(c, name ? "SELECT name, taken_ms, slices, bytes FROM checkpoint "
+						"WHERE name = ?1" :
+						"SELECT name, taken_ms, slices, bytes FROM checkpoint "
+						"ORDER BY taken_ms, name",
+				      name ? "t" : "", &st);
+	if (rc == 0 && name)
+		rc = c->drv->bind_text(st, 1, name);
+	while (rc == 0 && (rc = c->drv->step(st)) == 1) {
+		size_t len;
+		const char *p = c->drv->col_blob(st, 0, &len);
+
+		memset(&one, 0, sizeof(one));
+		snprintf(one.name, sizeof(one.name), "%.*s", (int)len, p ? p : "");
+		one.taken_ms = c->drv->col_i64(st, 1);
+		one.slices = (uint64_t)c->drv->col_i64(st, 2);
+		one.bytes = (uint64_t)c->drv->col_i64(st, 3);
+		found = true;
+		rc = cb ? cb(&one, arg) : 0;
+		if (!cb)
+			*(struct meta_checkpoint *)arg = one;
+	}
+	if (rc < 0 && c)
+		say_db(c, err, errlen, "cannot list the checkpoints");
+	if (c)
+		c->drv->stmt_free(st);
+	if (rc == 0 && name && !found) {
+		say(err, errlen, "no checkpoint named %s", name);
+		rc = -ENOENT;
+	}
+	return rc;
+}
+
+/* ---- slice ranges, and what gc must keep ---- */
+
+int meta_slice_range_base(struct meta *m, uint64_t *base)
+{
+	READ_CONN(c);
+	int64_t v = 0;
+	int rc = meta_read_conn(m, &c);
+
+	if (rc == 0)
+		rc = query_one(c, "SELECT base FROM slice_range WHERE id = 1", &v);
+	if (rc < 0)
+		return rc;
+	*base = rc == 1 ? 0 : (uint64_t)v;
+	return 0;
+}
+
+bool meta_slice_id_ours(uint64_t base, uint64_t id)
+{
+	return id >= base && id - base < (1ull << META_SLICE_RANGE_BITS);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+int meta_slices_kept(struct meta *m, int64_t freed_after_s, struct meta_kept *k, char *err,
+		     size_t errlen)
+{
+	struct db_stmt *st = NULL;
+	READ_CONN(c);
+	size_t cap = 0;
+	int64_t v;
+	int rc;
+
+	memset(k, 0, sizeof(*k));
+	rc = meta_read_conn(m, &c);
+	if (rc < 0) {
+		say(err, errlen, "cannot read the volume: %s", strerror(-rc));
+		return rc;
+	}
+	if ((rc = meta_slice_range_base(m, &k->base)) < 0 ||
+	    (rc = query_one(c, "SELECT next_slice FROM counters WHERE id = 1", &v)) < 0) {
+		say_db(c, err, errlen, "cannot read the counters");
+		return rc;
+	}
+	k->next_slice = rc == 0 ? (uint64_t)v : 0;
+	rc = c->drv->stmt_new(c, "SELECT id FROM slice UNION SELECT id FROM checkpoint_slice "
+				 "UNION SELECT id FROM gc_slice WHERE since > ?1",
+			      "i", &st);
+	if (rc == 0)
+		rc = c->drv->bind_i64(st, 1, freed_after_s);
+	while (rc == 0 && (rc = c->drv->step(st)) == 1) {
+		if (k->n == cap) {
+			size_t ncap = cap ? cap * 2 : 4096;
+			uint64_t *nid = realloc(k->ids, ncap * sizeof(*nid));
+			if (!nid) {
+				rc = -ENOMEM;
+				break;
+			}
+			k->ids = nid;
+			cap = ncap;
+		}
+		k->ids[k->n++] = (uint64_t)c->drv->col_i64(st, 0);
+		rc = 0;
+	}
+	if (rc < 0)
+		say_db(c, err, errlen, "cannot list the slices");
+	c->drv->stmt_free(st);
+	if (rc < 0) {
+		free(k->ids);
+		memset(k, 0, sizeof(*k));
+		return rc;
+	}
+	qsort(k->ids, k->n, sizeof(*k->ids), cmp_u64);
+	return 0;
+}
+
+bool meta_kept_has(const struct meta_kept *k, uint64_t id)
+{
+	size_t lo = 0, hi = k->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (k->ids[mid] == id)
+			return true;
+		if (k->ids[mid] < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
+}
+
+static int forget_freed(struct conn *c, void *arg)
+{
+	struct db_stmt *st = NULL;
+	int rc = c->drv->stmt_new(c, "DELETE FROM gc_slice WHERE since <= ?1 AND NOT EXISTS "
+				     "(SELECT 1 FROM checkpoint_slice k WHERE k.id = gc_slice.id)",
+				  "i", &st);
+
+	if (rc == 0)
+		rc = c->drv->bind_i64(st, 1, *(int64_t *)arg);
+	if (rc == 0 && (rc = c->drv->step(st)) > 0)
+		rc = 0;
+	c->drv->stmt_free(st);
+	return rc;
+}
+
+int meta_gc_forget_freed(struct meta *m, int64_t freed_before_s)
+{
+	int rc = meta_txn(m, forget_freed, &freed_before_s);
+
+	return rc < 0 ? rc : meta_sync(m);
+}
+
+/* ---- restore ---- */
+
+struct adopt {
+	const char *uuid;
+	uint64_t base;
+};
+
+static int adopt_rows(struct conn *c, void *arg)
+{
+	struct adopt *a = arg;
+	char sql[160];
+	int rc;
+
+	/* The origin's checkpoints and garbage are the origin's to keep and
+	 * to collect; slices below base are the origin's objects. */
+	if ((rc = exec_sql(c, "DELETE FROM checkpoint_slice")) < 0 ||
+	    (rc = exec_sql(c, "DELETE FROM checkpoint")) < 0 ||
+	    (rc = exec_sql(c, "DELETE FROM gc_slice")) < 0 ||
+	    (rc = exec_sql(c, "DELETE FROM slice_range")) < 0)
+		return rc;
+	snprintf(sql, sizeof(sql), "INSERT INTO slice_range(id, base) VALUES (1, %llu)",
+		 (unsigned long long)a->base);
+	if ((rc = exec_sql(c, sql)) < 0)
+		return rc;
+	snprintf(sql, sizeof(sql), "UPDATE counters SET next_slice = %llu WHERE id = 1",
+		 (unsigned long long)(a->base ? a->base : 1));
+	if ((rc = exec_sql(c, sql)) < 0)
+		return rc;
+	return exec_named(c, "UPDATE volume SET uuid = ?1 WHERE id = 1", a->uuid, NULL);
+}
+
+int meta_restore_adopt(const char *loc, const char *uuid, uint64_t base, char *err,
+		       size_t errlen)
+{
+	struct adopt a = { .uuid = uuid, .base = base };
+	struct meta *m = NULL;
+	int rc = meta_open(loc, &m);
+
+	if (rc == 0)
+		rc = meta_txn(m, adopt_rows, &a);
+	if (rc == 0)
+		rc = meta_sync(m);
+	if (rc < 0)
+		say(err, errlen, "cannot make %s a volume of its own: %s", loc, strerror(-rc));
+	meta_close(m);
+	return rc;
+}
+
+/* ---- holding a volume for a tool ---- */
+
+struct meta_hold {
+	struct hold h;
+};
+
+int meta_hold_open(const char *loc, struct meta **m, struct meta_hold **out, char *err,
+		   size_t errlen)
+{
+	struct meta_hold *mh = calloc(1, sizeof(*mh));
+	int rc;
+
+	*m = NULL;
+	if (!mh)
+		return -ENOMEM;
+	mh->h.lock = -1;
+	rc = volume_hold(loc, m, &mh->h, err, errlen);
+	if (rc < 0) {
+		if (mh->h.lock >= 0)
+			close(mh->h.lock);
+		meta_close(*m);
+		*m = NULL;
+		free(mh);
+		return rc;
+	}
+	*out = mh;
+	return 0;
+}
+
+void meta_hold_close(struct meta *m, struct meta_hold *mh)
+{
+	if (mh)
+		volume_unhold(m, &mh->h);
+	free(mh);
+	meta_close(m);
 }

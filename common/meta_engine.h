@@ -52,6 +52,11 @@ struct db_volume_ops {
 	const char *snapshot_sql;
 	const char *slice_seq_get_sql;
 	const char *slice_seq_set_sql[2];
+	/* Run first in a write transaction, it keeps every other writer of
+	 * slices out until the transaction ends (a checkpoint's fence,
+	 * meta_checkpoint_take); NULL where the transaction already does
+	 * (SQLite's BEGIN IMMEDIATE). */
+	const char *fence_sql;
 };
 
 struct meta {

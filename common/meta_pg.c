@@ -40,9 +40,12 @@
 #include <errno.h>
 #include <libpq-fe.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "log.h"
 
 #define PG_SCHEMA_VERSION META_SCHEMA_VERSION
 #define PG_MAX_PARAMS 16
@@ -975,6 +978,17 @@ const struct db_driver meta_pg_driver = {
 
 /* ---- the volume ----------------------------------------------------------- */
 
+/* Tables that came after the first schema: made by format, and at open
+ * when missing (a volume formatted before them). */
+#define PG_LATER_SQL \
+	"CREATE TABLE IF NOT EXISTS checkpoint(name TEXT PRIMARY KEY, taken_ms BIGINT NOT NULL," \
+	" slices BIGINT NOT NULL, bytes BIGINT NOT NULL);" \
+	"CREATE TABLE IF NOT EXISTS checkpoint_slice(name TEXT NOT NULL, id BIGINT NOT NULL," \
+	" PRIMARY KEY (name, id));" \
+	"CREATE INDEX IF NOT EXISTS checkpoint_slice_id ON checkpoint_slice(id);" \
+	"CREATE TABLE IF NOT EXISTS slice_range(id INTEGER PRIMARY KEY CHECK (id = 1)," \
+	" base BIGINT NOT NULL);"
+
 static const char pg_schema_sql[] =
 	"CREATE TABLE meta_schema(id INTEGER PRIMARY KEY CHECK (id = 1),"
 	" version BIGINT NOT NULL, application TEXT NOT NULL);"
@@ -1012,7 +1026,8 @@ static const char pg_schema_sql[] =
 	"INSERT INTO journal(id, seq) VALUES (1, 0);"
 	"CREATE TABLE lease(id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL,"
 	" expires_ms BIGINT NOT NULL, epoch BIGINT NOT NULL);"
-	"INSERT INTO lease(id, holder, expires_ms, epoch) VALUES (1, '', 0, 0);";
+	"INSERT INTO lease(id, holder, expires_ms, epoch) VALUES (1, '', 0, 0);"
+	PG_LATER_SQL;
 
 static void vol_free(struct pg_vol *v)
 {
@@ -1158,6 +1173,29 @@ static int check_volume(struct pg_conn *c)
 	return rc;
 }
 
+/* PG_LATER_SQL on a volume that lacks its tables (two daemons opening one
+ * volume at once: IF NOT EXISTS may still race; the loser looks again). */
+static int later_tables(struct pg_conn *c)
+{
+	PGresult *res = PQexec(c->pc, "SELECT to_regclass('slice_range') IS NOT NULL");
+	bool have = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+		    strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	int rc;
+
+	PQclear(res);
+	if (have)
+		return 0;
+	rc = pg_exec(c->pc, PG_LATER_SQL);
+	if (rc) {
+		res = PQexec(c->pc, "SELECT to_regclass('slice_range') IS NOT NULL");
+		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+		    strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+			rc = 0;
+		PQclear(res);
+	}
+	return rc;
+}
+
 static int pg_open(struct meta *m)
 {
 	struct conn *c;
@@ -1169,6 +1207,8 @@ static int pg_open(struct meta *m)
 	rc = meta_conn_get(m, &c);
 	if (rc == 0)
 		rc = check_volume(pgc(c));
+	if (rc == 0 && (rc = later_tables(pgc(c))) < 0)
+		log_warnx("%s: cannot add the checkpoint tables: %s", m->path, strerror(-rc));
 	return rc;
 }
 
@@ -1214,6 +1254,8 @@ const struct db_volume_ops meta_pg_volume = {
 	.set_batched = pg_set_batched,
 	.sync = pg_sync,
 	.snapshot_sql = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+	/* Writers of slices wait (INSERT and DELETE take ROW EXCLUSIVE). */
+	.fence_sql = "LOCK TABLE slice IN SHARE ROW EXCLUSIVE MODE",
 	/* The identity's sequence: it is not transactional, and only grows. */
 	.slice_seq_get_sql = "SELECT last_value FROM pg_sequences WHERE format('%I.%I', schemaname,"
 			     " sequencename) = pg_get_serial_sequence('slice', 'seq')"

@@ -141,7 +141,9 @@ const struct meta_sql meta_sql[ST_COUNT] = {
 			      " WHERE ?1 <> 0 AND NOT EXISTS (SELECT 1 FROM slice WHERE id = ?1)"
 			      " ON CONFLICT(id) DO NOTHING",
 			      "iii" },
+	/* A slice a kept checkpoint names is not garbage yet. */
 	[ST_GC_LIST] = { "SELECT id, size FROM gc_slice WHERE seen <= ?1 AND since <= ?2"
+			 " AND NOT EXISTS (SELECT 1 FROM checkpoint_slice c WHERE c.id = gc_slice.id)"
 			 " ORDER BY seen, id LIMIT ?3",
 			 "iii" },
 	[ST_GC_FORGET] = { "DELETE FROM gc_slice WHERE id = ?1", "i" },

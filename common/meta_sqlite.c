@@ -107,7 +107,16 @@ static const char commit_seq_sql[] =
 	/* The writer's lease (meta_lease_take): not part of a dump. */
 	"CREATE TABLE IF NOT EXISTS lease(id INTEGER PRIMARY KEY CHECK (id = 1),"
 	" holder TEXT NOT NULL, expires_ms INTEGER NOT NULL, epoch INTEGER NOT NULL);"
-	"INSERT OR IGNORE INTO lease(id, holder, expires_ms, epoch) VALUES (1, '', 0, 0)";
+	"INSERT OR IGNORE INTO lease(id, holder, expires_ms, epoch) VALUES (1, '', 0, 0);"
+	/* Checkpoints (meta_checkpoint_take) and the slices each keeps from
+	 * gc; the range of slice ids this volume's own objects use. */
+	"CREATE TABLE IF NOT EXISTS checkpoint(name TEXT PRIMARY KEY, taken_ms INTEGER NOT NULL,"
+	" slices INTEGER NOT NULL, bytes INTEGER NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS checkpoint_slice(name TEXT NOT NULL, id INTEGER NOT NULL,"
+	" PRIMARY KEY (name, id)) WITHOUT ROWID;"
+	"CREATE INDEX IF NOT EXISTS checkpoint_slice_id ON checkpoint_slice(id);"
+	"CREATE TABLE IF NOT EXISTS slice_range(id INTEGER PRIMARY KEY CHECK (id = 1),"
+	" base INTEGER NOT NULL)";
 
 /*
  * gc_slice.seen came after gc_slice: added when missing (meta_open). Both

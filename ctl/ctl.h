@@ -16,6 +16,13 @@ int cmd_warmup(int argc, char **argv);   /* warmup.c */
 int cmd_drain(int argc, char **argv);    /* drain.c */
 int cmd_dump(int argc, char **argv);     /* dump.c */
 int cmd_load(int argc, char **argv);     /* dump.c */
+int cmd_checkpoint(int argc, char **argv); /* checkpoint.c */
+int cmd_restore(int argc, char **argv);  /* checkpoint.c */
+int cmd_gc(int argc, char **argv);       /* checkpoint.c */
+
+/* drain.c: a drain (checkpoint NULL) or a checkpoint through MOUNTPOINT's
+ * .control file, shown as ferry drain shows it; the exit code. */
+int ctl_control_run(const char *mountpoint, const char *checkpoint, double timeout_s, int json);
 
 /* main.c */
 void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -129,13 +129,9 @@ int cmd_drain(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	char path[PATH_MAX], req[64], state[32] = "", *text = NULL, *end;
 	double timeout_s = 0;
-	int opt, fd = -1, rc = 1, json = 0;
-	bool tty = isatty(STDERR_FILENO);
-	uint64_t last_bytes = 0;
-	int64_t last_ms = 0;
-	double rate = 0; /* bytes/s, smoothed */
+	char *end;
+	int opt, json = 0;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "t:jh", opts, NULL)) != -1) {
@@ -162,11 +158,24 @@ int cmd_drain(int argc, char **argv)
 		ctl_err("usage: ferry drain [--timeout SEC] [--json] MOUNTPOINT");
 		return 2;
 	}
-	snprintf(path, sizeof(path), "%s/.control", argv[optind]);
+	return ctl_control_run(argv[optind], NULL, timeout_s, json);
+}
+
+int ctl_control_run(const char *mountpoint, const char *checkpoint, double timeout_s, int json)
+{
+	const char *what = checkpoint ? "checkpoint" : "drain";
+	char path[PATH_MAX], req[160], state[32] = "", *text = NULL;
+	int fd = -1, rc = 1;
+	bool tty = isatty(STDERR_FILENO);
+	uint64_t last_bytes = 0;
+	int64_t last_ms = 0;
+	double rate = 0; /* bytes/s, smoothed */
+
+	snprintf(path, sizeof(path), "%s/.control", mountpoint);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		ctl_err("drain: cannot open %s: %s%s", path, strerror(e),
+		ctl_err("%s: cannot open %s: %s%s", what, path, strerror(e),
 			e == ENOENT ? " (not a ferryfs mount?)" :
 			e == EACCES ? " (only the mount's owner or root may drain it)" : "");
 		return 1;
@@ -175,9 +184,12 @@ int cmd_drain(int argc, char **argv)
 	struct sigaction sa = { .sa_handler = on_signal };
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	snprintf(req, sizeof(req), "drain timeout=%.3f\n", timeout_s);
+	if (checkpoint)
+		snprintf(req, sizeof(req), "checkpoint %s timeout=%.3f\n", checkpoint, timeout_s);
+	else
+		snprintf(req, sizeof(req), "drain timeout=%.3f\n", timeout_s);
 	if (write(fd, req, strlen(req)) < 0) {
-		ctl_err("drain: %s refused the request: %s", path, strerror(errno));
+		ctl_err("%s: %s refused the request: %s", what, path, strerror(errno));
 		goto out;
 	}
 	for (;;) {
@@ -187,11 +199,11 @@ int cmd_drain(int argc, char **argv)
 		text = NULL;
 		r = control_read(fd, &text);
 		if (r < 0) {
-			ctl_err("drain: cannot read %s: %s", path, strerror(-r));
+			ctl_err("%s: cannot read %s: %s", what, path, strerror(-r));
 			goto out;
 		}
 		if (ctl_stats_value(text, "state", state, sizeof(state)) < 0) {
-			ctl_err("drain: %s gave no state", path);
+			ctl_err("%s: %s gave no state", what, path);
 			goto out;
 		}
 		if (strcmp(state, "running") != 0)
@@ -199,7 +211,7 @@ int cmd_drain(int argc, char **argv)
 		if (interrupted) {
 			if (tty && !json)
 				fputc('\n', stderr);
-			ctl_err("drain: interrupted; the drain is cancelled (what it committed stays)");
+			ctl_err("%s: interrupted; the drain is cancelled (what it committed stays)", what);
 			rc = 130;
 			goto out;
 		}
@@ -234,7 +246,7 @@ int cmd_drain(int argc, char **argv)
 		if (!o || !p) {
 			json_object_put(o);
 			json_object_put(p);
-			ctl_err("drain: out of memory");
+			ctl_err("%s: out of memory", what);
 			rc = 1;
 			goto out;
 		}
@@ -245,6 +257,20 @@ int cmd_drain(int argc, char **argv)
 		for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++)
 			json_object_object_add(o, fields[k],
 					       json_object_new_uint64(value_u64(text, fields[k])));
+		if (checkpoint) {
+			static const char *const cfields[] = { "checkpoint_records",
+							       "checkpoint_dump_bytes",
+							       "checkpoint_slices",
+							       "checkpoint_slice_bytes" };
+			char v[32] = "0";
+			json_object_object_add(o, "checkpoint", json_object_new_string(checkpoint));
+			for (size_t k = 0; k < sizeof(cfields) / sizeof(cfields[0]); k++)
+				json_object_object_add(o, cfields[k],
+						       json_object_new_uint64(value_u64(text, cfields[k])));
+			ctl_stats_value(text, "pause_ms", v, sizeof(v));
+			json_object_object_add(o, "pause_ms",
+					       json_object_new_double_s(strtod(v, NULL), v));
+		}
 		for_each_problem(text, problem_json, p);
 		json_object_object_add(o, "problems", p);
 		printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
@@ -254,7 +280,16 @@ int cmd_drain(int argc, char **argv)
 		char b[32];
 		uint64_t ms = value_u64(text, "elapsed_ms");
 		human_bytes(value_u64(text, rc == 0 ? "bytes_at_mark" : "bytes_left"), b, sizeof(b));
-		if (rc == 0)
+		if (rc == 0 && checkpoint) {
+			char v[32] = "?", sb[32];
+			ctl_stats_value(text, "pause_ms", v, sizeof(v));
+			human_bytes(value_u64(text, "checkpoint_slice_bytes"), sb, sizeof(sb));
+			printf("checkpoint %s taken in %.1f s (drained %llu files, %s): %llu "
+			       "slices (%s) kept; slice commits paused %s ms\n",
+			       checkpoint, ms / 1000.0,
+			       (unsigned long long)value_u64(text, "files_at_mark"), b,
+			       (unsigned long long)value_u64(text, "checkpoint_slices"), sb, v);
+		} else if (rc == 0)
 			printf("drained to mark %llu: %llu files, %s in %.1f s\n",
 			       (unsigned long long)value_u64(text, "mark"),
 			       (unsigned long long)value_u64(text, "files_at_mark"), b, ms / 1000.0);

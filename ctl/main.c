@@ -29,6 +29,9 @@ static const struct command {
 	{ "warmup", cmd_warmup, "warmup [--quiet] PATH..." },
 	{ "dump", cmd_dump, "dump VOLUME [FILE]" },
 	{ "load", cmd_load, "load FILE VOLUME" },
+	{ "checkpoint", cmd_checkpoint, "checkpoint [--timeout SEC] [--json] MOUNTPOINT NAME | --list VOLUME | --delete [--force] VOLUME NAME" },
+	{ "restore", cmd_restore, "restore --from NAME --storage URL [--s3-http] NEW_VOLUME" },
+	{ "gc", cmd_gc, "gc [--delete] [--grace SEC] VOLUME" },
 };
 
 void ctl_err(const char *fmt, ...)

@@ -68,6 +68,7 @@ struct drain {
 	char *report;            /* owned: one line per failed or unfinished file */
 	int64_t deadline_ns;     /* 0: none */
 	int64_t started_ns;
+	char *checkpoint;        /* owned: the checkpoint to take once drained, or NULL */
 };
 
 static int64_t now_ns(void)
@@ -380,6 +381,24 @@ out:
 	for (size_t k = 0; k < nt; k++)
 		inode_unref(md, t[k].ino, 0, 1);
 	free(t);
+	if (end == DRAIN_DONE && d->checkpoint) {
+		struct drain_progress cp = { 0 };
+		char err[512] = "";
+
+		rc = checkpoint_take(md, d->checkpoint, &cp, err, sizeof(err));
+		pthread_mutex_lock(&d->lock);
+		d->p.checkpoint_taken = rc == 0;
+		d->p.pause_ms = cp.pause_ms;
+		d->p.ckpt_records = cp.ckpt_records;
+		d->p.ckpt_dump_bytes = cp.ckpt_dump_bytes;
+		d->p.ckpt_slices = cp.ckpt_slices;
+		d->p.ckpt_slice_bytes = cp.ckpt_slice_bytes;
+		if (rc < 0) {
+			report_add(d, "failed checkpoint %s: %s", d->checkpoint, err);
+			end = DRAIN_FAILED;
+		}
+		pthread_mutex_unlock(&d->lock);
+	}
 	pthread_mutex_lock(&d->lock);
 	d->p.state = end;
 	d->p.elapsed_ms = (uint64_t)(now_ns() - d->started_ns) / 1000000;
@@ -400,18 +419,25 @@ const char *drain_state_name(enum drain_state s)
 	return (unsigned)s < sizeof(n) / sizeof(n[0]) ? n[s] : "unknown";
 }
 
-int drain_start(struct mountd *md, int64_t timeout_ms, struct drain **out)
+int drain_start(struct mountd *md, int64_t timeout_ms, const char *checkpoint,
+		struct drain **out)
 {
 	struct drain *d = calloc(1, sizeof(*d));
 	int rc;
 
 	if (!d)
 		return -ENOMEM;
+	if (checkpoint && !(d->checkpoint = strdup(checkpoint))) {
+		free(d);
+		return -ENOMEM;
+	}
+	d->p.checkpoint = checkpoint != NULL;
 	d->md = md;
 	pthread_mutex_init(&d->lock, NULL);
 	rc = mono_cond_init(&d->cond);
 	if (rc < 0) {
 		pthread_mutex_destroy(&d->lock);
+		free(d->checkpoint);
 		free(d);
 		return rc;
 	}
@@ -424,6 +450,7 @@ int drain_start(struct mountd *md, int64_t timeout_ms, struct drain **out)
 		atomic_fetch_sub(&md->drains_running, 1);
 		pthread_cond_destroy(&d->cond);
 		pthread_mutex_destroy(&d->lock);
+		free(d->checkpoint);
 		free(d);
 		return rc;
 	}
@@ -470,5 +497,6 @@ void drain_free(struct drain *d)
 	pthread_cond_destroy(&d->cond);
 	pthread_mutex_destroy(&d->lock);
 	free(d->report);
+	free(d->checkpoint);
 	free(d);
 }

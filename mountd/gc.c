@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "meta_dump.h"
 #include "mountd.h"
 #include "slice.h"
 
@@ -49,6 +50,10 @@ struct gc_marks {
 	int64_t made_ns[GC_MARKS]; /* CLOCK_MONOTONIC */
 	int n;
 	int64_t next;              /* 0: not known yet (meta_gc_last_mark) */
+	/* The volume's own slice ids start here (meta_dump.h): a restored
+	 * volume's slices below it are its origin's objects, only forgotten. */
+	uint64_t slice_base;
+	bool base_known;
 };
 
 /* Deletes the objects of one slice: 0, or the store's error. */
@@ -124,6 +129,14 @@ static bool gc_round(struct mountd *md, struct gc_marks *k)
 {
 	int64_t due;
 
+	if (!k->base_known) {
+		int rc = meta_slice_range_base(md->meta, &k->slice_base);
+		if (rc < 0) {
+			log_errno(rc, "gc: cannot read the volume's slice range (will retry)");
+			return true;
+		}
+		k->base_known = true;
+	}
 	marks_update(md, k);
 	due = marks_due(md, k);
 	if (due == 0)
@@ -144,7 +157,8 @@ static bool gc_round(struct mountd *md, struct gc_marks *k)
 			pthread_mutex_unlock(&md->gc_lock);
 			if (stop)
 				break;
-			rc = slice_objects_delete(md, &items[done]);
+			rc = meta_slice_id_ours(k->slice_base, items[done].id) ?
+				     slice_objects_delete(md, &items[done]) : 0;
 			if (rc < 0) {
 				log_errno(rc, "gc: cannot delete the objects of slice %llu%s%s (will "
 					  "retry)", (unsigned long long)items[done].id,

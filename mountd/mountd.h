@@ -428,11 +428,19 @@ struct drain_progress {
 	uint64_t open_left;       /* of files_left: open for write, being committed here */
 	uint64_t files_at_mark, bytes_at_mark; /* what was left when the mark was taken */
 	uint64_t failed;          /* files whose upload failed for good */
+	/* A checkpoint taken once drained (checkpoint.c): */
+	bool checkpoint;          /* asked for */
+	bool checkpoint_taken;
+	double pause_ms;          /* how long commits of slices were fenced */
+	uint64_t ckpt_records, ckpt_dump_bytes, ckpt_slices, ckpt_slice_bytes;
 };
 struct drain;
 /* Takes the mark and starts committing up to it in a thread of its own;
- * timeout_ms <= 0: no deadline. *out is the caller's (drain_free). */
-int drain_start(struct mountd *md, int64_t timeout_ms, struct drain **out);
+ * timeout_ms <= 0: no deadline. With checkpoint (a name), once drained
+ * the checkpoint is taken (checkpoint_take) before the drain is done.
+ * *out is the caller's (drain_free). */
+int drain_start(struct mountd *md, int64_t timeout_ms, const char *checkpoint,
+		struct drain **out);
 /* A copy of the progress, and a malloc'ed report (the caller frees it;
  * NULL when memory is short): a line per failed or unfinished file. */
 char *drain_progress(struct drain *d, struct drain_progress *p);
@@ -441,6 +449,13 @@ enum drain_state drain_wait(struct drain *d, int ms);
 /* Cancels a drain still running, joins its thread, frees d (NULL: nothing). */
 void drain_free(struct drain *d);
 const char *drain_state_name(enum drain_state s);
+
+/* ---- checkpoint.c: ferry checkpoint ---- */
+/* Takes checkpoint name of the mounted volume (drained by the caller) and
+ * stores it with the objects; p's checkpoint fields are filled. 0, or
+ * -errno with the reason in err. */
+int checkpoint_take(struct mountd *md, const char *name, struct drain_progress *p, char *err,
+		    size_t errlen);
 
 /* ---- lease.c: one read-write mount of a shared volume at a time ---- */
 #define LEASE_MS_DEFAULT 15000

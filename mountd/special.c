@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "meta_dump.h"
 #include "mountd.h"
 
 #define CONTROL_REQUEST_MAX 256
@@ -132,18 +133,31 @@ static int control_render(struct special_file *sf)
 	int n;
 
 	if (!sf->drain) {
-		n = asprintf(&text, "state idle\nrequests drain [timeout=SEC] [wait]\n");
+		n = asprintf(&text, "state idle\nrequests drain [timeout=SEC] [wait]\n"
+				    "requests checkpoint NAME [timeout=SEC] [wait]\n");
 	} else {
+		char ckpt[256] = "";
+
 		report = drain_progress(sf->drain, &p);
+		if (p.checkpoint)
+			snprintf(ckpt, sizeof(ckpt),
+				 "checkpoint_taken %d\npause_ms %.1f\ncheckpoint_records %llu\n"
+				 "checkpoint_dump_bytes %llu\ncheckpoint_slices %llu\n"
+				 "checkpoint_slice_bytes %llu\n",
+				 p.checkpoint_taken, p.pause_ms, (unsigned long long)p.ckpt_records,
+				 (unsigned long long)p.ckpt_dump_bytes,
+				 (unsigned long long)p.ckpt_slices,
+				 (unsigned long long)p.ckpt_slice_bytes);
 		n = asprintf(&text,
-			     "request drain\nstate %s\nmark %llu\nelapsed_ms %llu\nfiles_left %llu\n"
+			     "request %s\nstate %s\nmark %llu\nelapsed_ms %llu\nfiles_left %llu\n"
 			     "bytes_left %llu\nblocks_left %llu\nopen_left %llu\nfiles_at_mark %llu\n"
-			     "bytes_at_mark %llu\nfiles_failed %llu\n%s",
+			     "bytes_at_mark %llu\nfiles_failed %llu\n%s%s",
+			     p.checkpoint ? "checkpoint" : "drain",
 			     drain_state_name(p.state), (unsigned long long)p.mark,
 			     (unsigned long long)p.elapsed_ms, (unsigned long long)p.files_left,
 			     (unsigned long long)p.bytes_left, (unsigned long long)p.blocks_left,
 			     (unsigned long long)p.open_left, (unsigned long long)p.files_at_mark,
-			     (unsigned long long)p.bytes_at_mark, (unsigned long long)p.failed,
+			     (unsigned long long)p.bytes_at_mark, (unsigned long long)p.failed, ckpt,
 			     report ? report : "");
 		free(report);
 	}
@@ -188,20 +202,30 @@ void special_read(fuse_req_t req, struct mountd *md, size_t size, off_t off,
 	free(buf);
 }
 
-/* Parses "drain [timeout=SEC] [wait]". 0 or -EINVAL. */
-static int control_parse(const char *line, int64_t *timeout_ms, bool *wait)
+/* Parses "drain [timeout=SEC] [wait]" or "checkpoint NAME [timeout=SEC]
+ * [wait]" (name: NULL for a drain, else a copy into name). 0 or -EINVAL. */
+static int control_parse(const char *line, int64_t *timeout_ms, bool *wait, char *name,
+			 bool *is_checkpoint)
 {
 	char copy[CONTROL_REQUEST_MAX + 1], *save = NULL, *tok;
-	bool first = true;
+	bool first = true, want_name = false;
 
 	snprintf(copy, sizeof(copy), "%s", line);
 	*timeout_ms = 0;
 	*wait = false;
+	*is_checkpoint = false;
 	for (tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
 		if (first) {
-			if (strcmp(tok, "drain") != 0)
+			if (strcmp(tok, "checkpoint") == 0)
+				*is_checkpoint = want_name = true;
+			else if (strcmp(tok, "drain") != 0)
 				return -EINVAL;
 			first = false;
+		} else if (want_name) {
+			if (!meta_checkpoint_name_ok(tok))
+				return -EINVAL;
+			snprintf(name, META_CHECKPOINT_NAME_MAX + 1, "%s", tok);
+			want_name = false;
 		} else if (strcmp(tok, "wait") == 0) {
 			*wait = true;
 		} else if (strncmp(tok, "timeout=", 8) == 0) {
@@ -217,7 +241,7 @@ static int control_parse(const char *line, int64_t *timeout_ms, bool *wait)
 			return -EINVAL;
 		}
 	}
-	return first ? -EINVAL : 0;
+	return first || want_name ? -EINVAL : 0;
 }
 
 void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t size,
@@ -226,9 +250,10 @@ void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t si
 	struct special_file *sf = handle_get(md->handles, fi->fh, HANDLE_SPECIAL);
 	char line[CONTROL_REQUEST_MAX + 1];
 	size_t asked = size; /* what the reply says was written */
+	char ckpt[META_CHECKPOINT_NAME_MAX + 1];
 	int64_t timeout_ms;
 	struct drain *d;
-	bool wait;
+	bool wait, is_checkpoint;
 	int rc;
 
 	if (!sf || sf->ino != CONTROL_INO) {
@@ -245,7 +270,7 @@ void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t si
 	}
 	memcpy(line, buf, size);
 	line[size] = '\0';
-	rc = control_parse(line, &timeout_ms, &wait);
+	rc = control_parse(line, &timeout_ms, &wait, ckpt, &is_checkpoint);
 	if (rc < 0) {
 		log_warnx(".control: refused the request '%.80s' (see README: The .control file)", line);
 		fuse_reply_err(req, -rc);
@@ -257,7 +282,7 @@ void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t si
 		fuse_reply_err(req, EBUSY);
 		return;
 	}
-	rc = drain_start(md, timeout_ms, &sf->drain);
+	rc = drain_start(md, timeout_ms, is_checkpoint ? ckpt : NULL, &sf->drain);
 	d = sf->drain;
 	free(sf->data); /* the next read renders the drain */
 	sf->data = NULL;

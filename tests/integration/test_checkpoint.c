@@ -1,0 +1,337 @@
+/*
+ * ferry checkpoint, ferry restore and ferry gc through a real mount and
+ * the real store: a volume restored from a checkpoint holds exactly what
+ * the mount held when the checkpoint was taken (files closed and still
+ * open for write, a directory, a symlink, an xattr), whatever the origin
+ * did after; ferry gc removes what nothing refers to (a deleted file's
+ * objects once the grace has passed, an upload that was never committed)
+ * and keeps what a live file or a kept checkpoint does; deleting a
+ * checkpoint that a volume was restored from wants --force, and only then
+ * are its objects collected. Runs on a SQLite volume and (scripts/test) on
+ * a PostgreSQL one; the restored volume is always a SQLite one beside it.
+ */
+#include "mount_util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#define KiB 1024
+#define MiB (1024 * 1024)
+
+static bool mnt2_mounted;
+
+static void teardown(void)
+{
+	if (mnt2_mounted) {
+		const char *argv[] = { fm_bin("ferry"), "umount", sp("mnt2"), NULL };
+		if (fm_run(argv, NULL, NULL, 60) != 0)
+			umount2(sp("mnt2"), MNT_DETACH);
+		mnt2_mounted = false;
+	}
+	fm_teardown();
+}
+
+TestSuite(checkpoint, .init = fm_setup, .fini = teardown, .timeout = 240);
+
+static unsigned char *pattern(size_t len, uint64_t seed)
+{
+	unsigned char *d = malloc(len);
+
+	cr_assert(d);
+	fm_fill_random(&seed, d, len);
+	return d;
+}
+
+/* ferry ARGS...: its exit status; stdout and stderr in sp("run.out"),
+ * sp("run.err"). */
+static int ferry(const char *a1, const char *a2, const char *a3, const char *a4, const char *a5,
+		 const char *a6)
+{
+	const char *argv[] = { fm_bin("ferry"), a1, a2, a3, a4, a5, a6, NULL };
+
+	return fm_run(argv, sp("run.out"), sp("run.err"), 120);
+}
+
+static char *out_text(void)
+{
+	char *o = fm_slurp(sp("run.out"));
+	cr_assert(o);
+	return o;
+}
+
+static char *err_text(void)
+{
+	char *e = fm_slurp(sp("run.err"));
+	cr_assert(e);
+	return e;
+}
+
+/* The store of the volume under test: file://, the fixture's own for a
+ * PostgreSQL volume, the default vol/objects for a SQLite one. */
+static const char *store_url(void)
+{
+	static char url[PATH_MAX + 16];
+
+	if (fm.storage[0])
+		snprintf(url, sizeof(url), "%s", fm.storage);
+	else
+		snprintf(url, sizeof(url), "file://%s", sp("vol/objects"));
+	return url;
+}
+
+static const char *store_dir(void)
+{
+	return store_url() + 7;
+}
+
+static void mount_restored(void)
+{
+	OK(mkdir(sp("mnt2"), 0755) == 0 || errno == EEXIST ? 0 : -1);
+	int st = ferry("mount", sp("vol2"), sp("mnt2"), NULL, NULL, NULL);
+	cr_assert_eq(st, 0, "ferry mount of the restored volume: %d\n%s", st, err_text());
+	mnt2_mounted = true;
+}
+
+static void umount_restored(void)
+{
+	int st = ferry("umount", sp("mnt2"), NULL, NULL, NULL, NULL);
+	cr_assert_eq(st, 0, "ferry umount: %d\n%s", st, err_text());
+	mnt2_mounted = false;
+}
+
+static uint64_t objects, object_bytes;
+
+static int count_object(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)ftw;
+	if (type == FTW_F && strstr(path, "/chunks/")) {
+		objects++;
+		object_bytes += (uint64_t)st->st_size;
+	}
+	return 0;
+}
+
+static uint64_t chunk_objects(void)
+{
+	objects = object_bytes = 0;
+	cr_assert_eq(nftw(store_dir(), count_object, 16, FTW_PHYS), 0, "%s", store_dir());
+	return objects;
+}
+
+Test(checkpoint, restore_gives_the_contents_at_the_checkpoint)
+{
+	size_t big = 3 * MiB + 17, small = 70 * KiB + 3, open_len = 200 * KiB;
+	unsigned char *a = pattern(big, 1), *b = pattern(small, 2), *c = pattern(open_len, 3);
+	unsigned char *later = pattern(small, 4);
+	char *out;
+
+	OK(mkdir(mp("dir"), 0750));
+	fm_write_file(mp("dir/a"), a, big);
+	fm_write_file(mp("b"), b, small);
+	OK(symlink("dir/a", mp("link")));
+	OK(setxattr(mp("b"), "user.kept", "yes", 3, 0));
+	int fd = OK(open(mp("open"), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+	fm_pwrite_all(fd, c, open_len, 0);
+
+	int st = ferry("checkpoint", "--json", fm.mnt, "cp1", NULL, NULL);
+	out = out_text();
+	cr_assert_eq(st, 0, "ferry checkpoint: %d\n%s\n%s", st, out, err_text());
+	cr_assert(strstr(out, "\"state\":\"done\"") && strstr(out, "\"checkpoint\":\"cp1\""), "%s",
+		  out);
+	cr_assert(strstr(out, "\"pause_ms\":"), "%s", out);
+	cr_log_info("ferry checkpoint: %s", out);
+	free(out);
+
+	/* The origin goes on: none of this is in the checkpoint. */
+	fm_pwrite_all(fd, later, small, (off_t)open_len);
+	OK(close(fd));
+	OK(unlink(mp("dir/a")));
+	fm_write_file(mp("b"), later, small);
+	fm_write_file(mp("new"), later, small);
+	fm_umount();
+
+	st = ferry("restore", "--from", "cp1", "--storage", store_url(), sp("vol2"));
+	cr_assert_eq(st, 0, "ferry restore: %d\n%s", st, err_text());
+	mount_restored();
+	fm_expect_content(sp("mnt2/dir/a"), a, big);
+	fm_expect_content(sp("mnt2/b"), b, small);
+	fm_expect_content(sp("mnt2/open"), c, open_len);
+	char target[64] = "";
+	cr_assert_eq(readlink(sp("mnt2/link"), target, sizeof(target) - 1), 5);
+	cr_assert_str_eq(target, "dir/a");
+	char x[8] = "";
+	cr_assert_eq(getxattr(sp("mnt2/b"), "user.kept", x, sizeof(x)), 3);
+	cr_assert_eq(memcmp(x, "yes", 3), 0);
+	struct stat sb;
+	cr_assert_eq(stat(sp("mnt2/new"), &sb), -1, "a file made after the checkpoint is there");
+	cr_assert_eq(stat(sp("mnt2/dir"), &sb), 0);
+	cr_assert_eq(sb.st_mode & 07777, 0750);
+	/* The restored volume is a volume of its own: it writes new slices. */
+	fm_write_file(sp("mnt2/mine"), later, small);
+	umount_restored();
+	mount_restored();
+	fm_expect_content(sp("mnt2/mine"), later, small);
+	umount_restored();
+
+	/* And the origin still holds what it did after. */
+	fm_remount_cold();
+	fm_expect_content(mp("b"), later, small);
+	fm_expect_content(mp("new"), later, small);
+	cr_assert_eq(stat(mp("dir/a"), &sb), -1);
+	size_t n;
+	unsigned char *got = fm_read_file(mp("open"), &n);
+	cr_assert_eq(n, open_len + small);
+	cr_assert_eq(memcmp(got, c, open_len), 0);
+	cr_assert_eq(memcmp(got + open_len, later, small), 0);
+	free(got);
+
+	st = ferry("checkpoint", "--list", fm.vol, NULL, NULL, NULL);
+	out = out_text();
+	cr_assert_eq(st, 0, "%s", err_text());
+	cr_assert(strstr(out, "cp1 "), "%s", out);
+	free(out);
+	free(a);
+	free(b);
+	free(c);
+	free(later);
+}
+
+Test(checkpoint, gc_keeps_what_files_and_checkpoints_name_and_removes_the_rest)
+{
+	size_t len = 300 * KiB + 1;
+	unsigned char *f1 = pattern(len, 11), *f2 = pattern(len, 12), *g = pattern(len, 13);
+	char orphan[PATH_MAX + 64];
+	char *out;
+	int st;
+
+	fm_write_file(mp("f1"), f1, len);
+	fm_write_file(mp("f2"), f2, len);
+	st = ferry("checkpoint", fm.mnt, "keep", NULL, NULL, NULL);
+	cr_assert_eq(st, 0, "ferry checkpoint: %d\n%s", st, err_text());
+	/* f1 goes, but the checkpoint has it; g comes and goes after it. */
+	OK(unlink(mp("f1")));
+	fm_write_file(mp("g"), g, len);
+	fm_wait_committed("g", 60);
+	OK(unlink(mp("g")));
+	st = ferry("gc", fm.vol, NULL, NULL, NULL, NULL);
+	cr_assert_eq(st, 1, "ferry gc on a mounted volume: %d", st);
+	cr_assert(strstr(err_text(), "mounted") || strstr(err_text(), "lease is held"), "%s",
+		  err_text());
+	fm_umount();
+
+	/* An upload that was never committed: an object of an id in the
+	 * volume's range that no slice names. */
+	snprintf(orphan, sizeof(orphan), "%s/chunks/0/999", store_dir());
+	OK(mkdir(orphan, 0755) == 0 || errno == EEXIST ? 0 : -1);
+	snprintf(orphan, sizeof(orphan), "%s/chunks/0/999/999999_0_5", store_dir());
+	fm_write_file(orphan, "hello", 5);
+	uint64_t before = chunk_objects();
+
+	/* The grace: g was freed a moment ago, the orphan was never named. */
+	st = ferry("gc", "--grace", "3600", fm.vol, NULL, NULL);
+	out = out_text();
+	cr_assert_eq(st, 0, "ferry gc: %d\n%s", st, err_text());
+	cr_assert(strstr(out, "999999_0_5"), "the orphan is not listed:\n%s", out);
+	cr_assert(strstr(out, "would delete (dry run: give --delete) 1 objects"), "%s", out);
+	free(out);
+	cr_assert_eq(chunk_objects(), before, "a dry run deleted objects");
+
+	st = ferry("gc", "--grace", "0", "--delete", fm.vol, NULL);
+	out = out_text();
+	cr_assert_eq(st, 0, "ferry gc --delete: %d\n%s\n%s", st, out, err_text());
+	cr_assert(strstr(out, "deleted 2 objects"), "g's object and the orphan:\n%s", out);
+	free(out);
+	cr_assert_eq(chunk_objects(), before - 2);
+	struct stat sb;
+	cr_assert_eq(stat(orphan, &sb), -1);
+
+	/* A second pass finds nothing: what is left is referred to. */
+	st = ferry("gc", "--grace", "0", fm.vol, NULL, NULL);
+	out = out_text();
+	cr_assert(strstr(out, "would delete (dry run: give --delete) 0 objects"), "%s", out);
+	free(out);
+
+	/* The checkpoint still restores f1, every byte from the store. */
+	st = ferry("restore", "--from", "keep", "--storage", store_url(), sp("vol2"));
+	cr_assert_eq(st, 0, "ferry restore: %d\n%s", st, err_text());
+	mount_restored();
+	fm_expect_content(sp("mnt2/f1"), f1, len);
+	fm_expect_content(sp("mnt2/f2"), f2, len);
+	umount_restored();
+
+	/* A restored volume reads the checkpoint's objects: no deleting it
+	 * without --force. */
+	st = ferry("checkpoint", "--delete", fm.vol, "keep", NULL, NULL);
+	cr_assert_eq(st, 1, "delete of a checkpoint a volume was restored from: %d", st);
+	cr_assert(strstr(err_text(), "restored from checkpoint keep"), "%s", err_text());
+	st = ferry("checkpoint", "--delete", "--force", fm.vol, "keep", NULL);
+	cr_assert_eq(st, 0, "%s", err_text());
+	st = ferry("checkpoint", "--list", fm.vol, NULL, NULL, NULL);
+	out = out_text();
+	cr_assert(!strstr(out, "keep "), "%s", out);
+	free(out);
+
+	/* Now f1's object is garbage; f2's is live. */
+	st = ferry("gc", "--grace", "0", "--delete", fm.vol, NULL);
+	out = out_text();
+	cr_assert_eq(st, 0, "%s", err_text());
+	cr_assert(strstr(out, "deleted 1 objects"), "f1's object:\n%s", out);
+	free(out);
+	fm_remount_cold();
+	fm_expect_content(mp("f2"), f2, len);
+	cr_assert_eq(stat(mp("f1"), &sb), -1);
+	free(f1);
+	free(f2);
+	free(g);
+}
+
+static long control_write(const char *req)
+{
+	int fd = open(mp(".control"), O_RDWR | O_CLOEXEC);
+	long rc;
+
+	if (fd < 0)
+		return -errno;
+	rc = write(fd, req, strlen(req)) < 0 ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
+Test(checkpoint, names_and_errors)
+{
+	int st;
+
+	fm_write_file(mp("a"), "abc", 3);
+	st = ferry("checkpoint", fm.mnt, "../x", NULL, NULL, NULL);
+	cr_assert_eq(st, 2, "a bad name: %d", st);
+	st = ferry("checkpoint", fm.mnt, NULL, NULL, NULL, NULL);
+	cr_assert_eq(st, 2);
+	cr_assert_eq(control_write("checkpoint"), -EINVAL);
+	cr_assert_eq(control_write("checkpoint a/b wait"), -EINVAL);
+	cr_assert_eq(control_write("checkpoint .hidden wait"), -EINVAL);
+	cr_assert_eq(control_write("checkpoint one wait"), 0);
+	/* The name is taken: exit 4 names why, and nothing changes. */
+	st = ferry("checkpoint", fm.mnt, "one", NULL, NULL, NULL);
+	cr_assert_eq(st, 4, "a second checkpoint of one name: %d", st);
+	cr_assert(strstr(err_text(), "a checkpoint named one exists"), "%s", err_text());
+	st = ferry("checkpoint", "--delete", fm.vol, "none", NULL, NULL);
+	cr_assert_eq(st, 1);
+	st = ferry("restore", "--from", "none", "--storage", store_url(), sp("v3"));
+	cr_assert_eq(st, 1);
+	cr_assert(strstr(err_text(), "no checkpoint named none"), "%s", err_text());
+	st = ferry("restore", "--from", "one", "--storage", "file:///nonexistent-ferry", sp("v3"));
+	cr_assert_eq(st, 1, "a store that is not there: %d", st);
+	struct stat sb;
+	cr_assert_eq(stat(sp("v3/meta.db"), &sb), -1, "a failed restore left a volume");
+	/* The one that was taken restores. */
+	st = ferry("restore", "--from", "one", "--storage", store_url(), sp("v3"));
+	cr_assert_eq(st, 0, "%s", err_text());
+	cr_assert_eq(stat(sp("v3/meta.db"), &sb), 0);
+}
