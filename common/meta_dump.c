@@ -1429,7 +1429,8 @@ static double mono_ms(void)
 }
 
 int meta_checkpoint_take(struct meta *m, const char *name, FILE *out, struct meta_checkpoint *cp,
-			 uint64_t *records, double *pause_ms, char *err, size_t errlen)
+			 uint64_t *records, double *pause_ms, void (*snapshot_begun)(void *arg),
+			 void *arg, char *err, size_t errlen)
 {
 	struct hold h = { .lock = -1 };
 	struct take t = { .m = m, .name = name, .err = err, .errlen = errlen };
@@ -1460,6 +1461,8 @@ int meta_checkpoint_take(struct meta *m, const char *name, FILE *out, struct met
 			say(err, errlen, "cannot take the checkpoint: %s", strerror(-rc));
 		goto out;
 	}
+	if (snapshot_begun)
+		snapshot_begun(arg);
 	rc = dump_snapshot(m, &h, t.r, t.uuid, true, out, records, err, errlen);
 	if (rc < 0) {
 		char e2[128];

@@ -64,12 +64,15 @@ bool meta_checkpoint_name_ok(const char *name);
  * transaction that keeps every other writer of slices out (the fence:
  * *pause_ms is how long it held them), a snapshot is begun and the slices
  * it sees are recorded as the checkpoint's; then the snapshot is written
- * to out as a dump (meta_dump's format) while writers go on. *cp gets the
+ * to out as a dump (meta_dump's format) while writers go on;
+ * snapshot_begun(arg) (if not NULL) is called once the snapshot is taken,
+ * before the dump, on this thread. *cp gets the
  * checkpoint's row. -EEXIST if the name is taken. On failure nothing is
  * kept.
  */
 int meta_checkpoint_take(struct meta *m, const char *name, FILE *out, struct meta_checkpoint *cp,
-			 uint64_t *records, double *pause_ms, char *err, size_t errlen);
+			 uint64_t *records, double *pause_ms, void (*snapshot_begun)(void *arg),
+			 void *arg, char *err, size_t errlen);
 /* Drops checkpoint name's rows: its slices may be collected. -ENOENT. */
 int meta_checkpoint_drop(struct meta *m, const char *name, char *err, size_t errlen);
 /* Calls cb for each checkpoint, oldest first; with name, only that one

@@ -270,6 +270,10 @@ int ctl_control_run(const char *mountpoint, const char *checkpoint, double timeo
 			ctl_stats_value(text, "pause_ms", v, sizeof(v));
 			json_object_object_add(o, "pause_ms",
 					       json_object_new_double_s(strtod(v, NULL), v));
+			snprintf(v, sizeof(v), "0");
+			ctl_stats_value(text, "slice_pause_ms", v, sizeof(v));
+			json_object_object_add(o, "slice_pause_ms",
+					       json_object_new_double_s(strtod(v, NULL), v));
 		}
 		for_each_problem(text, problem_json, p);
 		json_object_object_add(o, "problems", p);
@@ -285,7 +289,7 @@ int ctl_control_run(const char *mountpoint, const char *checkpoint, double timeo
 			ctl_stats_value(text, "pause_ms", v, sizeof(v));
 			human_bytes(value_u64(text, "checkpoint_slice_bytes"), sb, sizeof(sb));
 			printf("checkpoint %s taken in %.1f s (drained %llu files, %s): %llu "
-			       "slices (%s) kept; slice commits paused %s ms\n",
+			       "slices (%s) kept; changes to the namespace paused %s ms\n",
 			       checkpoint, ms / 1000.0,
 			       (unsigned long long)value_u64(text, "files_at_mark"), b,
 			       (unsigned long long)value_u64(text, "checkpoint_slices"), sb, v);

@@ -38,6 +38,19 @@ static int dump_file(struct mountd *md)
 	return fd;
 }
 
+/* The snapshot is taken: the namespace may change again (drain.c took
+ * the fence; this is its thread). */
+static void fence_lift(void *arg)
+{
+	struct mountd *md = arg;
+
+	if (!atomic_load(&md->ns_fenced))
+		return;
+	md->ns_fence_lifted_ns = mono_now_ns();
+	atomic_store(&md->ns_fenced, false);
+	pthread_rwlock_unlock(&md->ns_fence);
+}
+
 int checkpoint_take(struct mountd *md, const char *name, struct drain_progress *p, char *err,
 		    size_t errlen)
 {
@@ -60,9 +73,9 @@ int checkpoint_take(struct mountd *md, const char *name, struct drain_progress *
 			close(fd2);
 		goto out;
 	}
-	rc = meta_checkpoint_take(md->meta, name, f, &mf.cp, &mf.records, &mf.pause_ms, err,
-				  errlen);
-	p->pause_ms = mf.pause_ms;
+	rc = meta_checkpoint_take(md->meta, name, f, &mf.cp, &mf.records, &mf.pause_ms,
+				  fence_lift, md, err, errlen);
+	p->slice_pause_ms = mf.pause_ms;
 	if (fclose(f) != 0 && rc == 0) {
 		rc = -errno;
 		snprintf(err, errlen, "cannot write the dump: %s", strerror(-rc));

@@ -250,9 +250,9 @@ static bool reconciler_drained(struct mountd *md, uint64_t mark, uint64_t *asked
 	return done;
 }
 
-static void *drain_main(void *arg)
+/* One drain to a mark taken now: its end state. */
+static enum drain_state drain_once(struct drain *d)
 {
-	struct drain *d = arg;
 	struct mountd *md = d->md;
 	struct target *t = NULL; /* owned, with a reference per inode */
 	size_t nt = 0;
@@ -381,24 +381,85 @@ out:
 	for (size_t k = 0; k < nt; k++)
 		inode_unref(md, t[k].ino, 0, 1);
 	free(t);
-	if (end == DRAIN_DONE && d->checkpoint) {
-		struct drain_progress cp = { 0 };
-		char err[512] = "";
+	return end;
+}
 
-		rc = checkpoint_take(md, d->checkpoint, &cp, err, sizeof(err));
-		pthread_mutex_lock(&d->lock);
-		d->p.checkpoint_taken = rc == 0;
-		d->p.pause_ms = cp.pause_ms;
-		d->p.ckpt_records = cp.ckpt_records;
-		d->p.ckpt_dump_bytes = cp.ckpt_dump_bytes;
-		d->p.ckpt_slices = cp.ckpt_slices;
-		d->p.ckpt_slice_bytes = cp.ckpt_slice_bytes;
-		if (rc < 0) {
-			report_add(d, "failed checkpoint %s: %s", d->checkpoint, err);
-			end = DRAIN_FAILED;
-		}
-		pthread_mutex_unlock(&d->lock);
+/* A checkpoint wants one instant at which every file closed before it has
+ * its data committed: the first drain does the bulk with writers going on;
+ * then the namespace is fenced (md->ns_fence: creates, renames, unlinks,
+ * attribute changes and closes of writers wait), a second drain commits
+ * what came meanwhile, and the snapshot is begun under the fence, which
+ * checkpoint_take lifts as soon as it is. */
+static enum drain_state checkpoint_phase(struct drain *d)
+{
+	struct mountd *md = d->md;
+	struct drain_progress cp = { 0 };
+	struct timespec until;
+	char err[512] = "";
+	enum drain_state end;
+	int64_t t0;
+	int rc;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	if (d->deadline_ns) {
+		int64_t left = d->deadline_ns - now_ns();
+		if (left < 0)
+			left = 0;
+		until.tv_sec += left / 1000000000;
+		until.tv_nsec += left % 1000000000;
+	} else {
+		until.tv_sec += 3600;
 	}
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
+	rc = -pthread_rwlock_timedwrlock(&md->ns_fence, &until);
+	if (rc < 0) {
+		pthread_mutex_lock(&d->lock);
+		report_add(d, "left checkpoint %s: the namespace could not be fenced in time (%s)",
+			   d->checkpoint, strerror(-rc));
+		pthread_mutex_unlock(&d->lock);
+		return DRAIN_TIMED_OUT;
+	}
+	t0 = now_ns();
+	atomic_store(&md->ns_fenced, true);
+	end = drain_once(d);
+	if (end != DRAIN_DONE) {
+		atomic_store(&md->ns_fenced, false);
+		pthread_rwlock_unlock(&md->ns_fence);
+		return end;
+	}
+	rc = checkpoint_take(md, d->checkpoint, &cp, err, sizeof(err));
+	if (atomic_load(&md->ns_fenced)) {
+		/* Failed before the snapshot began. */
+		atomic_store(&md->ns_fenced, false);
+		pthread_rwlock_unlock(&md->ns_fence);
+	}
+	pthread_mutex_lock(&d->lock);
+	d->p.checkpoint_taken = rc == 0;
+	d->p.pause_ms = (double)(md->ns_fence_lifted_ns - t0) / 1e6;
+	if (rc < 0 || d->p.pause_ms < 0)
+		d->p.pause_ms = (double)(now_ns() - t0) / 1e6;
+	d->p.slice_pause_ms = cp.slice_pause_ms;
+	d->p.ckpt_records = cp.ckpt_records;
+	d->p.ckpt_dump_bytes = cp.ckpt_dump_bytes;
+	d->p.ckpt_slices = cp.ckpt_slices;
+	d->p.ckpt_slice_bytes = cp.ckpt_slice_bytes;
+	if (rc < 0)
+		report_add(d, "failed checkpoint %s: %s", d->checkpoint, err);
+	pthread_mutex_unlock(&d->lock);
+	return rc < 0 ? DRAIN_FAILED : DRAIN_DONE;
+}
+
+static void *drain_main(void *arg)
+{
+	struct drain *d = arg;
+	struct mountd *md = d->md;
+	enum drain_state end = drain_once(d);
+
+	if (end == DRAIN_DONE && d->checkpoint)
+		end = checkpoint_phase(d);
 	pthread_mutex_lock(&d->lock);
 	d->p.state = end;
 	d->p.elapsed_ms = (uint64_t)(now_ns() - d->started_ns) / 1000000;

@@ -1948,6 +1948,161 @@ void mountd_handles_drop(struct mountd *md)
 	handle_table_drain(md->handles, drop_handle, NULL);
 }
 
+/*
+ * The namespace fence (md->ns_fence, held by a checkpoint for a moment:
+ * drain.c): what changes names, attributes or what a close hands over
+ * waits while it is held; reads, writes into open files, fsync and the
+ * special files do not. The handlers reply before they return, so the
+ * fence is left once the change is made.
+ */
+static void fence_enter(struct mountd *md)
+{
+	pthread_rwlock_rdlock(&md->ns_fence);
+}
+
+static void fence_leave(struct mountd *md)
+{
+	pthread_rwlock_unlock(&md->ns_fence);
+}
+
+static void fenced_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+			   struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_setattr(req, ino, attr, to_set, fi);
+	fence_leave(md);
+}
+
+static void fenced_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+			 dev_t rdev)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_mknod(req, parent, name, mode, rdev);
+	fence_leave(md);
+}
+
+static void fenced_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_mkdir(req, parent, name, mode);
+	fence_leave(md);
+}
+
+static void fenced_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_symlink(req, link, parent, name);
+	fence_leave(md);
+}
+
+static void fenced_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_unlink(req, parent, name);
+	fence_leave(md);
+}
+
+static void fenced_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_rmdir(req, parent, name);
+	fence_leave(md);
+}
+
+static void fenced_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+			  fuse_ino_t newparent, const char *newname, unsigned int flags)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_rename(req, parent, name, newparent, newname, flags);
+	fence_leave(md);
+}
+
+static void fenced_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_link(req, ino, newparent, newname);
+	fence_leave(md);
+}
+
+static void fenced_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+	bool fence = (fi->flags & O_TRUNC) && !special_ino(ino);
+
+	if (fence)
+		fence_enter(md);
+	op_open(req, ino, fi);
+	if (fence)
+		fence_leave(md);
+}
+
+static void fenced_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+			  struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_create(req, parent, name, mode, fi);
+	fence_leave(md);
+}
+
+static void fenced_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+	bool fence = (fi->flags & O_ACCMODE) != O_RDONLY && !special_ino(ino);
+
+	if (fence)
+		fence_enter(md);
+	op_release(req, ino, fi);
+	if (fence)
+		fence_leave(md);
+}
+
+static void fenced_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+			     struct fuse_file_info *fi)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_fallocate(req, ino, mode, off, len, fi);
+	fence_leave(md);
+}
+
+static void fenced_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+			    size_t size, int flags)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_setxattr(req, ino, name, value, size, flags);
+	fence_leave(md);
+}
+
+static void fenced_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	struct mountd *md = MD(req); /* req is gone once answered */
+
+	fence_enter(md);
+	op_removexattr(req, ino, name);
+	fence_leave(md);
+}
+
 const struct fuse_lowlevel_ops mountd_ops = {
 	.init = op_init,
 	.destroy = op_destroy,
@@ -1955,23 +2110,23 @@ const struct fuse_lowlevel_ops mountd_ops = {
 	.forget = op_forget,
 	.forget_multi = op_forget_multi,
 	.getattr = op_getattr,
-	.setattr = op_setattr,
+	.setattr = fenced_setattr,
 	.readlink = op_readlink,
-	.mknod = op_mknod,
-	.mkdir = op_mkdir,
-	.symlink = op_symlink,
-	.unlink = op_unlink,
-	.rmdir = op_rmdir,
-	.rename = op_rename,
-	.link = op_link,
-	.open = op_open,
-	.create = op_create,
+	.mknod = fenced_mknod,
+	.mkdir = fenced_mkdir,
+	.symlink = fenced_symlink,
+	.unlink = fenced_unlink,
+	.rmdir = fenced_rmdir,
+	.rename = fenced_rename,
+	.link = fenced_link,
+	.open = fenced_open,
+	.create = fenced_create,
 	.read = op_read,
 	.write = op_write,
 	.flush = op_flush,
-	.release = op_release,
+	.release = fenced_release,
 	.fsync = op_fsync,
-	.fallocate = op_fallocate,
+	.fallocate = fenced_fallocate,
 	.lseek = op_lseek,
 	.opendir = op_opendir,
 	.readdir = op_readdir,
@@ -1979,9 +2134,9 @@ const struct fuse_lowlevel_ops mountd_ops = {
 	.releasedir = op_releasedir,
 	.fsyncdir = op_fsyncdir,
 	.statfs = op_statfs,
-	.setxattr = op_setxattr,
+	.setxattr = fenced_setxattr,
 	.getxattr = op_getxattr,
 	.listxattr = op_listxattr,
-	.removexattr = op_removexattr,
+	.removexattr = fenced_removexattr,
 	.access = op_access,
 };

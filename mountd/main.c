@@ -503,6 +503,16 @@ int main(int argc, char **argv)
 	md->rc_sock = -1;
 	pthread_mutex_init(&md->rc_lock, NULL);
 	mono_cond_init(&md->rc_cond);
+	{
+		/* Writer-preferred: a checkpoint's fence is not starved by a
+		 * stream of creates; they wait behind it instead. */
+		pthread_rwlockattr_t ra;
+
+		pthread_rwlockattr_init(&ra);
+		pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+		pthread_rwlock_init(&md->ns_fence, &ra);
+		pthread_rwlockattr_destroy(&ra);
+	}
 	pthread_mutex_init(&md->pt_reason_lock, NULL);
 	pthread_mutex_init(&md->pending_lock, NULL);
 	mono_cond_init(&md->pending_cond);

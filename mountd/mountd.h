@@ -431,7 +431,8 @@ struct drain_progress {
 	/* A checkpoint taken once drained (checkpoint.c): */
 	bool checkpoint;          /* asked for */
 	bool checkpoint_taken;
-	double pause_ms;          /* how long commits of slices were fenced */
+	double pause_ms;          /* how long the namespace was fenced */
+	double slice_pause_ms;    /* of which commits of slices were fenced */
 	uint64_t ckpt_records, ckpt_dump_bytes, ckpt_slices, ckpt_slice_bytes;
 };
 struct drain;
@@ -781,6 +782,12 @@ struct mountd {
 	size_t nadopt;
 	/* drain.c: drains running (each owned by its .control handle) */
 	_Atomic uint64_t drains_running;
+	/* A checkpoint's namespace fence (drain.c, fuse_ops.c): changes of
+	 * names and attributes and writers' closes hold it shared; a
+	 * checkpoint holds it alone, writer-preferred, for a moment. */
+	pthread_rwlock_t ns_fence;
+	_Atomic bool ns_fenced;        /* held alone now (by the drain's thread) */
+	int64_t ns_fence_lifted_ns;    /* when checkpoint_take let it go */
 };
 
 #endif

@@ -141,10 +141,12 @@ static int control_render(struct special_file *sf)
 		report = drain_progress(sf->drain, &p);
 		if (p.checkpoint)
 			snprintf(ckpt, sizeof(ckpt),
-				 "checkpoint_taken %d\npause_ms %.1f\ncheckpoint_records %llu\n"
+				 "checkpoint_taken %d\npause_ms %.1f\nslice_pause_ms %.1f\n"
+				 "checkpoint_records %llu\n"
 				 "checkpoint_dump_bytes %llu\ncheckpoint_slices %llu\n"
 				 "checkpoint_slice_bytes %llu\n",
-				 p.checkpoint_taken, p.pause_ms, (unsigned long long)p.ckpt_records,
+				 p.checkpoint_taken, p.pause_ms, p.slice_pause_ms,
+				 (unsigned long long)p.ckpt_records,
 				 (unsigned long long)p.ckpt_dump_bytes,
 				 (unsigned long long)p.ckpt_slices,
 				 (unsigned long long)p.ckpt_slice_bytes);

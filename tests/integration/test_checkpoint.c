@@ -14,11 +14,13 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -334,4 +336,153 @@ Test(checkpoint, names_and_errors)
 	st = ferry("restore", "--from", "one", "--storage", store_url(), sp("v3"));
 	cr_assert_eq(st, 0, "%s", err_text());
 	cr_assert_eq(stat(sp("v3/meta.db"), &sb), 0);
+}
+
+/* ---- a checkpoint under a stream of writes ---- */
+
+#define W_FILES 16
+#define W_LEN (48 * KiB)
+
+/* Version k of a writer's file: a header, then bytes of seed k. */
+static void version_fill(unsigned char *buf, int k)
+{
+	uint64_t seed = 1000 + (uint64_t)k;
+	int n = snprintf((char *)buf, 32, "k=%d\n", k);
+
+	fm_fill_random(&seed, buf + n, W_LEN - (size_t)n);
+}
+
+static int put_atomically(const char *dir, const char *name, const void *buf, size_t len)
+{
+	char tmp[PATH_MAX], dst[PATH_MAX];
+	int fd;
+
+	snprintf(tmp, sizeof(tmp), "%s/.tmp", dir);
+	snprintf(dst, sizeof(dst), "%s/%s", dir, name);
+	fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -1;
+	if (write(fd, buf, len) != (ssize_t)len || close(fd) != 0)
+		return -1;
+	return rename(tmp, dst);
+}
+
+/* A child: version k of file k % W_FILES, put in place by rename, then
+ * "latest" says k; until killed. Exits 1 at the first error. */
+static pid_t writer_start(const char *dir)
+{
+	pid_t pid = fork();
+
+	cr_assert(pid >= 0);
+	if (pid > 0)
+		return pid;
+	unsigned char *buf = malloc(W_LEN);
+	char name[32], k_text[32];
+	for (int k = 1;; k++) {
+		version_fill(buf, k);
+		snprintf(name, sizeof(name), "f%d", k % W_FILES);
+		if (put_atomically(dir, name, buf, W_LEN) != 0)
+			_exit(1);
+		int n = snprintf(k_text, sizeof(k_text), "%d", k);
+		if (put_atomically(dir, "latest", k_text, (size_t)n) != 0)
+			_exit(1);
+	}
+}
+
+/* What a restored writer's directory must show: "latest" is L, the file
+ * it names is version L, and every file is some whole version. */
+static void writer_check(const char *dir)
+{
+	char path[PATH_MAX];
+	unsigned char *want = malloc(W_LEN);
+	size_t n;
+	char *latest;
+	int L;
+
+	snprintf(path, sizeof(path), "%s/latest", dir);
+	latest = fm_slurp(path);
+	cr_assert(latest, "no %s", path);
+	L = atoi(latest);
+	cr_assert(L > 0, "latest is '%s'", latest);
+	for (int j = 0; j < W_FILES && j <= L; j++) {
+		snprintf(path, sizeof(path), "%s/f%d", dir, j);
+		unsigned char *got = fm_read_file(path, &n);
+		int k = -1;
+		cr_assert_eq(n, W_LEN, "%s: %zu bytes, not a whole version (latest %d)", path, n, L);
+		cr_assert_eq(sscanf((char *)got, "k=%d", &k), 1, "%s: no header (latest %d)", path, L);
+		cr_assert(k % W_FILES == j && k <= L + 1, "%s is version %d, latest %d", path, k, L);
+		if (j == L % W_FILES)
+			cr_assert_eq(k, L, "%s is version %d, but latest says %d", path, k, L);
+		version_fill(want, k);
+		cr_assert_eq(memcmp(got, want, W_LEN), 0, "%s: version %d's bytes differ", path, k);
+		free(got);
+	}
+	free(latest);
+	free(want);
+}
+
+static int sh(const char *script, int timeout_s)
+{
+	const char *argv[] = { "/bin/sh", "-c", script, NULL };
+
+	return fm_run(argv, sp("sh.out"), sp("sh.err"), timeout_s);
+}
+
+Test(checkpoint, under_a_stream_of_writes_it_is_one_instant)
+{
+	char script[2 * PATH_MAX], *out;
+	int st, wst;
+
+	OK(mkdir(mp("w"), 0755));
+	snprintf(script, sizeof(script),
+		 "set -e; cd '%s'; git init -q repo; cd repo; git config user.email t@t;"
+		 " git config user.name t; echo 0 > f; git add f; git commit -qm c0",
+		 fm.mnt);
+	cr_assert_eq(sh(script, 60), 0, "%s", fm_slurp(sp("sh.err")));
+	/* A repository being committed to: a commit a few tens of ms. */
+	pid_t git = fork();
+	cr_assert(git >= 0);
+	if (git == 0) {
+		setpgid(0, 0); /* git's own children go with it */
+		snprintf(script, sizeof(script),
+			 "cd '%s/repo' || exit 1; i=0; while :; do i=$((i+1));"
+			 " echo $i > f$((i %% 8)); git add -A || exit 1;"
+			 " git commit -qm c$i || exit 1; done",
+			 fm.mnt);
+		execl("/bin/sh", "sh", "-c", script, (char *)NULL);
+		_exit(127);
+	}
+	pid_t writer = writer_start(mp("w"));
+	usleep(1500 * 1000);
+
+	st = ferry("checkpoint", "--json", fm.mnt, "live", NULL, NULL);
+	out = out_text();
+	usleep(500 * 1000);
+	cr_assert_eq(waitpid(writer, &wst, WNOHANG), 0, "the writer stopped: %d", wst);
+	cr_assert_eq(waitpid(git, &wst, WNOHANG), 0, "the git loop stopped: %d", wst);
+	kill(writer, SIGKILL);
+	kill(-git, SIGKILL);
+	waitpid(writer, &wst, 0);
+	waitpid(git, &wst, 0);
+	/* Its last git may still be going: the mount must be let go of. */
+	for (int t = 0; t < 500 && kill(-git, 0) == 0; t++)
+		usleep(10000);
+	cr_assert_eq(st, 0, "ferry checkpoint under writers: %d\n%s\n%s", st, out, err_text());
+	cr_log_info("ferry checkpoint under a writer and a git loop: %s", out);
+	free(out);
+	/* A git process killed mid-commit leaves its lock: not a checkpoint's
+	 * business, but the remount must still work. */
+	fm_umount();
+
+	st = ferry("restore", "--from", "live", "--storage", store_url(), sp("vol2"));
+	cr_assert_eq(st, 0, "ferry restore: %d\n%s", st, err_text());
+	mount_restored();
+	writer_check(sp("mnt2/w"));
+	snprintf(script, sizeof(script),
+		 "cd '%s/repo' && git fsck --full --no-progress && test $(git rev-list --count HEAD) -ge 1",
+		 sp("mnt2"));
+	st = sh(script, 120);
+	cr_assert_eq(st, 0, "git fsck of the restored repository: %d\n%s%s", st,
+		     fm_slurp(sp("sh.out")), fm_slurp(sp("sh.err")));
+	umount_restored();
 }
