@@ -67,6 +67,9 @@ static void usage(FILE *f)
 		"object store; local: once it is on this node's disk, uploaded later);\n"
 		"gc_grace=SEC (default 300: objects no file refers to any more are\n"
 		"deleted that long after they became garbage);\n"
+		"stop_timeout=SEC (default 60: at unmount or SIGTERM, give up on the\n"
+		"uploads left after that long without one finishing; they stay\n"
+		"journaled for the next start);\n"
 		"writeback=auto|on|off (default auto: the kernel's writeback cache for\n"
 		"writes on the daemon path when passthrough is off for the whole mount; on\n"
 		"turns passthrough off);\n"
@@ -186,6 +189,17 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->gc_grace_s = v;
+			continue;
+		}
+		if (strncmp(o, "stop_timeout=", 13) == 0) {
+			char *end;
+			long long v = strtoll(o + 13, &end, 10);
+
+			if (!o[13] || *end || v < 1 || v > 86400) {
+				snprintf(err, errlen, "-o %s: stop_timeout takes seconds, 1 to 86400", o);
+				return -EINVAL;
+			}
+			md->stop_timeout_s = (int)v;
 			continue;
 		}
 		if (strncmp(o, "passthrough_copy_max=", 21) == 0) {
@@ -492,6 +506,7 @@ int main(int argc, char **argv)
 	snprintf(md->pt_reason, sizeof(md->pt_reason), "not_negotiated");
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
+	md->stop_timeout_s = 60;
 	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
 	md->readahead_budget = READAHEAD_DEFAULT_MIB << 20;
 	md->lease_ms = LEASE_MS_DEFAULT;

@@ -732,6 +732,9 @@ struct mountd {
 	bool lease_stopping;         /* under lease_lock */
 	/* gc.c: deletes the objects of garbage slices after gc_grace_s */
 	int64_t gc_grace_s;
+	/* At unmount or SIGTERM: how long the uploads left may go without
+	 * one finishing before they are left journaled (-o stop_timeout). */
+	int stop_timeout_s;
 	pthread_t gc_thread;
 	bool gc_live;
 	pthread_mutex_t gc_lock;

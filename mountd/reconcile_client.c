@@ -573,7 +573,7 @@ static int spawn_reconciler(struct mountd *md)
 		 * FERRY_STATE_DIR, which the reconciler inherits. */
 		snprintf(vol, sizeof(vol), "%s%s", meta_url_is_pg(md->cfg.db_path) ? "" : "sqlite://",
 			 md->cfg.db_path);
-		char val[RC_NOPTS][16];
+		char val[RC_NOPTS][16], stop_s[16];
 		const char *argv[16 + 2 * RC_NOPTS];
 		int n = 0;
 
@@ -602,6 +602,9 @@ static int spawn_reconciler(struct mountd *md)
 			argv[n++] = rc_opt_defs[k].flag;
 			argv[n++] = val[k];
 		}
+		snprintf(stop_s, sizeof(stop_s), "%d", md->stop_timeout_s);
+		argv[n++] = "--shutdown-timeout";
+		argv[n++] = stop_s;
 		argv[n++] = "-f";
 		argv[n] = NULL;
 		execv(exe, (char *const *)argv);
@@ -1078,13 +1081,14 @@ int rclient_drain(struct mountd *md, int idle_timeout_ms)
 
 void rclient_stop(struct mountd *md)
 {
-	int rc;
+	int rc = 0;
 
 	if (rclient_coming(md)) {
-		rc = rclient_drain(md, 60000);
+		rc = rclient_drain(md, md->stop_timeout_s * 1000);
 		if (rc < 0)
-			log_errno(rc, "ferry-reconciler did not finish every job: %llu of this run "
-				  "left (they stay journaled in %s and are finished at the next start)",
+			log_errno(rc, "ferry-reconciler did not finish every job (none finished for "
+				  "%d s): %llu of this run left (they stay journaled in %s and are "
+				  "finished at the next start)", md->stop_timeout_s,
 				  (unsigned long long)atomic_load(&md->rc_inflight), md->cfg.staging_dir);
 	}
 	/* Under the lock: a restart on the reader thread either installed its
@@ -1105,6 +1109,11 @@ void rclient_stop(struct mountd *md)
 	if (md->rc_child > 0) {
 		int st;
 		kill(md->rc_child, SIGTERM);
+		/* Nothing finished for stop_timeout already: a second stop
+		 * signal (SIGINT and SIGTERM both stop it) means stop now,
+		 * logging what is left, instead of waiting that long again. */
+		if (rc == -ETIMEDOUT)
+			kill(md->rc_child, SIGINT);
 		if (waitpid(md->rc_child, &st, 0) == md->rc_child && !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
 			log_warnx("ferry-reconciler ended with status 0x%x", st);
 		md->rc_child = 0;

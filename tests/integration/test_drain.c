@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -332,6 +333,70 @@ Test(drain_s3, store_down_times_out_and_loses_nothing)
 	free(a);
 	free(b);
 	free(c);
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* SIGTERM with the store refusing every upload: ferry-mountd and its
+ * reconciler wait for progress for stop_timeout (here 2 s, not the default
+ * minute), then stop, say what is left, and lose nothing: the next start
+ * uploads it. */
+Test(drain_s3, sigterm_stops_after_stop_timeout_without_progress)
+{
+	size_t len = 300 * KiB + 5;
+	unsigned char *a = pattern(len, 21), *b = pattern(len, 22);
+	pid_t mpid[4], rpid[4];
+	char path[PATH_MAX + 32], *log;
+	char *out;
+
+	fm_umount();
+	fm_mount_with("stop_timeout=2");
+	s3_proxy_fault(proxy, S3F_500, 1000000, "PUT", NULL);
+	fm_write_file(mp("a"), a, len);
+	fm_write_file(mp("b"), b, len);
+	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", fm.mnt, mpid, 4), 1);
+	cr_assert_eq(fm_daemon_pids("ferry-reconciler", rpid, 4), 1);
+	usleep(300 * 1000); /* the uploads are being refused */
+
+	int64_t t0 = mono_ms();
+	OK(kill(mpid[0], SIGTERM));
+	while (mono_ms() - t0 < 30000 &&
+	       (kill(mpid[0], 0) == 0 || fm_daemon_pids("ferry-reconciler", rpid, 4) > 0))
+		usleep(20000);
+	int64_t took = mono_ms() - t0;
+	cr_assert(kill(mpid[0], 0) < 0, "ferry-mountd still runs 30 s after SIGTERM");
+	cr_assert_eq(fm_daemon_pids("ferry-reconciler", rpid, 4), 0,
+		     "ferry-reconciler still runs 30 s after SIGTERM");
+	cr_log_info("SIGTERM with uploads refused: both daemons gone after %lld ms "
+		    "(stop_timeout=2)", (long long)took);
+	cr_assert(took >= 1800, "gave up after %lld ms, before stop_timeout", (long long)took);
+	cr_assert(took < 10000, "took %lld ms to stop with stop_timeout=2", (long long)took);
+	snprintf(path, sizeof(path), "%s/ferry-mountd.log", fm.vol);
+	log = fm_slurp(path);
+	cr_assert(log && strstr(log, "did not finish every job (none finished for 2 s)"),
+		  "ferry-mountd did not say what is left:\n%s", log ? log : "(no log)");
+	cr_assert(strstr(log, "jobs unfinished"), "ferry-reconciler did not say what is left");
+	free(log);
+	if (fm_is_mounted(fm.mnt))
+		umount2(fm.mnt, MNT_DETACH);
+	fm.mounted = false;
+
+	s3_proxy_fault(proxy, S3F_NONE, 0, NULL, NULL);
+	fm_mount();
+	int st = drain_run(&out, "--timeout", "100");
+	cr_assert_eq(st, 0, "ferry drain after the restart: %d\n%s", st, out);
+	free(out);
+	lose_the_node();
+	fm_expect_content(mp("a"), a, len);
+	fm_expect_content(mp("b"), b, len);
+	free(a);
+	free(b);
 }
 
 /* deploy/hooks/ferry-drain-all, as a snapshot tool's pre-hook runs it.
