@@ -128,43 +128,25 @@ static bool get_u64(json_object *o, const char *k, uint64_t *v)
 	return json_object_get_int64(x) >= 0;
 }
 
-int ckpt_store_manifest(struct objstore *s, const char *name, struct ckpt_manifest *mf,
-			char *err, size_t errlen)
+int ckpt_manifest_parse(const char *text, const char *name, struct ckpt_manifest *mf, char *err,
+			size_t errlen)
 {
-	char key[160], *buf = malloc(MANIFEST_MAX + 1); /* ours */
-	json_object *o = NULL, *x;
+	json_object *o = json_tokener_parse(text), *x;
 	uint64_t taken = 0;
-	ssize_t n;
 	int rc = -EIO;
 
-	if (!buf)
-		return -ENOMEM;
-	if (!meta_checkpoint_name_ok(name)) {
-		say(err, errlen, "bad checkpoint name '%.80s'", name);
-		rc = -EINVAL;
-		goto out;
-	}
 	memset(mf, 0, sizeof(*mf));
-	manifest_key(key, sizeof(key), name);
-	n = objstore_get(s, key, 0, buf, MANIFEST_MAX);
-	if (n < 0) {
-		rc = (int)n;
-		say(err, errlen, rc == -ENOENT ? "no checkpoint named %s in the store" :
-						 "cannot read %s: %s", rc == -ENOENT ? name : key,
-		    strerror(-rc));
-		goto out;
-	}
-	buf[n] = '\0';
-	o = json_tokener_parse(buf);
 	if (!o || !json_object_is_type(o, json_type_object) ||
-	    !json_object_object_get_ex(o, "name", &x) || strcmp(json_object_get_string(x), name) ||
-	    !get_u64(o, "taken_ms", &taken) || !get_u64(o, "slices", &mf->cp.slices) ||
+	    !json_object_object_get_ex(o, "name", &x) || !json_object_is_type(x, json_type_string) ||
+	    strcmp(json_object_get_string(x), name) || !get_u64(o, "taken_ms", &taken) ||
+	    taken > INT64_MAX || !get_u64(o, "slices", &mf->cp.slices) ||
 	    !get_u64(o, "slice_bytes", &mf->cp.bytes) || !get_u64(o, "records", &mf->records) ||
 	    !get_u64(o, "dump_bytes", &mf->dump_bytes) || !get_u64(o, "parts", &mf->parts) ||
+	    mf->dump_bytes > UINT64_MAX - CKPT_PART_BYTES ||
 	    mf->parts != (mf->dump_bytes + CKPT_PART_BYTES - 1) / CKPT_PART_BYTES +
 			     (mf->dump_bytes == 0) ||
-	    !json_object_object_get_ex(o, "volume", &x)) {
-		say(err, errlen, "%s is not a checkpoint manifest this ferry knows", key);
+	    !json_object_object_get_ex(o, "volume", &x) || !json_object_is_type(x, json_type_string)) {
+		say(err, errlen, "checkpoint %.80s: its manifest is not one this ferry knows", name);
 		goto out;
 	}
 	snprintf(mf->volume, sizeof(mf->volume), "%s", json_object_get_string(x));
@@ -175,6 +157,36 @@ int ckpt_store_manifest(struct objstore *s, const char *name, struct ckpt_manife
 	rc = 0;
 out:
 	json_object_put(o);
+	return rc;
+}
+
+int ckpt_store_manifest(struct objstore *s, const char *name, struct ckpt_manifest *mf,
+			char *err, size_t errlen)
+{
+	char key[160], *buf = malloc(MANIFEST_MAX + 1); /* ours */
+	ssize_t n;
+	int rc;
+
+	if (!buf)
+		return -ENOMEM;
+	memset(mf, 0, sizeof(*mf));
+	if (!meta_checkpoint_name_ok(name)) {
+		say(err, errlen, "bad checkpoint name '%.80s'", name);
+		rc = -EINVAL;
+		goto out;
+	}
+	manifest_key(key, sizeof(key), name);
+	n = objstore_get(s, key, 0, buf, MANIFEST_MAX);
+	if (n < 0) {
+		rc = (int)n;
+		say(err, errlen, rc == -ENOENT ? "no checkpoint named %s in the store" :
+						 "cannot read %s: %s", rc == -ENOENT ? name : key,
+		    strerror(-rc));
+		goto out;
+	}
+	buf[n] = '\0';
+	rc = ckpt_manifest_parse(buf, name, mf, err, errlen);
+out:
 	free(buf);
 	return rc;
 }

@@ -40,6 +40,11 @@ struct ckpt_manifest {
  * 0, or -errno with the reason in err (what was stored is deleted). */
 int ckpt_store_put(struct objstore *s, int fd, uint64_t len, struct ckpt_manifest *mf,
 		   char *err, size_t errlen);
+/* A manifest's text (NUL-terminated) for checkpoint name into *mf: 0, or
+ * -EIO with the reason in err (anything but a manifest of that name whose
+ * part count fits its size). */
+int ckpt_manifest_parse(const char *text, const char *name, struct ckpt_manifest *mf, char *err,
+			size_t errlen);
 /* Reads checkpoint name's manifest into *mf. -ENOENT if there is none. */
 int ckpt_store_manifest(struct objstore *s, const char *name, struct ckpt_manifest *mf,
 			char *err, size_t errlen);

@@ -173,18 +173,13 @@ int cmd_checkpoint(int argc, char **argv)
 	double timeout_s = 0;
 	bool list = false, del = false, force = false;
 	int opt, json = 0;
-	char *end;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "t:jh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 't':
-			errno = 0;
-			timeout_s = strtod(optarg, &end);
-			if (errno || end == optarg || *end || !(timeout_s >= 0) || timeout_s > 31536000) {
-				ctl_err("checkpoint: --timeout wants seconds (0: none), not '%s'", optarg);
+			if (ctl_timeout_arg("checkpoint", optarg, &timeout_s) < 0)
 				return 2;
-			}
 			break;
 		case 'j': json = 1; break;
 		case 'l': list = true; break;

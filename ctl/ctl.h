@@ -23,6 +23,8 @@ int cmd_gc(int argc, char **argv);       /* checkpoint.c */
 /* drain.c: a drain (checkpoint NULL) or a checkpoint through MOUNTPOINT's
  * .control file, shown as ferry drain shows it; the exit code. */
 int ctl_control_run(const char *mountpoint, const char *checkpoint, double timeout_s, int json);
+/* --timeout's seconds (0: none) into *seconds; -EINVAL, said for cmd. */
+int ctl_timeout_arg(const char *cmd, const char *arg, double *seconds);
 
 /* main.c */
 void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

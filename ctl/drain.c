@@ -121,6 +121,19 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int ctl_timeout_arg(const char *cmd, const char *arg, double *seconds)
+{
+	char *end;
+
+	errno = 0;
+	*seconds = strtod(arg, &end);
+	if (errno || end == arg || *end || !(*seconds >= 0) || *seconds > 31536000) {
+		ctl_err("%s: --timeout wants seconds (0: none), not '%s'", cmd, arg);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int cmd_drain(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -130,19 +143,14 @@ int cmd_drain(int argc, char **argv)
 		{ 0 },
 	};
 	double timeout_s = 0;
-	char *end;
 	int opt, json = 0;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "t:jh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 't':
-			errno = 0;
-			timeout_s = strtod(optarg, &end);
-			if (errno || end == optarg || *end || !(timeout_s >= 0) || timeout_s > 31536000) {
-				ctl_err("drain: --timeout wants seconds (0: none), not '%s'", optarg);
+			if (ctl_timeout_arg("drain", optarg, &timeout_s) < 0)
 				return 2;
-			}
 			break;
 		case 'j':
 			json = 1;
