@@ -218,7 +218,20 @@ static int fence_check(struct meta *m, struct conn *c)
 /* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying when busy. fn returns
  * 0 to commit or a negative errno to roll back; it must be safe to run again
  * (it may be, after -EAGAIN). */
+static int txn_locked(struct meta *m, txn_fn fn, void *arg);
+
 static int txn_now(struct meta *m, txn_fn fn, void *arg)
+{
+	int rc;
+
+	pthread_mutex_lock(&m->write_lock);
+	rc = txn_locked(m, fn, arg);
+	pthread_mutex_unlock(&m->write_lock);
+	return rc;
+}
+
+/* txn_now with write_lock held by the caller. */
+static int txn_locked(struct meta *m, txn_fn fn, void *arg)
 {
 	struct conn *c;
 	int rc, tries;
@@ -229,7 +242,6 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 	rc = c->drv->conn_write_prepare(c);
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&m->write_lock);
 	intent_lock(m, F_WRLCK);
 	batch_wait(m);
 	for (tries = 1;; tries++) {
@@ -255,7 +267,6 @@ static int txn_now(struct meta *m, txn_fn fn, void *arg)
 		nanosleep(&(struct timespec){ 0, 1000000L << (tries < 6 ? tries : 6) }, NULL);
 	}
 	intent_lock(m, F_UNLCK);
-	pthread_mutex_unlock(&m->write_lock);
 	return rc == -EAGAIN ? -EIO : rc;
 }
 
@@ -590,6 +601,19 @@ int meta_txn_rec(struct meta *m, struct mj_rec *r, const uint64_t *result, txn_f
 int meta_txn(struct meta *m, txn_fn fn, void *arg)
 {
 	return meta_txn_rec(m, NULL, NULL, fn, arg);
+}
+
+int meta_txn_settled(struct meta *m, txn_fn fn, void *arg)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&m->write_lock);
+	if (m->jfd >= 0)
+		rc = batch_commit(m);
+	if (rc == 0)
+		rc = txn_locked(m, fn, arg);
+	pthread_mutex_unlock(&m->write_lock);
+	return rc;
 }
 
 /*

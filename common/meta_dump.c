@@ -1454,7 +1454,7 @@ int meta_checkpoint_take(struct meta *m, const char *name, FILE *out, struct met
 		return rc;
 	}
 	t0 = mono_ms();
-	rc = meta_txn(m, take_fenced, &t);
+	rc = meta_txn_settled(m, take_fenced, &t);
 	*pause_ms = mono_ms() - t0;
 	if (rc < 0) {
 		if (!*err)

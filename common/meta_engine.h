@@ -164,6 +164,12 @@ void meta_conn_thread_exit(void *p);
  * run again (it may be, after -EAGAIN). */
 int meta_txn_rec(struct meta *m, struct mj_rec *r, const uint64_t *result, txn_fn fn, void *arg);
 int meta_txn(struct meta *m, txn_fn fn, void *arg);
+/* fn in a transaction of its own, begun with none of this process's
+ * deferred changes outstanding: the open batch is committed first, and
+ * write_lock is held from there to fn's commit, so nothing of this process
+ * comes between (a checkpoint's snapshot, on another connection, must see
+ * what fn's transaction sees). */
+int meta_txn_settled(struct meta *m, txn_fn fn, void *arg);
 /* fn in the batch (write_lock held): for a replayed record. */
 int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn_fn fn,
 		   void *arg);
