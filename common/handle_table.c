@@ -271,3 +271,48 @@ void handle_table_drain(struct handle_table *t,
 			cb(type, obj, arg);
 	}
 }
+
+void handle_table_each(struct handle_table *t,
+		       void (*cb)(uint64_t fh, enum handle_type type, void *obj, void *arg), void *arg)
+{
+	if (!t)
+		return;
+	for (uint32_t i = 0; i < t->nslots; i++) {
+		uint64_t w = atomic_load_explicit(&t->slots[i].word, memory_order_acquire);
+		void *obj;
+
+		if (!(w & SLOT_LIVE))
+			continue;
+		obj = atomic_load_explicit(&t->slots[i].obj, memory_order_acquire);
+		cb((w & ~IDX_MASK) | i, (enum handle_type)((w & IDX_MASK) >> TYPE_SHIFT), obj, arg);
+	}
+}
+
+int handle_table_restore(struct handle_table *t, const uint64_t *fhs, const enum handle_type *types,
+			 void *const *objs, size_t n)
+{
+	uint32_t prev = FREE_END;
+
+	if (atomic_load(&t->count) != 0)
+		return -EBUSY;
+	for (size_t k = 0; k < n; k++) {
+		uint64_t idx = fhs[k] & IDX_MASK, gen = fhs[k] >> IDX_BITS;
+
+		if (idx >= t->nslots || gen == 0 || types[k] < HANDLE_FILE ||
+		    types[k] > HANDLE_SPECIAL ||
+		    (atomic_load(&t->slots[idx].word) & SLOT_LIVE))
+			return -EINVAL;
+		atomic_store(&t->slots[idx].obj, objs[k]);
+		atomic_store(&t->slots[idx].word, live_word(gen, types[k]));
+	}
+	/* The free list anew, in index order, without the slots now live. */
+	for (uint32_t i = t->nslots; i-- > 0;) {
+		if (atomic_load(&t->slots[i].word) & SLOT_LIVE)
+			continue;
+		atomic_store(&t->slots[i].next, prev);
+		prev = i;
+	}
+	atomic_store(&t->free_head, (uint64_t)prev);
+	atomic_store(&t->count, (uint32_t)n);
+	return 0;
+}

@@ -13,6 +13,7 @@
 #ifndef FERRY_HANDLE_TABLE_H
 #define FERRY_HANDLE_TABLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct handle_table;
@@ -34,5 +35,16 @@ uint32_t handle_count(struct handle_table *t);
  * handles the kernel never released). Not to be run beside other calls. */
 void handle_table_drain(struct handle_table *t,
 			void (*cb)(enum handle_type type, void *obj, void *arg), void *arg);
+
+/* Calls cb for every live handle, leaving it live (a daemon handing its
+ * handles to the one that replaces it; nothing else runs meanwhile). */
+void handle_table_each(struct handle_table *t,
+		       void (*cb)(uint64_t fh, enum handle_type type, void *obj, void *arg), void *arg);
+/* Makes fhs[k] live again with objs[k] (of types[k]) in a table that has
+ * handed out nothing yet, as the daemon before gave them out: -EBUSY if it
+ * has, -EINVAL for an fh outside the table, of generation 0, or given
+ * twice; after an error the table is only fit for handle_table_free(). */
+int handle_table_restore(struct handle_table *t, const uint64_t *fhs, const enum handle_type *types,
+			 void *const *objs, size_t n);
 
 #endif

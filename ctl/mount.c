@@ -14,7 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/close_range.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,9 +26,35 @@
 #include "broker_client.h"
 #include "ctl.h"
 #include "dirs.h"
+#include "rpc_frame.h"
 #include "url.h"
 
 #define MAX_ARGS 32
+
+static int mount_upgrade(const char *mountpoint);
+static int mountpoint_path(const char *arg, char *out);
+static bool process_running(pid_t pid);
+static bool is_mountd_of(pid_t pid, const char *mp);
+
+/* The daemon's first line on its ready fd ("ok", or why it failed), without
+ * its newline; "" if it exited without one. */
+static void read_ready(int fd, char *msg, size_t cap)
+{
+	size_t got = 0;
+
+	for (;;) {
+		ssize_t n = read(fd, msg + got, cap - 1 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+		if (memchr(msg, '\n', got) || got == cap - 1)
+			break;
+	}
+	msg[got] = '\0';
+	msg[strcspn(msg, "\n")] = '\0';
+}
 
 int cmd_mount(int argc, char **argv)
 {
@@ -40,13 +70,15 @@ int cmd_mount(int argc, char **argv)
 		{ "metrics", required_argument, NULL, 'P' },
 		{ "broker", required_argument, NULL, 'B' },
 		{ "takeover", no_argument, NULL, 'K' },
+		{ "upgrade", no_argument, NULL, 'U' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	char *args[MAX_ARGS], daemon[PATH_MAX], fdarg[16], msg[1024] = "", mpabs[PATH_MAX];
 	char *db = NULL, *dir = NULL, *log = NULL, err[512];
-	int nargs = 0, opt, foreground = 0, broker = 0, pipefd[2] = { -1, -1 }, code = 1, rc;
+	int nargs = 0, opt, foreground = 0, broker = 0, upgrade = 0, pipefd[2] = { -1, -1 };
+	int code = 1, rc;
 	pid_t pid;
 
 	snprintf(daemon, sizeof(daemon), "%s/ferry-mountd", ctl_bindir());
@@ -70,16 +102,26 @@ int cmd_mount(int argc, char **argv)
 		case 'P': args[nargs++] = "--metrics"; args[nargs++] = optarg; break;
 		case 'B': args[nargs++] = "--broker"; args[nargs++] = optarg; broker = 1; break;
 		case 'K': args[nargs++] = "--takeover"; break;
+		case 'U': upgrade = 1; break;
 		case 'L': log = strdup(optarg); break;
 		case 'h':
 			printf("usage: ferry mount [-f] [--cache-dir DIR] [--cache-size MiB] "
 			       "[--staging-dir DIR] [--staging-min-free MiB] [--log FILE] [--reconciler SOCKET | --no-reconciler] "
 			       "[--metrics ADDR:PORT] [--broker SOCKET] [--takeover] "
-			       "[-o OPTS] VOLUME MOUNTPOINT\n");
+			       "[-o OPTS] VOLUME MOUNTPOINT\n"
+			       "       ferry mount --upgrade MOUNTPOINT\n");
 			return 0;
 		default:
 			return 2;
 		}
+	}
+	if (upgrade) {
+		free(log);
+		if (argc - optind != 1) {
+			ctl_err("mount --upgrade takes the MOUNTPOINT only (the daemon keeps its options)");
+			return 2;
+		}
+		return mount_upgrade(argv[optind]);
 	}
 	if (argc - optind != 2) {
 		ctl_err("mount takes VOLUME and MOUNTPOINT");
@@ -157,21 +199,7 @@ int cmd_mount(int argc, char **argv)
 	}
 	close(pipefd[1]);
 	pipefd[1] = -1;
-	{
-		size_t got = 0;
-		for (;;) {
-			ssize_t n = read(pipefd[0], msg + got, sizeof(msg) - 1 - got);
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			got += (size_t)n;
-			if (memchr(msg, '\n', got) || got == sizeof(msg) - 1)
-				break;
-		}
-		msg[got] = '\0';
-		msg[strcspn(msg, "\n")] = '\0';
-	}
+	read_ready(pipefd[0], msg, sizeof(msg));
 	if (strcmp(msg, "ok") == 0) {
 		printf("mounted %s at %s (ferry-mountd pid %d, log %s)\n", argv[optind],
 		       argv[optind + 1], (int)pid, log);
@@ -440,4 +468,235 @@ wait:
 		}
 	}
 	return 0;
+}
+
+/* 1 + the first of fds 0-2 open on a file of the mount at mp, or 0. */
+static int stdio_on_mount(const char *mp)
+{
+	struct stat m, st;
+
+	if (stat(mp, &m) < 0)
+		return 0;
+	for (int fd = 0; fd <= 2; fd++)
+		if (fstat(fd, &st) == 0 && st.st_dev == m.st_dev)
+			return fd + 1;
+	return 0;
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * ferry mount --upgrade MOUNTPOINT: the ferry-mountd serving the mount
+ * hands it (the FUSE connection, its open handles) to a new one started
+ * from this ferry's directory with the same options (mountd/handover.c).
+ * The mount pauses meanwhile; nothing is unmounted.
+ */
+static int mount_upgrade(const char *mountpoint)
+{
+	char mp[PATH_MAX], path[PATH_MAX + 16], pidbuf[32], cmd[16384], logpath[PATH_MAX];
+	char dir[] = "/tmp/ferry-upgrade.XXXXXX", sockpath[64], msg[1024] = "", fdarg[48], rfd[16];
+	char *stats = NULL, *args[MAX_ARGS], daemon[PATH_MAX];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int lsock = -1, conn = -1, ctl = -1, blob = -1, fuse_fd = -1, pipefd[2] = { -1, -1 };
+	int code = 1, nargs = 0, rc;
+	uint8_t *buf = NULL;
+	size_t len = 0, nfds = 0;
+	int fds[RPC_FDS_MAX];
+	pid_t old, pid;
+	ssize_t n;
+	int64_t t0, t_sent, t_ready;
+	bool dir_made = false;
+
+	if ((rc = mountpoint_path(mountpoint, mp)) < 0) {
+		ctl_err("%s: %s", mountpoint, strerror(-rc));
+		return 1;
+	}
+	if ((rc = ctl_read_stats_within(mp, 10000, &stats)) < 0 ||
+	    ctl_stats_value(stats, "pid", pidbuf, sizeof(pidbuf)) < 0) {
+		ctl_err("%s is not a ferryfs mount served here (%s)", mp, strerror(rc < 0 ? -rc : ENOENT));
+		free(stats);
+		return 1;
+	}
+	free(stats);
+	old = (pid_t)atoi(pidbuf);
+	if (!is_mountd_of(old, mp)) {
+		ctl_err("the ferry-mountd of %s (pid %d) is not in this pid namespace; upgrade it "
+			"where it runs", mp, (int)old);
+		return 1;
+	}
+	/* Every close of a file of this mount asks its daemon for a FLUSH,
+	 * the implicit ones at exec and exit too: fds on it that we inherited
+	 * go now, while the old daemon answers, and none is left for the new
+	 * daemon's exec (the daemon that would answer it) to close. */
+	if ((rc = stdio_on_mount(mp)) != 0) {
+		ctl_err("fd %d of this command is a file on %s: its close would wait for the "
+			"daemon being replaced; redirect it elsewhere", rc - 1, mp);
+		return 1;
+	}
+	close_range(3, ~0u, 0);
+	/* Its command line, to start the new one the same way. */
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)old);
+	ctl = open(path, O_RDONLY | O_CLOEXEC);
+	n = ctl < 0 ? -1 : read(ctl, cmd, sizeof(cmd) - 1);
+	if (ctl >= 0)
+		close(ctl);
+	ctl = -1;
+	if (n <= 0) {
+		ctl_err("cannot read %s", path);
+		return 1;
+	}
+	cmd[n] = '\0';
+	size_t cmdlen = (size_t)n;
+	snprintf(path, sizeof(path), "/proc/%d/fd/2", (int)old);
+	n = readlink(path, logpath, sizeof(logpath) - 1);
+	logpath[n > 0 ? n : 0] = '\0';
+	snprintf(daemon, sizeof(daemon), "%s/ferry-mountd", ctl_bindir());
+	args[nargs++] = daemon;
+	for (char *a = cmd + strlen(cmd) + 1; a < cmd + cmdlen; a += strlen(a) + 1) {
+		if (!strcmp(a, "--ready-fd") || !strcmp(a, "--handover")) {
+			a += strlen(a) + 1; /* and its value */
+			continue;
+		}
+		if (!strcmp(a, "-f") || !strcmp(a, "--foreground"))
+			continue;
+		if (nargs >= MAX_ARGS - 6) {
+			ctl_err("the daemon's command line is too long");
+			return 1;
+		}
+		args[nargs++] = a;
+	}
+	if (!mkdtemp(dir)) {
+		ctl_err("mkdtemp: %s", strerror(errno));
+		return 1;
+	}
+	dir_made = true;
+	snprintf(sockpath, sizeof(sockpath), "%s/s", dir);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sockpath);
+	lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (lsock < 0 || bind(lsock, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    listen(lsock, 1) < 0) {
+		ctl_err("cannot listen at %s: %s", sockpath, strerror(errno));
+		goto out;
+	}
+	snprintf(path, sizeof(path), "%s/.control", mp);
+	/* A drain first, while the mount serves: the uploads in flight then
+	 * need not be finished by the new daemon before it serves. */
+	ctl = open(path, O_RDWR | O_CLOEXEC);
+	if (ctl < 0) {
+		ctl_err("cannot open %s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (write(ctl, "drain wait timeout=120\n", 23) < 0)
+		ctl_err("warning: the drain before the hand-over did not finish (%s); the new "
+			"daemon commits the rest before it serves", strerror(errno));
+	close(ctl);
+	ctl = open(path, O_RDWR | O_CLOEXEC);
+	if (ctl < 0) {
+		ctl_err("cannot open %s: %s", path, strerror(errno));
+		goto out;
+	}
+	t0 = mono_ms();
+	snprintf(msg, sizeof(msg), "handover %s\n", sockpath);
+	if (write(ctl, msg, strlen(msg)) < 0) {
+		ctl_err("ferry-mountd (pid %d) refused the hand-over: %s", (int)old, strerror(errno));
+		goto out;
+	}
+	/* ctl stays open until the new daemon serves: its close would wait
+	 * for an answer from a daemon (it is handed over with the rest). */
+	struct pollfd pfd = { .fd = lsock, .events = POLLIN };
+	if (poll(&pfd, 1, 120000) != 1 || (conn = accept4(lsock, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+		ctl_err("ferry-mountd (pid %d) did not hand the mount over (see its log, %s)",
+			(int)old, logpath);
+		goto out;
+	}
+	rc = rpc_frame_recv(conn, 64u << 20, 1, &buf, &len, fds, &nfds);
+	if (rc < 0 || nfds != 1) {
+		ctl_err("the hand-over from pid %d failed: %s (see %s)", (int)old,
+			rc < 0 ? strerror(-rc) : "no FUSE fd came", logpath);
+		rpc_fds_close(fds, nfds);
+		goto out;
+	}
+	fuse_fd = fds[0];
+	t_sent = mono_ms();
+	for (int k = 0; k < 6000 && process_running(old); k++)
+		usleep(10000);
+	if (process_running(old)) {
+		ctl_err("ferry-mountd pid %d handed the mount over but did not exit", (int)old);
+		goto out;
+	}
+	blob = memfd_create("ferry-handover", MFD_CLOEXEC);
+	if (blob < 0 || write(blob, buf, len) != (ssize_t)len || pipe2(pipefd, O_CLOEXEC) < 0) {
+		ctl_err("cannot pass the hand-over on: %s", strerror(errno));
+		goto out;
+	}
+	snprintf(fdarg, sizeof(fdarg), "%d:%d", fuse_fd, blob);
+	snprintf(rfd, sizeof(rfd), "%d", pipefd[1]);
+	/* Options before the VOLUME MOUNTPOINT the old line ends with. */
+	memmove(&args[5], &args[1], (size_t)(nargs - 1) * sizeof(*args));
+	args[1] = "--handover";
+	args[2] = fdarg;
+	args[3] = "--ready-fd";
+	args[4] = rfd;
+	nargs += 4;
+	args[nargs] = NULL;
+	pid = fork();
+	if (pid < 0) {
+		ctl_err("fork: %s", strerror(errno));
+		goto out;
+	}
+	if (pid == 0) {
+		int lfd = *logpath ? open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
+		if (lfd >= 0)
+			dup2(lfd, STDERR_FILENO);
+		/* Nothing of ours but these: an fd the caller holds on a file
+		 * of this very mount would keep its RELEASE from ever coming. */
+		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+		fcntl(pipefd[1], F_SETFD, 0);
+		fcntl(fuse_fd, F_SETFD, 0);
+		fcntl(blob, F_SETFD, 0);
+		execv(daemon, args);
+		dprintf(pipefd[1], "cannot run %s: %s\n", daemon, strerror(errno));
+		_exit(127);
+	}
+	close(pipefd[1]);
+	pipefd[1] = -1;
+	read_ready(pipefd[0], msg, sizeof(msg));
+	t_ready = mono_ms();
+	if (strcmp(msg, "ok") != 0) {
+		ctl_err("the new ferry-mountd did not start: %s (see %s); the mount waits for a "
+			"daemon: `ferry mount --broker` takes a brokered one over", *msg ? msg : "it exited",
+			logpath);
+		goto out;
+	}
+	printf("upgraded %s: ferry-mountd pid %d handed over to pid %d; the mount paused %lld ms "
+	       "(%lld ms handing over, %lld ms starting)\n",
+	       mp, (int)old, (int)pid, (long long)(t_ready - t0), (long long)(t_sent - t0),
+	       (long long)(t_ready - t_sent));
+	code = 0;
+out:
+	free(buf);
+	if (ctl >= 0)
+		close(ctl);
+	if (conn >= 0)
+		close(conn);
+	if (lsock >= 0)
+		close(lsock);
+	if (blob >= 0)
+		close(blob);
+	if (fuse_fd >= 0)
+		close(fuse_fd);
+	if (pipefd[0] >= 0)
+		close(pipefd[0]);
+	if (pipefd[1] >= 0)
+		close(pipefd[1]);
+	if (dir_made) {
+		unlink(sockpath);
+		rmdir(dir);
+	}
+	return code;
 }

@@ -37,12 +37,11 @@ static const char *refusal(void)
 	return broker_last_message();
 }
 
-int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_fd, char *err,
-		      size_t errlen)
+/* Connects to the broker and finds our mount's name beneath our root
+ * (*name malloc'ed, the caller's). */
+static int broker_link_connect(struct mountd *md, char **name, char *err, size_t errlen)
 {
 	struct broker_status st;
-	uint64_t id = 0;
-	char *name = NULL;
 	int rc;
 
 	rc = broker_connect(md->cfg.broker, &md->broker);
@@ -63,7 +62,7 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 			 (int)getuid(), (int)getuid());
 		return -EPERM;
 	}
-	rc = broker_mount_name(st.root, md->cfg.mountpoint, &name);
+	rc = broker_mount_name(st.root, md->cfg.mountpoint, name);
 	if (rc < 0) {
 		if (rc == -EXDEV)
 			snprintf(err, errlen, "mountpoint %s is not beneath %s, where ferry-brokerd "
@@ -72,6 +71,39 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 			snprintf(err, errlen, "out of memory");
 		return rc;
 	}
+	return 0;
+}
+
+int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen)
+{
+	uint64_t id = 0;
+	char *name = NULL;
+	int rc = broker_link_connect(md, &name, err, errlen);
+
+	if (rc < 0)
+		return rc;
+	rc = broker_attach(md->broker, name, fuse_fd, &id);
+	if (rc < 0) {
+		snprintf(err, errlen, "ferry-brokerd would not take %s over for this daemon: %s%s%s",
+			 md->cfg.mountpoint, strerror(-rc), *refusal() ? ": " : "", refusal());
+		free(name);
+		return rc;
+	}
+	md->broker_name = name; /* owned by md, freed in broker_link_close() */
+	atomic_store(&md->broker_mount_id, id);
+	atomic_store(&md->broker_up, true);
+	return 0;
+}
+
+int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_fd, char *err,
+		      size_t errlen)
+{
+	uint64_t id = 0;
+	char *name = NULL;
+	int rc = broker_link_connect(md, &name, err, errlen);
+
+	if (rc < 0)
+		return rc;
 	/* A mount of ours whose daemon died (the broker still holds its
 	 * connection): take it over rather than mount anew. */
 	rc = broker_reattach(md->broker, name, fuse_fd, &id);

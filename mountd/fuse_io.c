@@ -1,7 +1,8 @@
 /*
- * fuse_io: the FUSE connection of a mount made through ferry-brokerd, read
- * and written through libfuse's custom I/O (fuse_session_custom_io) so that
- * a new ferry-mountd can take over a connection whose daemon died.
+ * fuse_io: the FUSE connection of every mount, read and written through
+ * libfuse's custom I/O (fuse_session_custom_io) so that a new ferry-mountd
+ * can take over a connection whose daemon died (a brokered mount) or that
+ * was handed to it (ferry mount --upgrade, handover.c).
  *
  * The broker keeps a dup of every /dev/fuse fd it mounts with, so the
  * kernel's connection outlives a crashed daemon: requests wait in it, and
@@ -91,8 +92,10 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 	n = read(fd, buf, len);
 	if (n >= (ssize_t)sizeof(struct fuse_in_header) && !io->captured) {
 		const struct fuse_in_header *h = buf;
-		if (h->opcode == FUSE_INIT && (size_t)n <= INIT_MAX) {
+		if (h->opcode == FUSE_INIT && (size_t)n <= sizeof(io->init)) {
 			int e = errno;
+			memcpy(io->init, buf, (size_t)n);
+			io->init_len = (size_t)n;
 			init_save(md, buf, (size_t)n);
 			io->captured = true;
 			errno = e;
@@ -150,33 +153,46 @@ static const struct fuse_custom_io custom_io = {
 	.splice_send = io_splice_send,
 };
 
-int fuse_io_start(struct mountd *md, int fuse_fd, bool reattach)
+int fuse_io_saved_init(struct mountd *md, uint8_t *buf, size_t cap, size_t *len)
+{
+	int fd = openat(md->staging_dirfd, INIT_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	ssize_t n;
+	int rc;
+
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, cap);
+	rc = n < 0 ? -errno : 0;
+	close(fd);
+	if (rc < 0)
+		return rc;
+	*len = (size_t)n;
+	return 0;
+}
+
+int fuse_io_start(struct mountd *md, int fuse_fd, const uint8_t *replay, size_t replay_len)
 {
 	int rc;
 
 	pthread_mutex_init(&md->fio.lock, NULL);
 	pthread_cond_init(&md->fio.cond, NULL);
+	if (replay) {
+		const struct fuse_in_header *h = (const struct fuse_in_header *)replay;
 
-	if (reattach) {
-		int fd = openat(md->staging_dirfd, INIT_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-		ssize_t n;
-
-		if (fd < 0)
-			return -errno;
-		n = read(fd, md->fio.replay, sizeof(md->fio.replay));
-		rc = n < 0 ? -errno : 0;
-		close(fd);
-		if (rc < 0)
-			return rc;
-		struct fuse_in_header *h = (struct fuse_in_header *)md->fio.replay;
-		if (n < (ssize_t)(sizeof(*h) + 16) ||
-		    (size_t)n >= sizeof(md->fio.replay) || h->opcode != FUSE_INIT || h->len != n)
+		if (replay_len < sizeof(*h) + 16 || replay_len > sizeof(md->fio.replay) ||
+		    h->opcode != FUSE_INIT || h->len != replay_len)
 			return -EBADMSG;
-		md->fio.replay_len = (size_t)n;
+		memcpy(md->fio.replay, replay, replay_len);
+		memcpy(md->fio.init, replay, replay_len); /* for a handover after this one */
+		md->fio.init_len = replay_len;
+		md->fio.replay_len = replay_len;
 		md->fio.swallow_unique = h->unique;
 		atomic_store(&md->fio.swallowing, true);
 		md->fio.captured = true;
 	}
 	rc = fuse_session_custom_io(md->se, &custom_io, sizeof(custom_io), fuse_fd);
-	return rc < 0 ? rc : 0;
+	if (rc < 0)
+		return rc;
+	md->fio.fd = fuse_fd;
+	return 0;
 }

@@ -2140,3 +2140,69 @@ const struct fuse_lowlevel_ops mountd_ops = {
 	.removexattr = fenced_removexattr,
 	.access = op_access,
 };
+
+/* ---- handover.c's view of the handles ---- */
+
+void mountd_handle_free(struct mountd *md, enum handle_type type, void *obj)
+{
+	if (type == HANDLE_FILE)
+		file_release(md, obj, 0);
+	else if (type == HANDLE_SPECIAL)
+		special_handle_free(obj);
+	else
+		free(obj);
+}
+
+void handle_describe(enum handle_type type, void *obj, uint64_t *ino, bool *writer,
+		     bool *passthrough, bool *setid_clear)
+{
+	*writer = *passthrough = *setid_clear = false;
+	if (type == HANDLE_FILE) {
+		const struct open_file *of = obj;
+		*ino = of->ino->ino;
+		*writer = of->writer;
+		*passthrough = of->passthrough;
+		*setid_clear = of->setid_clear;
+	} else if (type == HANDLE_DIR) {
+		*ino = ((const struct dir_handle *)obj)->ino;
+	} else {
+		*ino = special_handle_ino(obj);
+	}
+}
+
+void *handle_rebuild(struct mountd *md, enum handle_type type, uint64_t fh, uint64_t ino,
+		     bool writer, bool passthrough, bool setid_clear)
+{
+	if (type == HANDLE_DIR) {
+		struct dir_handle *d = calloc(1, sizeof(*d));
+		if (d)
+			d->ino = ino;
+		return d;
+	}
+	if (type == HANDLE_SPECIAL)
+		return special_handle_rebuild(md, ino);
+	struct open_file *of = calloc(1, sizeof(*of));
+	struct inode *i;
+	if (!of || !(i = inode_ref(md, ino, 0, 1))) {
+		free(of);
+		return NULL;
+	}
+	of->ino = i;
+	of->fh = fh;
+	of->writer = writer;
+	of->setid_clear = setid_clear;
+	pthread_mutex_lock(&i->lock);
+	/* A passthrough handle shares the inode's staging file, which
+	 * handover_restore() made its write state first; without one (it
+	 * could not be taken up) the handle is a cached one: its kernel file
+	 * still goes to the backing file, and its close commits nothing. */
+	of->passthrough = passthrough && i->w && i->w->passthrough;
+	if (of->passthrough)
+		i->w->npt++;
+	else
+		i->ncached++;
+	if (writer)
+		i->nwriters++; /* under i->lock, as open_file() counts it */
+	pthread_mutex_unlock(&i->lock);
+	return of;
+}

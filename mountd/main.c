@@ -14,6 +14,9 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <time.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "aws_creds.h"
@@ -454,6 +457,28 @@ static int broker_options(char *opts, char **bopts, size_t max)
 	return 0;
 }
 
+static void wake_handler(int sig)
+{
+	(void)sig; /* only ends a wait (the FUSE loop's sem_wait) */
+}
+
+/* The end of a mount this daemon took over (handover.c) and did not make:
+ * libfuse does not know it as mounted. Lazily, as fusermount3 -u would at
+ * an exit; the kernel's own unmount (ferry umount) left nothing to do. */
+static void mount_end_handed_over(struct mountd *md)
+{
+	if (umount2(md->cfg.mountpoint, MNT_DETACH) == 0 || errno == EINVAL || errno == ENOENT)
+		return;
+	pid_t pid = fork();
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", "-z", "--", md->cfg.mountpoint,
+		       (char *)NULL);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+}
+
 static char *abs_path(const char *p)
 {
 	char *r = realpath(p, NULL);
@@ -476,6 +501,7 @@ int main(int argc, char **argv)
 		{ "reopen-timeout", required_argument, NULL, 'W' },
 		{ "broker", required_argument, NULL, 'B' },
 		{ "takeover", no_argument, NULL, 'K' },
+		{ "handover", required_argument, NULL, 'H' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -492,6 +518,7 @@ int main(int argc, char **argv)
 	uint64_t cache_mib = DEFAULT_CACHE_MIB, purged = 0;
 	bool mounted = false, handlers = false;
 	int opt, rc, exit_code = 1;
+	const char *handover_arg = NULL;
 
 	memset(md, 0, sizeof(*md));
 	md->cfg.ready_fd = -1;
@@ -532,6 +559,8 @@ int main(int argc, char **argv)
 	pthread_mutex_init(&md->pending_lock, NULL);
 	mono_cond_init(&md->pending_cond);
 	pthread_mutex_init(&md->broker_lock, NULL);
+	pthread_mutex_init(&md->handover_lock, NULL);
+	md->ho_fuse_fd = -1;
 	log_init("ferry-mountd", LOG_LVL_INFO);
 
 	while ((opt = getopt_long(argc, argv, "fo:dhV", longopts, NULL)) != -1) {
@@ -557,6 +586,9 @@ int main(int argc, char **argv)
 				fatalx("--cache-size: not a number of MiB: %s", optarg);
 			break;
 		case 'T': md->cfg.staging_dir = abs_path(optarg); break;
+		case 'H':
+			handover_arg = optarg;
+			break;
 		case 'R':
 			md->cfg.ready_fd = atoi(optarg);
 			if (fcntl(md->cfg.ready_fd, F_SETFD, FD_CLOEXEC) < 0)
@@ -624,7 +656,8 @@ int main(int argc, char **argv)
 	/* Through the broker the mountpoint may hold our own mount whose
 	 * daemon died, which would hang a stat(): only its parent is looked
 	 * at, and the broker checks the directory itself. */
-	md->cfg.mountpoint = md->cfg.broker ? broker_mountpoint_path(argv[optind + 1]) : NULL;
+	md->cfg.mountpoint = md->cfg.broker || handover_arg ?
+				     broker_mountpoint_path(argv[optind + 1]) : NULL;
 	if (!md->cfg.mountpoint)
 		md->cfg.mountpoint = abs_path(argv[optind + 1]);
 	if (!md->cfg.cache_dir && asprintf(&md->cfg.cache_dir, "%s/cache", md->cfg.vol_dir) < 0)
@@ -632,7 +665,12 @@ int main(int argc, char **argv)
 	if (!md->cfg.staging_dir && asprintf(&md->cfg.staging_dir, "%s/staging", md->cfg.vol_dir) < 0)
 		fatalx("out of memory");
 
-	mountpoint_check(md);
+	/* A mount handed over is served already: nobody answers a look at
+	 * its root until this daemon does. */
+	if (handover_arg && (rc = handover_load(md, handover_arg)) < 0)
+		start_failed(md, "--handover %s: %s", handover_arg, strerror(-rc));
+	if (!handover_arg)
+		mountpoint_check(md);
 	/* Staging files of open writers, of uploads being read in flight,
 	 * connections: far more than 1024 on a busy mount. */
 	fd_limit_raise();
@@ -745,6 +783,8 @@ int main(int argc, char **argv)
 			  "hold read as before them until they are", strerror(-rc));
 	if (md->follower)
 		; /* the writer's orphans are its own to free */
+	else if (md->ho)
+		; /* the daemon before may have had them open: freed at a later start */
 	else if ((rc = meta_orphans_purge(md->meta, &purged)) < 0)
 		log_errno(rc, "cannot free unlinked inodes left by an earlier run");
 	else if (purged)
@@ -763,7 +803,11 @@ int main(int argc, char **argv)
 	if (fuse_set_signal_handlers(md->se) != 0)
 		start_failed(md, "cannot install signal handlers");
 	handlers = true;
-	if (md->cfg.broker) {
+	if (md->ho) {
+		/* The daemon before us handed the live connection over. */
+		if (handover_serve(md, err, sizeof(err)) < 0)
+			start_failed(md, "%s", err);
+	} else if (md->cfg.broker) {
 		/* The broker mounts, with the options the kernel would get from
 		 * libfuse; we serve the fd it returns. */
 		int fuse_fd = -1;
@@ -773,7 +817,12 @@ int main(int argc, char **argv)
 				     BROKER_OPTIONS_MAX);
 		if (broker_link_mount(md, (const char *const *)bopts, &fuse_fd, err, sizeof(err)) < 0)
 			start_failed(md, "%s", err);
-		if ((rc = fuse_io_start(md, fuse_fd, md->reattached)) < 0) {
+		uint8_t init[sizeof(md->fio.init)];
+		size_t init_len = 0;
+		rc = md->reattached ? fuse_io_saved_init(md, init, sizeof(init), &init_len) : 0;
+		if (rc == 0)
+			rc = fuse_io_start(md, fuse_fd, md->reattached ? init : NULL, init_len);
+		if (rc < 0) {
 			close(fuse_fd);
 			if (!md->reattached)
 				broker_link_umount(md);
@@ -784,12 +833,18 @@ int main(int argc, char **argv)
 		}
 	} else if (fuse_session_mount(md->se, md->cfg.mountpoint) != 0) {
 		start_failed(md, "cannot mount on %s (see the lines above)", md->cfg.mountpoint);
+	} else if ((rc = fuse_io_start(md, fuse_session_fd(md->se), NULL, 0)) < 0) {
+		/* Through fuse_io.c too: it keeps the INIT a hand-over needs. */
+		fuse_session_unmount(md->se);
+		start_failed(md, "cannot serve the mount: %s", strerror(-rc));
 	}
 	mounted = true;
 	if ((rc = write_back_start(md)) < 0) {
 		log_errno(rc, "cannot start the write-back thread");
 		goto out;
 	}
+	if ((rc = handover_restore(md)) < 0)
+		start_failed(md, "cannot take up the open handles handed over: %s", strerror(-rc));
 	staging_adopt(md);
 	if (!md->follower && (rc = gc_start(md)) < 0) {
 		log_errno(rc, "cannot start the gc thread");
@@ -814,7 +869,22 @@ int main(int argc, char **argv)
 	}
 	fuse_loop_cfg_set_clone_fd(loop_cfg, 0);
 	fuse_loop_cfg_set_max_threads(loop_cfg, 16);
-	rc = fuse_session_loop_mt(md->se, loop_cfg);
+	/* A hand-over request ends the loop through SIGUSR2 (handover.c). */
+	md->main_thread = pthread_self();
+	{
+		struct sigaction sa = { .sa_handler = wake_handler };
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGUSR2, &sa, NULL);
+	}
+	for (;;) {
+		rc = fuse_session_loop_mt(md->se, loop_cfg);
+		if (!md->handover_path)
+			break;
+		if (handover_send(md) == 0)
+			_exit(0); /* the mount is the new daemon's: no unmount, no destroy */
+		if (md->handing_over)
+			_exit(1); /* failed half-way: left as after a crash (nothing lost) */
+	}
 	/* libfuse ends the loop with the number of the signal that stopped
 	 * it (SIGTERM: `ferry umount` of a mount made through the broker). */
 	exit_code = rc >= 0 ? 0 : 1;
@@ -827,7 +897,9 @@ out:
 	gc_stop(md);
 	write_back_stop(md);
 	staging_pool_free(md); /* no request runs now (their ids go with the connection) */
-	if (mounted)
+	if (mounted && md->unmount_self && !md->handing_over)
+		mount_end_handed_over(md); /* libfuse never mounted it: */
+	else if (mounted && !md->handing_over)
 		fuse_session_unmount(md->se); /* nothing for a brokered mount: */
 	broker_link_umount(md);               /* the broker unmounts that */
 	if (handlers)

@@ -295,6 +295,9 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
  * for after the relink: 1). */
 int broker_link_backing_open(struct mountd *md, int fd);
 int broker_link_backing_close(struct mountd *md, int id);
+/* Connects and tells the broker that fuse_fd (handed over by the daemon
+ * before) serves our mount there (ATTACH). As broker_link_mount(). */
+int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen);
 /* Asks the broker to unmount (at exit; nothing if it is gone already). */
 void broker_link_umount(struct mountd *md);
 void broker_link_close(struct mountd *md); /* accepts a mount without a broker */
@@ -417,6 +420,39 @@ void special_read(fuse_req_t req, struct mountd *md, size_t size, off_t off,
 		  struct fuse_file_info *fi);
 void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t size,
 		   struct fuse_file_info *fi);
+
+uint64_t special_handle_ino(void *obj);
+/* A special handle again, after a handover (handover.c). */
+void *special_handle_rebuild(struct mountd *md, uint64_t ino);
+/* fuse_ops.c, for handover.c: what a handle is, and one made again. */
+void handle_describe(enum handle_type type, void *obj, uint64_t *ino, bool *writer,
+		     bool *passthrough, bool *setid_clear);
+void *handle_rebuild(struct mountd *md, enum handle_type type, uint64_t fh, uint64_t ino,
+		     bool writer, bool passthrough, bool setid_clear);
+
+/* ---- handover.c: a live mount handed to a new ferry-mountd ---- */
+/* Old side: asked through .control; ends the FUSE loop. 0 or -errno. */
+int handover_request(struct mountd *md, const char *socket_path);
+/* Old side, once the loop ended: 0 when the mount is the new daemon's
+ * (exit without unmounting), else serve on. */
+int handover_send(struct mountd *md);
+/* New side: --handover FUSEFD:BLOBFD, decoded into md->ho. */
+int handover_load(struct mountd *md, const char *arg);
+/* New side, in place of mounting: serves the connection handed over (and
+ * attaches it to the broker, for a brokered mount). 0, or -errno with a
+ * line for the user in err. */
+int handover_serve(struct mountd *md, char *err, size_t errlen);
+/* New side, before serving: the handles and staging files again; frees
+ * md->ho. */
+int handover_restore(struct mountd *md);
+/* New side: is name a staging file handed over (staging_recover() leaves
+ * it to handover_restore())? */
+bool handover_names(struct mountd *md, const char *name);
+/* fuse_ops.c: frees a handle object that never made it into the table. */
+void mountd_handle_free(struct mountd *md, enum handle_type type, void *obj);
+/* reconcile_client.c: lets go of the reconciler at once (a hand-over):
+ * what it has is journaled for the next one. */
+void rclient_abandon(struct mountd *md);
 
 /* ---- drain.c: commits everything written up to a mark (ferry drain) ---- */
 enum drain_state { DRAIN_RUNNING, DRAIN_DONE, DRAIN_TIMED_OUT, DRAIN_FAILED, DRAIN_CANCELLED };
@@ -647,10 +683,16 @@ struct fuse_io {
 	uint64_t swallow_unique;      /* the replayed INIT's reply is not sent */
 	_Atomic bool swallowing;      /* swallow_unique != 0, read without the lock */
 	bool captured;                /* the INIT is kept in the staging directory */
+	uint8_t init[512];            /* ... and here, for a handover */
+	size_t init_len;
+	int fd;                       /* the connection (libfuse's to close) */
 };
-/* Serves fuse_fd through custom I/O; reattach: the kernel's INIT is replayed
- * from the staging directory (fuse_io.c). 0 or -errno. */
-int fuse_io_start(struct mountd *md, int fuse_fd, bool reattach);
+/* Serves fuse_fd through custom I/O (fuse_io.c); replay (replay_len bytes):
+ * the kernel's INIT as the first daemon read it, for a daemon that takes a
+ * live connection over; NULL for a new one. 0 or -errno. */
+int fuse_io_start(struct mountd *md, int fuse_fd, const uint8_t *replay, size_t replay_len);
+/* The INIT the first daemon of this staging directory kept. */
+int fuse_io_saved_init(struct mountd *md, uint8_t *buf, size_t cap, size_t *len);
 
 struct mountd {
 	struct mountd_config cfg;
@@ -783,6 +825,14 @@ struct mountd {
 	 * (staging_recover), adopted once serving (staging_adopt); owned. */
 	char **adopt;
 	size_t nadopt;
+	/* handover.c */
+	pthread_t main_thread;        /* runs the FUSE loop */
+	pthread_mutex_t handover_lock;
+	char *handover_path;          /* asked for: the CLI's socket; owned */
+	bool handing_over;            /* the mount is the new daemon's now */
+	struct Ferry__Handover__Handover *ho; /* new side: what came; owned */
+	int ho_fuse_fd;
+	bool unmount_self;            /* a handed-over mount of our own to end at exit */
 	/* drain.c: drains running (each owned by its .control handle) */
 	_Atomic uint64_t drains_running;
 	/* A checkpoint's namespace fence (drain.c, fuse_ops.c): changes of

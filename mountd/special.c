@@ -20,6 +20,11 @@
  *            Closing the file cancels a drain still running (what was
  *            committed stays committed).
  *
+ *              handover SOCKET
+ *
+ *            (ferry mount --upgrade) hands the mount to a new ferry-mountd
+ *            through the Unix socket SOCKET (handover.c).
+ *
  * Ownership: a struct special_file is owned by its HANDLE_SPECIAL slot; it
  * owns its rendered text and its drain.
  */
@@ -272,6 +277,15 @@ void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t si
 	}
 	memcpy(line, buf, size);
 	line[size] = '\0';
+	if (strncmp(line, "handover ", 9) == 0) {
+		/* ferry mount --upgrade: the CLI listens at the path. */
+		rc = handover_request(md, line + 9);
+		if (rc < 0)
+			fuse_reply_err(req, -rc);
+		else
+			fuse_reply_write(req, asked);
+		return;
+	}
 	rc = control_parse(line, &timeout_ms, &wait, ckpt, &is_checkpoint);
 	if (rc < 0) {
 		log_warnx(".control: refused the request '%.80s' (see README: The .control file)", line);
@@ -320,4 +334,26 @@ void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t si
 					    s == DRAIN_CANCELLED ? EINTR : EIO);
 		return;
 	}
+}
+
+uint64_t special_handle_ino(void *obj)
+{
+	return ((struct special_file *)obj)->ino;
+}
+
+void *special_handle_rebuild(struct mountd *md, uint64_t ino)
+{
+	struct special_file *sf;
+
+	if (!special_ino(ino) || !(sf = calloc(1, sizeof(*sf))))
+		return NULL;
+	sf->ino = ino;
+	pthread_mutex_init(&sf->lock, NULL);
+	/* .stats as of now; a .control request of the daemon before is its
+	 * own (a drain it ran is not carried over: the file reads idle). */
+	if (ino == STATS_INO && stats_render(md, &sf->data, &sf->len) < 0) {
+		special_free(sf);
+		return NULL;
+	}
+	return sf;
 }

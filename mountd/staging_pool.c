@@ -338,8 +338,9 @@ void staging_pool_free(struct mountd *md)
 	pthread_cond_signal(&p->want);
 	if (p->live)
 		pthread_join(p->thread, NULL);
+	/* A hand-over leaves the connection alive: its ids must go now. */
 	while (p->n > 0)
-		pool_file_drop(md, &p->f[--p->n], false);
+		pool_file_drop(md, &p->f[--p->n], md->handing_over);
 	pthread_cond_destroy(&p->want);
 	pthread_mutex_destroy(&p->lock);
 	free(p);

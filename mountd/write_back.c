@@ -1271,6 +1271,11 @@ void staging_adopt(struct mountd *md)
 			goto next;
 		}
 		pthread_mutex_lock(&i->lock);
+		if (i->w && !strcmp(strrchr(i->w->path, '/') + 1, n)) {
+			/* Handed over with its handles (handover_restore). */
+			pthread_mutex_unlock(&i->lock);
+			goto next;
+		}
 		if (i->w || i->pending) {
 			pthread_mutex_unlock(&i->lock);
 			rc = -EEXIST;

@@ -83,12 +83,13 @@ struct logged {
 enum kind {
 	K_PWRITE, K_PREAD, K_MMAP_READ, K_MMAP_WRITE, K_TRUNCATE, K_APPEND, K_REOPEN_RW,
 	K_REOPEN_RO, K_FSYNC, K_CLOSE, K_LINGER, K_HOLD, K_FALLOCATE, K_SETTLE, K_REMOUNT,
-	K_COUNT
+	K_UPGRADE, K_COUNT
 };
 
 static const char *const kind_names[K_COUNT] = {
 	"pwrite", "pread", "mmap_read", "mmap_write", "truncate", "append", "reopen_rw",
 	"reopen_ro", "fsync", "close", "linger", "hold", "fallocate", "settle", "remount",
+	"upgrade",
 };
 
 /* The weights of the steps, out of their sum. */
@@ -96,7 +97,7 @@ static const int kind_weight[K_COUNT] = {
 	[K_PWRITE] = 22, [K_PREAD] = 12, [K_MMAP_READ] = 7, [K_MMAP_WRITE] = 10,
 	[K_TRUNCATE] = 8, [K_APPEND] = 6, [K_REOPEN_RW] = 10, [K_REOPEN_RO] = 6,
 	[K_FSYNC] = 7, [K_CLOSE] = 4, [K_LINGER] = 4, [K_HOLD] = 6, [K_FALLOCATE] = 3,
-	[K_SETTLE] = 2, [K_REMOUNT] = 1,
+	[K_SETTLE] = 2, [K_REMOUNT] = 1, [K_UPGRADE] = 1,
 };
 
 /* The whole run: one per test process (Criterion forks each test), global
@@ -120,6 +121,7 @@ static struct {
 	int copied_up;                  /* opens that copied the file up */
 	bool running, reported;         /* run() under way; fail_at() logged */
 	int full_checks;
+	int upgrades;             /* ferry mount --upgrade steps done */
 	/* Figures of the mounts before the current one (remounts restart
 	 * ferry-mountd's counters). */
 	uint64_t copy_ups, too_big, mapped_after_close, pt_opens, daemon_writes;
@@ -1105,6 +1107,30 @@ static void remount(bool cold)
 	}
 }
 
+/* ferry mount --upgrade under the open files and mappings: a new
+ * ferry-mountd takes the mount over; every fd and mapping goes on. */
+static void upgrade(void)
+{
+	const char *argv[] = { fm_bin("ferry"), "mount", "--upgrade", fm.mnt, NULL };
+
+	logop(0, 0, "upgrade (hand the mount to a new ferry-mountd)");
+	collect_figures();
+	int st = fm_run(argv, sp("upgrade.out"), sp("upgrade.err"), 240);
+	char *err = fm_slurp(sp("upgrade.err"));
+	cr_assert_eq(st, 0, "ferry mount --upgrade: %d: %s", st, err ? err : "");
+	free(err);
+	char *out = fm_slurp(sp("upgrade.out"));
+	if (out)
+		cr_log_info("%s", out);
+	free(out);
+	X.upgrades++;
+	for (int i = 0; i < X.nfiles; i++) {
+		X.cur = i;
+		check_size(&X.f[i], "after an upgrade");
+		check_content(&X.f[i], any_fd(&X.f[i]), "after an upgrade");
+	}
+}
+
 /* ---- the run ---------------------------------------------------------- */
 
 static enum kind pick_kind(void)
@@ -1196,6 +1222,7 @@ static void run(const char *name, int nfiles, int nops, uint64_t salt)
 		case K_FALLOCATE: do_fallocate(f); break;
 		case K_SETTLE: do_settle(f); break;
 		case K_REMOUNT: remount(rnd(3) == 0); break;
+		case K_UPGRADE: upgrade(); break;
 		case K_COUNT: break;
 		}
 		X.cur = (int)(f - X.f);
@@ -1217,6 +1244,9 @@ static void run(const char *name, int nfiles, int nops, uint64_t salt)
 		k += (size_t)snprintf(counts + k, sizeof(counts) - k, " %s %d", kind_names[i],
 				      X.count[i]);
 	cr_log_info("fsx %s: steps:%s; %d whole-file checks", name, counts, X.full_checks);
+	/* The weights make one likely; the soak (FERRY_FSX_OPS) makes many. */
+	if (X.upgrades == 0)
+		upgrade();
 	cr_log_info("fsx %s: mappings after close seen by ferry-mountd %d, not seen in 1 s %d; "
 		    "waits for the staging file to go: %d ended, %d gave up after 5 s", name,
 		    X.linger_seen, X.linger_unseen, X.settled, X.unsettled);

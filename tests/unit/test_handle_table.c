@@ -492,3 +492,74 @@ Test(handle_table, drain_hands_back_every_live_handle)
 	cr_assert_null(handle_get(t, fh[1], HANDLE_DIR));
 	handle_table_free(t);
 }
+
+struct seen {
+	uint64_t fh[8];
+	enum handle_type type[8];
+	void *obj[8];
+	size_t n;
+};
+
+static void note(uint64_t fh, enum handle_type type, void *obj, void *arg)
+{
+	struct seen *s = arg;
+
+	cr_assert_lt(s->n, 8u);
+	s->fh[s->n] = fh;
+	s->type[s->n] = type;
+	s->obj[s->n++] = obj;
+}
+
+/* ferry mount --upgrade: what one table hands out, another takes up under
+ * the same fh numbers, and then gives out only fhs of its own. */
+Test(handle_table, each_then_restore_in_a_new_table)
+{
+	struct handle_table *t = table(16), *u = table(16);
+	struct seen s = { .n = 0 };
+	int a, b, c, d;
+	uint64_t fa, fb, fc, fd;
+
+	cr_assert_eq(handle_add(t, HANDLE_FILE, &a, &fa), 0);
+	cr_assert_eq(handle_add(t, HANDLE_DIR, &b, &fb), 0);
+	cr_assert_eq(handle_add(t, HANDLE_SPECIAL, &c, &fc), 0);
+	cr_assert_eq(handle_remove(t, fb, HANDLE_DIR), &b);
+	handle_table_each(t, note, &s);
+	cr_assert_eq(s.n, 2u);
+	cr_assert_eq(handle_count(t), 2u, "each leaves the handles live");
+
+	cr_assert_eq(handle_table_restore(u, s.fh, s.type, s.obj, s.n), 0);
+	cr_assert_eq(handle_count(u), 2u);
+	cr_assert_eq(handle_get(u, fa, HANDLE_FILE), &a);
+	cr_assert_eq(handle_get(u, fc, HANDLE_SPECIAL), &c);
+	cr_assert_null(handle_get(u, fa, HANDLE_DIR), "the type came along");
+	cr_assert_eq(handle_table_restore(u, s.fh, s.type, s.obj, s.n), -EBUSY);
+	/* New handles take free slots, never a restored one's. */
+	for (int k = 0; k < 10; k++) {
+		cr_assert_eq(handle_add(u, HANDLE_FILE, &d, &fd), 0);
+		cr_assert_neq(fd & FH_IDX_MASK, fa & FH_IDX_MASK);
+		cr_assert_neq(fd & FH_IDX_MASK, fc & FH_IDX_MASK);
+	}
+	cr_assert_eq(handle_get(u, fa, HANDLE_FILE), &a);
+	handle_table_free(t);
+	handle_table_free(u);
+}
+
+Test(handle_table, restore_refuses_bad_fhs)
+{
+	struct handle_table *u = table(16);
+	int a;
+	void *objs[2] = { &a, &a };
+	enum handle_type types[2] = { HANDLE_FILE, HANDLE_FILE };
+	uint64_t out_of_table[1] = { (UINT64_C(5) << 24) | 9999 };
+	uint64_t gen0[1] = { 3 };
+	uint64_t twice[2] = { (UINT64_C(5) << 24) | 3, (UINT64_C(6) << 24) | 3 };
+	enum handle_type bad_type[1] = { (enum handle_type)77 };
+	uint64_t ok[1] = { (UINT64_C(5) << 24) | 3 };
+
+	cr_assert_eq(handle_table_restore(u, out_of_table, types, objs, 1), -EINVAL);
+	cr_assert_eq(handle_table_restore(u, gen0, types, objs, 1), -EINVAL);
+	cr_assert_eq(handle_table_restore(u, ok, bad_type, objs, 1), -EINVAL);
+	u = (handle_table_free(u), table(16));
+	cr_assert_eq(handle_table_restore(u, twice, types, objs, 2), -EINVAL);
+	handle_table_free(u);
+}
