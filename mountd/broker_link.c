@@ -74,6 +74,14 @@ static int broker_link_connect(struct mountd *md, char **name, char *err, size_t
 	return 0;
 }
 
+/* The broker answered for our mount: md keeps name and the mount id. */
+static void linked(struct mountd *md, char *name, uint64_t id)
+{
+	md->broker_name = name; /* owned by md, freed in broker_link_close() */
+	atomic_store(&md->broker_mount_id, id);
+	atomic_store(&md->broker_up, true);
+}
+
 int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen)
 {
 	uint64_t id = 0;
@@ -89,9 +97,7 @@ int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen)
 		free(name);
 		return rc;
 	}
-	md->broker_name = name; /* owned by md, freed in broker_link_close() */
-	atomic_store(&md->broker_mount_id, id);
-	atomic_store(&md->broker_up, true);
+	linked(md, name, id);
 	return 0;
 }
 
@@ -108,10 +114,8 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 	 * connection): take it over rather than mount anew. */
 	rc = broker_reattach(md->broker, name, fuse_fd, &id);
 	if (rc == 0) {
-		md->broker_name = name; /* owned by md, freed in broker_link_close() */
+		linked(md, name, id);
 		md->reattached = true;
-		atomic_store(&md->broker_mount_id, id);
-		atomic_store(&md->broker_up, true);
 		log_info("ferry-brokerd at %s handed over the FUSE connection of %s (mount id "
 			 "%llu), whose ferry-mountd is gone", md->cfg.broker, md->cfg.mountpoint,
 			 (unsigned long long)id);
@@ -130,9 +134,7 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 		free(name);
 		return rc;
 	}
-	md->broker_name = name; /* owned by md, freed in broker_link_close() */
-	atomic_store(&md->broker_mount_id, id);
-	atomic_store(&md->broker_up, true);
+	linked(md, name, id);
 	log_info("ferry-brokerd at %s mounted %s (mount id %llu)", md->cfg.broker,
 		 md->cfg.mountpoint, (unsigned long long)id);
 	return 0;

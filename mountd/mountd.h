@@ -450,9 +450,6 @@ int handover_restore(struct mountd *md);
 bool handover_names(struct mountd *md, const char *name);
 /* fuse_ops.c: frees a handle object that never made it into the table. */
 void mountd_handle_free(struct mountd *md, enum handle_type type, void *obj);
-/* reconcile_client.c: lets go of the reconciler at once (a hand-over):
- * what it has is journaled for the next one. */
-void rclient_abandon(struct mountd *md);
 
 /* ---- drain.c: commits everything written up to a mark (ferry drain) ---- */
 enum drain_state { DRAIN_RUNNING, DRAIN_DONE, DRAIN_TIMED_OUT, DRAIN_FAILED, DRAIN_CANCELLED };

@@ -1123,26 +1123,3 @@ void rclient_stop(struct mountd *md)
 	free(md->rc_path);
 	md->rc_path = NULL;
 }
-
-void rclient_abandon(struct mountd *md)
-{
-	pthread_mutex_lock(&md->rc_lock);
-	atomic_store(&md->rc_stopping, true);
-	if (md->rc_sock >= 0)
-		shutdown(md->rc_sock, SHUT_RDWR);
-	pthread_mutex_unlock(&md->rc_lock);
-	if (md->rc_reader_live) {
-		pthread_join(md->rc_reader, NULL);
-		md->rc_reader_live = false;
-	}
-	if (md->rc_sock >= 0) {
-		close(md->rc_sock);
-		md->rc_sock = -1;
-	}
-	if (md->rc_child > 0) {
-		/* Its jobs are journaled; the next reconciler finishes them. */
-		kill(md->rc_child, SIGKILL);
-		waitpid(md->rc_child, NULL, 0);
-		md->rc_child = 0;
-	}
-}
