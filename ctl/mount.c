@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/close_range.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -503,7 +504,7 @@ static int mount_upgrade(const char *mountpoint)
 	char *stats = NULL, *args[MAX_ARGS], daemon[PATH_MAX];
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int lsock = -1, conn = -1, ctl = -1, blob = -1, fuse_fd = -1, pipefd[2] = { -1, -1 };
-	int code = 1, nargs = 0, rc;
+	int code = 1, nargs = 0, rc, lockfd = -1;
 	uint8_t *buf = NULL;
 	size_t len = 0, nfds = 0;
 	int fds[RPC_FDS_MAX];
@@ -539,6 +540,20 @@ static int mount_upgrade(const char *mountpoint)
 		return 1;
 	}
 	close_range(3, ~0u, 0);
+	/* One upgrade of a mount at a time: the kernel keeps a flock on a
+	 * FUSE file itself (ferry-mountd leaves flock to it), across the
+	 * hand-over too. */
+	snprintf(path, sizeof(path), "%s/.control", mp);
+	lockfd = open(path, O_RDWR | O_CLOEXEC);
+	if (lockfd < 0 || flock(lockfd, LOCK_EX | LOCK_NB) < 0) {
+		if (errno == EWOULDBLOCK)
+			ctl_err("another `ferry mount --upgrade` of %s is running", mp);
+		else
+			ctl_err("cannot open %s: %s", path, strerror(errno));
+		if (lockfd >= 0)
+			close(lockfd);
+		return 1;
+	}
 	/* Its command line, to start the new one the same way. */
 	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)old);
 	ctl = open(path, O_RDONLY | O_CLOEXEC);
@@ -548,7 +563,7 @@ static int mount_upgrade(const char *mountpoint)
 	ctl = -1;
 	if (n <= 0) {
 		ctl_err("cannot read %s", path);
-		return 1;
+		goto out;
 	}
 	cmd[n] = '\0';
 	size_t cmdlen = (size_t)n;
@@ -566,13 +581,13 @@ static int mount_upgrade(const char *mountpoint)
 			continue;
 		if (nargs >= MAX_ARGS - 6) {
 			ctl_err("the daemon's command line is too long");
-			return 1;
+			goto out;
 		}
 		args[nargs++] = a;
 	}
 	if (!mkdtemp(dir)) {
 		ctl_err("mkdtemp: %s", strerror(errno));
-		return 1;
+		goto out;
 	}
 	dir_made = true;
 	snprintf(sockpath, sizeof(sockpath), "%s/s", dir);
@@ -698,5 +713,6 @@ out:
 		unlink(sockpath);
 		rmdir(dir);
 	}
+	close(lockfd);
 	return code;
 }
