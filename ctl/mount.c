@@ -511,7 +511,7 @@ static int mount_upgrade(const char *mountpoint)
 	pid_t old, pid;
 	ssize_t n;
 	int64_t t0, t_sent, t_ready;
-	bool dir_made = false;
+	bool dir_made = false, inplace = false;
 
 	if ((rc = mountpoint_path(mountpoint, mp)) < 0) {
 		ctl_err("%s: %s", mountpoint, strerror(-rc));
@@ -577,8 +577,12 @@ static int mount_upgrade(const char *mountpoint)
 			a += strlen(a) + 1; /* and its value */
 			continue;
 		}
-		if (!strcmp(a, "-f") || !strcmp(a, "--foreground"))
+		if (!strcmp(a, "-f") || !strcmp(a, "--foreground")) {
+			/* Some process waits on this pid (a container's main
+			 * process): the daemon re-executes itself, same pid. */
+			inplace = true;
 			continue;
+		}
 		if (nargs >= MAX_ARGS - 6) {
 			ctl_err("the daemon's command line is too long");
 			goto out;
@@ -638,6 +642,23 @@ static int mount_upgrade(const char *mountpoint)
 	}
 	fuse_fd = fds[0];
 	t_sent = mono_ms();
+	if (inplace) {
+		/* The state goes back with the binary to execute and the
+		 * ready pipe; the daemon keeps its own FUSE fd. */
+		blob = memfd_create("ferry-handover", MFD_CLOEXEC);
+		if (blob < 0 || write(blob, buf, len) != (ssize_t)len ||
+		    pipe2(pipefd, O_CLOEXEC) < 0 ||
+		    (rc = rpc_frame_send(conn, daemon, strlen(daemon),
+					 (const int[]){ blob, pipefd[1] }, 2)) < 0) {
+			ctl_err("cannot hand the state back to pid %d: %s", (int)old,
+				strerror(errno));
+			goto out;
+		}
+		close(pipefd[1]);
+		pipefd[1] = -1;
+		pid = old;
+		goto started;
+	}
 	for (int k = 0; k < 6000 && process_running(old); k++)
 		usleep(10000);
 	if (process_running(old)) {
@@ -680,6 +701,7 @@ static int mount_upgrade(const char *mountpoint)
 	}
 	close(pipefd[1]);
 	pipefd[1] = -1;
+started:
 	read_ready(pipefd[0], msg, sizeof(msg));
 	t_ready = mono_ms();
 	if (strcmp(msg, "ok") != 0) {

@@ -45,7 +45,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include "handover.pb-c.h"
@@ -201,6 +203,67 @@ static void collect_one(uint64_t fh, enum handle_type type, void *obj, void *arg
 	c->ns++;
 }
 
+/*
+ * A foreground daemon is some process's child (a container's main
+ * process): the CLI answers with the binary to run, the state in a memfd
+ * and its ready pipe, and this process executes the new daemon itself, so
+ * its pid, parent and FUSE fd stay. Returns only on failure.
+ */
+static int reexec_wait(struct mountd *md, int sock)
+{
+	struct timeval tv = { .tv_sec = 30 };
+	char exe[PATH_MAX], ho[48], rf[16];
+	const char **argv;
+	uint8_t *buf = NULL;
+	size_t len = 0, nfds = 0;
+	int fds[RPC_FDS_MAX], rc, n = 0;
+
+	setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	rc = rpc_frame_recv(sock, PATH_MAX, 2, &buf, &len, fds, &nfds);
+	if (rc == 0 && (nfds != 2 || len == 0 || len >= sizeof(exe) || buf[0] != '/'))
+		rc = -EPROTO;
+	if (rc < 0) {
+		rpc_fds_close(fds, nfds);
+		free(buf);
+		return rc;
+	}
+	memcpy(exe, buf, len);
+	exe[len] = '\0';
+	free(buf);
+	argv = calloc((size_t)md->argc + 6, sizeof(*argv));
+	if (!argv) {
+		rpc_fds_close(fds, nfds);
+		return -ENOMEM;
+	}
+	lease_stop(md);
+	meta_close(md->meta);
+	md->meta = NULL;
+	snprintf(ho, sizeof(ho), "%d:%d", md->fio.fd, fds[0]);
+	snprintf(rf, sizeof(rf), "%d", fds[1]);
+	argv[n++] = exe;
+	argv[n++] = "--handover";
+	argv[n++] = ho;
+	argv[n++] = "--ready-fd";
+	argv[n++] = rf;
+	for (int k = 1; k < md->argc; k++) {
+		if (!strcmp(md->argv[k], "--handover") || !strcmp(md->argv[k], "--ready-fd")) {
+			k++;
+			continue;
+		}
+		argv[n++] = md->argv[k];
+	}
+	argv[n] = NULL;
+	if (fcntl(md->fio.fd, F_SETFD, 0) < 0 || fcntl(fds[0], F_SETFD, 0) < 0 ||
+	    fcntl(fds[1], F_SETFD, 0) < 0)
+		return -errno;
+	log_info("executing %s in place (a foreground daemon keeps its pid)", exe);
+	execv(exe, (char *const *)argv);
+	rc = -errno;
+	dprintf(fds[1], "cannot run %s: %s\n", exe, strerror(errno));
+	/* Past the point of no return: the caller exits as after a crash. */
+	return rc;
+}
+
 int handover_send(struct mountd *md)
 {
 	Ferry__Handover__Handover msg = FERRY__HANDOVER__HANDOVER__INIT;
@@ -275,6 +338,10 @@ int handover_send(struct mountd *md)
 		goto out;
 	log_info("handed the mount over: %zu open handles, %zu passthrough staging files", col.nh,
 		 col.ns);
+	if (md->cfg.foreground) {
+		rc = reexec_wait(md, sock);
+		goto out; /* failed: reexec() returns only then */
+	}
 	/* The volume is the new daemon's: its lease and lock go with us. */
 	lease_stop(md);
 	meta_close(md->meta);

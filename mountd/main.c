@@ -562,6 +562,8 @@ int main(int argc, char **argv)
 	pthread_mutex_init(&md->handover_lock, NULL);
 	md->ho_fuse_fd = -1;
 	log_init("ferry-mountd", LOG_LVL_INFO);
+	md->argc = argc;
+	md->argv = argv;
 
 	while ((opt = getopt_long(argc, argv, "fo:dhV", longopts, NULL)) != -1) {
 		char *end;

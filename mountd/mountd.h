@@ -830,6 +830,8 @@ struct mountd {
 	struct Ferry__Handover__Handover *ho; /* new side: what came; owned */
 	int ho_fuse_fd;
 	bool unmount_self;            /* a handed-over mount of our own to end at exit */
+	int argc;                     /* main()'s, for a foreground daemon's re-exec */
+	char **argv;
 	/* drain.c: drains running (each owned by its .control handle) */
 	_Atomic uint64_t drains_running;
 	/* A checkpoint's namespace fence (drain.c, fuse_ops.c): changes of

@@ -1,0 +1,163 @@
+/*
+ * ferry mount --upgrade (mountd/handover.c): a live mount handed to a new
+ * ferry-mountd. What fsx (test_fsx.c) does not look at: handles other than
+ * files (a directory being listed, .stats), a file unlinked while open, a
+ * foreground daemon (a container's main process) that re-executes itself
+ * under the same pid, and a second upgrade refused while one runs.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mount_util.h"
+
+TestSuite(upgrade, .init = fm_setup, .fini = fm_teardown, .timeout = 240);
+
+static void upgrade(void)
+{
+	const char *argv[] = { fm_bin("ferry"), "mount", "--upgrade", fm.mnt, NULL };
+	int rc = fm_run(argv, sp("upgrade.out"), sp("upgrade.err"), 120);
+	char *err = fm_slurp(sp("upgrade.err")), *out = fm_slurp(sp("upgrade.out"));
+
+	cr_assert_eq(rc, 0, "ferry mount --upgrade: exit %d: %s", rc, err ? err : "");
+	cr_assert(out && strstr(out, "handed over to pid"), "no report: %s", out ? out : "");
+	cr_log_info("%s", out);
+	free(err);
+	free(out);
+}
+
+static pid_t mountd_pid(void)
+{
+	return (pid_t)fm_stat("pid");
+}
+
+Test(upgrade, handles_of_every_kind_go_on)
+{
+	static const char data[] = "written before the upgrade, read after it";
+	char buf[64] = "";
+	pid_t before = mountd_pid();
+	struct dirent *de;
+	int n = 0;
+
+	/* Its data committed, so that reads after the upgrade go to the
+	 * volume (an orphan purged at the new daemon's start would fail them),
+	 * and one handle still open for writing. */
+	fm_write_file(mp("gone"), data, sizeof(data));
+	fm_wait_committed("gone", 60);
+	int ro = open(mp("gone"), O_RDONLY);
+	cr_assert_geq(ro, 0);
+	int gone = open(mp("gone"), O_RDWR);
+	cr_assert_geq(gone, 0);
+	cr_assert_eq(unlink(mp("gone")), 0);
+	for (int i = 0; i < 40; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "d/f%02d", i);
+		if (i == 0)
+			cr_assert_eq(mkdir(mp("d"), 0755), 0);
+		fm_write_file(mp("%s", name), "x", 1);
+	}
+	DIR *d = opendir(mp("d"));
+	cr_assert_not_null(d);
+	for (int i = 0; i < 10 && (de = readdir(d)); i++)
+		n++;
+	int stats = open(mp(".stats"), O_RDONLY);
+	cr_assert_geq(stats, 0);
+
+	upgrade();
+	cr_assert_neq(mountd_pid(), before, "a new ferry-mountd serves");
+
+	/* The listing goes on where it was. */
+	while ((de = readdir(d)))
+		n++;
+	cr_assert_eq(n, 40 + 2, "%d entries listed across the upgrade", n);
+	closedir(d);
+	/* The unlinked file keeps its data and takes more. */
+	fm_pread_all(ro, buf, sizeof(data), 0);
+	cr_assert_str_eq(buf, data);
+	cr_assert_eq(close(ro), 0);
+	fm_pwrite_all(gone, "W", 1, 0);
+	fm_pread_all(gone, buf, 1, 0);
+	cr_assert_eq(buf[0], 'W');
+	cr_assert_eq(close(gone), 0);
+	cr_assert_gt(read(stats, buf, sizeof(buf)), 0, ".stats read: %s", strerror(errno));
+	cr_assert_eq(close(stats), 0);
+	cr_assert_eq(access(mp("gone"), F_OK), -1);
+	fm_remount();
+	cr_assert_eq(access(mp("d/f39"), F_OK), 0);
+}
+
+Test(upgrade, a_second_upgrade_meanwhile_is_refused)
+{
+	int ctl = open(mp(".control"), O_RDWR);
+	const char *argv[] = { fm_bin("ferry"), "mount", "--upgrade", fm.mnt, NULL };
+
+	cr_assert_geq(ctl, 0);
+	/* What the running upgrade holds. */
+	cr_assert_eq(flock(ctl, LOCK_EX | LOCK_NB), 0);
+	int rc = fm_run(argv, sp("second.out"), sp("second.err"), 60);
+	char *err = fm_slurp(sp("second.err"));
+	cr_assert_neq(rc, 0);
+	cr_assert(err && strstr(err, "is running"), "%s", err ? err : "");
+	free(err);
+	cr_assert_eq(close(ctl), 0);
+	upgrade();
+}
+
+/* A daemon in the foreground is some process's child (a container's main
+ * process): it re-executes itself, so the pid and its parent's wait stay. */
+Test(upgrade, a_foreground_daemon_keeps_its_pid)
+{
+	static const char data[] = "held open across an in-place upgrade";
+	char buf[64] = "";
+	int status;
+
+	fm_umount();
+	pid_t child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		int log = open(fm.log, O_WRONLY | O_APPEND | O_CREAT, 0600);
+		if (log >= 0) {
+			dup2(log, 1);
+			dup2(log, 2);
+		}
+		execl(fm_bin("ferry"), "ferry", "mount", "-f", "--cache-dir", fm.cache, fm.vol,
+		      fm.mnt, (char *)NULL);
+		_exit(127);
+	}
+	fm.mounted = true; /* the teardown unmounts it if this test fails */
+	for (int i = 0; i < 200 && !fm_is_mounted(fm.mnt); i++)
+		usleep(50000);
+	cr_assert(fm_is_mounted(fm.mnt), "ferry mount -f did not mount");
+	for (int i = 0; i < 100 && access(mp(".stats"), F_OK) != 0; i++)
+		usleep(50000);
+	cr_assert_eq(mountd_pid(), child, "ferry mount -f executes ferry-mountd");
+
+	int fd = open(mp("held"), O_CREAT | O_RDWR, 0644);
+	cr_assert_geq(fd, 0);
+	fm_pwrite_all(fd, data, 10, 0);
+	upgrade();
+	cr_assert_eq(mountd_pid(), child, "the same process serves");
+	cr_assert_eq(waitpid(child, &status, WNOHANG), 0, "the parent's child did not exit");
+	fm_pwrite_all(fd, data + 10, sizeof(data) - 10, 10);
+	fm_pread_all(fd, buf, sizeof(data), 0);
+	cr_assert_str_eq(buf, data);
+	cr_assert_eq(close(fd), 0);
+	upgrade(); /* and again, from the re-executed one */
+	cr_assert_eq(mountd_pid(), child);
+
+	fm_umount();
+	cr_assert_eq(waitpid(child, &status, 0), child);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %#x", status);
+	fm_mount();
+	fm_expect_content(mp("held"), data, sizeof(data));
+}
