@@ -471,6 +471,49 @@ wait:
 	return 0;
 }
 
+/* The helper mount_upgrade() forks before it opens any file of the mount:
+ * waits for the log path and command line of the new daemon with its FUSE
+ * fd, state memfd and ready pipe, and executes it. Told nothing (the
+ * socket closed), it exits. */
+static void spawn_daemon(int s)
+{
+	char *argv[MAX_ARGS + 8], ho[48], rf[16], *p, *end, *logpath;
+	uint8_t *buf = NULL;
+	size_t len = 0, nfds = 0;
+	int fds[RPC_FDS_MAX], n = 0, lfd;
+
+	if (rpc_frame_recv(s, 1u << 20, 3, &buf, &len, fds, &nfds) < 0 || nfds != 3 || len < 2 ||
+	    buf[len - 1] != '\0')
+		_exit(0);
+	p = (char *)buf;
+	end = p + len;
+	logpath = p;
+	p += strlen(p) + 1;
+	if (p >= end)
+		_exit(1);
+	argv[n++] = p;
+	p += strlen(p) + 1;
+	snprintf(ho, sizeof(ho), "%d:%d", fds[0], fds[1]);
+	snprintf(rf, sizeof(rf), "%d", fds[2]);
+	argv[n++] = "--handover";
+	argv[n++] = ho;
+	argv[n++] = "--ready-fd";
+	argv[n++] = rf;
+	while (p < end && n < MAX_ARGS + 7) {
+		argv[n++] = p;
+		p += strlen(p) + 1;
+	}
+	argv[n] = NULL;
+	lfd = *logpath ? open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
+	if (lfd >= 0)
+		dup2(lfd, STDERR_FILENO);
+	for (int k = 0; k < 3; k++)
+		fcntl(fds[k], F_SETFD, 0);
+	execv(argv[0], argv);
+	dprintf(fds[2], "cannot run %s: %s\n", argv[0], strerror(errno));
+	_exit(127);
+}
+
 /* 1 + the first of fds 0-2 open on a file of the mount at mp, or 0. */
 static int stdio_on_mount(const char *mp)
 {
@@ -500,15 +543,16 @@ static int64_t mono_ms(void)
 static int mount_upgrade(const char *mountpoint)
 {
 	char mp[PATH_MAX], path[PATH_MAX + 16], pidbuf[32], cmd[16384], logpath[PATH_MAX];
-	char dir[] = "/tmp/ferry-upgrade.XXXXXX", sockpath[64], msg[1024] = "", fdarg[48], rfd[16];
+	char dir[] = "/tmp/ferry-upgrade.XXXXXX", sockpath[64], msg[1024] = "";
 	char *stats = NULL, *args[MAX_ARGS], daemon[PATH_MAX];
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int lsock = -1, conn = -1, ctl = -1, blob = -1, fuse_fd = -1, pipefd[2] = { -1, -1 };
-	int code = 1, nargs = 0, rc, lockfd = -1;
+	int code = 1, nargs = 0, rc, lockfd = -1, spawn[2] = { -1, -1 };
+	pid_t spawner = -1;
 	uint8_t *buf = NULL;
 	size_t len = 0, nfds = 0;
 	int fds[RPC_FDS_MAX];
-	pid_t old, pid;
+	pid_t old, pid = -1;
 	ssize_t n;
 	int64_t t0, t_sent, t_ready;
 	bool dir_made = false, inplace = false;
@@ -540,6 +584,22 @@ static int mount_upgrade(const char *mountpoint)
 		return 1;
 	}
 	close_range(3, ~0u, 0);
+	/* The new daemon is started by a helper forked now, while this
+	 * process holds no file of the mount: one inherited by the new daemon
+	 * would be closed at its exec, and with the writeback cache on (the
+	 * kernel then sends FLUSH even for FOPEN_NOFLUSH files like .control)
+	 * that close waits for an answer only the new daemon could give. */
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, spawn) < 0 ||
+	    (spawner = fork()) < 0) {
+		ctl_err("cannot fork: %s", strerror(errno));
+		return 1;
+	}
+	if (spawner == 0) {
+		close(spawn[0]);
+		spawn_daemon(spawn[1]);
+	}
+	close(spawn[1]);
+	spawn[1] = -1;
 	/* One upgrade of a mount at a time: the kernel keeps a flock on a
 	 * FUSE file itself (ferry-mountd leaves flock to it), across the
 	 * hand-over too. */
@@ -670,35 +730,33 @@ static int mount_upgrade(const char *mountpoint)
 		ctl_err("cannot pass the hand-over on: %s", strerror(errno));
 		goto out;
 	}
-	snprintf(fdarg, sizeof(fdarg), "%d:%d", fuse_fd, blob);
-	snprintf(rfd, sizeof(rfd), "%d", pipefd[1]);
-	/* Options before the VOLUME MOUNTPOINT the old line ends with. */
-	memmove(&args[5], &args[1], (size_t)(nargs - 1) * sizeof(*args));
-	args[1] = "--handover";
-	args[2] = fdarg;
-	args[3] = "--ready-fd";
-	args[4] = rfd;
-	nargs += 4;
-	args[nargs] = NULL;
-	pid = fork();
-	if (pid < 0) {
-		ctl_err("fork: %s", strerror(errno));
-		goto out;
+	/* To the helper: the log, then the command line, with the fds. */
+	{
+		size_t plen = strlen(logpath) + 1, off = 0;
+		char *payload;
+
+		for (int k = 0; k < nargs; k++)
+			plen += strlen(args[k]) + 1;
+		payload = malloc(plen);
+		if (!payload) {
+			ctl_err("out of memory");
+			goto out;
+		}
+		memcpy(payload, logpath, strlen(logpath) + 1);
+		off = strlen(logpath) + 1;
+		for (int k = 0; k < nargs; k++) {
+			memcpy(payload + off, args[k], strlen(args[k]) + 1);
+			off += strlen(args[k]) + 1;
+		}
+		rc = rpc_frame_send(spawn[0], payload, plen,
+				    (const int[]){ fuse_fd, blob, pipefd[1] }, 3);
+		free(payload);
+		if (rc < 0) {
+			ctl_err("cannot start the new ferry-mountd: %s", strerror(-rc));
+			goto out;
+		}
 	}
-	if (pid == 0) {
-		int lfd = *logpath ? open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
-		if (lfd >= 0)
-			dup2(lfd, STDERR_FILENO);
-		/* Nothing of ours but these: an fd the caller holds on a file
-		 * of this very mount would keep its RELEASE from ever coming. */
-		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
-		fcntl(pipefd[1], F_SETFD, 0);
-		fcntl(fuse_fd, F_SETFD, 0);
-		fcntl(blob, F_SETFD, 0);
-		execv(daemon, args);
-		dprintf(pipefd[1], "cannot run %s: %s\n", daemon, strerror(errno));
-		_exit(127);
-	}
+	pid = spawner;
 	close(pipefd[1]);
 	pipefd[1] = -1;
 started:
@@ -717,6 +775,17 @@ started:
 	code = 0;
 out:
 	free(buf);
+	/* The FUSE fd before any file of the mount: if the hand-over failed,
+	 * it may be the connection's last, and its close ends the requests
+	 * (a FLUSH of .control) the closes below would wait for. */
+	if (fuse_fd >= 0) {
+		close(fuse_fd);
+		fuse_fd = -1;
+	}
+	if (spawn[0] >= 0)
+		close(spawn[0]); /* a helper told nothing exits */
+	if (spawner > 0 && spawner != pid)
+		waitpid(spawner, NULL, 0);
 	if (ctl >= 0)
 		close(ctl);
 	if (conn >= 0)
