@@ -621,6 +621,7 @@ static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *
 	Ferry__Reconcile__Drained d;
 	Ferry__Reconcile__Stats s;
 	Ferry__Reconcile__Error e;
+	Ferry__Reconcile__Retrying t;
 
 	ferry__reconcile__reply__init(&rep);
 	rep.version = V;
@@ -670,6 +671,16 @@ static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *
 		e.message = (char *)r->message;
 		rep.body_case = FERRY__RECONCILE__REPLY__BODY_ERROR;
 		rep.error = &e;
+		break;
+	case RECONCILE_REPLY_RETRYING:
+		ferry__reconcile__retrying__init(&t);
+		t.version = V;
+		t.seq = r->seq;
+		t.ino = r->ino;
+		t.error = r->error;
+		t.message = r->message[0] ? (char *)r->message : NULL;
+		rep.body_case = FERRY__RECONCILE__REPLY__BODY_RETRYING;
+		rep.retrying = &t;
 		break;
 	default:
 		return -EINVAL;
@@ -757,6 +768,15 @@ int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_repl
 			rc = fail(-EBADMSG, err, errlen, "error reply with errno %d", rep->error->err);
 		out->error = -rep->error->err;
 		copy_msg(out->message, rep->error->message);
+		break;
+	case FERRY__RECONCILE__REPLY__BODY_RETRYING:
+		out->type = RECONCILE_REPLY_RETRYING;
+		out->seq = rep->retrying->seq;
+		out->ino = rep->retrying->ino;
+		out->error = rep->retrying->error;
+		if (out->error >= 0 || out->error < -4095)
+			rc = fail(-EBADMSG, err, errlen, "retrying error %d", out->error);
+		copy_msg(out->message, rep->retrying->message);
 		break;
 	default:
 		rc = fail(-EBADMSG, err, errlen, "unknown reply type");

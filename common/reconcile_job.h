@@ -132,6 +132,7 @@ enum reconcile_reply_type {
 	RECONCILE_REPLY_DRAINED,
 	RECONCILE_REPLY_STATS,
 	RECONCILE_REPLY_ERROR,
+	RECONCILE_REPLY_RETRYING,
 };
 
 struct reconcile_stats {
@@ -152,9 +153,9 @@ struct reconcile_stats {
 
 struct reconcile_reply {
 	enum reconcile_reply_type type;
-	uint64_t seq, ino;            /* COMMITTED */
-	int error;                    /* COMMITTED: 0 or -errno; ERROR: -errno */
-	char message[RECONCILE_MSG_MAX]; /* COMMITTED (may be ""), ERROR */
+	uint64_t seq, ino;            /* COMMITTED, RETRYING */
+	int error;                    /* COMMITTED: 0 or -errno; ERROR, RETRYING: -errno */
+	char message[RECONCILE_MSG_MAX]; /* COMMITTED, RETRYING (may be ""), ERROR */
 	uint64_t upto_seq, failed;    /* DRAINED */
 	struct reconcile_stats stats; /* STATS */
 };

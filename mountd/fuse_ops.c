@@ -295,6 +295,12 @@ static int inflight_wait(struct mountd *md, struct inode *i, const char *what)
 		return 0;
 	atomic_fetch_add(&md->stats.reopen_waits, 1);
 	rc = rclient_wait(md, i, md->cfg.reopen_timeout_ms);
+	if (rc == -ENOSPC || rc == -EDQUOT) {
+		log_errno(rc, "inode %llu: %s waits for its upload (job %llu), which cannot be "
+			  "committed for want of space (it is retried)", (unsigned long long)i->ino,
+			  what, (unsigned long long)i->inflight_seq);
+		return rc;
+	}
 	if (rc < 0) {
 		log_errno(rc, "inode %llu: %s waited for its upload (job %llu) in vain",
 			  (unsigned long long)i->ino, what, (unsigned long long)i->inflight_seq);

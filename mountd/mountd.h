@@ -369,6 +369,10 @@ size_t staging_recover(struct mountd *md, bool with_jobs);
 int rclient_handoff(struct mountd *md, struct inode *ino);
 /* Waits (ino->lock held, released while waiting) until ino has no job in
  * flight. -ETIMEDOUT, -ENOTCONN (the reconciler is gone). */
+/* Waits (caller holds ino->lock) until the inode's job in flight is
+ * committed: 0, -ETIMEDOUT, -ENOTCONN (no reconciler), or -ENOSPC/-EDQUOT
+ * when an attempt at it failed for want of space during the wait (the job
+ * goes on; the commit cannot be made until space is freed). */
 int rclient_wait(struct mountd *md, struct inode *ino, int timeout_ms);
 /* Copies the staging file name of the inode's job in flight (empty if
  * none) into buf. */
@@ -576,6 +580,10 @@ struct inode {
 	uint64_t inflight_size;   /* the file's size and mtime in that job */
 	struct timespec inflight_mtime;
 	int inflight_error;       /* the last job failed for good (it is kept as .orphan) */
+	/* The last failed attempt of the job in flight (it is retried), and
+	 * how many were reported: a waiter learns of one after it began. */
+	int inflight_retry_error;
+	uint64_t inflight_retry_gen;
 	/* The staging file of the job in flight, read-only (-1: not open):
 	 * it holds every byte of the file as that close left it, so readers
 	 * need not wait for the commit (inflight_file() in fuse_ops.c). */

@@ -197,6 +197,24 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 	pthread_mutex_unlock(&md->rc_lock);
 }
 
+/* An attempt at a job failed; the reconciler tries again. Waiters on it
+ * hear of a full disk (rclient_wait). */
+static void job_retrying(struct mountd *md, const struct reconcile_reply *r)
+{
+	struct inode *i = inode_ref_existing(md, r->ino);
+
+	if (!i)
+		return;
+	pthread_mutex_lock(&i->lock);
+	if (i->inflight_seq == r->seq) {
+		i->inflight_retry_error = r->error;
+		i->inflight_retry_gen++;
+		pthread_cond_broadcast(&i->committed);
+	}
+	pthread_mutex_unlock(&i->lock);
+	inode_unref(md, i, 0, 1);
+}
+
 static int reconciler_launch(struct mountd *md);
 static int reconciler_connect(struct mountd *md, int *sock);
 
@@ -331,6 +349,9 @@ static void *reader_main(void *arg)
 		switch (r.type) {
 		case RECONCILE_REPLY_COMMITTED:
 			job_committed(md, &r);
+			break;
+		case RECONCILE_REPLY_RETRYING:
+			job_retrying(md, &r);
 			break;
 		case RECONCILE_REPLY_STATS:
 		case RECONCILE_REPLY_DRAINED:
@@ -899,6 +920,7 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	i->inflight_size = size;
 	i->inflight_mtime = job.mtime;
 	i->inflight_error = 0;
+	i->inflight_retry_error = 0;
 	atomic_fetch_add(&md->rc_inflight, 1);
 	atomic_fetch_add(&md->stats.handoffs, 1);
 	inode_ref(md, i->ino, 0, 1); /* held until the job is committed */
@@ -972,7 +994,7 @@ int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 {
 	struct timespec until, slice;
 
-	uint64_t asked_gen = UINT64_MAX;
+	uint64_t asked_gen = UINT64_MAX, retry_gen = i->inflight_retry_gen;
 
 	mono_deadline_ms(&until, timeout_ms);
 	/* The reconciler's commit may be waiting for our open metadata batch,
@@ -993,6 +1015,12 @@ int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 			(void)reconcile_drain(md->rc_sock, i->inflight_seq);
 		}
 		pthread_mutex_unlock(&md->rc_lock);
+		/* A full disk is not a slow commit: say so rather than hold
+		 * the caller until an operator frees space. Only an attempt
+		 * that failed during this wait counts (the space may be back). */
+		if (i->inflight_retry_gen != retry_gen &&
+		    (i->inflight_retry_error == -ENOSPC || i->inflight_retry_error == -EDQUOT))
+			return i->inflight_retry_error;
 		/* Short slices: a reconciler restart does not signal this inode. */
 		mono_deadline_ms(&slice, 250);
 		if (mono_passed(&until))

@@ -17,6 +17,14 @@
  * count towards `retries` (the job would be orphaned by a passing memory
  * shortage), and waits NOMEM_DELAY_MS doubling up to NOMEM_DELAY_MAX_MS,
  * so that a commit a reopen waits for comes soon after memory does.
+ *
+ * The same holds for a full disk (-ENOSPC, -EDQUOT: the metadata
+ * database's, or a file:// store's): the job waits FULL_DELAY_MAX_MS at
+ * most between attempts and is never orphaned for it, so it commits soon
+ * after an operator frees space, without a restart. Each failed attempt
+ * that will be retried is reported (Retrying), so that ferry-mountd can
+ * answer ENOSPC to an operation waiting on the commit instead of holding
+ * it until the space comes back.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -37,6 +45,7 @@ enum finish_kind { FIN_COMMITTED, FIN_DROPPED, FIN_ORPHANED };
 
 #define NOMEM_DELAY_MS 100
 #define NOMEM_DELAY_MAX_MS 5000
+#define FULL_DELAY_MAX_MS 5000
 
 static void job_start(struct rec *r, struct job *j);
 static void job_maybe_commit(struct rec *r, struct job *j);
@@ -509,6 +518,7 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 	uint64_t delay = r->cfg.retry_delay_ms;
 	bool nomem = j->err == -ENOMEM;
 	bool behind = j->err == -EINPROGRESS;
+	bool full = j->err == -ENOSPC || j->err == -EDQUOT;
 	struct timeval tv;
 
 	r->c.failures_total++;
@@ -539,6 +549,16 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): out of memory (%u "
 				  "times): %s; trying again in %.1f s", j->file, j->rj.ino,
 				  j->rj.seq, j->nomem, j->errmsg, (double)delay / 1000);
+	} else if (full) {
+		j->full++;
+		for (unsigned i = 1; i < j->full && delay < FULL_DELAY_MAX_MS; i++)
+			delay *= 2;
+		if (delay > FULL_DELAY_MAX_MS)
+			delay = FULL_DELAY_MAX_MS;
+		if (j->full <= 3 || j->full % 100 == 0)
+			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): no space (%u times): "
+				  "%s; trying again in %.1f s, until there is", j->file, j->rj.ino,
+				  j->rj.seq, j->full, j->errmsg, (double)delay / 1000);
 	} else {
 		j->attempt++;
 		if (j->attempt >= r->cfg.retries) {
@@ -553,6 +573,12 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 			  "trying again in %.1f s",
 			  j->file, j->rj.ino, j->rj.seq, j->attempt, r->cfg.retries, j->errmsg,
 			  (double)delay / 1000);
+	}
+	if (j->conn && !behind && !nomem) {
+		struct reconcile_reply rep = { .type = RECONCILE_REPLY_RETRYING, .seq = j->rj.seq,
+					       .ino = j->rj.ino, .error = j->err };
+		snprintf(rep.message, sizeof(rep.message), "%s", j->errmsg);
+		conn_reply(r, j->conn, &rep);
 	}
 	j->state = JOB_BACKOFF;
 	tv.tv_sec = (time_t)(delay / 1000);

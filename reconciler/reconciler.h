@@ -95,6 +95,7 @@ struct job {
 	unsigned in_flight;            /* objects of this job queued at workers or curl */
 	unsigned attempt;              /* failed attempts so far (lack of memory aside) */
 	unsigned nomem;                /* attempts that failed for want of memory */
+	unsigned full;                 /* attempts that failed for want of disk space */
 	bool timer_lost;               /* in backoff, but its timer could not be set */
 	int err;                       /* first error of the current attempt */
 	char errmsg[256];

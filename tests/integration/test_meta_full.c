@@ -559,7 +559,7 @@ Test(meta_full, full_metadata_disk_is_honest_and_loses_nothing)
 	cr_log_info("while the metadata disk was full: %d operations, %d failed (%d ENOSPC, "
 		    "%d EIO)", during, m.failed, m.enospc, m.eio);
 	cr_assert_gt(m.failed, 0, "no operation failed while the metadata disk was full: the "
-		     "test did not reach the fault");
+		     "test did not reach the fault; ferry-mountd's log ends:\n%s", mountd_log_tail());
 	/* The same mount, without a restart: everything works again. */
 	for (int i = 0; i < OPS_AFTER; i++)
 		one_op(&m, &rs, true);

@@ -231,12 +231,13 @@ Test(reconcile_job, client_calls_over_a_socket)
 	free(buf);
 
 	/* Every reply type comes back as sent. */
-	for (int t = RECONCILE_REPLY_COMMITTED; t <= RECONCILE_REPLY_ERROR; t++) {
+	for (int t = RECONCILE_REPLY_COMMITTED; t <= RECONCILE_REPLY_RETRYING; t++) {
 		memset(&r, 0, sizeof(r));
 		r.type = (enum reconcile_reply_type)t;
 		r.seq = 11;
 		r.ino = 12;
-		r.error = t == RECONCILE_REPLY_COMMITTED ? -EIO : -EINVAL;
+		r.error = t == RECONCILE_REPLY_COMMITTED ? -EIO :
+			  t == RECONCILE_REPLY_RETRYING ? -ENOSPC : -EINVAL;
 		snprintf(r.message, sizeof(r.message), "message %d", t);
 		r.upto_seq = 13;
 		r.failed = 2;
@@ -260,10 +261,20 @@ Test(reconcile_job, client_calls_over_a_socket)
 			cr_assert(got.stats.staging_blocks == 14 && got.stats.buffer_bytes == 15 &&
 				  got.stats.upload_latency_max_us == 16);
 			break;
+		case RECONCILE_REPLY_RETRYING:
+			cr_assert(got.seq == 11 && got.ino == 12 && got.error == -ENOSPC &&
+				  !strcmp(got.message, "message 5"));
+			break;
 		default:
 			cr_assert(got.error == -EINVAL && !strcmp(got.message, "message 4"));
 		}
 	}
+	/* A retry reports a failure: an error of 0 is not one. */
+	memset(&r, 0, sizeof(r));
+	r.type = RECONCILE_REPLY_RETRYING;
+	cr_assert_eq(reconcile_reply_encode(&r, &buf, &len), 0);
+	cr_assert_eq(reconcile_reply_decode(buf, len, &got, err, sizeof(err)), -EBADMSG);
+	free(buf);
 	/* A reply that is not one. */
 	cr_assert_eq(rpc_frame_send(sv[1], "\xff\xff", 2, NULL, 0), 0);
 	cr_assert_eq(reconcile_recv_reply(sv[0], &got), -EBADMSG);
