@@ -36,6 +36,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "handover_blob.h"
 #include "log.h"
 #include "mountd.h"
 
@@ -179,8 +180,8 @@ int fuse_io_start(struct mountd *md, int fuse_fd, const uint8_t *replay, size_t 
 	if (replay) {
 		const struct fuse_in_header *h = (const struct fuse_in_header *)replay;
 
-		if (replay_len < sizeof(*h) + 16 || replay_len > sizeof(md->fio.replay) ||
-		    h->opcode != FUSE_INIT || h->len != replay_len)
+		if (!fuse_init_request_valid(replay, replay_len) ||
+		    replay_len > sizeof(md->fio.replay))
 			return -EBADMSG;
 		memcpy(md->fio.replay, replay, replay_len);
 		memcpy(md->fio.init, replay, replay_len); /* for a handover after this one */

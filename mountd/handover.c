@@ -50,13 +50,10 @@
 #include <limits.h>
 #include <unistd.h>
 
-#include "handover.pb-c.h"
+#include "handover_blob.h"
 #include "log.h"
 #include "mountd.h"
 #include "rpc_frame.h"
-
-#define HANDOVER_VERSION 1u
-#define HANDOVER_MAX (64u << 20)
 
 int handover_request(struct mountd *md, const char *socket_path)
 {
@@ -369,7 +366,7 @@ refuse:
 	return rc;
 }
 
-int handover_load(struct mountd *md, const char *arg)
+int handover_load(struct mountd *md, const char *arg, char *err, size_t errlen)
 {
 	int fuse_fd = -1, blob = -1, rc;
 	uint8_t *buf = NULL;
@@ -379,43 +376,44 @@ int handover_load(struct mountd *md, const char *arg)
 
 	v = strtol(arg, &end, 10);
 	if (end == arg || *end != ':' || v < 3 || v > INT32_MAX)
-		return -EINVAL;
+		goto usage;
 	fuse_fd = (int)v;
 	v = strtol(end + 1, &end, 10);
 	if (*end || v < 3 || v > INT32_MAX || v == fuse_fd)
-		return -EINVAL;
+		goto usage;
 	blob = (int)v;
 	if (fcntl(fuse_fd, F_SETFD, FD_CLOEXEC) < 0 || fcntl(blob, F_SETFD, FD_CLOEXEC) < 0 ||
-	    fstat(blob, &st) < 0)
-		return -errno;
+	    fstat(blob, &st) < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "--handover %s: %s", arg, strerror(errno));
+		return rc;
+	}
 	if (st.st_size <= 0 || st.st_size > HANDOVER_MAX) {
 		rc = -EBADMSG;
+		snprintf(err, errlen, "--handover: a state of %lld bytes", (long long)st.st_size);
 		goto out;
 	}
 	buf = malloc((size_t)st.st_size);
 	if (!buf) {
 		rc = -ENOMEM;
+		snprintf(err, errlen, "--handover: out of memory");
 		goto out;
 	}
 	if (pread(blob, buf, (size_t)st.st_size, 0) != st.st_size) {
 		rc = -EIO;
+		snprintf(err, errlen, "--handover: cannot read the state");
 		goto out;
 	}
-	md->ho = ferry__handover__handover__unpack(NULL, (size_t)st.st_size, buf);
-	if (!md->ho || md->ho->version != HANDOVER_VERSION) {
-		rc = md->ho ? -EPROTO : -EBADMSG;
-		goto out;
-	}
-	md->ho_fuse_fd = fuse_fd;
-	rc = 0;
+	rc = handover_blob_decode(buf, (size_t)st.st_size, &md->ho, err, errlen);
+	if (rc == 0)
+		md->ho_fuse_fd = fuse_fd;
 out:
-	if (rc < 0 && md->ho) {
-		ferry__handover__handover__free_unpacked(md->ho, NULL);
-		md->ho = NULL;
-	}
 	free(buf);
 	close(blob);
 	return rc;
+usage:
+	snprintf(err, errlen, "--handover takes FUSEFD:STATEFD, not %s", arg);
+	return -EINVAL;
 }
 
 bool handover_names(struct mountd *md, const char *name)
@@ -453,8 +451,6 @@ static int staged_restore(struct mountd *md, const Ferry__Handover__Staged *s, s
 	int rc = 0;
 
 	*held = NULL;
-	if (reconcile_name_check(s->name) < 0 || s->backing_id <= 0)
-		return -EINVAL;
 	i = inode_ref(md, s->ino, 0, 1);
 	w = calloc(1, sizeof(*w));
 	if (w)
@@ -536,10 +532,6 @@ int handover_restore(struct mountd *md)
 		const Ferry__Handover__Handle *h = ho->handles[k];
 		void *obj;
 
-		if (h->type < HANDLE_FILE || h->type > HANDLE_SPECIAL) {
-			rc = -EBADMSG;
-			goto out;
-		}
 		obj = handle_rebuild(md, (enum handle_type)h->type, h->fh, h->ino, h->writer,
 				     h->passthrough, h->setid_clear);
 		if (!obj) {
@@ -589,7 +581,7 @@ out:
 	free(fhs);
 	free(types);
 	free(objs);
-	ferry__handover__handover__free_unpacked(ho, NULL);
+	handover_blob_free(ho);
 	md->ho = NULL;
 	return rc;
 }

@@ -669,8 +669,8 @@ int main(int argc, char **argv)
 
 	/* A mount handed over is served already: nobody answers a look at
 	 * its root until this daemon does. */
-	if (handover_arg && (rc = handover_load(md, handover_arg)) < 0)
-		start_failed(md, "--handover %s: %s", handover_arg, strerror(-rc));
+	if (handover_arg && (rc = handover_load(md, handover_arg, err, sizeof(err))) < 0)
+		start_failed(md, "%s", err);
 	if (!handover_arg)
 		mountpoint_check(md);
 	/* Staging files of open writers, of uploads being read in flight,

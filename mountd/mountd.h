@@ -27,6 +27,7 @@
 
 #include "clock.h"
 #include "handle_table.h"
+#include "handover_blob.h"
 #include "meta.h"
 #include "objstore.h"
 #include "reconcile_job.h"
@@ -440,8 +441,9 @@ int handover_request(struct mountd *md, const char *socket_path);
 /* Old side, once the loop ended: 0 when the mount is the new daemon's
  * (exit without unmounting), else serve on. */
 int handover_send(struct mountd *md);
-/* New side: --handover FUSEFD:BLOBFD, decoded into md->ho. */
-int handover_load(struct mountd *md, const char *arg);
+/* New side: --handover FUSEFD:BLOBFD, decoded and checked into md->ho
+ * (common/handover_blob.h). 0, or -errno with a line for the user in err. */
+int handover_load(struct mountd *md, const char *arg, char *err, size_t errlen);
 /* New side, in place of mounting: serves the connection handed over (and
  * attaches it to the broker, for a brokered mount). 0, or -errno with a
  * line for the user in err. */
@@ -683,12 +685,12 @@ struct rc_failure {
 struct fuse_io {
 	pthread_mutex_t lock;         /* guards replay_len and swallow_unique */
 	pthread_cond_t cond;          /* swallow_unique went 0 */
-	uint8_t replay[512];          /* the kernel's INIT, to replay (reattach) */
+	uint8_t replay[HANDOVER_INIT_MAX]; /* the kernel's INIT, to replay (reattach) */
 	size_t replay_len;            /* 0: replayed (or none) */
 	uint64_t swallow_unique;      /* the replayed INIT's reply is not sent */
 	_Atomic bool swallowing;      /* swallow_unique != 0, read without the lock */
 	bool captured;                /* the INIT is kept in the staging directory */
-	uint8_t init[512];            /* ... and here, for a handover */
+	uint8_t init[HANDOVER_INIT_MAX]; /* ... and here, for a handover */
 	size_t init_len;
 	int fd;                       /* the connection (libfuse's to close) */
 };
