@@ -13,6 +13,7 @@
 #include <json-c/json.h>
 
 #include "aws_creds_internal.h"
+#include "expat_compat.h"
 
 #define FIELD_MAX 8192 /* longer than any real key, secret or session token */
 
@@ -341,8 +342,8 @@ aws_parse_sts_xml(const char *body, size_t len, struct aws_fields *f, char *err,
 	XML_SetElementHandler(xp, on_start, on_end);
 	XML_SetCharacterDataHandler(xp, on_text);
 	if (XML_Parse(xp, body, (int)len, 1) != XML_STATUS_OK) {
-		snprintf(err, errlen, "%s: not XML (%s at line %lu)", what,
-			 XML_ErrorString(XML_GetErrorCode(xp)), (unsigned long)XML_GetCurrentLineNumber(xp));
+		snprintf(err, errlen, "%s: not XML (%s at line %llu)", what,
+			 XML_ErrorString(XML_GetErrorCode(xp)), xml_line(xp));
 		ret = p.oom ? -ENOMEM : -EINVAL;
 		goto out;
 	}

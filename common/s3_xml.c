@@ -7,6 +7,7 @@
 
 #include <expat.h>
 
+#include "expat_compat.h"
 #include "s3_xml.h"
 
 #define TEXT_MAX 4096 /* a key is at most 1,024 bytes; a token is opaque but short */
@@ -311,9 +312,8 @@ s3_xml_list(const char *body, size_t len,
 	XML_SetElementHandler(p->xp, list_start, list_end);
 	XML_SetCharacterDataHandler(p->xp, list_text);
 	if (XML_Parse(p->xp, body, (int)len, 1) != XML_STATUS_OK && p->ret == 0) {
-		snprintf(err, errlen, "malformed XML (%s at line %lu)",
-			 XML_ErrorString(XML_GetErrorCode(p->xp)),
-			 (unsigned long)XML_GetCurrentLineNumber(p->xp));
+		snprintf(err, errlen, "malformed XML (%s at line %llu)",
+			 XML_ErrorString(XML_GetErrorCode(p->xp)), xml_line(p->xp));
 		p->ret = -EIO;
 	}
 	if (p->ret == 0 && !p->root_ok) {
