@@ -788,7 +788,11 @@ s3_prepare(struct s3_store *st, struct s3_req *r, struct xfer *x, int share, CUR
 	curl_easy_setopt(h, CURLOPT_URL, url);
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
+	/* Not CURLOPT_PATH_AS_IS: libcurl 8.14 (Debian 13) refuses it with
+	 * SigV4 ("Cannot use sigv4 authentication with path-as-is flag"), and
+	 * nothing needs it: no key has a "." or ".." component for curl to
+	 * resolve (the prefix parser refuses them; object and checkpoint
+	 * names never begin with a dot). */
 	if (st->ca_bundle)
 		curl_easy_setopt(h, CURLOPT_CAINFO, st->ca_bundle);
 	if (share)
