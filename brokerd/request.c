@@ -12,24 +12,14 @@
 #include <string.h>
 
 #include "broker.pb-c.h"
+#include "errmsg.h"
 #include "brokerd.h"
 
 #define V BROKER_PROTO_VERSION
 #define NAME_COMPONENTS_MAX 32u
 #define MAX_READ_MAX (1u << 30)
 
-static int __attribute__((format(printf, 4, 5)))
-fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
-}
+#define fail errmsg_fail /* short, for the many calls below */
 
 const char *broker_msg_name(enum broker_msg t)
 {

@@ -1,4 +1,5 @@
 #include "handover_blob.h"
+#include "errmsg.h"
 
 #include <errno.h>
 #include <linux/fuse.h>
@@ -10,19 +11,7 @@
 #include "handle_table.h"
 #include "reconcile_job.h"
 
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
-}
+#define fail errmsg_fail /* short, for the many calls below */
 
 bool fuse_init_request_valid(const uint8_t *buf, size_t len)
 {

@@ -3,6 +3,7 @@
  * messages (reconcile_job.h).
  */
 #include "reconcile_job.h"
+#include "errmsg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,19 +23,7 @@
 
 #define V RECONCILE_PROTO_VERSION
 
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
-}
+#define fail errmsg_fail /* short, for the many calls below */
 
 static int ends_with(const char *s, size_t n, const char *suffix)
 {

@@ -513,6 +513,16 @@ static void set_err(struct job *j, int err, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* first * factor^(n-1), at most max: the wait before attempt n+1. */
+static uint64_t backoff_ms(uint64_t first, unsigned factor, unsigned n, uint64_t max)
+{
+	uint64_t d = first;
+
+	for (unsigned i = 1; i < n && d < max; i++)
+		d *= factor;
+	return d < max ? d : max;
+}
+
 static void job_attempt_failed(struct rec *r, struct job *j)
 {
 	uint64_t delay = r->cfg.retry_delay_ms;
@@ -539,11 +549,7 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 	} else if (nomem) {
 		/* Not the job's fault (see the top). */
 		j->nomem++;
-		delay = NOMEM_DELAY_MS;
-		for (unsigned i = 1; i < j->nomem && delay < NOMEM_DELAY_MAX_MS; i++)
-			delay *= 2;
-		if (delay > NOMEM_DELAY_MAX_MS)
-			delay = NOMEM_DELAY_MAX_MS;
+		delay = backoff_ms(NOMEM_DELAY_MS, 2, j->nomem, NOMEM_DELAY_MAX_MS);
 		/* One line for the first few, then one in a hundred. */
 		if (j->nomem <= 3 || j->nomem % 100 == 0)
 			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): out of memory (%u "
@@ -551,10 +557,7 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 				  j->rj.seq, j->nomem, j->errmsg, (double)delay / 1000);
 	} else if (full) {
 		j->full++;
-		for (unsigned i = 1; i < j->full && delay < FULL_DELAY_MAX_MS; i++)
-			delay *= 2;
-		if (delay > FULL_DELAY_MAX_MS)
-			delay = FULL_DELAY_MAX_MS;
+		delay = backoff_ms(delay, 2, j->full, FULL_DELAY_MAX_MS);
 		if (j->full <= 3 || j->full % 100 == 0)
 			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): no space (%u times): "
 				  "%s; trying again in %.1f s, until there is", j->file, j->rj.ino,
@@ -565,10 +568,7 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 			job_orphan(r, j);
 			return;
 		}
-		for (unsigned i = 1; i < j->attempt && delay < 300000; i++)
-			delay *= 4;
-		if (delay > 300000)
-			delay = 300000;
+		delay = backoff_ms(delay, 4, j->attempt, 300000);
 		log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): attempt %u of %u failed: %s; "
 			  "trying again in %.1f s",
 			  j->file, j->rj.ino, j->rj.seq, j->attempt, r->cfg.retries, j->errmsg,

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
+#include <openssl/evp.h>
 #include <ftw.h>
 #include <grp.h>
 #include <signal.h>
@@ -851,6 +852,97 @@ static void pg_volume_setup(void)
 	}
 }
 
+/*
+ * FERRY_IT_STORE=s3: a suite that names no store gets its objects on the
+ * test s3rver ($FERRY_TEST_S3_HOSTPORT, $FERRY_TEST_S3_BUCKET) under a
+ * prefix of its own, so that its checks run against S3 as well.
+ */
+static void s3_volume_setup(void)
+{
+	const char *store = getenv("FERRY_IT_STORE"), *hp = getenv("FERRY_TEST_S3_HOSTPORT"),
+		   *bucket = getenv("FERRY_TEST_S3_BUCKET"), *base = strrchr(fm.dir, '/');
+
+	if (fm.storage[0] || store == NULL || strcmp(store, "s3") != 0)
+		return;
+	if (!hp || !bucket)
+		SETUP_FAIL("FERRY_IT_STORE=s3, but no test s3rver (scripts/s3-server)");
+	/* The endpoint in the URL says http: restore and gc need no flag. */
+	snprintf(fm.storage, sizeof(fm.storage), "s3://%s/%s?region=us-east-1&endpoint=http://%s",
+		 bucket, base + 1, hp);
+}
+
+const char *fm_store_dir(void)
+{
+	static char dir[PATH_MAX];
+	const char *s3dir = getenv("FERRY_TEST_S3_DIR"), *hp = getenv("FERRY_TEST_S3_HOSTPORT");
+
+	if (!strncmp(fm.storage, "file://", 7))
+		snprintf(dir, sizeof(dir), "%.4000s", fm.storage + 7);
+	else if (!strncmp(fm.storage, "s3://", 5) && s3dir && hp && strstr(fm.storage, hp))
+		snprintf(dir, sizeof(dir), "%.2000s/data/%.*s", s3dir,
+			 (int)strcspn(fm.storage + 5, "?"), fm.storage + 5);
+	else if (!fm.storage[0])
+		snprintf(dir, sizeof(dir), "%.160s/vol/objects", fm.dir);
+	else
+		cr_assert_fail("no directory for the store %s", fm.storage);
+	return dir;
+}
+
+bool fm_store_is_object(const char *path)
+{
+	size_t n = strlen(path), k = strlen("._S3rver_object");
+
+	if (strncmp(fm.storage, "s3://", 5) != 0)
+		return true;
+	return n > k && strcmp(path + n - k, "._S3rver_object") == 0;
+}
+
+/* mkdir -p of path's directory. */
+static void mkdirs_for(const char *path)
+{
+	char d[PATH_MAX + 64];
+
+	snprintf(d, sizeof(d), "%s", path);
+	for (char *p = d + 1; (p = strchr(p, '/')); p++) {
+		*p = '\0';
+		cr_assert(mkdir(d, 0755) == 0 || errno == EEXIST, "mkdir %s: %s", d, strerror(errno));
+		*p = '/';
+	}
+}
+
+void fm_store_put(const char *key, const void *data, size_t len)
+{
+	char path[PATH_MAX + 64], hex[2 * EVP_MAX_MD_SIZE + 1];
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned mdlen = 0;
+	bool s3 = strncmp(fm.storage, "s3://", 5) == 0;
+
+	snprintf(path, sizeof(path), "%s/%s%s", fm_store_dir(), key, s3 ? "._S3rver_object" : "");
+	mkdirs_for(path);
+	fm_write_file(path, data, len);
+	if (!s3)
+		return;
+	/* s3rver keeps an object's MD5 and metadata beside it. */
+	cr_assert(EVP_Digest(data, len, md, &mdlen, EVP_md5(), NULL));
+	for (unsigned i = 0; i < mdlen; i++)
+		snprintf(hex + 2 * i, 3, "%02x", md[i]);
+	snprintf(path, sizeof(path), "%s/%s._S3rver_object.md5", fm_store_dir(), key);
+	fm_write_file(path, hex, strlen(hex));
+	snprintf(path, sizeof(path), "%s/%s._S3rver_metadata.json", fm_store_dir(), key);
+	static const char meta[] = "{\n  \"content-type\": \"binary/octet-stream\"\n}";
+	fm_write_file(path, meta, strlen(meta));
+}
+
+bool fm_store_has(const char *key)
+{
+	char path[PATH_MAX + 64];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/%s%s", fm_store_dir(), key,
+		 strncmp(fm.storage, "s3://", 5) == 0 ? "._S3rver_object" : "");
+	return stat(path, &st) == 0;
+}
+
 void fm_pg_schema_drop(const char *schema)
 {
 	const char *url = getenv("FERRY_TEST_PG_URL");
@@ -902,6 +994,7 @@ void fm_setup_opts(const struct fm_opts *o)
 	if (o && o->storage)
 		snprintf(fm.storage, sizeof(fm.storage), "%s", o->storage);
 	fm.s3_http = o && o->s3_http;
+	s3_volume_setup();
 	pg_volume_setup();
 
 	argv[a++] = fm_bin("ferry");

@@ -81,6 +81,18 @@ void fm_teardown(void);
  * cleaning up whatever it had already set up. */
 void fm_setup_opts(const struct fm_opts *o);
 
+/* Where the fixture's objects live on disk, to count or damage them: the
+ * file:// store's directory, or for FERRY_IT_STORE=s3 (the volume on the
+ * test s3rver, $FERRY_TEST_S3_*) the server's directory of the volume's
+ * prefix, whose objects are files named KEY._S3rver_object. Static. */
+const char *fm_store_dir(void);
+/* Whether a file under fm_store_dir() is an object (not s3rver's own). */
+bool fm_store_is_object(const char *path);
+/* Puts an object straight into the store's directory, as the store would
+ * (an upload nobody committed, say), and whether one is there. */
+void fm_store_put(const char *key, const void *data, size_t len);
+bool fm_store_has(const char *key);
+
 /* The -o list the fixture mounts with: allow_other plus
  * $FERRY_IT_MOUNT_OPTIONS. Static storage. */
 const char *fm_mount_options(void);

@@ -35,9 +35,8 @@ static uint64_t store_bytes, store_objects;
 
 static int add_object(const char *path, const struct stat *st, int type, struct FTW *ftw)
 {
-	(void)path;
 	(void)ftw;
-	if (type == FTW_F) {
+	if (type == FTW_F && fm_store_is_object(path)) {
 		store_bytes += (uint64_t)st->st_size;
 		store_objects++;
 	}
@@ -47,7 +46,12 @@ static int add_object(const char *path, const struct stat *st, int type, struct 
 static void store_size(void)
 {
 	store_bytes = store_objects = 0;
-	cr_assert_eq(nftw(sp("vol/objects"), add_object, 16, FTW_PHYS), 0);
+	struct stat st;
+
+	/* On s3rver the prefix's directory comes with its first object. */
+	if (stat(fm_store_dir(), &st) < 0 && errno == ENOENT)
+		return;
+	cr_assert_eq(nftw(fm_store_dir(), add_object, 16, FTW_PHYS), 0, "%s", fm_store_dir());
 }
 
 static uint64_t stat_of(const char *name)
