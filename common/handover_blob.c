@@ -86,6 +86,10 @@ static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char 
 		if (reconcile_name_check(s->name) < 0)
 			return fail(-EBADMSG, err, errlen, "staging file %zu: not a staging file's "
 				    "name", k);
+		if (s->has_prints && (s->prints.len % HANDOVER_PRINT_BYTES ||
+				      s->prints.len / HANDOVER_PRINT_BYTES > HANDOVER_PRINTS_MAX))
+			return fail(-EBADMSG, err, errlen, "staging file %zu: fingerprints of %zu "
+				    "bytes", k, s->prints.len);
 		if (s->has_mtime_nsec && s->mtime_nsec >= 1000000000u)
 			return fail(-EBADMSG, err, errlen, "staging file %zu: mtime nanoseconds %u",
 				    k, s->mtime_nsec);

@@ -24,6 +24,10 @@
 /* The kernel's FUSE_INIT request as read from /dev/fuse: its header and
  * the init_in of any protocol version up to the newest. */
 #define HANDOVER_INIT_MAX 512u
+/* One fingerprint in Staged.prints, and at most how many (1 TiB of
+ * 64 KiB units). */
+#define HANDOVER_PRINT_BYTES 12u
+#define HANDOVER_PRINTS_MAX (1u << 24)
 
 /* Whether buf[0..len) is a FUSE_INIT request whose header says len. */
 bool fuse_init_request_valid(const uint8_t *buf, size_t len);

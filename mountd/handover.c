@@ -9,8 +9,8 @@
  * the kernel sent the first daemon (replayed to libfuse through custom I/O
  * with its reply swallowed: fuse_io.c), the open handles under the fh
  * numbers the kernel knows them by, and the write state of passthrough
- * opens (their staging files and backing ids, which live in the kernel's
- * connection and stay registered).
+ * opens (their staging files and fingerprints, and their backing ids,
+ * which live in the kernel's connection and stay registered).
  *
  * Old side (this daemon):
  *  1. `handover SOCKET` is written to .control (special.c) by the CLI,
@@ -153,7 +153,8 @@ struct collect_ctx {
 	Ferry__Handover__Handle *h; /* handles, arrays owned by handover_send() */
 	size_t nh;
 	Ferry__Handover__Staged *s;
-	char **names;
+	char **names;        /* s[k].name, owned here */
+	uint8_t **prints;    /* s[k].prints.data, owned here */
 	size_t ns;
 };
 
@@ -197,6 +198,18 @@ static void collect_one(uint64_t fh, enum handle_type type, void *obj, void *arg
 	s->mtime_set = w->mtime_set;
 	s->mtime_sec = w->mtime.tv_sec;
 	s->mtime_nsec = (uint32_t)w->mtime.tv_nsec;
+	if (w->nprints > 0 && w->nprints <= HANDOVER_PRINTS_MAX &&
+	    (c->prints[c->ns] = malloc(w->nprints * HANDOVER_PRINT_BYTES))) {
+		uint8_t *at = c->prints[c->ns];
+
+		for (size_t k = 0; k < w->nprints; k++, at += HANDOVER_PRINT_BYTES) {
+			memcpy(at, &w->prints[k].print, 8);
+			memcpy(at + 8, &w->prints[k].len, 4);
+		}
+		s->has_prints = true;
+		s->prints.data = c->prints[c->ns];
+		s->prints.len = w->nprints * HANDOVER_PRINT_BYTES;
+	} /* else the next commit stores the whole file */
 	c->ns++;
 }
 
@@ -306,10 +319,11 @@ int handover_send(struct mountd *md)
 	col.h = calloc(n + 1, sizeof(*col.h));
 	col.s = calloc(n + 1, sizeof(*col.s));
 	col.names = calloc(n + 1, sizeof(*col.names));
+	col.prints = calloc(n + 1, sizeof(*col.prints));
 	hp = calloc(n + 1, sizeof(*hp));
 	sp = calloc(n + 1, sizeof(*sp));
 	rc = -ENOMEM;
-	if (!col.h || !col.s || !col.names || !hp || !sp)
+	if (!col.h || !col.s || !col.names || !col.prints || !hp || !sp)
 		goto out;
 	handle_table_each(md->handles, collect_one, &col);
 	for (size_t k = 0; k < col.nh; k++)
@@ -350,7 +364,10 @@ out:
 			  "daemon (a brokered one: ferry mount --broker takes it over)");
 	for (size_t k = 0; col.names && k < col.ns; k++)
 		free(col.names[k]);
+	for (size_t k = 0; col.prints && k < col.ns; k++)
+		free(col.prints[k]);
 	free(col.names);
+	free(col.prints);
 	free(col.h);
 	free(col.s);
 	free(hp);
@@ -475,8 +492,24 @@ static int staged_restore(struct mountd *md, const Ferry__Handover__Staged *s, s
 	w->passthrough = true;
 	w->backing_id = s->backing_id;
 	w->size = (uint64_t)st.st_size;
-	/* Unknown what the old daemon committed of it: the next commit is
-	 * whole (no fingerprints came along). */
+	/* What the old daemon's last commit stored, so that the next one
+	 * stores only what changed since (none came: the whole file). Its
+	 * size and mtime are not known here: the next commit records them. */
+	if (s->has_prints && s->prints.len) {
+		const uint8_t *at = s->prints.data;
+
+		w->nprints = s->prints.len / HANDOVER_PRINT_BYTES;
+		w->prints = calloc(w->nprints, sizeof(*w->prints));
+		if (!w->prints) {
+			pthread_mutex_unlock(&i->lock);
+			rc = -ENOMEM;
+			goto fail;
+		}
+		for (size_t k = 0; k < w->nprints; k++, at += HANDOVER_PRINT_BYTES) {
+			memcpy(&w->prints[k].print, at, 8);
+			memcpy(&w->prints[k].len, at + 8, 4);
+		}
+	}
 	w->size_changed = true;
 	w->mtime_set = s->mtime_set;
 	w->mtime.tv_sec = s->mtime_sec;

@@ -34,7 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		    ho->handles[k]->type > HANDLE_SPECIAL)
 			abort();
 	for (size_t k = 0; k < ho->n_staged; k++)
-		if (reconcile_name_check(ho->staged[k]->name) < 0 || ho->staged[k]->backing_id <= 0)
+		if (reconcile_name_check(ho->staged[k]->name) < 0 || ho->staged[k]->backing_id <= 0 ||
+		    ho->staged[k]->prints.len % HANDOVER_PRINT_BYTES)
 			abort();
 	msg.version = ho->version;
 	msg.init = ho->init;
@@ -72,6 +73,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		st[k].mtime_set = from->mtime_set;
 		st[k].mtime_sec = from->mtime_sec;
 		st[k].mtime_nsec = from->mtime_nsec;
+		st[k].has_prints = from->has_prints;
+		st[k].prints = from->prints;
 		msg.staged[k] = &st[k];
 	}
 	len = ferry__handover__handover__get_packed_size(&msg);

@@ -16,6 +16,7 @@ struct sample {
 	uint8_t init[sizeof(struct fuse_in_header) + 64];
 	Ferry__Handover__Handle h[3], *hp[3];
 	Ferry__Handover__Staged s[2], *sp[2];
+	uint8_t prints[2 * HANDOVER_PRINT_BYTES];
 	Ferry__Handover__Handover msg;
 };
 
@@ -45,6 +46,9 @@ static void sample(struct sample *x)
 		x->s[k].backing_id = 1 + k;
 		x->s[k].has_mtime_nsec = true;
 		x->s[k].mtime_nsec = 999999999;
+		x->s[k].has_prints = k == 1;
+		x->s[k].prints.data = x->prints;
+		x->s[k].prints.len = k == 1 ? sizeof(x->prints) : 0;
 		x->sp[k] = &x->s[k];
 	}
 	ferry__handover__handover__init(&x->msg);
@@ -85,6 +89,7 @@ Test(handover_blob, what_a_daemon_sends_comes_back)
 	cr_assert_eq(ho->handles[2]->fh, 0x1000003);
 	cr_assert(ho->handles[2]->passthrough);
 	cr_assert_str_eq(ho->staged[1]->name, "4-77-88-1-s9.p");
+	cr_assert_eq(ho->staged[1]->prints.len, 2 * HANDOVER_PRINT_BYTES);
 	cr_assert_eq(ho->init.len, sizeof(x.init));
 	handover_blob_free(ho);
 }
@@ -126,6 +131,14 @@ static void name_twice(struct sample *x) { x->s[1].name = x->s[0].name; }
 static void ino_twice(struct sample *x) { x->s[1].ino = x->s[0].ino; }
 static void backing_zero(struct sample *x) { x->s[1].backing_id = 0; }
 static void nsec_big(struct sample *x) { x->s[0].mtime_nsec = 1000000000u; }
+static void prints_ragged(struct sample *x)
+{
+	static const uint8_t p[HANDOVER_PRINT_BYTES + 5];
+
+	x->s[0].has_prints = true;
+	x->s[0].prints.data = (uint8_t *)p;
+	x->s[0].prints.len = sizeof(p);
+}
 
 Test(handover_blob, what_no_daemon_sends_is_refused)
 {
@@ -143,6 +156,7 @@ Test(handover_blob, what_no_daemon_sends_is_refused)
 	refused(ino_twice, -EBADMSG, "two staging files");
 	refused(backing_zero, -EBADMSG, "backing id 0");
 	refused(nsec_big, -EBADMSG, "nanoseconds");
+	refused(prints_ragged, -EBADMSG, "fingerprints");
 }
 
 Test(handover_blob, bytes_that_are_no_state_are_refused)
