@@ -514,6 +514,59 @@ static void spawn_daemon(int s)
 	_exit(127);
 }
 
+/* Whether the binary at path runs here (`path --version` exits 0 within
+ * 10 s); if not, why, in why. Before a hand-over: a binary that cannot run
+ * (a missing library, another architecture) is found while the old daemon
+ * still serves, and nothing changes. */
+static bool binary_runs(const char *path, char *why, size_t cap)
+{
+	int out[2], status = 0;
+	char buf[256] = "";
+	ssize_t n = 0;
+	pid_t pid;
+
+	if (pipe2(out, O_CLOEXEC) < 0) {
+		snprintf(why, cap, "pipe: %s", strerror(errno));
+		return false;
+	}
+	pid = fork();
+	if (pid < 0) {
+		snprintf(why, cap, "fork: %s", strerror(errno));
+		close(out[0]);
+		close(out[1]);
+		return false;
+	}
+	if (pid == 0) {
+		dup2(out[1], STDOUT_FILENO);
+		dup2(out[1], STDERR_FILENO);
+		alarm(10);
+		execl(path, path, "--version", (char *)NULL);
+		dprintf(STDERR_FILENO, "%s", strerror(errno));
+		_exit(127);
+	}
+	close(out[1]);
+	for (ssize_t r; n < (ssize_t)sizeof(buf) - 1 &&
+			(r = read(out[0], buf + n, sizeof(buf) - 1 - (size_t)n)) != 0;) {
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			break;
+		n += r;
+	}
+	close(out[0]);
+	buf[n] = '\0';
+	buf[strcspn(buf, "\n")] = '\0';
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		return true;
+	if (WIFSIGNALED(status))
+		snprintf(why, cap, "killed by signal %d%s%s", WTERMSIG(status), *buf ? ": " : "", buf);
+	else
+		snprintf(why, cap, "exit %d%s%s", WEXITSTATUS(status), *buf ? ": " : "", buf);
+	return false;
+}
+
 /* 1 + the first of fds 0-2 open on a file of the mount at mp, or 0. */
 static int stdio_on_mount(const char *mp)
 {
@@ -584,6 +637,17 @@ static int mount_upgrade(const char *mountpoint)
 		return 1;
 	}
 	close_range(3, ~0u, 0);
+	/* The new binaries must run before the old daemon lets go. */
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof(path), "%s/%s", ctl_bindir(),
+			 k ? "ferry-reconciler" : "ferry-mountd");
+		if (!binary_runs(path, msg, sizeof(msg))) {
+			ctl_err("%s does not run here (%s); the mount is left to pid %d, "
+				"unchanged", path, msg, (int)old);
+			return 1;
+		}
+	}
+	snprintf(daemon, sizeof(daemon), "%s/ferry-mountd", ctl_bindir());
 	/* The new daemon is started by a helper forked now, while this
 	 * process holds no file of the mount: one inherited by the new daemon
 	 * would be closed at its exec, and with the writeback cache on (the
@@ -630,7 +694,6 @@ static int mount_upgrade(const char *mountpoint)
 	snprintf(path, sizeof(path), "/proc/%d/fd/2", (int)old);
 	n = readlink(path, logpath, sizeof(logpath) - 1);
 	logpath[n > 0 ? n : 0] = '\0';
-	snprintf(daemon, sizeof(daemon), "%s/ferry-mountd", ctl_bindir());
 	args[nargs++] = daemon;
 	for (char *a = cmd + strlen(cmd) + 1; a < cmd + cmdlen; a += strlen(a) + 1) {
 		if (!strcmp(a, "--ready-fd") || !strcmp(a, "--handover")) {

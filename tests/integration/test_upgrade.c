@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +157,37 @@ Test(upgrade, a_writer_across_it_uploads_only_what_changed)
 	fm_remount_cold();
 	fm_expect_content(mp("big"), data, len);
 	free(data);
+}
+
+/* New binaries that cannot run here are found before the old daemon lets
+ * go: the upgrade is refused and the mount goes on, served as before. */
+Test(upgrade, a_new_daemon_that_cannot_run_is_refused_first)
+{
+	static const char data[] = "still served by the same daemon";
+	const char *cp[] = { "/bin/cp", fm_bin("ferry"), sp("bin/ferry"), NULL };
+	char daemon[PATH_MAX], *err;
+	pid_t before = mountd_pid();
+	int fd, rc;
+
+	cr_assert_eq(mkdir(sp("bin"), 0755), 0);
+	cr_assert_eq(fm_run(cp, NULL, NULL, 30), 0);
+	/* A daemon built for another machine: not an executable here. */
+	snprintf(daemon, sizeof(daemon), "%s", sp("bin/ferry-mountd"));
+	fm_write_file(daemon, "\177ELF not really", 16);
+	cr_assert_eq(chmod(daemon, 0755), 0);
+	fd = open(mp("kept"), O_CREAT | O_RDWR, 0644);
+	cr_assert_geq(fd, 0);
+	const char *argv[] = { sp("bin/ferry"), "mount", "--upgrade", fm.mnt, NULL };
+	rc = fm_run(argv, sp("bad.out"), sp("bad.err"), 60);
+	err = fm_slurp(sp("bad.err"));
+	cr_assert_neq(rc, 0, "an upgrade to a daemon that cannot run succeeded");
+	cr_assert(err && strstr(err, "does not run here") && strstr(err, "unchanged"), "%s",
+		  err ? err : "");
+	free(err);
+	cr_assert_eq(mountd_pid(), before, "the daemon changed");
+	cr_assert_eq(pwrite(fd, data, sizeof(data), 0), (ssize_t)sizeof(data));
+	cr_assert_eq(close(fd), 0);
+	fm_expect_content(mp("kept"), data, sizeof(data));
 }
 
 /* A daemon in the foreground is some process's child (a container's main
