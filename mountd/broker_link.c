@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,6 +102,14 @@ int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen)
 	return 0;
 }
 
+/* Whether the mountpoint is a FUSE mount whose connection has ended. */
+static bool mountpoint_dead(const char *mountpoint)
+{
+	struct stat st;
+
+	return stat(mountpoint, &st) < 0 && errno == ENOTCONN;
+}
+
 int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_fd, char *err,
 		      size_t errlen)
 {
@@ -120,6 +129,23 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 			 "%llu), whose ferry-mountd is gone", md->cfg.broker, md->cfg.mountpoint,
 			 (unsigned long long)id);
 		return 0;
+	}
+	if (rc == -ENOTCONN && mountpoint_dead(md->cfg.mountpoint)) {
+		/* Our mount, but no process holds its FUSE connection any more
+		 * (the broker restarted after its daemon died): the kernel ended
+		 * it. What its daemon staged is on disk and recovered as after
+		 * any crash; the dead mount goes, and a new one is made. */
+		log_warnx("%s is a dead mount of ours (%s); having ferry-brokerd unmount it, then "
+			  "mounting again", md->cfg.mountpoint, refusal());
+		rc = broker_umount(md->broker, name, 0);
+		if (rc < 0) {
+			snprintf(err, errlen, "ferry-brokerd would not unmount the dead mount on %s: "
+				 "%s%s%s", md->cfg.mountpoint, strerror(-rc), *refusal() ? ": " : "",
+				 refusal());
+			free(name);
+			return rc;
+		}
+		rc = -ENOENT;
 	}
 	if (rc != -ENOENT) {
 		snprintf(err, errlen, "ferry-brokerd would not hand over the mount on %s: %s%s%s",

@@ -641,3 +641,32 @@ Test(broker_e2e, mountd_crash_then_a_new_daemon_takes_the_mount_over)
 	AS_NOBODY(check_held, &hlen, "reading the held file after a remount");
 	do_umount();
 }
+
+/* ferry-mountd dies, and then ferry-brokerd restarts: nothing holds the
+ * FUSE connection any more, so the kernel ended it and the mount is dead
+ * (ENOTCONN). `ferry mount` again has the broker unmount it and mounts
+ * anew, with no `ferry umount --broker` by hand; what the dead daemon
+ * staged is recovered as after any crash. */
+Test(broker_e2e, daemon_and_broker_gone_then_ferry_mount_mounts_again)
+{
+	struct job a = { .nfiles = 6, .big = 1u << 20, .seed = 21 };
+	pid_t pids[4], rec[4];
+
+	snprintf(a.dir, sizeof(a.dir), "%s", tp("pods/m"));
+	do_mount();
+	AS_NOBODY(write_files, &a, "writing");
+	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", tp("pods/m"), pids, 4), 1);
+	int nrec = fm_daemon_pids_with("ferry-reconciler", tp("home/staging"), rec, 4);
+	kill(pids[0], SIGKILL);
+	for (int k = 0; k < nrec; k++)
+		kill(rec[k], SIGKILL);
+	for (int t = 0; t < 500 && fm_daemon_pids_with("ferry-mountd", tp("pods/m"), pids, 4); t++)
+		usleep(10000);
+	brokerd_kill(SIGKILL);
+	brokerd_start();
+	cr_assert(mounted(), "the dead mount went by itself");
+	do_mount();
+	cr_assert_eq(stat_of("broker_reattached"), 0);
+	AS_NOBODY(check_files, &a, "reading after mounting again");
+	do_umount();
+}
