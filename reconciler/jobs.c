@@ -546,22 +546,19 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 			log_info("job %s (inode %" PRIu64 ", seq %" PRIu64 "): waits for the metadata "
 				 "changes it depends on (%s); trying again in %.1f s", j->file,
 				 j->rj.ino, j->rj.seq, j->errmsg, (double)delay / 1000);
-	} else if (nomem) {
-		/* Not the job's fault (see the top). */
-		j->nomem++;
-		delay = backoff_ms(NOMEM_DELAY_MS, 2, j->nomem, NOMEM_DELAY_MAX_MS);
-		/* One line for the first few, then one in a hundred. */
-		if (j->nomem <= 3 || j->nomem % 100 == 0)
-			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): out of memory (%u "
-				  "times): %s; trying again in %.1f s", j->file, j->rj.ino,
-				  j->rj.seq, j->nomem, j->errmsg, (double)delay / 1000);
-	} else if (full) {
-		j->full++;
-		delay = backoff_ms(delay, 2, j->full, FULL_DELAY_MAX_MS);
-		if (j->full <= 3 || j->full % 100 == 0)
-			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): no space (%u times): "
-				  "%s; trying again in %.1f s, until there is", j->file, j->rj.ino,
-				  j->rj.seq, j->full, j->errmsg, (double)delay / 1000);
+	} else if (nomem || full) {
+		/* Not the job's fault (see the top): it waits, never orphaned
+		 * for it. One line for the first few, then one in a hundred. */
+		unsigned *n = nomem ? &j->nomem : &j->full;
+
+		(*n)++;
+		delay = nomem ? backoff_ms(NOMEM_DELAY_MS, 2, *n, NOMEM_DELAY_MAX_MS) :
+				backoff_ms(delay, 2, *n, FULL_DELAY_MAX_MS);
+		if (*n <= 3 || *n % 100 == 0)
+			log_warnx("job %s (inode %" PRIu64 ", seq %" PRIu64 "): %s (%u times): %s; "
+				  "trying again in %.1f s", j->file, j->rj.ino, j->rj.seq,
+				  nomem ? "out of memory" : "no space", *n, j->errmsg,
+				  (double)delay / 1000);
 	} else {
 		j->attempt++;
 		if (j->attempt >= r->cfg.retries) {
