@@ -1151,7 +1151,7 @@ Test(data, lseek_on_a_file_open_for_writing)
 
 Test(data, o_direct_and_copy_file_range)
 {
-	void *buf, *got;
+	void *buf = NULL, *got = NULL;
 	int fd, src, dst;
 	loff_t in = 0, out = 0;
 	ssize_t n;
