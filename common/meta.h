@@ -176,6 +176,14 @@ struct meta_journal_stats {
 };
 void meta_journal_stats_get(struct meta *m, struct meta_journal_stats *out);
 
+/* m is the volume's only writer of names (ferry-mountd holding the volume):
+ * from now on a lookup of a name absent from a directory this handle made
+ * is answered without the database (meta_names.h); max_names bounds the
+ * memory (16 bytes a name, twice over). -EINVAL if already on. */
+int meta_names_keep(struct meta *m, size_t max_names);
+struct meta_names_stats;
+void meta_names_stats(struct meta *m, struct meta_names_stats *out);
+
 int meta_getattr(struct meta *m, uint64_t ino, struct meta_attr *out);
 int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_attr *out);
 

@@ -10,6 +10,7 @@
  */
 #include "clock.h"
 #include "meta_engine.h"
+#include "meta_names.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -707,8 +708,13 @@ static int journal_replay(struct meta *m, uint64_t *count)
 			}
 			if (rc == 0)
 				(*count)++;
-			else
+			else {
+				/* The change was acknowledged and is not in the
+				 * database: what the names set counts no longer
+				 * follows from what was acknowledged. */
 				m->js.replay_errors++;
+				meta_names_forget(m->names);
+			}
 			rc = 0;
 			if (r.seq > m->jseq)
 				m->jseq = r.seq;
@@ -994,6 +1000,7 @@ void meta_close(struct meta *m)
 		conn_free(c);
 	}
 	m->vol->close(m, 1);
+	meta_names_free(m->names);
 	pthread_mutex_destroy(&m->lock);
 	pthread_mutex_destroy(&m->ids_lock);
 	pthread_mutex_destroy(&m->write_lock);

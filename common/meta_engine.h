@@ -127,6 +127,9 @@ struct meta {
 		int held, dirty;
 		uint64_t ino, cookie;
 	} ctr;
+	/* Names of directories made here, for lookups of absent names
+	 * (meta_names_keep); NULL unless this handle is the only writer. */
+	struct meta_names *names;
 };
 
 extern const struct db_driver meta_sqlite_driver;

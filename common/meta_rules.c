@@ -13,6 +13,7 @@
  * (meta.h); everything else here lives on the stack or in struct meta.
  */
 #include "meta_engine.h"
+#include "meta_names.h"
 #include "slice.h"
 
 #include <errno.h>
@@ -1069,6 +1070,8 @@ int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_a
 		return rc;
 	if (!ino_ok(parent))
 		return -ENOENT;
+	if (meta_names_absent(m->names, parent, name, nlen))
+		return -ENOENT;
 	rc = meta_read_conn(m, &c);
 	if (rc)
 		return rc;
@@ -1096,6 +1099,29 @@ int meta_lookup(struct meta *m, uint64_t parent, const char *name, struct meta_a
 	if (rc == 0 && out != NULL)
 		*out = a;
 	return ro(rc);
+}
+
+/* A change that makes the entry parent/name ended with rc (meta_names.h):
+ * the name is counted if made; one the set took for absent that the
+ * database has (-EEXIST) stops the set answering for parent. */
+static void names_made(struct meta *m, int rc, uint64_t parent, const char *name, size_t nlen)
+{
+	if (rc == 0)
+		meta_names_add(m->names, parent, name, nlen);
+	else if (rc == -EEXIST)
+		meta_names_taken(m->names, parent, name, nlen);
+}
+
+int meta_names_keep(struct meta *m, size_t max_names)
+{
+	if (m == NULL || m->names != NULL)
+		return -EINVAL;
+	return meta_names_new(max_names, &m->names);
+}
+
+void meta_names_stats(struct meta *m, struct meta_names_stats *out)
+{
+	meta_names_stats_get(m ? m->names : NULL, out);
 }
 
 /* ---- setattr -------------------------------------------------------------- */
@@ -1306,6 +1332,9 @@ int meta_create(struct meta *m, uint64_t parent, const char *name, uint32_t mode
 	struct mj_rec r = { .op = MJ_CREATE, .v = { parent, mode, uid, gid, rdev },
 			    .s = { name, target }, .slen = { (uint32_t)a.nlen, (uint32_t)a.tlen } };
 	rc = meta_txn_rec(m, &r, &a.out.ino, do_create, &a);
+	names_made(m, rc, parent, name, a.nlen);
+	if (rc == 0 && S_ISDIR(mode))
+		meta_names_dir_made(m->names, a.out.ino);
 	if (rc == 0 && out != NULL)
 		*out = a.out;
 	return rc;
@@ -1375,6 +1404,7 @@ int meta_link(struct meta *m, uint64_t ino, uint64_t newparent, const char *newn
 	struct mj_rec r = { .op = MJ_LINK, .v = { ino, newparent }, .s = { newname },
 			    .slen = { (uint32_t)a.nlen } };
 	rc = meta_txn_rec(m, &r, NULL, do_link, &a);
+	names_made(m, rc, newparent, newname, a.nlen);
 	if (rc == 0 && out != NULL)
 		*out = a.out;
 	return rc;
@@ -1450,6 +1480,11 @@ static int remove_entry(struct meta *m, uint64_t parent, const char *name, int d
 	struct mj_rec r = { .op = dir ? MJ_RMDIR : MJ_UNLINK, .v = { parent }, .s = { name },
 			    .slen = { (uint32_t)a.nlen } };
 	rc = meta_txn_rec(m, &r, NULL, do_remove, &a);
+	if (rc == 0) {
+		meta_names_del(m->names, parent, name, a.nlen);
+		if (dir)
+			meta_names_dir_gone(m->names, a.out.ino);
+	}
 	if (rc == 0 && victim != NULL)
 		*victim = a.out;
 	return rc;
@@ -1471,6 +1506,7 @@ struct rename_args {
 	size_t nlen, newnlen;
 	unsigned flags;
 	struct meta_attr replaced;
+	int moved; /* the entry moved (not an exchange, not the same inode) */
 };
 
 static int do_rename(struct conn *c, void *p)
@@ -1482,6 +1518,7 @@ static int do_rename(struct conn *c, void *p)
 	int rc, have_tgt, sdir, tdir;
 
 	memset(&a->replaced, 0, sizeof(a->replaced));
+	a->moved = 0;
 	rc = dir_get(c, a->parent, &pa);
 	if (rc)
 		return rc;
@@ -1579,6 +1616,7 @@ static int do_rename(struct conn *c, void *p)
 				(int64_t)a->newparent, a->newname, a->newnlen, 4);
 		if (rc)
 			return rc;
+		a->moved = 1;
 		if (sdir && P != Q) {
 			P->nlink--;
 			Q->nlink++;
@@ -1622,6 +1660,15 @@ int meta_rename(struct meta *m, uint64_t parent, const char *name, uint64_t newp
 			    .s = { name, newname },
 			    .slen = { (uint32_t)a.nlen, (uint32_t)a.newnlen } };
 	rc = meta_txn_rec(m, &r, NULL, do_rename, &a);
+	if (rc == 0 && a.moved) {
+		meta_names_del(m->names, parent, name, a.nlen);
+		if (a.replaced.ino == 0)
+			meta_names_add(m->names, newparent, newname, a.newnlen);
+		else if (S_ISDIR(a.replaced.mode))
+			meta_names_dir_gone(m->names, a.replaced.ino);
+	} else if (rc == -EEXIST) {
+		meta_names_taken(m->names, newparent, newname, a.newnlen);
+	}
 	if (rc == 0 && replaced != NULL)
 		*replaced = a.replaced;
 	return rc;

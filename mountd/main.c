@@ -90,6 +90,10 @@ static void usage(FILE *f)
 		"lease_ms=MS (default 15000: a PostgreSQL volume's writer's lease lasts this\n"
 		"long and is renewed every third of it; a mount cut off for longer can be\n"
 		"taken over, and is then fenced);\n"
+		"names_max=N (default 1000000: names of directories made by this mount\n"
+		"that it keeps to answer lookups of absent names without the metadata\n"
+		"database, 16-64 bytes each; past N it forgets them and starts over;\n"
+		"0: none);\n"
 		"meta_batch_ms=MS (default 5: namespace changes are journaled on local\n"
 		"disk as they are made and committed to the metadata database in batches\n"
 		"this far apart, and at every fsync, fsyncdir and unmount; 0 commits each\n"
@@ -231,6 +235,18 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 			}
 			md->cfg.attr_timeout = md->cfg.entry_timeout = v;
 			md->attr_timeout_set = true;
+			continue;
+		}
+		if (strncmp(o, "names_max=", 10) == 0) {
+			char *end;
+			long long v = strtoll(o + 10, &end, 10);
+
+			if (!o[10] || *end || v < 0 || v > 100000000) {
+				snprintf(err, errlen, "-o %s: names_max takes a count, 0 to 100000000",
+					 o);
+				return -EINVAL;
+			}
+			md->names_max = (size_t)v;
 			continue;
 		}
 		if (strncmp(o, "meta_batch_ms=", 14) == 0) {
@@ -535,6 +551,7 @@ int main(int argc, char **argv)
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->stop_timeout_s = 60;
 	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
+	md->names_max = NAMES_MAX_DEFAULT;
 	md->readahead_budget = READAHEAD_DEFAULT_MIB << 20;
 	md->lease_ms = LEASE_MS_DEFAULT;
 	for (int k = 0; k < RC_NOPTS; k++)
@@ -730,6 +747,10 @@ int main(int argc, char **argv)
 				  "changed since they were made?); the rest were applied",
 				  (unsigned long long)js.replay_errors, journal);
 	}
+	/* The volume is held (its lock, or the writer's lease) and replayed:
+	 * no other process changes its names from here on. */
+	if (!md->follower && md->names_max > 0 && (rc = meta_names_keep(md->meta, md->names_max)) < 0)
+		start_failed(md, "cannot keep directory names: %s", strerror(-rc));
 	if ((rc = meta_volume_get(md->meta, &md->vol)) < 0)
 		start_failed(md, "cannot read the volume record of %s: %s", md->cfg.db_path,
 			     strerror(-rc));

@@ -397,6 +397,7 @@ void staging_superseded(struct mountd *md, uint64_t ino);
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
 #define META_BATCH_MS_DEFAULT 5
+#define NAMES_MAX_DEFAULT 1000000
 #define ATTR_TIMEOUT_DEFAULT_S 3600.0
 /* A read-only follower's (md->follower) bound on how stale a name, an
  * attribute or a page it shows may be past the writer's commit. */
@@ -766,6 +767,9 @@ struct mountd {
 	int rc_opt[RC_NOPTS];
 	/* -o meta_batch_ms: namespace changes commit in batches this far apart
 	 * (meta_journal_open); 0: each on its own. */
+	/* -o names_max: names of directories made here kept for lookups of
+	 * absent names (meta_names_keep); 0: none. */
+	size_t names_max;
 	int meta_batch_ms;
 	/* lease.c: the writer's lease of a PostgreSQL volume */
 	int64_t lease_ms;            /* -o lease_ms */

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "aws_creds.h"
+#include "meta_names.h"
 #include "mountd.h"
 
 static const char *const op_names[OP_COUNT] = {
@@ -55,6 +56,12 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "meta_batches %llu\n", (unsigned long long)js.batches);
 	fprintf(f, "meta_journal_replayed %llu\n", (unsigned long long)js.replayed);
 	fprintf(f, "meta_journal_replay_errors %llu\n", (unsigned long long)js.replay_errors);
+	struct meta_names_stats ns;
+	meta_names_stats(md->meta, &ns);
+	fprintf(f, "names_dirs %llu\n", (unsigned long long)ns.dirs);
+	fprintf(f, "names_counted %llu\n", (unsigned long long)ns.names);
+	fprintf(f, "names_absent_answers %llu\n", (unsigned long long)ns.absent);
+	fprintf(f, "names_resets %llu\n", (unsigned long long)ns.resets);
 	/* The shared engine: the writer's lease and the connection. */
 	if (objstore_creds_info(md->store, &ci) == 0) {
 		/* Where the keys come from and how refreshing them goes; never a secret. */

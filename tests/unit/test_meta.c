@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "meta.h"
+#include "meta_names.h"
 #include "tmp_dir.h"
 #include "slice.h"
 
@@ -2947,4 +2948,105 @@ Test(meta, counters_count_statements_and_round_trips)
 #else
 	cr_assert_eq(r1, 0);
 #endif
+}
+
+/* Looks parent/name up: its inode, or 0 for ENOENT; *stmts says how many
+ * statements the lookup ran. */
+static uint64_t look(uint64_t parent, const char *name, uint64_t *stmts)
+{
+	struct meta_attr a;
+	uint64_t s0, s1, r;
+	int rc;
+
+	meta_counters(m, &s0, &r);
+	rc = meta_lookup(m, parent, name, &a);
+	meta_counters(m, &s1, &r);
+	*stmts = s1 - s0;
+	cr_assert(rc == 0 || rc == -ENOENT, "lookup %s: %d", name, rc);
+	return rc == 0 ? a.ino : 0;
+}
+
+/* With meta_names_keep, absent names of a directory made here are answered
+ * without a statement, and every change that makes, moves or removes a name
+ * keeps the answers right (ext4's answers for the same steps). */
+Test(meta, kept_names_answer_absent_lookups_and_follow_every_change)
+{
+	struct meta_names_stats ns;
+	uint64_t d, s, a, b, x, y, n;
+
+	cr_assert_eq(meta_names_keep(m, 1000), 0);
+	cr_assert_eq(meta_names_keep(m, 1000), -EINVAL);
+	/* The root was not made here: the database answers. */
+	cr_assert_eq(look(META_ROOT_INO, "nothing", &n), 0);
+	cr_assert_gt(n, 0);
+	d = mk(META_ROOT_INO, "d", S_IFDIR | 0755);
+	cr_assert_eq(look(d, "a", &n), 0);
+	cr_assert_eq(n, 0, "an absent name in a directory made here ran %llu statements",
+		     (unsigned long long)n);
+	a = mk(d, "a", S_IFREG | 0644);
+	b = mk(d, "b", S_IFREG | 0644);
+	cr_assert_eq(look(d, "a", &n), a);
+	cr_assert_eq(look(d, "b", &n), b);
+	cr_assert_eq(look(d, "c", &n), 0);
+	cr_assert_eq(n, 0);
+	cr_assert_eq(meta_create(m, d, "a", S_IFREG | 0644, 1, 1, 0, NULL, NULL), -EEXIST);
+	cr_assert_eq(look(d, "a", &n), a);
+
+	/* link, rename, rename over a name, exchange, noreplace */
+	cr_assert_eq(meta_link(m, a, d, "l", NULL), 0);
+	cr_assert_eq(look(d, "l", &n), a);
+	cr_assert_eq(meta_rename(m, d, "a", d, "c", 0, NULL), 0);
+	cr_assert_eq(look(d, "a", &n), 0);
+	cr_assert_eq(n, 0);
+	cr_assert_eq(look(d, "c", &n), a);
+	cr_assert_eq(meta_rename(m, d, "b", d, "c", 0, NULL), 0);
+	cr_assert_eq(look(d, "b", &n), 0);
+	cr_assert_eq(look(d, "c", &n), b);
+	cr_assert_eq(look(d, "l", &n), a);
+	/* Two names of one inode: rename does nothing, both stay. */
+	cr_assert_eq(meta_link(m, b, d, "b2", NULL), 0);
+	cr_assert_eq(meta_rename(m, d, "c", d, "b2", 0, NULL), 0);
+	cr_assert_eq(look(d, "c", &n), b);
+	cr_assert_eq(look(d, "b2", &n), b);
+	x = mk(d, "x", S_IFREG | 0644);
+	y = mk(d, "y", S_IFDIR | 0755);
+	cr_assert_eq(meta_rename(m, d, "x", d, "y", META_RENAME_EXCHANGE, NULL), 0);
+	cr_assert_eq(look(d, "x", &n), y);
+	cr_assert_eq(look(d, "y", &n), x);
+	cr_assert_eq(meta_rename(m, d, "x", d, "y", META_RENAME_NOREPLACE, NULL), -EEXIST);
+	cr_assert_eq(look(d, "x", &n), y);
+
+	/* Into and out of another directory made here, and the root. */
+	s = mk(d, "s", S_IFDIR | 0755);
+	cr_assert_eq(meta_rename(m, d, "l", s, "l", 0, NULL), 0);
+	cr_assert_eq(look(d, "l", &n), 0);
+	cr_assert_eq(look(s, "l", &n), a);
+	cr_assert_eq(meta_rename(m, s, "l", META_ROOT_INO, "top", 0, NULL), 0);
+	cr_assert_eq(look(s, "l", &n), 0);
+	cr_assert_eq(n, 0);
+	cr_assert_eq(look(META_ROOT_INO, "top", &n), a);
+	cr_assert_eq(meta_rename(m, META_ROOT_INO, "top", s, "back", 0, NULL), 0);
+	cr_assert_eq(look(s, "back", &n), a);
+
+	/* unlink, rmdir, a directory replaced by a rename */
+	cr_assert_eq(meta_unlink(m, d, "c", NULL), 0);
+	cr_assert_eq(look(d, "c", &n), 0);
+	cr_assert_eq(look(d, "b2", &n), b);
+	cr_assert_eq(meta_unlink(m, s, "back", NULL), 0);
+	cr_assert_eq(meta_rename(m, d, "x", d, "s", 0, NULL), 0); /* empty s replaced */
+	cr_assert_eq(look(d, "x", &n), 0);
+	cr_assert_eq(look(d, "s", &n), y);
+	cr_assert_eq(meta_lookup(m, s, "anything", NULL), -ENOENT);
+	cr_assert_eq(meta_rmdir(m, d, "s", NULL), 0);
+	cr_assert_eq(look(d, "s", &n), 0);
+	cr_assert_eq(meta_create(m, y, "late", S_IFREG | 0644, 1, 1, 0, NULL, NULL), -ENOENT);
+
+	/* What the engine holds agrees with every answer. */
+	char q[96];
+	snprintf(q, sizeof(q), "SELECT COUNT(*) FROM dentry WHERE parent = %llu",
+		 (unsigned long long)d);
+	cr_assert_eq(raw_int(q), 2, "b2 and y");
+	meta_names_stats(m, &ns);
+	cr_assert_geq(ns.absent, 8);
+	cr_assert_geq(ns.dirs, 1);
 }
