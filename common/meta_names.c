@@ -30,7 +30,16 @@ struct meta_names {
 	struct name_slot *names;
 	size_t name_slots, name_used;
 	uint64_t nnames;
-	uint64_t absent, resets;
+	uint64_t absent, resets, scans;
+	/* Bumped by every change of a name anywhere: a listing that saw one
+	 * begin during it cannot tell whether it saw the name. */
+	uint64_t epoch;
+	/* The listing in progress (scan.dir 0: none). */
+	struct {
+		uint64_t dir, epoch, next_after;
+		uint64_t *keys;
+		size_t n, cap;
+	} scan;
 };
 
 static uint64_t mix(uint64_t x)
@@ -71,6 +80,7 @@ void meta_names_free(struct meta_names *s)
 	if (s == NULL)
 		return;
 	pthread_mutex_destroy(&s->lock);
+	free(s->scan.keys);
 	free(s->dirs);
 	free(s->names);
 	free(s);
@@ -209,21 +219,20 @@ void meta_names_forget(struct meta_names *s)
 	if (s == NULL)
 		return;
 	pthread_mutex_lock(&s->lock);
+	s->epoch++;
 	reset(s);
 	pthread_mutex_unlock(&s->lock);
 }
 
-void meta_names_dir_made(struct meta_names *s, uint64_t dir)
+/* 0, or -ENOMEM (then the set was reset). */
+static int dir_learn(struct meta_names *s, uint64_t dir)
 {
 	bool found;
 	size_t i;
 
-	if (s == NULL || dir == DIR_EMPTY || dir == DIR_GONE)
-		return;
-	pthread_mutex_lock(&s->lock);
 	if ((s->dir_used + 1) * 2 > s->dir_slots && dirs_grow(s) < 0) {
 		reset(s);
-		goto out;
+		return -ENOMEM;
 	}
 	i = dir_find(s, dir, &found);
 	if (!found) {
@@ -232,7 +241,15 @@ void meta_names_dir_made(struct meta_names *s, uint64_t dir)
 		s->dirs[i] = dir;
 		s->ndirs++;
 	}
-out:
+	return 0;
+}
+
+void meta_names_dir_made(struct meta_names *s, uint64_t dir)
+{
+	if (s == NULL || dir == DIR_EMPTY || dir == DIR_GONE)
+		return;
+	pthread_mutex_lock(&s->lock);
+	(void)dir_learn(s, dir);
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -241,35 +258,31 @@ void meta_names_dir_gone(struct meta_names *s, uint64_t dir)
 	if (s == NULL)
 		return;
 	pthread_mutex_lock(&s->lock);
+	s->epoch++;
 	dir_forget(s, dir);
 	pthread_mutex_unlock(&s->lock);
 }
 
-void meta_names_add(struct meta_names *s, uint64_t parent, const char *name, size_t nlen)
+/* Counts key, a name of the known directory parent (lock held). */
+static void count_key(struct meta_names *s, uint64_t parent, uint64_t key)
 {
-	uint64_t key = name_key(parent, name, nlen);
 	bool found;
 	size_t i;
 
-	if (s == NULL)
-		return;
-	pthread_mutex_lock(&s->lock);
-	if (!dir_known(s, parent))
-		goto out;
 	if (s->nnames >= s->max_names) {
 		reset(s);
 		s->resets++;
-		goto out;
+		return;
 	}
 	if ((s->name_used + 1) * 2 > s->name_slots && names_grow(s) < 0) {
 		reset(s);
-		goto out;
+		return;
 	}
 	i = name_find(s, key, &found);
 	if (found) {
 		if (s->names[i].count == UINT32_MAX) {
 			dir_forget(s, parent); /* cannot count it: unknown from now */
-			goto out;
+			return;
 		}
 		s->names[i].count++;
 	} else {
@@ -279,7 +292,18 @@ void meta_names_add(struct meta_names *s, uint64_t parent, const char *name, siz
 		s->names[i].count = 1;
 	}
 	s->nnames++;
-out:
+}
+
+void meta_names_add(struct meta_names *s, uint64_t parent, const char *name, size_t nlen)
+{
+	uint64_t key = name_key(parent, name, nlen);
+
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&s->lock);
+	s->epoch++;
+	if (dir_known(s, parent))
+		count_key(s, parent, key);
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -292,6 +316,7 @@ void meta_names_del(struct meta_names *s, uint64_t parent, const char *name, siz
 	if (s == NULL)
 		return;
 	pthread_mutex_lock(&s->lock);
+	s->epoch++;
 	if (dir_known(s, parent)) {
 		if (s->name_slots && (i = name_find(s, key, &found), found)) {
 			s->names[i].count--;
@@ -341,6 +366,76 @@ int meta_names_absent(struct meta_names *s, uint64_t parent, const char *name, s
 	return absent;
 }
 
+/* ---- listings ---- */
+
+void meta_names_scan(struct meta_names *s, uint64_t dir, uint64_t after)
+{
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&s->lock);
+	if (after == 0 && !dir_known(s, dir)) {
+		s->scan.dir = dir;
+		s->scan.epoch = s->epoch;
+		s->scan.next_after = 0;
+		s->scan.n = 0;
+	} else if (s->scan.dir == dir && s->scan.next_after != after) {
+		s->scan.dir = 0; /* not the listing's next part: it ends here */
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void meta_names_scan_name(struct meta_names *s, uint64_t dir, const char *name, size_t nlen,
+			  uint64_t cookie)
+{
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&s->lock);
+	if (s->scan.dir != dir)
+		goto out;
+	if (s->scan.n == s->scan.cap) {
+		size_t cap = s->scan.cap ? s->scan.cap * 2 : 256;
+		uint64_t *k = NULL;
+
+		if (cap > s->max_names)
+			cap = s->max_names;
+		if (cap > s->scan.n)
+			k = realloc(s->scan.keys, cap * sizeof(*k));
+		if (k == NULL) {
+			s->scan.dir = 0; /* too large to learn, or no memory */
+			goto out;
+		}
+		s->scan.keys = k;
+		s->scan.cap = cap;
+	}
+	s->scan.keys[s->scan.n++] = name_key(dir, name, nlen);
+	s->scan.next_after = cookie;
+out:
+	pthread_mutex_unlock(&s->lock);
+}
+
+void meta_names_scan_end(struct meta_names *s, uint64_t dir, uint64_t after)
+{
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&s->lock);
+	if (s->scan.dir != dir || s->scan.next_after != after || s->scan.epoch != s->epoch ||
+	    dir_known(s, dir))
+		goto done;
+	if (s->nnames + s->scan.n > s->max_names || dir_learn(s, dir) < 0)
+		goto done;
+	for (size_t i = 0; i < s->scan.n && dir_known(s, dir); i++)
+		count_key(s, dir, s->scan.keys[i]);
+	s->scans += dir_known(s, dir);
+done:
+	s->scan.dir = 0;
+	if (s->scan.cap > 4096) {
+		free(s->scan.keys); /* a large listing's buffer is not kept */
+		s->scan.keys = NULL;
+		s->scan.cap = 0;
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
 void meta_names_stats_get(struct meta_names *s, struct meta_names_stats *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -351,5 +446,6 @@ void meta_names_stats_get(struct meta_names *s, struct meta_names_stats *out)
 	out->names = s->nnames;
 	out->absent = s->absent;
 	out->resets = s->resets;
+	out->scans = s->scans;
 	pthread_mutex_unlock(&s->lock);
 }

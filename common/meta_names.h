@@ -28,6 +28,7 @@ struct meta_names_stats {
 	uint64_t dirs, names; /* directories known, names counted */
 	uint64_t absent;      /* lookups answered without the database */
 	uint64_t resets;      /* times the set outgrew its bound and started over */
+	uint64_t scans;       /* directories learnt from a whole listing */
 };
 
 /* max_names bounds the names counted (16 bytes each, at most half full):
@@ -50,6 +51,14 @@ void meta_names_del(struct meta_names *s, uint64_t parent, const char *name, siz
 void meta_names_taken(struct meta_names *s, uint64_t parent, const char *name, size_t nlen);
 /* 1 if parent is known and has no entry name; 0 if the database must say. */
 int meta_names_absent(struct meta_names *s, uint64_t parent, const char *name, size_t nlen);
+/* A listing of dir: a part that starts after cookie after (0: the start)
+ * is read; each name it hands out, with its cookie, in order; the part
+ * reached the end of dir after the cookie after. A listing read whole in
+ * order, with no name changed meanwhile, makes dir known. */
+void meta_names_scan(struct meta_names *s, uint64_t dir, uint64_t after);
+void meta_names_scan_name(struct meta_names *s, uint64_t dir, const char *name, size_t nlen,
+			  uint64_t cookie);
+void meta_names_scan_end(struct meta_names *s, uint64_t dir, uint64_t after);
 void meta_names_stats_get(struct meta_names *s, struct meta_names_stats *out);
 
 #endif

@@ -1802,6 +1802,7 @@ int meta_readdir(struct meta *m, uint64_t ino, uint64_t after, int plus, meta_re
 	page = malloc(READDIR_PAGE * sizeof(*page));
 	if (page == NULL)
 		return -ENOMEM;
+	meta_names_scan(m->names, ino, after);
 	/* Callbacks run with no statement open and no lock held (a batch's
 	 * reads hold write_lock), so they may call back in. */
 	for (;;) {
@@ -1820,9 +1821,13 @@ int meta_readdir(struct meta *m, uint64_t ino, uint64_t after, int plus, meta_re
 			after = page[i].cookie;
 			if (cb(arg, page[i].name, &page[i].attr, page[i].cookie) != 0)
 				goto out;
+			meta_names_scan_name(m->names, ino, page[i].name, strlen(page[i].name),
+					     page[i].cookie);
 		}
-		if (n < READDIR_PAGE)
+		if (n < READDIR_PAGE) {
+			meta_names_scan_end(m->names, ino, after);
 			break;
+		}
 	}
 out:
 	free(page);

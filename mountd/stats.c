@@ -62,6 +62,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "names_counted %llu\n", (unsigned long long)ns.names);
 	fprintf(f, "names_absent_answers %llu\n", (unsigned long long)ns.absent);
 	fprintf(f, "names_resets %llu\n", (unsigned long long)ns.resets);
+	fprintf(f, "names_scans %llu\n", (unsigned long long)ns.scans);
 	/* The shared engine: the writer's lease and the connection. */
 	if (objstore_creds_info(md->store, &ci) == 0) {
 		/* Where the keys come from and how refreshing them goes; never a secret. */

@@ -3050,3 +3050,44 @@ Test(meta, kept_names_answer_absent_lookups_and_follow_every_change)
 	cr_assert_geq(ns.absent, 8);
 	cr_assert_geq(ns.dirs, 1);
 }
+
+struct stop_after {
+	int left;
+};
+
+static int stop_after_cb(void *arg, const char *name, const struct meta_attr *a, uint64_t cookie)
+{
+	struct stop_after *sa = arg;
+
+	(void)name, (void)a, (void)cookie;
+	return sa->left-- > 0 ? 0 : 1;
+}
+
+/* A directory that was there before (the root here) is learnt from a
+ * listing read whole, not from one read in part. */
+Test(meta, kept_names_learn_a_directory_from_a_whole_listing)
+{
+	struct stop_after sa = { .left = 2 };
+	char name[16];
+	uint64_t n, f0 = 0;
+
+	for (int i = 0; i < 300; i++) { /* more than one page of the engine's */
+		snprintf(name, sizeof(name), "f%03d", i);
+		uint64_t ino = mk(META_ROOT_INO, name, S_IFREG | 0644);
+		if (i == 0)
+			f0 = ino;
+	}
+	cr_assert_eq(meta_names_keep(m, 10000), 0);
+	cr_assert_eq(meta_readdir(m, META_ROOT_INO, 0, 0, stop_after_cb, &sa), 0);
+	cr_assert_eq(look(META_ROOT_INO, "nothing", &n), 0);
+	cr_assert_gt(n, 0, "a listing read in part taught it the directory");
+	sa.left = 1000;
+	cr_assert_eq(meta_readdir(m, META_ROOT_INO, 0, 1, stop_after_cb, &sa), 0);
+	cr_assert_eq(look(META_ROOT_INO, "nothing", &n), 0);
+	cr_assert_eq(n, 0);
+	cr_assert_eq(look(META_ROOT_INO, "f000", &n), f0);
+	cr_assert_neq(look(META_ROOT_INO, "f299", &n), 0);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "f000", NULL), 0);
+	cr_assert_eq(look(META_ROOT_INO, "f000", &n), 0);
+	cr_assert_eq(n, 0);
+}

@@ -125,3 +125,63 @@ Test(meta_names, removals_and_adds_keep_the_table_right_as_it_grows)
 	cr_assert_eq(st.names, 0);
 	cr_assert_eq(st.dirs, 10);
 }
+
+static void list(uint64_t dir, const char *const *names, int n, uint64_t first_cookie)
+{
+	meta_names_scan(s, dir, 0);
+	for (int i = 0; i < n; i++)
+		meta_names_scan_name(s, dir, names[i], strlen(names[i]), first_cookie + (uint64_t)i);
+	meta_names_scan_end(s, dir, first_cookie + (uint64_t)n - 1);
+}
+
+Test(meta_names, a_whole_listing_with_nothing_changed_makes_a_directory_known)
+{
+	static const char *const names[] = { "a", "b", "c" };
+	struct meta_names_stats st;
+
+	list(20, names, 3, 5);
+	cr_assert_eq(absent(20, "a"), 0);
+	cr_assert_eq(absent(20, "c"), 0);
+	cr_assert_eq(absent(20, "d"), 1);
+	meta_names_stats_get(s, &st);
+	cr_assert_eq(st.scans, 1);
+	cr_assert_eq(st.names, 3);
+
+	/* A name changed anywhere during the listing: it teaches nothing. */
+	meta_names_scan(s, 21, 0);
+	meta_names_scan_name(s, 21, "a", 1, 1);
+	meta_names_add(s, 99, "x", 1);
+	meta_names_scan_name(s, 21, "b", 1, 2);
+	meta_names_scan_end(s, 21, 2);
+	cr_assert_eq(absent(21, "z"), 0);
+
+	/* Parts out of order, or one missing: nothing learnt. */
+	meta_names_scan(s, 22, 0);
+	meta_names_scan_name(s, 22, "a", 1, 1);
+	meta_names_scan(s, 22, 7);
+	meta_names_scan_name(s, 22, "b", 1, 8);
+	meta_names_scan_end(s, 22, 8);
+	cr_assert_eq(absent(22, "z"), 0);
+
+	/* In parts, each starting where the last ended: learnt. */
+	meta_names_scan(s, 23, 0);
+	meta_names_scan_name(s, 23, "a", 1, 1);
+	meta_names_scan(s, 23, 1);
+	meta_names_scan_name(s, 23, "b", 1, 4);
+	meta_names_scan(s, 23, 4);
+	meta_names_scan_end(s, 23, 4);
+	cr_assert_eq(absent(23, "b"), 0);
+	cr_assert_eq(absent(23, "z"), 1);
+
+	/* An empty directory listed whole. */
+	meta_names_scan(s, 24, 0);
+	meta_names_scan_end(s, 24, 0);
+	cr_assert_eq(absent(24, "z"), 1);
+
+	/* Larger than the bound: not learnt. */
+	meta_names_scan(s, 25, 0);
+	for (int i = 0; i < 200; i++)
+		meta_names_scan_name(s, 25, "n", 1, (uint64_t)i + 1);
+	meta_names_scan_end(s, 25, 200);
+	cr_assert_eq(absent(25, "z"), 0);
+}
