@@ -1533,7 +1533,13 @@ static int do_rename(struct conn *c, void *p)
 	rc = entry_get(c, a->parent, a->name, a->nlen, &src);
 	if (rc)
 		return rc;
-	rc = entry_get(c, a->newparent, a->newname, a->newnlen, &tgt);
+	/* A replay runs before or behind what the names set holds: only a
+	 * change made now may take its answer. */
+	if (!meta_tl_replaying && c->m != NULL &&
+	    meta_names_absent(c->m->names, a->newparent, a->newname, a->newnlen))
+		rc = -ENOENT;
+	else
+		rc = entry_get(c, a->newparent, a->newname, a->newnlen, &tgt);
 	if (rc && rc != -ENOENT)
 		return rc;
 	have_tgt = rc == 0;
