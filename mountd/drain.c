@@ -162,7 +162,7 @@ static bool target_step(struct drain *d, struct target *t)
 			done = true;
 		}
 	}
-	if (t->kind == T_OPEN) {
+	if (t->kind == T_OPEN && !done) {
 		uint64_t size = 0;
 		struct timespec mt;
 
