@@ -449,12 +449,12 @@ Test(drain, open_files_closed_before_their_turn)
 	for (int round = 0; round < 3; round++) {
 		for (int k = 0; k < NBIG; k++) {
 			snprintf(name, sizeof(name), "big%d-%d", round, k);
-			fbig[k] = OK(open(mp(name), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+			fbig[k] = OK(open(mp("%s", name), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
 			fm_pwrite_all(fbig[k], b, big, 0);
 		}
 		for (int k = 0; k < NSMALL; k++) {
 			snprintf(name, sizeof(name), "small%d-%d", round, k);
-			fsmall[k] = OK(open(mp(name), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+			fsmall[k] = OK(open(mp("%s", name), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
 			fm_pwrite_all(fsmall[k], name, strlen(name), 0);
 			OK(fsync(fsmall[k]));
 		}
