@@ -172,6 +172,9 @@ struct meta_journal_stats {
 	uint64_t replayed;        /* records replayed at open or after a failed commit */
 	uint64_t replay_errors;   /* replayed records the database refused */
 	uint64_t commit_failures; /* batch commits that failed (then replayed) */
+	/* changes run again because the batch failed under them (an earlier
+	 * change's write, answered late, failed) */
+	uint64_t changes_retried;
 	uint64_t pending;         /* records journaled and not yet committed */
 };
 void meta_journal_stats_get(struct meta *m, struct meta_journal_stats *out);

@@ -484,16 +484,22 @@ static int batch_commit(struct meta *m)
 
 /*
  * Runs fn in the batch (write_lock held): opens the batch if needed, a
- * savepoint around fn, and r (if any) appended to the journal once fn went
- * through (result: a value fn made that the record must carry). Without r
- * the change is one that replay cannot make again, so the batch commits
- * before this returns.
+ * savepoint around fn in a replay, and r (if any) appended to the journal
+ * once fn went through (result: a value fn made that the record must
+ * carry). Without r the change is one that replay cannot make again, so
+ * the batch commits before this returns.
+ *
+ * A live change is acknowledged with its writes maybe unanswered (an
+ * engine may queue them: meta_db.h settle). One that fails later fails
+ * whatever statement reads its answer, maybe in the next change, and the
+ * batch with it: the journal makes the batch again, and that next change,
+ * which did not fail itself, runs once more in the new batch.
  */
 int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn_fn fn,
 		     void *arg)
 {
 	struct timespec now;
-	bool journaled = false;
+	bool journaled = false, retried = false;
 	/* A change that fails after writing part of itself must leave nothing
 	 * behind. A savepoint around each costs two statements more than the
 	 * change itself, so only a replay takes one (a record it cannot make
@@ -503,13 +509,17 @@ int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn
 	 * database does (full disk, I/O): their checks come before their
 	 * writes. */
 	bool savepoint = meta_tl_replaying;
-	int64_t changes = 0;
+	int64_t changes = 0, inherited;
 	struct ctr ctr0;
 	int rc;
 
+again:
 	rc = batch_begin(m);
 	if (rc)
 		return rc;
+	/* Writes of earlier changes still unanswered: a failure among them
+	 * may surface in this one. */
+	inherited = m->bc->drv->change_start(m->bc);
 	if (savepoint) {
 		rc = exec_st(m->bc, ST_SAVEPOINT);
 		if (rc)
@@ -527,9 +537,9 @@ int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn
 		meta_tl_now = &now;
 		meta_tl_seq = r != NULL ? m->jseq + 1 : 0;
 		rc = fn(m->bc, arg);
-		/* Every write of the change answered before it is acknowledged
-		 * (an engine may have queued some: meta_db.h settle). */
-		if (rc == 0)
+		/* Not journaled, so not made again: answered before it is
+		 * acknowledged. */
+		if (rc == 0 && r == NULL)
 			rc = m->bc->drv->settle(m->bc);
 		meta_tl_seq = 0;
 		meta_tl_now = NULL;
@@ -581,6 +591,13 @@ broken:
 		batch_lost(m); /* makes the batch again from the journal */
 	if (journaled)
 		return 0; /* so this change is made (or will be: see m->stuck) */
+	if (!meta_tl_replaying && inherited > 0 && !retried && !m->stuck) {
+		/* Maybe an earlier change's failure: the batch is made again
+		 * without it; this change gets a turn of its own. */
+		retried = true;
+		m->js.changes_retried++;
+		goto again;
+	}
 	return rc == -EAGAIN ? -EIO : rc;
 }
 

@@ -154,9 +154,16 @@ struct db_driver {
 	 * did, or may yet. */
 	int (*expect_changes)(struct conn *c, int64_t n, int err);
 	/* Reads what the database answered to every write sent on c so far
-	 * (meta_pg.c queues some): the first failure among them, or 0. The
-	 * batch settles each change before it acknowledges it. */
+	 * (meta_pg.c queues some): the first failure among them, or 0. A
+	 * replay settles each change, so that a failure is its own; a live
+	 * change of the batch is acknowledged once journaled, with its writes
+	 * unanswered (meta_batch.c: a write that fails later loses the batch,
+	 * which the journal makes again). */
 	int (*settle)(struct conn *c);
+	/* A change starts on c: how many writes of earlier ones are still
+	 * unanswered (0: none). Their answers, read later, no longer move
+	 * total_changes. */
+	int64_t (*change_start)(struct conn *c);
 	/* Rows changed on c since it was opened (goes up, never down). */
 	int64_t (*total_changes)(struct conn *c);
 	/* c is inside a transaction that can still commit: false when the

@@ -22,9 +22,13 @@
  * libpq's pipeline instead of waited for; the next statement that needs
  * an answer (a read, COMMIT, changes()) goes in the same pipeline and one
  * exchange brings every result back. A queued write that failed fails
- * that statement (the transaction is then lost, as after any error). The
- * batch settles each change (pg_settle) before it acknowledges it, so a
- * change is never acknowledged with a write of it unanswered.
+ * that statement (the transaction is then lost, as after any error; so
+ * is one whose row count was not the one expected: doomed). A change of
+ * the batch is acknowledged once it is journaled, its writes maybe still
+ * unanswered: a create in a directory whose names this mount knows costs
+ * no exchange at all. One of them that fails later loses the batch, which
+ * the journal makes again (meta_batch.c); a replay settles each change
+ * (pg_settle), so that its failure is its own.
  *
  * Durability: a batched connection commits with synchronous_commit off;
  * meta_sync() ends with a commit that waits for the server's WAL flush,
@@ -90,7 +94,11 @@ struct pg_conn {
 	 * or the rest of the transaction would commit piece by piece. */
 	bool txn;
 	bool lost; /* the server hung up (or stopped answering) */
+	/* A queued write changed other rows than it had to (expect_changes):
+	 * the server does not know, so nothing but a rollback may follow. */
+	bool doomed;
 	int queued; /* writes sent in the pipeline whose results are not read */
+	int earlier; /* the first of them, queued before the change running */
 	bool last_queued; /* the last statement run is the queue's last */
 	/* The rows each queued write must have changed (expect_changes), -1:
 	 * any, and the failure if it did not. */
@@ -461,7 +469,9 @@ static int reconnect(struct pg_conn *c)
 		return -EIO;
 	c->lost = false;
 	c->txn = false;
+	c->doomed = false;
 	c->queued = 0;
+	c->earlier = 0;
 	memset(c->prepared, 0, sizeof(c->prepared));
 	meta_conn_replaced(c->base.m);
 	return session_setup(c->pc, c->base.m->drv_state, c->batched) ? -EIO : 0;
@@ -543,6 +553,7 @@ static int begin_write(struct pg_conn *c)
 	if (PQresultStatus(res) == PGRES_TUPLES_OK) {
 		PQclear(res);
 		c->txn = true;
+		c->doomed = false;
 		return 0;
 	}
 	rc = conn_err(c, res);
@@ -573,10 +584,11 @@ static int64_t tag_changes(const PGresult *res)
  */
 static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going)
 {
-	int n = c->queued + (last != NULL), rc = 0;
+	int n = c->queued + (last != NULL), rc = 0, earlier = c->earlier;
 	PGresult *res;
 
 	c->queued = 0; /* c->expect[] is read below, before any is queued */
+	c->earlier = 0;
 	trip(c);
 	if (PQpipelineSync(c->pc) != 1) {
 		c->lost = true;
@@ -592,10 +604,15 @@ static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going)
 			any = true;
 			if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
 				c->changes = tag_changes(res);
-				c->total_changes += c->changes;
+				/* A write of an earlier change counts one row
+				 * from the change's start (pg_change_start). */
+				c->total_changes += q < earlier ? 1 : c->changes;
 				if (q < n - (last != NULL) && c->expect[q] >= 0 &&
-				    c->changes != c->expect[q] && rc == 0)
-					rc = c->expect_err[q]; /* a row that was (not) there */
+				    c->changes != c->expect[q]) {
+					c->doomed = true;
+					if (rc == 0)
+						rc = c->expect_err[q]; /* a row that was (not) there */
+				}
 				if (last && q == n - 1 && *last == NULL) {
 					*last = res;
 					continue;
@@ -661,6 +678,8 @@ static int run(struct pg_stmt *st)
 
 	if (st->id == ST_BEGIN)
 		return begin_write(c);
+	if (c->doomed && !undo)
+		return -EIO;
 	if (c->queued >= PG_QUEUE_MAX && (rc = pipe_end(c, NULL, false)) != 0)
 		return rc;
 	if (st->id < ST_COUNT && c->txn && !c->lost && queueable(st->id) && c->prepared[st->id])
@@ -732,6 +751,8 @@ static int run(struct pg_stmt *st)
 		st->res = NULL;
 		return rc;
 	}
+	if (undo)
+		c->doomed = false; /* what the doomed write did is undone */
 	c->changes = tag_changes(st->res);
 	c->total_changes += c->changes;
 	st->nrows = PQntuples(st->res);
@@ -872,7 +893,8 @@ static int pg_settle(struct conn *base)
 /* Queued writes count as one row each until their answers come (the
  * engine compares this before and after a change that failed, to know
  * whether it wrote anything; reading the answers here would cost the
- * exchange the pipeline saves). */
+ * exchange the pipeline saves), and those of earlier changes as one row
+ * after too (pg_change_start). */
 static int64_t pg_total_changes(struct conn *base)
 {
 	return pgc(base)->total_changes + pgc(base)->queued;
@@ -885,7 +907,16 @@ static bool pg_in_txn(struct conn *base)
 	struct pg_conn *c = pgc(base);
 	PGTransactionStatusType s = PQtransactionStatus(c->pc);
 
-	return !c->lost && (s == PQTRANS_INTRANS || (s == PQTRANS_ACTIVE && c->queued > 0));
+	return !c->lost && !c->doomed &&
+	       (s == PQTRANS_INTRANS || (s == PQTRANS_ACTIVE && c->queued > 0));
+}
+
+static int64_t pg_change_start(struct conn *base)
+{
+	struct pg_conn *c = pgc(base);
+
+	c->earlier = c->queued;
+	return c->queued;
 }
 
 static bool pg_txn_open(struct conn *base)
@@ -967,6 +998,7 @@ const struct db_driver meta_pg_driver = {
 	.changes = pg_changes,
 	.expect_changes = pg_expect_changes,
 	.settle = pg_settle,
+	.change_start = pg_change_start,
 	.total_changes = pg_total_changes,
 	.in_txn = pg_in_txn,
 	.txn_open = pg_txn_open,

@@ -396,8 +396,14 @@ static int dentry_insert(struct conn *c, uint64_t parent, const char *name, size
 	 * that went on writing past a taken name would have to be undone by a
 	 * savepoint, and a savepoint per change of a batch costs PostgreSQL a
 	 * subtransaction each (past 64 in a transaction, every snapshot on
-	 * the server pays for them). */
-	if (rc == 0 && db_changes(c) != 1)
+	 * the server pays for them). Unless the names set knows the name is
+	 * free (never in a replay, which runs before or behind it): then the
+	 * answer may come later, and a taken name after all fails the batch
+	 * (the replay refuses the record, and the set forgets what it knew). */
+	if (rc == 0 && !meta_tl_replaying && c->m != NULL &&
+	    meta_names_absent(c->m->names, parent, name, nlen))
+		rc = c->drv->expect_changes(c, 1, -EEXIST);
+	else if (rc == 0 && db_changes(c) != 1)
 		rc = -EEXIST; /* (parent, name) is taken; nothing was written */
 	else if (rc > 0)
 		rc = -EIO;

@@ -507,6 +507,12 @@ static int sq_settle(struct conn *c)
 	return 0; /* every statement was answered when it ran */
 }
 
+static int64_t sq_change_start(struct conn *c)
+{
+	(void)c;
+	return 0;
+}
+
 static int64_t sq_total_changes(struct conn *c)
 {
 	return sqlite3_total_changes64(sq(c)->db);
@@ -581,6 +587,7 @@ const struct db_driver meta_sqlite_driver = {
 	.changes = sq_changes,
 	.expect_changes = sq_expect_changes,
 	.settle = sq_settle,
+	.change_start = sq_change_start,
 	.total_changes = sq_total_changes,
 	.in_txn = sq_txn_open,
 	.txn_open = sq_txn_open,

@@ -56,6 +56,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "meta_batches %llu\n", (unsigned long long)js.batches);
 	fprintf(f, "meta_journal_replayed %llu\n", (unsigned long long)js.replayed);
 	fprintf(f, "meta_journal_replay_errors %llu\n", (unsigned long long)js.replay_errors);
+	fprintf(f, "meta_batch_changes_retried %llu\n", (unsigned long long)js.changes_retried);
 	struct meta_names_stats ns;
 	meta_names_stats(md->meta, &ns);
 	fprintf(f, "names_dirs %llu\n", (unsigned long long)ns.dirs);
