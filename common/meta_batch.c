@@ -418,6 +418,9 @@ static int batch_restore(struct meta *m)
 	if (m->jseq <= m->applied)
 		return 0;
 	rc = journal_replay(m, &n);
+	/* Its last writes answered too: a failure there is the replay's. */
+	if (rc == 0 && m->bc != NULL && m->bc->drv->txn_open(m->bc))
+		rc = m->bc->drv->settle(m->bc);
 	if (rc) {
 		if (m->bc != NULL && m->bc->drv->txn_open(m->bc))
 			exec_st(m->bc, ST_ROLLBACK);
@@ -451,8 +454,10 @@ static void batch_lost(struct meta *m)
  * again from the journal and stays open: the flusher tries again. */
 static int batch_commit(struct meta *m)
 {
+	bool retried = false;
 	int rc = 0;
 
+again:
 	batch_check(m);
 	if (!m->batch_open)
 		return 0;
@@ -464,7 +469,14 @@ static int batch_commit(struct meta *m)
 	if (rc) {
 		m->js.commit_failures++;
 		batch_lost(m);
-		return rc == -EAGAIN ? -EIO : rc;
+		/* Made again without what failed (a write answered late that
+		 * the database refused), or on a new connection: once more. */
+		if (!retried && !m->stuck && m->batch_open) {
+			retried = true;
+			goto again;
+		}
+		/* A rule's errno (a doomed write's EEXIST) is not the caller's. */
+		return rc == -EAGAIN || rc == -EEXIST ? -EIO : rc;
 	}
 	batch_closed(m);
 	atomic_fetch_add(&m->commits_made, 1);
@@ -499,7 +511,7 @@ int meta_batch_run(struct meta *m, struct mj_rec *r, const uint64_t *result, txn
 		     void *arg)
 {
 	struct timespec now;
-	bool journaled = false, retried = false;
+	bool journaled = false, retried = false, theirs;
 	/* A change that fails after writing part of itself must leave nothing
 	 * behind. A savepoint around each costs two statements more than the
 	 * change itself, so only a replay takes one (a record it cannot make
@@ -563,7 +575,11 @@ again:
 	if (savepoint ? !m->bc->drv->txn_open(m->bc) : !m->bc->drv->in_txn(m->bc))
 		goto broken;
 	if (rc) {
-		m->ctr = ctr0;
+		/* A replayed change's numbers were given out when it was
+		 * acknowledged (the kernel may hold its inode): a change the
+		 * database refuses now keeps them from being given again. */
+		if (!savepoint)
+			m->ctr = ctr0;
 		if (!savepoint) {
 			if (m->bc->drv->total_changes(m->bc) + (int64_t)m->hot_puts != changes)
 				batch_lost(m); /* made again from the journal, without this one */
@@ -587,13 +603,16 @@ again:
 broken:
 	if (rc == 0)
 		rc = -EIO;
+	/* An earlier change's write failed, and this change read it. */
+	theirs = !meta_tl_replaying && inherited > 0 && m->bc != NULL &&
+		 m->bc->drv->failed_earlier(m->bc);
 	if (!meta_tl_replaying)
 		batch_lost(m); /* makes the batch again from the journal */
 	if (journaled)
 		return 0; /* so this change is made (or will be: see m->stuck) */
-	if (!meta_tl_replaying && inherited > 0 && !retried && !m->stuck) {
-		/* Maybe an earlier change's failure: the batch is made again
-		 * without it; this change gets a turn of its own. */
+	if (theirs && !retried && !m->stuck) {
+		/* The batch is made again without what failed: this change
+		 * gets a turn of its own. */
 		retried = true;
 		m->js.changes_retried++;
 		goto again;
@@ -650,6 +669,11 @@ int meta_read_conn(struct meta *m, struct conn **out)
 		 * not take them): try again, so this read sees them. */
 		if (m->stuck && !m->batch_open)
 			batch_restore(m);
+		/* Answers to earlier changes' writes read first: a failure
+		 * among them is theirs, and the batch is made again without
+		 * it, rather than this read's. */
+		if (m->batch_open && m->bc->drv->settle(m->bc) != 0)
+			batch_lost(m);
 		if (m->batch_open) {
 			*out = m->bc;
 			return 0;

@@ -164,6 +164,9 @@ struct db_driver {
 	 * unanswered (0: none). Their answers, read later, no longer move
 	 * total_changes. */
 	int64_t (*change_start)(struct conn *c);
+	/* Since change_start, a statement on c failed with the answer to a
+	 * write of an earlier change, not one of its own. */
+	bool (*failed_earlier)(struct conn *c);
 	/* Rows changed on c since it was opened (goes up, never down). */
 	int64_t (*total_changes)(struct conn *c);
 	/* c is inside a transaction that can still commit: false when the

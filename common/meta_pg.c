@@ -99,6 +99,9 @@ struct pg_conn {
 	bool doomed;
 	int queued; /* writes sent in the pipeline whose results are not read */
 	int earlier; /* the first of them, queued before the change running */
+	/* The failure an answer brought was a write of an earlier change
+	 * (since pg_change_start). */
+	bool failed_earlier;
 	bool last_queued; /* the last statement run is the queue's last */
 	/* The rows each queued write must have changed (expect_changes), -1:
 	 * any, and the failure if it did not. */
@@ -610,8 +613,10 @@ static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going)
 				if (q < n - (last != NULL) && c->expect[q] >= 0 &&
 				    c->changes != c->expect[q]) {
 					c->doomed = true;
-					if (rc == 0)
+					if (rc == 0) {
 						rc = c->expect_err[q]; /* a row that was (not) there */
+						c->failed_earlier = q < earlier;
+					}
 				}
 				if (last && q == n - 1 && *last == NULL) {
 					*last = res;
@@ -622,6 +627,7 @@ static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going)
 					rc = -EIO; /* an earlier one failed: reported already */
 			} else if (rc == 0) {
 				rc = conn_err(c, res);
+				c->failed_earlier = q < earlier;
 			}
 			PQclear(res);
 		}
@@ -742,8 +748,10 @@ static int run(struct pg_stmt *st)
 		trip(c);
 		st->res = PQexecPrepared(c->pc, name, st->nparams, st->val, st->len, st->fmt, 1);
 	}
-	if (st->id == ST_COMMIT || st->id == ST_ROLLBACK)
+	if (st->id == ST_COMMIT || st->id == ST_ROLLBACK) {
 		c->txn = false; /* ended, whether or not it went through */
+		c->doomed = false;
+	}
 	s = PQresultStatus(st->res);
 	if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
 		rc = conn_err(c, st->res);
@@ -916,7 +924,13 @@ static int64_t pg_change_start(struct conn *base)
 	struct pg_conn *c = pgc(base);
 
 	c->earlier = c->queued;
+	c->failed_earlier = false;
 	return c->queued;
+}
+
+static bool pg_failed_earlier(struct conn *base)
+{
+	return pgc(base)->failed_earlier;
 }
 
 static bool pg_txn_open(struct conn *base)
@@ -999,6 +1013,7 @@ const struct db_driver meta_pg_driver = {
 	.expect_changes = pg_expect_changes,
 	.settle = pg_settle,
 	.change_start = pg_change_start,
+	.failed_earlier = pg_failed_earlier,
 	.total_changes = pg_total_changes,
 	.in_txn = pg_in_txn,
 	.txn_open = pg_txn_open,

@@ -513,6 +513,12 @@ static int64_t sq_change_start(struct conn *c)
 	return 0;
 }
 
+static bool sq_failed_earlier(struct conn *c)
+{
+	(void)c;
+	return false; /* every failure is the statement's that ran */
+}
+
 static int64_t sq_total_changes(struct conn *c)
 {
 	return sqlite3_total_changes64(sq(c)->db);
@@ -588,6 +594,7 @@ const struct db_driver meta_sqlite_driver = {
 	.expect_changes = sq_expect_changes,
 	.settle = sq_settle,
 	.change_start = sq_change_start,
+	.failed_earlier = sq_failed_earlier,
 	.total_changes = sq_total_changes,
 	.in_txn = sq_txn_open,
 	.txn_open = sq_txn_open,
