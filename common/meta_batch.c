@@ -669,11 +669,14 @@ int meta_read_conn(struct meta *m, struct conn **out)
 		 * not take them): try again, so this read sees them. */
 		if (m->stuck && !m->batch_open)
 			batch_restore(m);
-		/* Answers to earlier changes' writes read first: a failure
-		 * among them is theirs, and the batch is made again without
-		 * it, rather than this read's. */
-		if (m->batch_open && m->bc->drv->settle(m->bc) != 0)
-			batch_lost(m);
+		/* Writes of acknowledged changes may be unanswered: a read
+		 * that carries them and meets a failure among them fails
+		 * with EIO, not with that change's error, and the next
+		 * batch_check() makes the batch again. Reading the answers
+		 * first would cost most reads an exchange they do not
+		 * otherwise need (the held rows answer them). */
+		if (m->batch_open)
+			(void)m->bc->drv->change_start(m->bc);
 		if (m->batch_open) {
 			*out = m->bc;
 			return 0;

@@ -614,7 +614,10 @@ static int pipe_end(struct pg_conn *c, PGresult **last, bool keep_going)
 				    c->changes != c->expect[q]) {
 					c->doomed = true;
 					if (rc == 0) {
-						rc = c->expect_err[q]; /* a row that was (not) there */
+						/* A row that was (not) there: the
+						 * change's own error, or EIO to
+						 * whatever met another's. */
+						rc = q < earlier ? -EIO : c->expect_err[q];
 						c->failed_earlier = q < earlier;
 					}
 				}

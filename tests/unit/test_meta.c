@@ -3011,9 +3011,10 @@ static void foreign_name(uint64_t parent, const char *hexname, uint64_t ino, int
  * one): where the answer comes at once the create fails with EEXIST; in
  * PostgreSQL's batch the create was acknowledged, and its failure comes
  * with what reads next: the batch is made again from the journal, whose
- * replay refuses the create (counted). What read it, a read or a change,
- * did not fail itself: it goes through; and the refused create's inode
- * number, which the kernel may hold, is not given again. */
+ * replay refuses the create (counted). A change that met it did not fail
+ * itself: it runs again and goes through; a read fails with EIO. The
+ * refused create's inode number, which the kernel may hold, is not given
+ * again. */
 Test(meta, a_free_name_taken_behind_the_names_set_fails_one_change_only)
 {
 	struct meta_journal_stats js;
@@ -3027,13 +3028,17 @@ Test(meta, a_free_name_taken_behind_the_names_set_fails_one_change_only)
 	f = mk(META_ROOT_INO, "f", S_IFREG | 0644);
 	g = mk(META_ROOT_INO, "g", S_IFREG | 0644);
 
-	/* A read comes next. */
+	/* A read comes next, of a name the database answers for: it carries
+	 * the insert's answer and fails with EIO (not the create's EEXIST);
+	 * the next change makes the batch again. */
 	foreign_name(d, "78", g, 999999); /* d/x */
 	rc = meta_create(m, d, "x", S_IFREG | 0644, 1, 1, 0, NULL, &x);
 	cr_assert_eq(rc, ANSWER_COMES_LATER ? 0 : -EEXIST, "create: %d", rc);
+	rc = meta_lookup(m, META_ROOT_INO, "f", &a);
+	cr_assert_eq(rc, ANSWER_COMES_LATER ? -EIO : 0, "lookup: %d", rc);
+	h = mk(META_ROOT_INO, "h", S_IFREG | 0644);
 	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "f", &a), 0);
 	cr_assert_eq(a.ino, f);
-	h = mk(META_ROOT_INO, "h", S_IFREG | 0644);
 	if (ANSWER_COMES_LATER)
 		cr_assert_neq(h, x.ino, "the refused create's inode number was given again");
 
