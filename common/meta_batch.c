@@ -578,9 +578,8 @@ again:
 		/* A replayed change's numbers were given out when it was
 		 * acknowledged (the kernel may hold its inode): a change the
 		 * database refuses now keeps them from being given again. */
-		if (!savepoint)
-			m->ctr = ctr0;
 		if (!savepoint) {
+			m->ctr = ctr0;
 			if (m->bc->drv->total_changes(m->bc) + (int64_t)m->hot_puts != changes)
 				batch_lost(m); /* made again from the journal, without this one */
 			return rc;
@@ -675,9 +674,8 @@ int meta_read_conn(struct meta *m, struct conn **out)
 		 * batch_check() makes the batch again. Reading the answers
 		 * first would cost most reads an exchange they do not
 		 * otherwise need (the held rows answer them). */
-		if (m->batch_open)
-			(void)m->bc->drv->change_start(m->bc);
 		if (m->batch_open) {
+			(void)m->bc->drv->change_start(m->bc);
 			*out = m->bc;
 			return 0;
 		}
