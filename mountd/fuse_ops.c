@@ -754,13 +754,14 @@ static bool passthrough_allowed(struct mountd *md)
  * passthrough writer. A writer of a file that is empty at open (created,
  * O_TRUNC, or length 0) with nothing else staged starts one; so does a
  * writer of a file of copy_size bytes up to passthrough_copy_max, whose
- * content is copied in first (copy_size UINT64_MAX: not copyable).
+ * content is copied in first (copy_size UINT64_MAX: not copyable), from
+ * copy_src when that is not -1 (see wstate_copy_up).
  * created: the attributes of a file this request made (see open_file).
  * Caller holds i->lock.
  */
 static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file *of,
-			    bool empty, uint64_t copy_size, const struct meta_attr *created,
-			    struct fuse_file_info *fi)
+			    bool empty, uint64_t copy_size, int copy_src,
+			    const struct meta_attr *created, struct fuse_file_info *fi)
 {
 	struct wstate *w = i->w;
 	int id;
@@ -800,7 +801,7 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 		if (id > 0 && !empty) {
 			/* A file with content: the staging file gets all of it,
 			 * as the kernel will read and write it there. */
-			int rc = wstate_copy_up(md, i, copy_size);
+			int rc = wstate_copy_up(md, i, copy_size, copy_src);
 			if (rc < 0) {
 				atomic_fetch_add(&md->stats.copy_up_failures, 1);
 				log_errno(rc, "inode %llu: cannot copy %llu bytes into a staging "
@@ -901,6 +902,8 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 	struct open_file *of;
 	struct meta_attr a = { 0 };
 	struct inode *i;
+	uint64_t src_seq = 0, src_size = 0;
+	int src = -1; /* the last job's staging file, see below; closed here */
 	int rc = 0;
 
 	of = calloc(1, sizeof(*of));
@@ -917,6 +920,18 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 	if (rc < 0)
 		goto fail;
 	pthread_mutex_lock(&i->lock);
+	/* A writer of a file whose last close is being uploaded keeps that
+	 * job's staging file: once the commit is made it holds what a copy
+	 * into a new staging file would fetch from the store (the reconciler
+	 * removes it then, this fd keeps it). */
+	if (writer && !created && !(fi->flags & O_TRUNC) && md->pt_mode != PT_OFF) {
+		int fd = inflight_file(md, i);
+
+		if (fd >= 0 && (src = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+			src_seq = i->inflight_seq;
+			src_size = i->inflight_size;
+		}
+	}
 	/* Close-to-open: the last close's upload commits first, unless this
 	 * is a reader, which reads the job's staging file meanwhile. */
 	if (writer || (fi->flags & O_TRUNC) || inflight_file(md, i) < 0)
@@ -955,6 +970,21 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 	} else if (writer && !created && !i->w) {
 		rc = meta_getattr(md->meta, ino, &a);
 	}
+	/* The job's staging file is the committed file only if that job's
+	 * commit is the last change to its data (every change to committed
+	 * data moves layout_gen, under i->lock, which this thread holds). */
+	if (src >= 0) {
+		bool same;
+
+		pthread_mutex_lock(&i->layout_lock);
+		same = i->layout_gen == i->committed_gen;
+		pthread_mutex_unlock(&i->layout_lock);
+		if (rc < 0 || i->w || !same || i->committed_seq != src_seq || !a.ino ||
+		    a.size != src_size) {
+			close(src);
+			src = -1;
+		}
+	}
 	bool empty = created || (fi->flags & O_TRUNC) || (!i->w && a.ino && a.size == 0);
 	/* A writer of a file with content may copy it into staging: its size,
 	 * or UINT64_MAX where that cannot be. */
@@ -974,10 +1004,12 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 			rc = meta_setattr(md->meta, ino, kill, &in, NULL);
 	}
 	if (rc == 0)
-		rc = open_mode_locked(md, i, of, writer && empty, copy, created, fi);
+		rc = open_mode_locked(md, i, of, writer && empty, copy, src, created, fi);
 	if (rc == 0 && writer)
 		i->nwriters++;
 	pthread_mutex_unlock(&i->lock);
+	if (src >= 0)
+		close(src);
 	if (rc < 0) {
 		handle_remove(md->handles, of->fh, HANDLE_FILE);
 		goto fail;

@@ -74,6 +74,7 @@ struct stats {
 	_Atomic uint64_t staging_pool_returns; /* untouched files given back at close */
 	_Atomic uint64_t copy_ups, copy_up_bytes; /* non-empty files brought into staging at open */
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
+	_Atomic uint64_t copy_ups_from_staging; /* of copy_ups: from the last job's staging file */
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
 	_Atomic uint64_t reconciler_restarts;
@@ -214,9 +215,11 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 			     struct timespec mtime_floor, uint64_t meta_size);
 /* Fills the new passthrough staging file of an inode with the file's
  * committed content (size bytes; holes stay holes) and the fingerprints
- * of what it holds, so that commits store only what changes. Caller holds
- * ino->lock. */
-int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size);
+ * of what it holds, so that commits store only what changes. src (or -1):
+ * a file whose first size bytes are that content (the staging file of the
+ * job just committed), read instead of the read cache and the store.
+ * Caller holds ino->lock. */
+int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src);
 /* See write_back.c. */
 bool wstate_has_prints(const struct wstate *w);
 /* The ranges of a passthrough staging file (its first size bytes) that
@@ -593,6 +596,11 @@ struct inode {
 	int inflight_fd;
 	uint64_t inflight_fd_seq; /* the job inflight_fd belongs to */
 	bool inflight_whole;      /* its staging file holds every byte of the file */
+	/* The last job of this inode the reconciler committed, and layout_gen
+	 * right after that commit: while layout_gen is still that, the
+	 * committed file is that job's staging file byte for byte (a writer's
+	 * open copies it from there, open_file()). */
+	uint64_t committed_seq, committed_gen;
 	/* The size and times of the last attributes replied while the inode had
 	 * staged or in-flight data (overlay_locked): a commit that leaves the
 	 * metadata at exactly these need not drop the kernel's cache. */

@@ -164,6 +164,12 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 		       after.size == i->told_size && timespec_eq(&after.mtime, &i->told_mtime) &&
 		       timespec_eq(&after.ctime, &i->told_ctime);
 		i->inflight_seq = 0;
+		if (!r->error) {
+			i->committed_seq = r->seq;
+			pthread_mutex_lock(&i->layout_lock);
+			i->committed_gen = i->layout_gen; /* layout_forget()'s, above */
+			pthread_mutex_unlock(&i->layout_lock);
+		}
 		if (i->inflight_fd >= 0) {
 			close(i->inflight_fd); /* readers read the committed file now */
 			i->inflight_fd = -1;

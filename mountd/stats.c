@@ -118,6 +118,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(staging_pool_returns);
 	FIG(copy_ups);
 	FIG(copy_up_bytes);
+	FIG(copy_ups_from_staging);
 	FIG(copy_up_too_big);
 	FIG(copy_up_failures);
 	FIG(writeback_bypassed);

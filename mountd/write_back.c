@@ -692,7 +692,30 @@ out:
 	return rc;
 }
 
-int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size)
+/* Reads len bytes at `at` of the file being copied up: from src (see
+ * wstate_copy_up) when given, else through the read path. */
+static int copy_up_read(struct mountd *md, struct inode *ino, uint64_t size, int src, char *buf,
+			uint32_t len, uint64_t at)
+{
+	ssize_t n;
+
+	if (src < 0) {
+		n = file_read(md, NULL, ino, size, buf, len, (off_t)at);
+		return n < 0 ? (int)n : (uint32_t)n == len ? 0 : -EIO;
+	}
+	for (uint32_t got = 0; got < len; got += (uint32_t)n) {
+		n = pread(src, buf + got, len - got, (off_t)(at + got));
+		if (n < 0 && errno == EINTR) {
+			n = 0;
+			continue;
+		}
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+	}
+	return 0;
+}
+
+int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src)
 {
 	struct wstate *w = ino->w;
 	uint32_t bs = md->vol.block_size;
@@ -706,26 +729,26 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size)
 		rc = -ENOMEM;
 		goto out;
 	}
+	struct stat st;
+
+	/* A source shorter than the file would end the copy early: the read
+	 * path is used instead (never expected: the job's file has its size). */
+	if (src >= 0 && (fstat(src, &st) < 0 || (uint64_t)st.st_size < size))
+		src = -1;
 	if (ftruncate(w->fd, (off_t)size) < 0) {
 		rc = -errno;
 		goto out;
 	}
-	/* Block by block through the read path (read cache, then the store);
-	 * zeros stay holes in the staging file. The fingerprints are what the
-	 * file's committed layout holds, so a commit stores only what the
-	 * writer changes. */
+	/* Block by block through the read path (read cache, then the store)
+	 * or from src; zeros stay holes in the staging file. The fingerprints
+	 * are what the file's committed layout holds, so a commit stores only
+	 * what the writer changes. */
 	for (uint64_t at = 0; at < size; at += bs) {
 		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
-		ssize_t n = file_read(md, NULL, ino, size, buf, len, (off_t)at);
 
-		if (n < 0) {
-			rc = (int)n;
+		rc = copy_up_read(md, ino, size, src, buf, len, at);
+		if (rc < 0)
 			goto out;
-		}
-		if ((uint32_t)n != len) {
-			rc = -EIO;
-			goto out;
-		}
 		for (uint32_t off = 0; off < len; off += unit, u++) {
 			uint32_t ulen = len - off < unit ? len - off : unit;
 
@@ -758,6 +781,8 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size)
 	w->size_changed = false;
 	atomic_fetch_add(&md->stats.copy_ups, 1);
 	atomic_fetch_add(&md->stats.copy_up_bytes, size);
+	if (src >= 0)
+		atomic_fetch_add(&md->stats.copy_ups_from_staging, 1);
 out:
 	free(np);
 	free(buf);

@@ -914,6 +914,52 @@ Test(passthrough, existing_file_gets_passthrough_and_uploads_only_changes)
 	free(want);
 }
 
+/*
+ * A file reopened for writing while its last close's upload is in flight
+ * is copied, once the commit is made, from that upload's staging file, not
+ * fetched back from the store; the writes of the reopen land on that copy
+ * and its commit stores only the units they changed.
+ */
+Test(passthrough, a_reopen_during_the_upload_copies_from_its_staging_file)
+{
+	const uint64_t size = 9 * MiB + 777;
+	unsigned char *want = malloc(size);
+	uint64_t h0, cu0, cs0, miss0, up0;
+	int fd;
+
+	cr_assert(want);
+	/* Uploads wait until someone needs them: the reopen below always
+	 * comes while the first close's upload is in flight. */
+	remount_with("upload_quiet_ms=600000,upload_delay_max_ms=600000");
+	h0 = stat_of("handoffs");
+	write_pattern(mp("r"), 47, size, MiB);
+	fill(47, want, size, 0);
+	handed_over_since(h0);
+	cr_assert_eq(stat_of("reconcile_committed_total"), 0);
+	cu0 = stat_of("copy_ups");
+	cs0 = stat_of("copy_ups_from_staging");
+	miss0 = stat_of("cache_misses");
+	up0 = stat_of("reconcile_upload_bytes_total") + stat_of("bytes_uploaded");
+	fd = OK(open(mp("r"), O_RDWR));
+	cr_assert_eq(stat_of("reconcile_committed_total"), 1, "the reopen did not wait for the commit");
+	cr_assert_eq(stat_of("copy_ups"), cu0 + 1);
+	cr_assert_eq(stat_of("copy_ups_from_staging"), cs0 + 1, "not copied from the staging file");
+	cr_assert_eq(stat_of("cache_misses"), miss0, "the copy fetched objects from the store");
+	/* What the first close uploaded: the whole file. */
+	cr_assert_geq(stat_of("reconcile_upload_bytes_total") + stat_of("bytes_uploaded") - up0, size);
+	memset(want + 3 * MiB + 5, 'x', 5000);
+	fm_pwrite_all(fd, want + 3 * MiB + 5, 5000, 3 * MiB + 5);
+	memset(want + size - 10, 'y', 10);
+	fm_pwrite_all(fd, want + size - 10, 10, (off_t)(size - 10));
+	OK(close(fd));
+	up0 = stat_of("reconcile_upload_bytes_total") + stat_of("bytes_uploaded");
+	/* Two 64 KiB units changed, the last one short. */
+	cr_assert_leq(uploaded_after(mp("r")) - up0, 2 * (64 << 10));
+	fm_remount_cold();
+	fm_expect_content(mp("r"), want, size);
+	free(want);
+}
+
 /* Opening for write and closing without writing changes nothing: no upload,
  * the same mtime (as ext4). */
 Test(passthrough, write_open_without_writes_changes_nothing)
