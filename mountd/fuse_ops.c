@@ -318,7 +318,7 @@ static int inflight_wait(struct mountd *md, struct inode *i, const char *what)
  * the file is gone already (the commit is being reported: wait for it).
  * Caller holds i->lock.
  */
-static int inflight_file(struct mountd *md, struct inode *i)
+static int inflight_file_for(struct mountd *md, struct inode *i, bool reader)
 {
 	char name[RECONCILE_NAME_MAX + 1];
 	int fd;
@@ -338,8 +338,14 @@ static int inflight_file(struct mountd *md, struct inode *i)
 		return -1;
 	i->inflight_fd = fd;
 	i->inflight_fd_seq = i->inflight_seq;
-	atomic_fetch_add(&md->stats.inflight_reads, 1);
+	if (reader)
+		atomic_fetch_add(&md->stats.inflight_reads, 1);
 	return fd;
+}
+
+static int inflight_file(struct mountd *md, struct inode *i)
+{
+	return inflight_file_for(md, i, true);
 }
 
 /* Reads [off, off+len) of the file from its staging file in flight (fd),
@@ -924,8 +930,9 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 	 * job's staging file: once the commit is made it holds what a copy
 	 * into a new staging file would fetch from the store (the reconciler
 	 * removes it then, this fd keeps it). */
-	if (writer && !created && !(fi->flags & O_TRUNC) && md->pt_mode != PT_OFF) {
-		int fd = inflight_file(md, i);
+	if (writer && !created && !(fi->flags & O_TRUNC) && md->pt_mode != PT_OFF &&
+	    i->ncached == 0 && i->inflight_size <= md->pt_copy_max) {
+		int fd = inflight_file_for(md, i, false);
 
 		if (fd >= 0 && (src = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
 			src_seq = i->inflight_seq;
@@ -970,14 +977,16 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 	} else if (writer && !created && !i->w) {
 		rc = meta_getattr(md->meta, ino, &a);
 	}
-	/* The job's staging file is the committed file only if that job's
-	 * commit is the last change to its data (every change to committed
-	 * data moves layout_gen, under i->lock, which this thread holds). */
+	/* The job's staging file is the committed file only if the
+	 * reconciler reported that job's commit and it is the last change to
+	 * the data (every change to committed data moves layout_gen, under
+	 * i->lock, which this thread holds), and no job left by an earlier run
+	 * may still commit unannounced (layout_ready). */
 	if (src >= 0) {
 		bool same;
 
 		pthread_mutex_lock(&i->layout_lock);
-		same = i->layout_gen == i->committed_gen;
+		same = i->layout_gen == i->committed_gen && atomic_load(&md->layout_ready);
 		pthread_mutex_unlock(&i->layout_lock);
 		if (rc < 0 || i->w || !same || i->committed_seq != src_seq || !a.ino ||
 		    a.size != src_size) {

@@ -125,7 +125,9 @@ static bool rclient_lock_with_room(struct mountd *md, int timeout_ms)
 	return false;
 }
 
-static void job_committed(struct mountd *md, const struct reconcile_reply *r)
+/* seen: the reconciler said so; else a restart found the job's files gone
+ * and takes it as finished, maybe without its commit. */
+static void job_committed(struct mountd *md, const struct reconcile_reply *r, bool seen)
 {
 	struct inode *i = inode_ref_existing(md, r->ino);
 	bool ours = false, keep = false;
@@ -164,7 +166,7 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r)
 		       after.size == i->told_size && timespec_eq(&after.mtime, &i->told_mtime) &&
 		       timespec_eq(&after.ctime, &i->told_ctime);
 		i->inflight_seq = 0;
-		if (!r->error) {
+		if (!r->error && seen) {
 			i->committed_seq = r->seq;
 			pthread_mutex_lock(&i->layout_lock);
 			i->committed_gen = i->layout_gen; /* layout_forget()'s, above */
@@ -323,7 +325,7 @@ out:
 	 * reader of .stats who sees it up with nothing staged must also see
 	 * those jobs committed. */
 	for (size_t k = 0; k < ndone; k++)
-		job_committed(md, &done[k]);
+		job_committed(md, &done[k], false);
 	free(done);
 	if (rc == 0) {
 		atomic_store(&md->rc_up, true);
@@ -354,7 +356,7 @@ static void *reader_main(void *arg)
 		}
 		switch (r.type) {
 		case RECONCILE_REPLY_COMMITTED:
-			job_committed(md, &r);
+			job_committed(md, &r, true);
 			break;
 		case RECONCILE_REPLY_RETRYING:
 			job_retrying(md, &r);

@@ -692,27 +692,31 @@ out:
 	return rc;
 }
 
-/* Reads len bytes at `at` of the file being copied up: from src (see
- * wstate_copy_up) when given, else through the read path. */
-static int copy_up_read(struct mountd *md, struct inode *ino, uint64_t size, int src, char *buf,
+/* Reads len bytes at `at` of the file being copied up: from *src (see
+ * wstate_copy_up) when given and readable, else through the read path
+ * (*src is then -1 from here on: the committed file is in the store too). */
+static int copy_up_read(struct mountd *md, struct inode *ino, uint64_t size, int *src, char *buf,
 			uint32_t len, uint64_t at)
 {
 	ssize_t n;
 
-	if (src < 0) {
-		n = file_read(md, NULL, ino, size, buf, len, (off_t)at);
-		return n < 0 ? (int)n : (uint32_t)n == len ? 0 : -EIO;
-	}
-	for (uint32_t got = 0; got < len; got += (uint32_t)n) {
-		n = pread(src, buf + got, len - got, (off_t)(at + got));
-		if (n < 0 && errno == EINTR) {
-			n = 0;
+	for (uint32_t got = 0; *src >= 0 && got < len;) {
+		n = pread(*src, buf + got, len - got, (off_t)(at + got));
+		if (n < 0 && errno == EINTR)
 			continue;
+		if (n <= 0) {
+			log_errno(n < 0 ? -errno : -EIO, "inode %llu: cannot read the staging file of "
+				  "its last upload; copying from the store",
+				  (unsigned long long)ino->ino);
+			*src = -1;
+			break;
 		}
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
+		got += (uint32_t)n;
+		if (got == len)
+			return 0;
 	}
-	return 0;
+	n = file_read(md, NULL, ino, size, buf, len, (off_t)at);
+	return n < 0 ? (int)n : (uint32_t)n == len ? 0 : -EIO;
 }
 
 int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src)
@@ -746,7 +750,7 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src)
 	for (uint64_t at = 0; at < size; at += bs) {
 		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
 
-		rc = copy_up_read(md, ino, size, src, buf, len, at);
+		rc = copy_up_read(md, ino, size, &src, buf, len, at);
 		if (rc < 0)
 			goto out;
 		for (uint32_t off = 0; off < len; off += unit, u++) {

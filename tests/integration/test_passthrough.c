@@ -947,6 +947,15 @@ Test(passthrough, a_reopen_during_the_upload_copies_from_its_staging_file)
 	cr_assert_eq(stat_of("cache_misses"), miss0, "the copy fetched objects from the store");
 	/* What the first close uploaded: the whole file. */
 	cr_assert_geq(stat_of("reconcile_upload_bytes_total") + stat_of("bytes_uploaded") - up0, size);
+	/* The copy itself, every byte, through the passthrough fd. */
+	unsigned char *got = malloc(size);
+	cr_assert(got);
+	fm_pread_all(fd, got, size, 0);
+	for (uint64_t k = 0; k < size; k++)
+		if (got[k] != want[k])
+			cr_assert_fail("copy, byte %llu: %02x, want %02x", (unsigned long long)k,
+				       got[k], want[k]);
+	free(got);
 	memset(want + 3 * MiB + 5, 'x', 5000);
 	fm_pwrite_all(fd, want + 3 * MiB + 5, 5000, 3 * MiB + 5);
 	memset(want + size - 10, 'y', 10);
