@@ -38,8 +38,33 @@ static inline struct mountd *MD(fuse_req_t req)
 	return fuse_req_userdata(req);
 }
 
+/* libfuse (3.18) ends its io_uring threads with pthread_cancel() at
+ * unmount, and runs handlers on them with cancellation enabled: a handler
+ * cancelled in a nanosleep or an fsync would leave what it holds held (a
+ * mutex; a SQLite lock, for which every other connection of the process
+ * then waits at exit). A ring thread's first request turns cancellation
+ * off for good; the thread still ends, on the eventfd libfuse wakes it
+ * with before the cancel. Every handler comes through here first. */
+static inline void ring_request(fuse_req_t req)
+{
+#ifdef FUSE_CAP_OVER_IO_URING
+	static _Thread_local bool cancel_off;
+
+	if (!fuse_req_is_uring(req))
+		return;
+	if (!cancel_off) {
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+		cancel_off = true;
+	}
+	atomic_fetch_add_explicit(&MD(req)->stats.uring_requests, 1, memory_order_relaxed);
+#else
+	(void)req;
+#endif
+}
+
 static inline void count(fuse_req_t req, enum op_id op)
 {
+	ring_request(req);
 	atomic_fetch_add_explicit(&MD(req)->stats.requests[op], 1, memory_order_relaxed);
 }
 
@@ -254,6 +279,7 @@ static void op_forget_multi(fuse_req_t req, size_t n, struct fuse_forget_data *f
 {
 	struct mountd *md = MD(req);
 
+	ring_request(req);
 	atomic_fetch_add(&md->stats.requests[OP_FORGET], 1);
 	for (size_t k = 0; k < n; k++) {
 		struct inode *i;
@@ -1893,6 +1919,35 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 
 /* ---- session ---- */
 
+/* -o io_uring was given to libfuse: does the kernel offer the ring? libfuse
+ * starts it after this INIT only if so. false: the start failed (io_uring=on),
+ * and the session is ending. */
+static bool uring_offered(struct mountd *md, struct fuse_conn_info *conn)
+{
+#ifdef FUSE_CAP_OVER_IO_URING
+	if (conn->capable_ext & FUSE_CAP_OVER_IO_URING) {
+		atomic_store(&md->uring, true);
+		log_info("io_uring: on (one ring thread per CPU serves requests)");
+		return true;
+	}
+#else
+	(void)conn;
+#endif
+	pthread_mutex_lock(&md->pt_reason_lock);
+	snprintf(md->ur_reason, sizeof(md->ur_reason), "kernel_lacks_io_uring");
+	pthread_mutex_unlock(&md->pt_reason_lock);
+	if (md->ur_mode == UR_ON) {
+		mountd_ready(md, "io_uring=on, but the kernel does not offer FUSE-over-io_uring "
+			     "(Linux >= 6.14, with the fuse module's enable_uring parameter set: "
+			     "/sys/module/fuse/parameters/enable_uring)");
+		fuse_session_exit(md->se);
+		return false;
+	}
+	log_info("io_uring: the kernel does not offer it (the fuse module's enable_uring "
+		 "parameter); serving through /dev/fuse");
+	return true;
+}
+
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
 	struct mountd *md = userdata;
@@ -1921,6 +1976,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	 * SB_NOSEC and stops asking GETXATTR(security.capability) before
 	 * every write. */
 	fuse_set_feature_flag(conn, FUSE_CAP_HANDLE_KILLPRIV_V2);
+	if (md->uring_asked && !uring_offered(md, conn))
+		return;
 	if (md->wb_mode == WB_ON && md->pt_mode == PT_ON) {
 		mountd_ready(md, "writeback=on and passthrough=on exclude each other");
 		fuse_session_exit(md->se);

@@ -65,6 +65,13 @@ int handover_request(struct mountd *md, const char *socket_path)
 		return -EINVAL;
 	if (!md->se)
 		return -EAGAIN;
+	if (md->uring_asked) {
+		/* Ending the loop would end the ring threads for good, and no
+		 * INIT was kept for a new daemon to answer from. */
+		log_warnx("handover refused: this mount asked for io_uring (-o io_uring), whose "
+			  "connection a new ferry-mountd cannot take over; unmount and mount again");
+		return -EOPNOTSUPP;
+	}
 	p = strdup(socket_path);
 	if (!p)
 		return -ENOMEM;

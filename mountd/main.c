@@ -123,6 +123,43 @@ void mountd_ready(struct mountd *md, const char *msg)
 	close(fd);
 }
 
+/* -o io_uring: whether to ask libfuse for the ring (true: add -oio_uring).
+ * What rules it out before INIT is decided here; whether the kernel offers
+ * it, in op_init. io_uring=on fails the start where auto falls back. */
+static bool uring_choose(struct mountd *md)
+{
+	const char *token = NULL, *why = NULL;
+
+	if (md->ur_mode == UR_OFF) {
+		token = "mount_option_off";
+		why = "off by mount option io_uring=off";
+	}
+#ifndef FUSE_CAP_OVER_IO_URING
+	else {
+		token = "libfuse_lacks_io_uring";
+		why = "this build's libfuse has no FUSE-over-io_uring (3.18 or later, built "
+		      "with liburing; scripts/bootstrap builds one)";
+	}
+#else
+	else if (md->cfg.broker || md->ho) {
+		token = md->ho ? "handed_over" : "brokered_mount";
+		why = "a mount made through ferry-brokerd or handed over is served through "
+		      "custom I/O (so that a new ferry-mountd can take it over), which libfuse "
+		      "keeps off the ring";
+	}
+#endif
+	if (!token) {
+		md->uring_asked = true;
+		return true;
+	}
+	snprintf(md->ur_reason, sizeof(md->ur_reason), "%s", token);
+	if (md->ur_mode == UR_ON)
+		start_failed(md, "io_uring=on, but %s", why);
+	if (md->ur_mode == UR_AUTO)
+		log_info("io_uring: %s; serving through /dev/fuse", why);
+	return false;
+}
+
 /* Takes ferry's own options (passthrough=, fsync=) out of a -o list; the rest
  * goes to libfuse, which refuses what it does not know. */
 /* A reconciler option (NAME=MS, rc_opt_defs): 1 if o is one (*rc: 0, or
@@ -183,6 +220,20 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				md->wb_mode = WB_AUTO;
 			else {
 				snprintf(err, errlen, "-o %s: writeback takes on, off or auto", o);
+				return -EINVAL;
+			}
+			continue;
+		}
+		if (strncmp(o, "io_uring=", 9) == 0) {
+			const char *v = o + 9;
+			if (!strcmp(v, "on"))
+				md->ur_mode = UR_ON;
+			else if (!strcmp(v, "off"))
+				md->ur_mode = UR_OFF;
+			else if (!strcmp(v, "auto"))
+				md->ur_mode = UR_AUTO;
+			else {
+				snprintf(err, errlen, "-o %s: io_uring takes on, off or auto", o);
 				return -EINVAL;
 			}
 			continue;
@@ -820,6 +871,8 @@ int main(int argc, char **argv)
 		fatalx("out of memory");
 	if (fuse_opt_add_arg(&fargs, argv[0]) < 0 || fuse_opt_add_arg(&fargs, fopts) < 0)
 		fatalx("out of memory");
+	if (uring_choose(md) && fuse_opt_add_arg(&fargs, "-oio_uring") < 0)
+		fatalx("out of memory");
 	md->se = fuse_session_new(&fargs, &mountd_ops, sizeof(mountd_ops), md);
 	if (!md->se)
 		start_failed(md, "cannot create the FUSE session (bad -o option?)");
@@ -856,6 +909,9 @@ int main(int argc, char **argv)
 		}
 	} else if (fuse_session_mount(md->se, md->cfg.mountpoint) != 0) {
 		start_failed(md, "cannot mount on %s (see the lines above)", md->cfg.mountpoint);
+	} else if (md->uring_asked) {
+		/* libfuse's own I/O: custom I/O would keep it off the ring. No
+		 * INIT is kept, so this mount cannot be handed over. */
 	} else if ((rc = fuse_io_start(md, fuse_session_fd(md->se), NULL, 0)) < 0) {
 		/* Through fuse_io.c too: it keeps the INIT a hand-over needs. */
 		fuse_session_unmount(md->se);

@@ -58,6 +58,7 @@ enum op_id {
 
 struct stats {
 	_Atomic uint64_t requests[OP_COUNT];
+	_Atomic uint64_t uring_requests; /* of those, the ones that came over io_uring */
 	_Atomic uint64_t bytes_read, bytes_written;
 	_Atomic uint64_t objects_put, objects_get, bytes_uploaded, bytes_downloaded;
 	_Atomic uint64_t cache_hits, cache_misses;
@@ -748,6 +749,17 @@ struct mountd {
 	 * at INIT. The two are not mixed: writeback=on turns passthrough off. */
 	enum { WB_OFF, WB_AUTO, WB_ON } wb_mode;
 	bool writeback;               /* in effect (set at INIT) */
+	/* -o io_uring=auto|on|off: FUSE-over-io_uring (Linux >= 6.14 with the
+	 * fuse module's enable_uring parameter; libfuse >= 3.18 built with
+	 * liburing). Only on a direct mount: a brokered or handed-over one is
+	 * served through custom I/O (fuse_io.c), which libfuse keeps off the
+	 * ring. uring_asked: -o io_uring went to libfuse; uring: the kernel
+	 * offered it at INIT (libfuse then starts one ring thread per CPU);
+	 * ur_reason: why not, a token for .stats. */
+	enum { UR_OFF, UR_AUTO, UR_ON } ur_mode;
+	bool uring_asked;
+	_Atomic bool uring;
+	char ur_reason[64];           /* under pt_reason_lock */
 	bool fsync_local;             /* -o fsync=local: fsync is durable on the node only */
 	bool ro_asked;                /* -o ro */
 	/* -o ro on a PostgreSQL volume: a read-only follower of whichever node

@@ -179,7 +179,11 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	fprintf(f, "fsync_local %d\n", md->fsync_local && rclient_up(md) ? 1 : 0);
 	pthread_mutex_lock(&md->pt_reason_lock);
 	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");
+	fprintf(f, "io_uring %d\n", atomic_load(&md->uring) ? 1 : 0);
+	fprintf(f, "io_uring_off_reason %s\n", atomic_load(&md->uring) ? "-" : md->ur_reason);
 	pthread_mutex_unlock(&md->pt_reason_lock);
+	fprintf(f, "io_uring_requests %llu\n",
+		(unsigned long long)atomic_load(&md->stats.uring_requests));
 	if (md->cfg.broker) {
 		/* `ferry umount` reads these: a brokered mount is ended by us. */
 		fprintf(f, "broker_socket %s\n", md->cfg.broker);
