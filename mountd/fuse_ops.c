@@ -55,6 +55,9 @@ static inline void ring_request(fuse_req_t req)
 	if (!cancel_off) {
 		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 		cancel_off = true;
+		/* What .stats says: libfuse starts the ring after INIT and,
+		 * should that fail, serves on through /dev/fuse (a log line). */
+		atomic_store(&MD(req)->uring, true);
 	}
 	atomic_fetch_add_explicit(&MD(req)->stats.uring_requests, 1, memory_order_relaxed);
 #else
@@ -1926,8 +1929,13 @@ static bool uring_offered(struct mountd *md, struct fuse_conn_info *conn)
 {
 #ifdef FUSE_CAP_OVER_IO_URING
 	if (conn->capable_ext & FUSE_CAP_OVER_IO_URING) {
-		atomic_store(&md->uring, true);
-		log_info("io_uring: on (one ring thread per CPU serves requests)");
+		atomic_store(&md->uring_offered, true);
+		/* libfuse delivers no FUSE_INTERRUPT for a request that came over
+		 * the ring; ENOSYS to the first stops the kernel sending them
+		 * (waits that would stop for one watch their caller instead). */
+		conn->no_interrupt = 1;
+		log_info("io_uring: offered by the kernel (one ring thread per CPU serves requests "
+			 "once libfuse has started them)");
 		return true;
 	}
 #else

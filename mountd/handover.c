@@ -65,7 +65,7 @@ int handover_request(struct mountd *md, const char *socket_path)
 		return -EINVAL;
 	if (!md->se)
 		return -EAGAIN;
-	if (md->uring_asked) {
+	if (md->uring_asked || atomic_load(&md->stats.uring_requests) > 0) {
 		/* Ending the loop would end the ring threads for good, and no
 		 * INIT was kept for a new daemon to answer from. */
 		log_warnx("handover refused: this mount asked for io_uring (-o io_uring), whose "

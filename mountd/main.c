@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <linux/io_uring.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +18,14 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "aws_creds.h"
 #include "broker_client.h"
 #include "fd_limit.h"
 #include "heap_trim.h"
+#include "inval.h"
 #include "log.h"
 #include "mountd.h"
 #include "reconcile_plan.h"
@@ -123,12 +126,32 @@ void mountd_ready(struct mountd *md, const char *msg)
 	close(fd);
 }
 
+/* Can this process set up a ring of the kind libfuse's FUSE rings are
+ * (128-byte entries)? libfuse would only log its failure and serve on
+ * through /dev/fuse. 0 or -errno. */
+static int io_uring_usable(void)
+{
+#if defined(__NR_io_uring_setup) && defined(IORING_SETUP_SQE128)
+	struct io_uring_params p = { .flags = IORING_SETUP_SQE128 | IORING_SETUP_CQE32 };
+	long fd = syscall(__NR_io_uring_setup, 1, &p);
+
+	if (fd < 0)
+		return -errno;
+	close((int)fd);
+	return 0;
+#else
+	return -ENOSYS;
+#endif
+}
+
 /* -o io_uring: whether to ask libfuse for the ring (true: add -oio_uring).
  * What rules it out before INIT is decided here; whether the kernel offers
  * it, in op_init. io_uring=on fails the start where auto falls back. */
 static bool uring_choose(struct mountd *md)
 {
 	const char *token = NULL, *why = NULL;
+	char msg[256];
+	int rc;
 
 	if (md->ur_mode == UR_OFF) {
 		token = "mount_option_off";
@@ -146,6 +169,11 @@ static bool uring_choose(struct mountd *md)
 		why = "a mount made through ferry-brokerd or handed over is served through "
 		      "custom I/O (so that a new ferry-mountd can take it over), which libfuse "
 		      "keeps off the ring";
+	} else if ((rc = io_uring_usable()) < 0) {
+		token = "io_uring_unavailable";
+		snprintf(msg, sizeof(msg), "io_uring cannot be set up here (io_uring_setup: %s; "
+			 "a seccomp profile, or the sysctl kernel.io_uring_disabled)", strerror(-rc));
+		why = msg;
 	}
 #endif
 	if (!token) {
@@ -871,6 +899,9 @@ int main(int argc, char **argv)
 		fatalx("out of memory");
 	if (fuse_opt_add_arg(&fargs, argv[0]) < 0 || fuse_opt_add_arg(&fargs, fopts) < 0)
 		fatalx("out of memory");
+	/* libfuse turns the ring on from its environment too; only -o io_uring
+	 * may here (a brokered mount on the ring could not be taken over). */
+	unsetenv("FUSE_URING_ENABLE");
 	if (uring_choose(md) && fuse_opt_add_arg(&fargs, "-oio_uring") < 0)
 		fatalx("out of memory");
 	md->se = fuse_session_new(&fargs, &mountd_ops, sizeof(mountd_ops), md);
@@ -912,12 +943,20 @@ int main(int argc, char **argv)
 	} else if (md->uring_asked) {
 		/* libfuse's own I/O: custom I/O would keep it off the ring. No
 		 * INIT is kept, so this mount cannot be handed over. */
-	} else if ((rc = fuse_io_start(md, fuse_session_fd(md->se), NULL, 0)) < 0) {
+	} else if ((rc = fuse_io_start(md, fuse_session_fd(md->se), NULL, 0)) == -ENOTSUP) {
+		/* A libfuse built without custom I/O (Debian's 3.18 packages):
+		 * a direct mount is served all the same, without hand-over. */
+		log_warnx("this libfuse has no custom I/O (fuse_session_custom_io): the mount "
+			  "cannot be handed over (ferry mount --upgrade); build libfuse with "
+			  "-Denable-custom-io=true (scripts/bootstrap does)");
+	} else if (rc < 0) {
 		/* Through fuse_io.c too: it keeps the INIT a hand-over needs. */
 		fuse_session_unmount(md->se);
 		start_failed(md, "cannot serve the mount: %s", strerror(-rc));
 	}
 	mounted = true;
+	if (md->uring_asked && (rc = inval_start(md)) < 0)
+		start_failed(md, "cannot start the invalidation thread: %s", strerror(-rc));
 	if ((rc = write_back_start(md)) < 0) {
 		log_errno(rc, "cannot start the write-back thread");
 		goto out;
@@ -986,6 +1025,7 @@ out:
 	if (md->se)
 		fuse_session_destroy(md->se); /* runs destroy: commits what is still pending */
 	rclient_stop(md); /* if destroy did not run (no INIT) */
+	inval_stop(md);   /* after the reconciler's replies: they queue there */
 	lease_stop(md);   /* everything is committed: the lease goes */
 	fuse_loop_cfg_destroy(loop_cfg);
 	fuse_opt_free_args(&fargs);

@@ -517,6 +517,17 @@ void lease_stop(struct mountd *md);
 /* Is req's caller being killed (or gone)? Only then may a wait that
  * changed nothing end early (with EINTR). */
 bool caller_dying(fuse_req_t req);
+/* Did req come over FUSE-over-io_uring? libfuse delivers no FUSE_INTERRUPT
+ * for those: a wait that would stop for one asks caller_dying() too. */
+static inline bool req_on_ring(fuse_req_t req)
+{
+#ifdef FUSE_CAP_OVER_IO_URING
+	return fuse_req_is_uring(req);
+#else
+	(void)req;
+	return false;
+#endif
+}
 /* The same, asked often during a long wait: looks at most every
  * CALLER_WATCH_MS, and at once once the request is interrupted. */
 #define CALLER_WATCH_MS 250
@@ -758,8 +769,10 @@ struct mountd {
 	 * ur_reason: why not, a token for .stats. */
 	enum { UR_OFF, UR_AUTO, UR_ON } ur_mode;
 	bool uring_asked;
-	_Atomic bool uring;
+	_Atomic bool uring_offered;   /* by the kernel, at INIT */
+	_Atomic bool uring;           /* a request came over the ring */
 	char ur_reason[64];           /* under pt_reason_lock */
+	struct inval *inval;          /* inval.h; only on a mount that asked for the ring */
 	bool fsync_local;             /* -o fsync=local: fsync is durable on the node only */
 	bool ro_asked;                /* -o ro */
 	/* -o ro on a PostgreSQL volume: a read-only follower of whichever node

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "inval.h"
 #include "mountd.h"
 #include "url.h"
 #include "reconcile_job.h"
@@ -191,11 +192,7 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r, bo
 			atomic_fetch_add(&md->stats.commit_invalidations_skipped, 1);
 		} else {
 			atomic_fetch_add(&md->stats.commit_invalidations, 1);
-			/* Not once the loop is over: the mount is gone, and
-			 * libfuse closes /dev/fuse at the unmount, before the
-			 * destroy that drains these commits (EBADF, logged). */
-			if (!atomic_load(&md->fuse_done))
-				fuse_lowlevel_notify_inval_inode(md->se, r->ino, 0, 0);
+			inval_inode(md, r->ino); /* not once the loop is over (inval.c) */
 		}
 		inode_unref(md, i, 0, 1); /* the reservation's reference */
 	}

@@ -317,7 +317,7 @@ void special_write(fuse_req_t req, struct mountd *md, const char *buf, size_t si
 	for (;;) {
 		enum drain_state s = drain_wait(d, 200);
 		if (s == DRAIN_RUNNING) {
-			if (fuse_req_interrupted(req)) {
+			if (fuse_req_interrupted(req) || (req_on_ring(req) && caller_dying(req))) {
 				pthread_mutex_lock(&sf->lock);
 				sf->drain = NULL;
 				pthread_mutex_unlock(&sf->lock);

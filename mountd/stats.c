@@ -180,7 +180,8 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	pthread_mutex_lock(&md->pt_reason_lock);
 	fprintf(f, "passthrough_off_reason %s\n", atomic_load(&md->pt_off) ? md->pt_reason : "-");
 	fprintf(f, "io_uring %d\n", atomic_load(&md->uring) ? 1 : 0);
-	fprintf(f, "io_uring_off_reason %s\n", atomic_load(&md->uring) ? "-" : md->ur_reason);
+	fprintf(f, "io_uring_off_reason %s\n", atomic_load(&md->uring) ? "-" :
+		atomic_load(&md->uring_offered) ? "ring_not_serving" : md->ur_reason);
 	pthread_mutex_unlock(&md->pt_reason_lock);
 	fprintf(f, "io_uring_requests %llu\n",
 		(unsigned long long)atomic_load(&md->stats.uring_requests));

@@ -120,6 +120,7 @@ struct opts {
 	const char *brokerd, *brokerd_pidfile;
 	const char *scratch_desc, *command, *source_desc;
 	const char *pthp, *pthp_missing, *pthp_pidfile; /* passthrough_hp, or why there is none */
+	const char *direct_o;  /* -o of the direct column (--direct-options), or NULL */
 	unsigned long cache_mib;
 	unsigned long size_mib, rand_mib, files, file_size, sync_ops, sync_mib;
 	double seconds;
@@ -3878,11 +3879,12 @@ static void print_cmp(struct bench *b)
 	if (b->pthp_off[0])
 		printf("  passthrough_hp = - (not measured: %s)\n", b->pthp_off);
 	else
-		printf("  passthrough_hp = libfuse's example, fuse3 3.17 with FUSE_CAP_HANDLE_KILLPRIV_V2 "
+		printf("  passthrough_hp = libfuse's example, fuse3 3.18 with FUSE_CAP_HANDLE_KILLPRIV_V2 "
 		       "enabled (scripts/passthrough-hp), passthrough on, 86400 s\n"
 		       "                   caches, multithreaded; mounted by root over a directory of "
 		       "the scratch filesystem: %s\n", b->cstate[C_PTHP]);
-	printf("  ferry direct   = ferryfs mounted by root with its defaults (%s)\n",
+	printf("  ferry direct   = ferryfs mounted by root with %s%s (%s)\n",
+	       b->o.direct_o ? "-o " : "its defaults", b->o.direct_o ? b->o.direct_o : "",
 	       b->cstate[C_DIRECT]);
 	printf("  ferry broker   = ferryfs mounted by uid 65534 through ferry-brokerd, every workload "
 	       "run as uid 65534 (%s)\n", b->cstate[C_BROKER]);
@@ -4020,6 +4022,7 @@ static void usage(FILE *f)
 		"  --pthp PATH          libfuse's passthrough_hp (scripts/passthrough-hp builds it)\n"
 		"  --pthp-missing WHY   no passthrough_hp: its column shows '-' and WHY\n"
 		"  --pthp-pidfile F     write passthrough_hp's pid to F while it runs\n"
+		"  --direct-options O   mount the direct column with -o O (e.g. io_uring=on)\n"
 		"  --scratch-desc TEXT  --command TEXT  --source-desc TEXT   printed in the header\n");
 }
 
@@ -4063,6 +4066,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		{ "pthp", required_argument, NULL, 'H' },
 		{ "pthp-missing", required_argument, NULL, 'I' },
 		{ "pthp-pidfile", required_argument, NULL, 'J' },
+		{ "direct-options", required_argument, NULL, 'O' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -4088,6 +4092,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case 'H': o->pthp = optarg; break;
 		case 'I': o->pthp_missing = optarg; break;
 		case 'J': o->pthp_pidfile = optarg; break;
+		case 'O': o->direct_o = optarg; break;
 		case 'N': o->fsync_row = false; break;
 		case 'U':
 			if (!strcmp(optarg, "core"))
@@ -4207,7 +4212,7 @@ int main(int argc, char **argv)
 	if (target_init(b, T_CORE, "core", NULL) < 0 ||
 	    target_init(b, T_PT, "pt", "passthrough=auto") < 0 ||
 	    target_init(b, T_OFF, "off", "passthrough=off") < 0 ||
-	    target_init(b, T_DIRECT, "direct", NULL) < 0 ||
+	    target_init(b, T_DIRECT, "direct", b->o.direct_o) < 0 ||
 	    target_init(b, T_BROKER, "broker", NULL) < 0 || broker_init(b, &brokerd_bin) < 0 ||
 	    !(b->baseline = path_join(b->o.scratch, "baseline")) ||
 	    !(b->pthp_src = path_join(b->o.scratch, "pthp-src")) ||

@@ -1,0 +1,33 @@
+/*
+ * inval: the kernel cache invalidations a commit asks for, sent from a
+ * thread of their own on a mount served over io_uring.
+ *
+ * fuse_lowlevel_notify_inval_inode() waits in the kernel for the pages of
+ * the inode, which a READ of it in flight holds locked until it is
+ * answered. Through /dev/fuse another worker answers that READ; on the
+ * ring, the READ may wait behind a handler of the same CPU's queue that is
+ * itself waiting for the reconciler reader thread (an open waiting for an
+ * upload, a drain) — the thread that would be stuck in the notification.
+ * So there the reader thread only queues the inode, and this thread sends.
+ *
+ * Owned by struct mountd (md->inval, inval_start/inval_stop); the queue's
+ * array is the thread's.
+ */
+#ifndef FERRY_MOUNTD_INVAL_H
+#define FERRY_MOUNTD_INVAL_H
+
+#include <stdint.h>
+
+struct mountd;
+
+/* Starts the thread: 0 or -errno. */
+int inval_start(struct mountd *md);
+/* Queues an invalidation of inode ino's cached pages and attributes. Never
+ * blocks on the kernel. Without the thread (not started, or out of memory
+ * for the queue) it is sent at once. */
+void inval_inode(struct mountd *md, uint64_t ino);
+/* Sends nothing more and ends the thread (what is queued is dropped: the
+ * mount is gone by then). */
+void inval_stop(struct mountd *md);
+
+#endif
