@@ -41,22 +41,20 @@ ferry=$build/bin/ferry
 pthp=$("$top/scripts/passthrough-hp" 2>/dev/null || true)
 
 param_was=$(cat "$param")
-root=$(mktemp -d "$workdir/ferry-uring.XXXXXX")
-img=$root/scratch.img scratch=$root/scratch mnt=$root/mnt pmnt=$root/pthp-mnt
+# shellcheck source=tests/bench/loop_image.sh
+source "$top/tests/bench/loop_image.sh"
+loop_image "$workdir" ferry-uring "$files"
+pmnt=$root/pthp-mnt
+mkdir -p "$pmnt"
+# shellcheck disable=SC2317  # (run by the trap)
 cleanup() {
-  set +e
-  mountpoint -q "$mnt" && "$ferry" umount "$mnt" >/dev/null 2>&1
-  mountpoint -q "$mnt" && umount -l "$mnt"
+  local rc=$?
   mountpoint -q "$pmnt" && umount "$pmnt"
-  mountpoint -q "$scratch" && umount "$scratch"
   echo "$param_was" > "$param"
-  rm -rf "$root"
+  (exit "$rc")
+  loop_image_cleanup
 }
 trap cleanup EXIT
-truncate -s 8G "$img"
-mkfs.ext4 -q -F "$img"
-mkdir -p "$scratch" "$mnt" "$pmnt"
-mount -o loop "$img" "$scratch"
 
 # The three loops in dir (made fresh); prints "create getxattr open" in us.
 loops() {
