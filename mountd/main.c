@@ -129,6 +129,7 @@ void mountd_ready(struct mountd *md, const char *msg)
 /* Can this process set up a ring of the kind libfuse's FUSE rings are
  * (128-byte entries)? libfuse would only log its failure and serve on
  * through /dev/fuse. 0 or -errno. */
+#ifdef FUSE_CAP_OVER_IO_URING
 static int io_uring_usable(void)
 {
 #if defined(__NR_io_uring_setup) && defined(IORING_SETUP_SQE128)
@@ -143,6 +144,7 @@ static int io_uring_usable(void)
 	return -ENOSYS;
 #endif
 }
+#endif
 
 /* -o io_uring: whether to ask libfuse for the ring (true: add -oio_uring).
  * What rules it out before INIT is decided here; whether the kernel offers
@@ -150,8 +152,10 @@ static int io_uring_usable(void)
 static bool uring_choose(struct mountd *md)
 {
 	const char *token = NULL, *why = NULL;
+#ifdef FUSE_CAP_OVER_IO_URING
 	char msg[256];
 	int rc;
+#endif
 
 	if (md->ur_mode == UR_OFF) {
 		token = "mount_option_off";
