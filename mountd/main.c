@@ -221,6 +221,33 @@ static int rc_opt_parse(struct mountd *md, const char *o, char *err, size_t errl
 	return 0;
 }
 
+/*
+ * An on|off|auto option NAME=VALUE: 1 with *mode set (0 off, 1 auto, 2 on:
+ * the order of every such enum in struct mountd), 0 if o is not NAME=...,
+ * -EINVAL with err set for another value.
+ */
+_Static_assert(PT_OFF == 0 && PT_AUTO == 1 && PT_ON == 2 && WB_OFF == 0 && WB_AUTO == 1 &&
+		       WB_ON == 2 && UR_OFF == 0 && UR_AUTO == 1 && UR_ON == 2,
+	       "tristate_take's modes");
+
+static int tristate_take(const char *o, const char *name, int *mode, char *err,
+			 size_t errlen)
+{
+	static const char *const values[] = { "off", "auto", "on" };
+	size_t n = strlen(name);
+
+	if (strncmp(o, name, n) != 0 || o[n] != '=')
+		return 0;
+	for (int k = 0; k < 3; k++) {
+		if (!strcmp(o + n + 1, values[k])) {
+			*mode = k;
+			return 1;
+		}
+	}
+	snprintf(err, errlen, "-o %s: %s takes on, off or auto", o, name);
+	return -EINVAL;
+}
+
 static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errlen)
 {
 	char *out = opts, *save = NULL;
@@ -228,46 +255,24 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 	int rc;
 
 	for (char *o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
-		if (strncmp(o, "passthrough=", 12) == 0) {
-			const char *v = o + 12;
-			if (!strcmp(v, "on"))
-				md->pt_mode = PT_ON;
-			else if (!strcmp(v, "off"))
-				md->pt_mode = PT_OFF;
-			else if (!strcmp(v, "auto"))
-				md->pt_mode = PT_AUTO;
-			else {
-				snprintf(err, errlen, "-o %s: passthrough takes on, off or auto", o);
-				return -EINVAL;
-			}
+		int mode;
+
+		if ((rc = tristate_take(o, "passthrough", &mode, err, errlen)) != 0) {
+			if (rc < 0)
+				return rc;
+			md->pt_mode = mode;
 			continue;
 		}
-		if (strncmp(o, "writeback=", 10) == 0) {
-			const char *v = o + 10;
-			if (!strcmp(v, "on"))
-				md->wb_mode = WB_ON;
-			else if (!strcmp(v, "off"))
-				md->wb_mode = WB_OFF;
-			else if (!strcmp(v, "auto"))
-				md->wb_mode = WB_AUTO;
-			else {
-				snprintf(err, errlen, "-o %s: writeback takes on, off or auto", o);
-				return -EINVAL;
-			}
+		if ((rc = tristate_take(o, "writeback", &mode, err, errlen)) != 0) {
+			if (rc < 0)
+				return rc;
+			md->wb_mode = mode;
 			continue;
 		}
-		if (strncmp(o, "io_uring=", 9) == 0) {
-			const char *v = o + 9;
-			if (!strcmp(v, "on"))
-				md->ur_mode = UR_ON;
-			else if (!strcmp(v, "off"))
-				md->ur_mode = UR_OFF;
-			else if (!strcmp(v, "auto"))
-				md->ur_mode = UR_AUTO;
-			else {
-				snprintf(err, errlen, "-o %s: io_uring takes on, off or auto", o);
-				return -EINVAL;
-			}
+		if ((rc = tristate_take(o, "io_uring", &mode, err, errlen)) != 0) {
+			if (rc < 0)
+				return rc;
+			md->ur_mode = mode;
 			continue;
 		}
 		if (strncmp(o, "gc_grace=", 9) == 0) {

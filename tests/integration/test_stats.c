@@ -468,6 +468,37 @@ Test(cli, mount_errors_are_one_line)
 	free(vol2);
 }
 
+/* The on|off|auto options refuse any other value by name, before anything
+ * is mounted, and a valid one is taken (the mount serves). */
+Test(cli, mount_refuses_a_bad_on_off_auto_value)
+{
+	static const char *const bad[] = { "passthrough=maybe", "writeback=", "io_uring=ON",
+					   "passthrough=onn" };
+	char o[64];
+	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, "-o", o,
+			       fm.vol, fm.mnt, NULL };
+
+	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+		snprintf(o, sizeof(o), "%s", bad[k]);
+		expect_refusal(argv, bad[k]);
+		char *err = fm_slurp(sp("err"));
+		cr_assert(err && strstr(err, bad[k]) && strstr(err, "takes on, off or auto"),
+			  "-o %s: the refusal does not name the option: %s", bad[k], err ? err : "");
+		free(err);
+		cr_assert(!fm_is_mounted(fm.mnt), "-o %s mounted", bad[k]);
+	}
+	snprintf(o, sizeof(o), "passthrough=off,writeback=on,io_uring=off");
+	expect_success(argv, o);
+	cr_assert(fm_is_mounted(fm.mnt));
+	fm_write_file(mp("f"), "x", 1);
+	cr_assert_eq(fm_stat("passthrough_active"), 0, "passthrough=off was not taken");
+	cr_assert_eq(fm_stat("writeback_cache"), 1, "writeback=on was not taken");
+	char *t = fm_slurp(mp(".stats"));
+	cr_assert(t && strstr(t, "\nio_uring_off_reason mount_option_off\n"),
+		  "io_uring=off was not taken");
+	free(t);
+}
+
 static int n_obj;
 static long long max_obj_size, max_obj_named;
 
