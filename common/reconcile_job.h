@@ -44,6 +44,14 @@
  * open) by the one reconciler serving it. */
 #define RECONCILE_LOCK_NAME ".ferry-reconciler.lock"
 #define RECONCILE_ORPHAN_SUFFIX ".orphan"
+/* A staging file whose name ends in this and the boot tag (boot.h) it was
+ * made under holds a copy of committed data (a write open of a file with
+ * content) not yet on stable storage: after a power loss any page of the
+ * copy may read as zeros, so the file is whole only under the boot that
+ * made it. Under another, neither process commits it: it is kept aside as
+ * <name>.<time>.orphan without a record, and the file keeps its committed
+ * content. */
+#define STAGING_COPY_SUFFIX ".c"
 
 struct reconcile_job {
 	uint64_t seq;                   /* per volume, increasing, 1 .. INT64_MAX */

@@ -832,7 +832,7 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			clock_gettime(CLOCK_REALTIME, &a.mtime);
 			a.size = UINT64_MAX; /* unknown: commit the size */
 		}
-		id = wstate_passthrough_start(md, i, of->fh, a.mtime, a.size);
+		id = wstate_passthrough_start(md, i, of->fh, a.mtime, a.size, !empty);
 		if (id > 0 && !empty) {
 			/* A file with content: the staging file gets all of it,
 			 * as the kernel will read and write it there. */
@@ -1374,6 +1374,10 @@ static int fsync_local(struct mountd *md, struct inode *i, int datasync)
 
 	if ((datasync ? fdatasync(w->fd) : fsync(w->fd)) < 0)
 		return -errno;
+	/* A copy of committed data is whole from now on, across a power loss
+	 * too: its name says so (and is made durable). */
+	if (w->copy_unsynced && (rc = wstate_copy_synced(md, w)) < 0)
+		return rc;
 	if (!w->passthrough) {
 		rc = rclient_journal(md, i, RECONCILE_JOB_SYNC);
 		if (rc == -E2BIG) /* too fragmented for a record: to the store */

@@ -866,6 +866,12 @@ int main(int argc, char **argv)
 	if (md->readahead_window >= md->vol.block_size &&
 	    (rc = prefetch_start(md, md->readahead_budget, &md->prefetch)) < 0)
 		start_failed(md, "read-ahead threads: %s", strerror(-rc));
+	/* Before the staging directory's leftovers are looked at: which of
+	 * them were written under this boot (staging_kind()). */
+	if (!boot_tag(md->boot_tag))
+		log_warnx("cannot read this boot's id (/proc/sys/kernel/random/boot_id): copies "
+			  "into staging files are flushed at once, and none left by an earlier run "
+			  "is trusted");
 	if ((rc = staging_open(md)) < 0)
 		start_failed(md, "staging directory %s: %s", md->cfg.staging_dir, strerror(-rc));
 	staging_pool_sweep(md);

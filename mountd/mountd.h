@@ -25,6 +25,7 @@
 
 #include <fuse_lowlevel.h>
 
+#include "boot.h"
 #include "clock.h"
 #include "handle_table.h"
 #include "handover_blob.h"
@@ -43,6 +44,7 @@ struct inode;
 #define CONTROL_INO  0xfffffffffffff002ull
 /* Staging files of passthrough opens end in this: they hold whole files. */
 #define STAGING_PT_SUFFIX ".p"
+/* ... or in STAGING_COPY_SUFFIX (reconcile_job.h) and a boot tag. */
 /* The journal record close() leaves for a daemon-path staging file. */
 #define STAGING_FLUSH_SUFFIX ".fj"
 
@@ -76,6 +78,7 @@ struct stats {
 	_Atomic uint64_t copy_ups, copy_up_bytes; /* non-empty files brought into staging at open */
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t copy_ups_from_staging; /* of copy_ups: from the last job's staging file */
+	_Atomic uint64_t staging_copies_set_aside; /* copies of an earlier boot, never flushed */
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
 	_Atomic uint64_t reconciler_restarts;
@@ -166,6 +169,7 @@ struct wstate {
 	bool mtime_set;          /* passthrough: mtime set explicitly (utimens) */
 	struct timespec started_mtime; /* passthrough: the staging file's own, as made */
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
+	bool copy_unsynced;      /* named STAGING_COPY_SUFFIX (see there) */
 	bool flush_recorded;     /* a <path>.fj may exist (rclient_journal wrote one) */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
@@ -213,7 +217,22 @@ struct block_print {
  * now (a staging file left as it started commits nothing when that is 0).
  * Caller holds ino->lock. */
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
-			     struct timespec mtime_floor, uint64_t meta_size);
+			     struct timespec mtime_floor, uint64_t meta_size, bool copy);
+/* After a successful flush of a copy's staging file (fsync=local): renames
+ * it from STAGING_COPY_SUFFIX to STAGING_PT_SUFFIX and makes the name
+ * durable. 0 or -errno. Caller holds the inode's lock. */
+int wstate_copy_synced(struct mountd *md, struct wstate *w);
+/* What a staging file's name says it holds. */
+enum staging_kind {
+	STAGING_PARTIAL,   /* daemon path: ranges, told by a journal record */
+	STAGING_WHOLE,     /* passthrough: ".p", or a copy made under this boot */
+	STAGING_COPY_TORN, /* a copy made under another boot: maybe torn */
+};
+/* The kind of staging file `name`, and in *seq (if not NULL) the job seq
+ * its name carries ("-s<seq>" of a whole file's name), else 0. */
+enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64_t *seq);
+/* Whether `name` is a copy's (STAGING_COPY_SUFFIX), of whichever boot. */
+bool staging_is_copy(const char *name);
 /* Fills the new passthrough staging file of an inode with the file's
  * committed content (size bytes; holes stay holes) and the fingerprints
  * of what it holds, so that commits store only what changes. src (or -1):
@@ -842,6 +861,7 @@ struct mountd {
 	int rc_sock;
 	pid_t rc_child;               /* the reconciler we spawned, or 0 */
 	pid_t pid;                    /* ours: the child's parent-death check, staging names */
+	char boot_tag[BOOT_TAG_LEN + 1]; /* this boot's (boot.h); "" when unknown */
 	_Atomic bool rc_up, rc_stopping;
 	pthread_t rc_reader;
 	bool rc_reader_live;

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "block.h"
+#include "boot.h"
 #include "mountd.h"
 
 struct cache_entry {
@@ -89,19 +90,6 @@ struct read_cache {
  */
 #define STATE_NAME ".state"
 #define STATE_TMP ".state.tmp"
-
-static void boot_id(char *buf, size_t len)
-{
-	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-
-	buf[0] = '\0';
-	if (f) {
-		if (!fgets(buf, (int)len, f))
-			buf[0] = '\0';
-		buf[strcspn(buf, "\n")] = '\0';
-		fclose(f);
-	}
-}
 
 static bool state_trusted(struct read_cache *c)
 {

@@ -30,6 +30,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -400,20 +401,6 @@ uint64_t rclient_seq_next(struct mountd *md)
 	return atomic_fetch_add(&md->rc_next_seq, 1) + 1;
 }
 
-/* The seq a passthrough staging file's name carries ("...-s<seq>.p", see
- * staging_create()), or 0 for a name without one. */
-static uint64_t staging_name_seq(const char *name)
-{
-	const char *dash = strrchr(name, '-');
-	char *end;
-	uint64_t seq;
-
-	if (!dash || dash[1] != 's' || !ends_with(name, STAGING_PT_SUFFIX))
-		return 0;
-	seq = strtoull(dash + 2, &end, 10);
-	return strcmp(end, STAGING_PT_SUFFIX) == 0 ? seq : 0;
-}
-
 void staging_superseded(struct mountd *md, uint64_t ino)
 {
 	/* Every record this file has (a close() record, or the name seq
@@ -462,10 +449,28 @@ static bool staging_attached(struct mountd *md, const char *n)
 	return yes;
 }
 
+/* Removes staging file n's journal records (its xattr, <n>.job): what
+ * is kept aside is never a job. */
+static void staging_record_drop(struct mountd *md, const char *n)
+{
+	char job[NAME_MAX + 8];
+	int fd = openat(md->staging_dirfd, n, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+
+	if (fd >= 0) {
+		if (fremovexattr(fd, RECONCILE_JOB_XATTR) < 0 && errno != ENODATA &&
+		    errno != ENOTSUP)
+			log_warn("staging file %s: cannot remove its journal record", n);
+		close(fd);
+	}
+	snprintf(job, sizeof(job), "%s%s", n, RECONCILE_JOB_SUFFIX);
+	if (unlinkat(md->staging_dirfd, job, 0) < 0 && errno != ENOENT)
+		log_warn("cannot remove journal record %s", job);
+}
+
 size_t staging_recover(struct mountd *md, bool with_jobs)
 {
 	DIR *d = fdopendir(dup(md->staging_dirfd));
-	size_t kept = 0, recovered = 0, handed = 0;
+	size_t kept = 0, recovered = 0, handed = 0, torn = 0;
 	struct dirent *de;
 
 	if (!d) {
@@ -485,10 +490,22 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 			continue;
 		if (handover_names(md, n))
 			continue; /* the daemon before handed it over with its opens */
+		uint64_t name_seq;
+		enum staging_kind kind = staging_kind(md, n, &name_seq);
+		if (kind == STAGING_COPY_TORN) {
+			/* A copy made under another boot and never flushed: any
+			 * page of it may be lost (zeros) since, and a commit of
+			 * it would put them over the file's committed content.
+			 * The file keeps that content; this one is kept aside,
+			 * record and all, never committed. */
+			staging_record_drop(md, n);
+			torn++;
+			goto keep;
+		}
 		/* Still open through a FUSE connection this daemon takes over
 		 * (its dead predecessor's passthrough opens): the opens write on
 		 * into it, so it stays the file's, adopted once serving. */
-		if (ends_with(n, STAGING_PT_SUFFIX) && staging_in_use(md, n)) {
+		if (kind == STAGING_WHOLE && staging_in_use(md, n)) {
 			char **na = realloc(md->adopt, (md->nadopt + 1) * sizeof(*na));
 			if (na) {
 				md->adopt = na;
@@ -510,7 +527,7 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 			recovered++;
 			continue;
 		}
-		if (with_jobs && ends_with(n, STAGING_PT_SUFFIX) && reconcile_name_check(n) == 0) {
+		if (with_jobs && kind == STAGING_WHOLE && reconcile_name_check(n) == 0) {
 			struct reconcile_job j = { .length = (uint64_t)st.st_size, .mtime = st.st_mtim };
 			char *end;
 			j.ino = strtoull(n, &end, 10);
@@ -520,7 +537,7 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 			 * its inode's seq raised past it (staging_superseded()),
 			 * and must not overwrite what changed since. One that was
 			 * never committed is above every seq its inode has. */
-			j.seq = staging_name_seq(n);
+			j.seq = name_seq;
 			if (!j.seq)
 				j.seq = ++md->rc_next_seq;
 			if (*end == '-' && j.ino && reconcile_job_write(md->staging_dirfd, &j, 0) == 0) {
@@ -530,6 +547,7 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 		}
 		/* Named by the time, but never over an older one: after the
 		 * clock stepped back, that name may be taken. */
+keep:
 		for (int k = 0; k < 1000; k++) {
 			if (k == 0)
 				snprintf(to, sizeof(to), "%.200s.%lld%s", n, (long long)time(NULL),
@@ -550,9 +568,17 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 	if (recovered)
 		log_info("recovered %zu staging files of an earlier run for commit",
 			 recovered);
-	if (kept)
+	if (torn) {
+		atomic_fetch_add(&md->stats.staging_copies_set_aside, torn);
+		log_warnx("the machine restarted since %zu staging files were filled with copies of "
+			  "files' committed content, and they were never flushed: those files keep "
+			  "their committed content, and writes to them since their last fsync() before "
+			  "the restart are not committed (kept in %s/*%s)",
+			  torn, md->cfg.staging_dir, RECONCILE_ORPHAN_SUFFIX);
+	}
+	if (kept > torn)
 		log_warnx("kept %zu staging files of an earlier run as %s/*%s (writes whose close() "
-			  "never returned)", kept, md->cfg.staging_dir, RECONCILE_ORPHAN_SUFFIX);
+			  "never returned)", kept - torn, md->cfg.staging_dir, RECONCILE_ORPHAN_SUFFIX);
 	return recovered + handed;
 }
 

@@ -119,6 +119,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(copy_ups);
 	FIG(copy_up_bytes);
 	FIG(copy_ups_from_staging);
+	FIG(staging_copies_set_aside);
 	FIG(copy_up_too_big);
 	FIG(copy_up_failures);
 	FIG(writeback_bypassed);

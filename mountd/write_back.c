@@ -6,6 +6,7 @@
  * size in one metadata transaction. A failed commit keeps everything staged;
  * if it failed at close, the inode goes on a retry list served by a thread.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -22,28 +23,64 @@
 #include "block.h"
 #include "slice.h"
 
+enum name_kind { NAME_PARTIAL, NAME_PT, NAME_COPY };
+
 /* A new staging file's name: <ino>-<fh>-<pid>-<serial>[-s<seq>.p]. ".p"
  * marks a passthrough file, which holds the whole file and so can be
  * committed after a crash even without a journal record, as job <seq>
- * (staging_recover()); pid and serial keep names unique across restarts.
- * Names are never reused: an mmap of an older staging file may outlive its
- * open. */
-static void staging_name(struct mountd *md, uint64_t ino, uint64_t fh, bool pt, char *name,
-			 size_t len)
+ * (staging_recover()); ".c<boot tag>" instead of ".p" marks one that holds
+ * a copy not yet flushed (STAGING_COPY_SUFFIX). pid and serial keep names
+ * unique across restarts. Names are never reused: an mmap of an older
+ * staging file may outlive its open. */
+static void staging_name(struct mountd *md, uint64_t ino, uint64_t fh, enum name_kind kind,
+			 char *name, size_t len)
 {
 	static _Atomic uint64_t serial;
 	/* (md->pid: a getpid() per file is a system call per file.) */
 	pid_t pid = md->pid ? md->pid : getpid();
-
-	if (pt)
-		snprintf(name, len, "%llu-%llu-%d-%llu-s%llu%s", (unsigned long long)ino,
-			 (unsigned long long)fh, (int)pid,
-			 (unsigned long long)atomic_fetch_add(&serial, 1),
-			 (unsigned long long)rclient_seq_next(md), STAGING_PT_SUFFIX);
-	else
-		snprintf(name, len, "%llu-%llu-%d-%llu", (unsigned long long)ino,
+	int n = snprintf(name, len, "%llu-%llu-%d-%llu", (unsigned long long)ino,
 			 (unsigned long long)fh, (int)pid,
 			 (unsigned long long)atomic_fetch_add(&serial, 1));
+
+	if (kind != NAME_PARTIAL && n > 0 && (size_t)n < len)
+		snprintf(name + n, len - (size_t)n, "-s%llu%s%s",
+			 (unsigned long long)rclient_seq_next(md),
+			 kind == NAME_PT ? STAGING_PT_SUFFIX : STAGING_COPY_SUFFIX,
+			 kind == NAME_PT ? "" : md->boot_tag);
+}
+
+enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64_t *seq)
+{
+	const char *dash = strrchr(name, '-');
+	char *end;
+	uint64_t v;
+
+	if (seq)
+		*seq = 0;
+	if (!dash || dash[1] != 's' || !isdigit((unsigned char)dash[2]))
+		return STAGING_PARTIAL;
+	errno = 0;
+	v = strtoull(dash + 2, &end, 10);
+	if (errno)
+		return STAGING_PARTIAL;
+	if (strcmp(end, STAGING_PT_SUFFIX) == 0) {
+		if (seq)
+			*seq = v;
+		return STAGING_WHOLE;
+	}
+	const char *tag = boot_tag_of_name(end, STAGING_COPY_SUFFIX);
+	if (!tag || tag != end + strlen(STAGING_COPY_SUFFIX))
+		return STAGING_PARTIAL;
+	if (seq)
+		*seq = v;
+	/* Under an unknown boot, no copy can be shown to be this boot's. */
+	return md->boot_tag[0] && strcmp(tag, md->boot_tag) == 0 ? STAGING_WHOLE
+								 : STAGING_COPY_TORN;
+}
+
+bool staging_is_copy(const char *name)
+{
+	return boot_tag_of_name(name, STAGING_COPY_SUFFIX) != NULL;
 }
 
 /* The write state of staging file `name`, open as fd (taken over). */
@@ -63,13 +100,13 @@ static int wstate_new(struct mountd *md, const char *name, int fd, struct wstate
 }
 
 /* Creates a new, empty staging file and its write state. */
-static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh, bool pt,
-			  struct wstate **out)
+static int staging_create(struct mountd *md, struct inode *ino, uint64_t fh,
+			  enum name_kind kind, struct wstate **out)
 {
 	char name[128];
 	int fd;
 
-	staging_name(md, ino->ino, fh, pt, name, sizeof(name));
+	staging_name(md, ino->ino, fh, kind, name, sizeof(name));
 	fd = openat(md->staging_dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
@@ -83,7 +120,7 @@ static int staging_from_pool(struct mountd *md, struct inode *ino, uint64_t fh,
 	char name[128];
 	int fd, rc;
 
-	staging_name(md, ino->ino, fh, true, name, sizeof(name));
+	staging_name(md, ino->ino, fh, NAME_PT, name, sizeof(name));
 	rc = staging_pool_take(md, name, &fd, id, exact_stamps);
 	if (rc < 0)
 		return rc;
@@ -136,7 +173,7 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 	rc = meta_getattr(md->meta, ino->ino, &a);
 	if (rc < 0)
 		return rc;
-	rc = staging_create(md, ino, fh, false, &ino->w);
+	rc = staging_create(md, ino, fh, NAME_PARTIAL, &ino->w);
 	if (rc < 0)
 		return rc;
 	ino->w->size = a.size;
@@ -146,7 +183,7 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 }
 
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
-			     struct timespec mtime_floor, uint64_t meta_size)
+			     struct timespec mtime_floor, uint64_t meta_size, bool copy)
 {
 	struct wstate *w = NULL;
 	bool exact = false;
@@ -156,10 +193,14 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	/* A new or empty file takes a file from the pool: made and
 	 * registered ahead (a file with content is copied in first, which
 	 * dwarfs what the pool spares). */
-	if (meta_size != 0 || staging_from_pool(md, ino, fh, &w, &id, &exact) < 0) {
-		rc = staging_create(md, ino, fh, true, &w);
+	/* A copy is named for this boot until it is flushed (where the boot
+	 * cannot be told, wstate_copy_up() flushes it at once). */
+	copy = copy && md->boot_tag[0];
+	if (meta_size != 0 || copy || staging_from_pool(md, ino, fh, &w, &id, &exact) < 0) {
+		rc = staging_create(md, ino, fh, copy ? NAME_COPY : NAME_PT, &w);
 		if (rc < 0)
 			return rc;
+		w->copy_unsynced = copy;
 		id = backing_open(md, w->fd);
 		if (id < 0) {
 			staging_destroy(md, ino->ino, w);
@@ -191,6 +232,32 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	ino->w = w;
 	atomic_fetch_add(&md->stats.passthrough_opens, 1);
 	return id;
+}
+
+int wstate_copy_synced(struct mountd *md, struct wstate *w)
+{
+	const char *name = strrchr(w->path, '/') + 1;
+	const char *mark = strrchr(name, '.');
+	char *path = NULL;
+	int rc = 0;
+
+	if (!w->copy_unsynced)
+		return 0;
+	/* staging_name() made it: "<stem>.c<tag>" becomes "<stem>.p". */
+	if (asprintf(&path, "%.*s%s", (int)(mark - w->path), w->path, STAGING_PT_SUFFIX) < 0)
+		return -ENOMEM;
+	if (renameat(md->staging_dirfd, name, md->staging_dirfd, strrchr(path, '/') + 1) < 0 ||
+	    fsync(md->staging_dirfd) < 0) {
+		rc = -errno;
+		log_errno(rc, "cannot mark staging file %s as flushed", w->path);
+		free(path);
+		return rc;
+	}
+	free(w->path);
+	w->path = path;
+	w->copy_unsynced = false;
+	w->dir_synced = true;
+	return 0;
 }
 
 int wstate_passthrough_resume(struct mountd *md, struct inode *ino)
@@ -770,6 +837,12 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src)
 			np[u].len = ulen;
 		}
 	}
+	/* Named for no boot (the boot cannot be told): the copy must be on
+	 * stable storage before a power loss could find the file whole. */
+	if (!w->copy_unsynced && fdatasync(w->fd) < 0) {
+		rc = -errno;
+		goto out;
+	}
 	/* The copy is not a change: the staging file shows the file's mtime
 	 * (set at the start, w->mtime) until the kernel writes to it. */
 	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, w->mtime };
@@ -1311,6 +1384,7 @@ void staging_adopt(struct mountd *md)
 			goto next;
 		}
 		w->passthrough = true;
+		w->copy_unsynced = staging_is_copy(n);
 		w->size = (uint64_t)st.st_size;
 		w->size_changed = true;
 		w->mtime = st.st_mtim;

@@ -238,3 +238,163 @@ Test(crash, fsync_local_is_durable_on_the_node_without_uploading)
 	cr_assert(memcmp(got, "01ABC56789", 10) == 0, "old: '%.10s' after the crash", got);
 	free(got);
 }
+
+/*
+ * A write open of a file with content copies it into a staging file, which
+ * holds the whole file from then on. Written without fsync, the copy is
+ * whole only while the page cache that took it lives: a power loss may
+ * take any of its pages (they read as zeros). Simulated here: both daemons
+ * killed, every byte of the file's staging files punched out (pages never
+ * written back), and the daemons started again under another boot id
+ * (tests/integration/shim_fake_boot.c), as after the machine restarted.
+ */
+#define COPY_LEN (1u << 20)
+#define FAKE_BOOT "0badb007-0000-4000-8000-000000000001"
+
+static void committed_file(const char *name, unsigned char fill)
+{
+	unsigned char *buf = malloc(COPY_LEN);
+
+	cr_assert(buf);
+	memset(buf, fill, COPY_LEN);
+	fm_write_file(mp("%s", name), buf, COPY_LEN);
+	free(buf);
+}
+
+static void expect_file(const char *name, const char *head, unsigned char fill)
+{
+	size_t len, k = strlen(head);
+	unsigned char *got = fm_read_file(mp("%s", name), &len);
+
+	cr_assert_eq(len, COPY_LEN, "%s: %zu bytes", name, len);
+	cr_assert(memcmp(got, head, k) == 0, "%s starts with '%.8s', not '%s'", name,
+		  (const char *)got, head);
+	for (size_t at = k; at < len; at++)
+		cr_assert(got[at] == fill, "%s: byte %zu is %#x, not %#x", name, at, got[at], fill);
+	free(got);
+}
+
+/* Both daemons killed, the mount's files left open as they are. */
+static void kill_both(void)
+{
+	pid_t pids[8];
+	int n = find_procs("ferry-reconciler", pids, 8);
+
+	cr_assert_eq(n, 1, "%d reconcilers for this mount", n);
+	kill(pids[0], SIGKILL);
+	fm_crash();
+}
+
+/* Punches out every byte of the staging files of inode ino (as a power
+ * loss does to pages never written back); returns how many there were. */
+static int staging_punch(uint64_t ino)
+{
+	char dir[PATH_MAX], prefix[32], path[PATH_MAX + 256];
+	struct dirent *e;
+	struct stat st;
+	int n = 0;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "%s", fm.staging[0] ? fm.staging : sp("vol/staging"));
+	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
+	d = opendir(dir);
+	cr_assert(d, "%s: %s", dir, strerror(errno));
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		int fd = OK(open(path, O_RDWR));
+		OK(fstat(fd, &st));
+		if (st.st_size > 0)
+			OK(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, st.st_size));
+		close(fd);
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+static uint64_t ino_of(const char *name)
+{
+	struct stat st;
+
+	OK(stat(mp("%s", name), &st));
+	return st.st_ino;
+}
+
+Test(crash, a_copy_never_flushed_is_set_aside_after_the_machine_restarts)
+{
+	committed_file("open", 'A');
+	committed_file("closed", 'C');
+	fm_wait_committed("the files' first uploads", 60);
+	uint64_t open_ino = ino_of("open"), closed_ino = ino_of("closed");
+	/* The next close's upload waits: its job is still journaled when the
+	 * daemons die. */
+	fm_umount();
+	setenv("FERRY_IT_MOUNT_OPTIONS", "upload_quiet_ms=600000,upload_delay_max_ms=600000", 1);
+	fm_mount();
+
+	/* One file open with a write, one written and closed. */
+	int fd = OK(open(mp("open"), O_RDWR));
+	fm_pwrite_all(fd, "BBBB", 4, 0);
+	int fd2 = OK(open(mp("closed"), O_RDWR));
+	fm_pwrite_all(fd2, "DDDD", 4, 0);
+	OK(close(fd2));
+	cr_assert_geq(fm_stat("copy_ups"), 2, "the write opens made no copies");
+	kill_both();
+	close(fd);
+	cr_assert_eq(staging_punch(open_ino), 1, "the open file has no staging file");
+	cr_assert_eq(staging_punch(closed_ino), 1, "the closed file has no staging file");
+
+	unsetenv("FERRY_IT_MOUNT_OPTIONS");
+	fm_daemon_preload("fake_boot");
+	fm_daemon_env("FERRY_FAKE_BOOT_ID", FAKE_BOOT);
+	fm_mount();
+	fm_wait_committed("whatever the restart committed", 60);
+	/* Committed content, not zeros: the writes were never flushed, so
+	 * they may go, but nothing that was committed before them. */
+	expect_file("open", "", 'A');
+	expect_file("closed", "", 'C');
+	cr_assert_eq(fm_stat("staging_copies_set_aside"), 2);
+	fm_remount_cold();
+	expect_file("open", "", 'A');
+	expect_file("closed", "", 'C');
+}
+
+Test(crash, a_copy_survives_a_crash_of_the_daemons_under_the_same_boot)
+{
+	committed_file("f", 'A');
+	fm_wait_committed("the file's first upload", 60);
+	int fd = OK(open(mp("f"), O_RDWR));
+	fm_pwrite_all(fd, "BBBB", 4, 0); /* returned: must survive the daemons */
+	cr_assert_geq(fm_stat("copy_ups"), 1, "the write open made no copy");
+	kill_both();
+	close(fd);
+	fm_mount();
+	fm_wait_committed("the recovered copy", 60);
+	expect_file("f", "BBBB", 'A');
+	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0);
+}
+
+Test(crash, an_fsynced_copy_survives_the_machine_restarting)
+{
+	fm_umount();
+	setenv("FERRY_IT_MOUNT_OPTIONS", "fsync=local", 1);
+	fm_mount();
+	committed_file("f", 'A');
+	fm_wait_committed("the file's first upload", 60);
+	int fd = OK(open(mp("f"), O_RDWR));
+	fm_pwrite_all(fd, "BBBB", 4, 0);
+	OK(fdatasync(fd)); /* durable on the node from here, copy and all */
+	cr_assert_geq(fm_stat("copy_ups"), 1, "the write open made no copy");
+	kill_both();
+	close(fd);
+
+	unsetenv("FERRY_IT_MOUNT_OPTIONS");
+	fm_daemon_preload("fake_boot");
+	fm_daemon_env("FERRY_FAKE_BOOT_ID", FAKE_BOOT);
+	fm_mount();
+	fm_wait_committed("the recovered copy", 60);
+	expect_file("f", "BBBB", 'A');
+	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0);
+}

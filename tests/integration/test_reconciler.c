@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "boot.h"
 #include "rpc_frame.h"
 
 #define MiB (1024 * 1024)
@@ -689,6 +690,68 @@ Test(reconciler, journal_jobs_at_start_do_not_wait, .timeout = 120)
 	}
 	cr_assert_eq(s.committed_total, N, "jobs of the journal waited");
 	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+}
+
+/*
+ * A job whose staging file is a copy made under another boot and never
+ * flushed (STAGING_COPY_SUFFIX and another boot's tag: after a power loss
+ * its pages may read as zeros) is not committed: its records go, the file
+ * is kept as <name>.<time>.orphan, and the file keeps its committed
+ * content. The same copy named for this boot commits.
+ */
+Test(reconciler, a_copy_of_another_boot_is_kept_aside, .timeout = 120)
+{
+	enum { LEN = 200000 };
+	static unsigned char committed[LEN], copy[LEN];
+	char tag[BOOT_TAG_LEN + 1], other[BOOT_TAG_LEN + 1], torn[96], whole[96];
+	uint64_t inos[2];
+	struct reconcile_stats s;
+
+	cr_assert(boot_tag(tag), "cannot read this boot's id");
+	snprintf(other, sizeof(other), "%c%s", tag[0] == '0' ? '1' : '0', tag + 1);
+	memset(committed, 'A', LEN);
+	memset(copy, 'B', LEN);
+	fm_mount();
+	fm_write_file(mp("torn"), committed, LEN); /* committed by the mount itself */
+	fm_write_file(mp("whole"), committed, LEN);
+	for (int i = 0; i < 2; i++) {
+		struct stat st;
+		OK(stat(mp("%s", i ? "whole" : "torn"), &st));
+		inos[i] = st.st_ino;
+	}
+	fm_umount();
+	snprintf(torn, sizeof(torn), "%llu-1-1-1-s5%s%s", (unsigned long long)inos[0],
+		 STAGING_COPY_SUFFIX, other);
+	snprintf(whole, sizeof(whole), "%llu-1-1-2-s6%s%s", (unsigned long long)inos[1],
+		 STAGING_COPY_SUFFIX, tag);
+	/* The torn copy as a power loss leaves it: its length, no data. */
+	rcu_stage(&rc, torn, NULL, LEN);
+	rcu_stage(&rc, whole, copy, LEN);
+	for (int i = 0; i < 2; i++) {
+		struct reconcile_job j;
+		rcu_job(&j, 5 + (uint64_t)i, inos[i], LEN, i ? whole : torn);
+		rcu_record(&rc, &j);
+		reconcile_job_clear(&j);
+	}
+	rcu_start(&rc);
+	for (int t = 0; t < 6000; t++) {
+		rcu_stats(&rc, &s);
+		if (s.committed_total >= 1)
+			break;
+		usleep(10 * 1000);
+	}
+	cr_assert_eq(s.committed_total, 1, "the copy of this boot was not committed");
+	cr_assert_eq(s.failures_total, 0);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+	/* Kept aside, without a record; the committed one is gone. */
+	cr_assert_eq(rcu_count(&rc, RECONCILE_ORPHAN_SUFFIX), 1);
+	cr_assert_eq(rcu_count(&rc, RECONCILE_JOB_SUFFIX), 0);
+	cr_assert_eq(rcu_count_attached(&rc), 0);
+	cr_assert_eq(rcu_count(&rc, ""), 1);
+	mount_cold();
+	check_file("torn", committed, LEN);
+	check_file("whole", copy, LEN);
+	fm_umount();
 }
 
 /* Frames a peer should not send; the reconciler answers Error or closes,
