@@ -1,6 +1,8 @@
 #include "boot.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,10 +56,92 @@ const char *boot_tag_of_name(const char *name, const char *mark)
 	return at + k;
 }
 
-bool boot_name_of_other_boot(const char *name, const char *mark)
+int boot_set_load(int dirfd, struct boot_set *s)
+{
+	char text[BOOT_SET_MAX * (BOOT_TAG_LEN + 1) + 1];
+	int fd = openat(dirfd, BOOT_FLUSHED_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	ssize_t len;
+
+	s->n = 0;
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	len = read(fd, text, sizeof(text) - 1);
+	close(fd);
+	if (len < 0)
+		return -errno;
+	text[len] = '\0';
+	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+	     line = strtok_r(NULL, "\n", &save)) {
+		if (strlen(line) == BOOT_TAG_LEN && boot_tag_of_name(line, ""))
+			boot_set_add(s, line);
+	}
+	return 0;
+}
+
+int boot_set_store(int dirfd, const struct boot_set *s)
+{
+	static const char tmp[] = BOOT_FLUSHED_NAME ".tmp";
+	char text[BOOT_SET_MAX * (BOOT_TAG_LEN + 1) + 1];
+	size_t len = 0;
+	int fd, rc = 0;
+
+	for (size_t k = 0; k < s->n; k++)
+		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n", s->tag[k]);
+	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
+		rc = errno ? -errno : -EIO;
+	close(fd);
+	if (rc == 0 && (renameat(dirfd, tmp, dirfd, BOOT_FLUSHED_NAME) < 0 || fsync(dirfd) < 0))
+		rc = -errno;
+	if (rc < 0)
+		unlinkat(dirfd, tmp, 0);
+	return rc;
+}
+
+bool boot_set_has(const struct boot_set *s, const char *tag)
+{
+	for (size_t k = 0; k < s->n; k++) {
+		if (strcmp(s->tag[k], tag) == 0)
+			return true;
+	}
+	return false;
+}
+
+void boot_set_add(struct boot_set *s, const char *tag)
+{
+	if (boot_set_has(s, tag))
+		return;
+	if (s->n == BOOT_SET_MAX) {
+		memmove(s->tag[0], s->tag[1], (BOOT_SET_MAX - 1) * sizeof(s->tag[0]));
+		s->n--;
+	}
+	snprintf(s->tag[s->n++], sizeof(s->tag[0]), "%s", tag);
+}
+
+bool boot_set_remove(struct boot_set *s, const char *tag)
+{
+	for (size_t k = 0; k < s->n; k++) {
+		if (strcmp(s->tag[k], tag) == 0) {
+			memmove(s->tag[k], s->tag[k + 1], (s->n - k - 1) * sizeof(s->tag[0]));
+			s->n--;
+			return true;
+		}
+	}
+	return false;
+}
+
+enum boot_name boot_name_state(const char *name, const char *mark, const char *now,
+			       const struct boot_set *flushed)
 {
 	const char *tag = boot_tag_of_name(name, mark);
-	char now[BOOT_TAG_LEN + 1];
 
-	return tag && (!boot_tag(now) || strcmp(tag, now) != 0);
+	if (!tag)
+		return BOOT_NAME_UNTAGGED;
+	if (!now[0])
+		return BOOT_NAME_UNKNOWN;
+	if (strcmp(tag, now) == 0 || (flushed && boot_set_has(flushed, tag)))
+		return BOOT_NAME_WHOLE;
+	return BOOT_NAME_TORN;
 }

@@ -783,6 +783,22 @@ static bool passthrough_allowed(struct mountd *md)
 }
 
 /*
+ * Whether a copy into a new staging file is flushed before the open
+ * returns, rather than named for this boot until a daemon's orderly stop
+ * flushes it (STAGING_COPY_SUFFIX). An fsync=local mount promises
+ * durability on the node at fsync(), and O_SYNC/O_DSYNC writes and
+ * msync() of a passthrough file reach the staging file without the daemon
+ * hearing of them: each must find the copy on stable storage already. So
+ * must a boot that cannot be told, or a start that could not record that
+ * this boot's copies are unflushed again (staging_recover()).
+ */
+static bool copy_flushed_at_open(const struct mountd *md, int open_flags)
+{
+	return md->fsync_local || (open_flags & O_DSYNC) || md->copies_flushed ||
+	       !md->boot_tag[0];
+}
+
+/*
  * The I/O mode of a new open. The kernel keeps one mode per inode
  * (fs/fuse/iomode.c): while the inode has a passthrough staging file every
  * open shares its backing id, and an inode open in cached mode gets no
@@ -832,7 +848,8 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			clock_gettime(CLOCK_REALTIME, &a.mtime);
 			a.size = UINT64_MAX; /* unknown: commit the size */
 		}
-		id = wstate_passthrough_start(md, i, of->fh, a.mtime, a.size, !empty);
+		id = wstate_passthrough_start(md, i, of->fh, a.mtime, a.size,
+					      !empty && !copy_flushed_at_open(md, fi->flags));
 		if (id > 0 && !empty) {
 			/* A file with content: the staging file gets all of it,
 			 * as the kernel will read and write it there. */
@@ -1374,10 +1391,6 @@ static int fsync_local(struct mountd *md, struct inode *i, int datasync)
 
 	if ((datasync ? fdatasync(w->fd) : fsync(w->fd)) < 0)
 		return -errno;
-	/* A copy of committed data is whole from now on, across a power loss
-	 * too: its name says so (and is made durable). */
-	if (w->copy_unsynced && (rc = wstate_copy_synced(md, w)) < 0)
-		return rc;
 	if (!w->passthrough) {
 		rc = rclient_journal(md, i, RECONCILE_JOB_SYNC);
 		if (rc == -E2BIG) /* too fragmented for a record: to the store */

@@ -1040,6 +1040,11 @@ out:
 	if (md->se)
 		fuse_session_destroy(md->se); /* runs destroy: commits what is still pending */
 	rclient_stop(md); /* if destroy did not run (no INIT) */
+	/* Copies left for an upload that could not finish (the store down)
+	 * are whole after a clean reboot: flushed and recorded so. Not at a
+	 * hand-over: the next daemon goes on writing them. */
+	if (!md->handing_over && !md->follower)
+		staging_flushed_mark(md);
 	inval_stop(md);   /* after the reconciler's replies: they queue there */
 	lease_stop(md);   /* everything is committed: the lease goes */
 	fuse_loop_cfg_destroy(loop_cfg);

@@ -169,7 +169,7 @@ struct wstate {
 	bool mtime_set;          /* passthrough: mtime set explicitly (utimens) */
 	struct timespec started_mtime; /* passthrough: the staging file's own, as made */
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
-	bool copy_unsynced;      /* named STAGING_COPY_SUFFIX (see there) */
+	bool copy_unsynced;      /* a copy named STAGING_COPY_SUFFIX (see there), not flushed */
 	bool flush_recorded;     /* a <path>.fj may exist (rclient_journal wrote one) */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */
@@ -215,24 +215,22 @@ struct block_print {
  * mtime_floor: the file's mtime now, which the staging file's (coarser)
  * clock must not take back. meta_size: the file's size in the metadata
  * now (a staging file left as it started commits nothing when that is 0).
+ * copy: the file's content is copied in next (wstate_copy_up()) and not
+ * flushed there: the file is named STAGING_COPY_SUFFIX and this boot.
  * Caller holds ino->lock. */
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 			     struct timespec mtime_floor, uint64_t meta_size, bool copy);
-/* After a successful flush of a copy's staging file (fsync=local): renames
- * it from STAGING_COPY_SUFFIX to STAGING_PT_SUFFIX and makes the name
- * durable. 0 or -errno. Caller holds the inode's lock. */
-int wstate_copy_synced(struct mountd *md, struct wstate *w);
 /* What a staging file's name says it holds. */
 enum staging_kind {
 	STAGING_PARTIAL,   /* daemon path: ranges, told by a journal record */
 	STAGING_WHOLE,     /* passthrough: ".p", or a copy made under this boot */
-	STAGING_COPY_TORN, /* a copy made under another boot: maybe torn */
+	STAGING_COPY_TORN, /* a copy of another boot, not known flushed: maybe torn */
+	STAGING_COPY_UNKNOWN, /* a copy, and this boot cannot be told */
 };
 /* The kind of staging file `name`, and in *seq (if not NULL) the job seq
  * its name carries ("-s<seq>" of a whole file's name), else 0. */
 enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64_t *seq);
-/* Whether `name` is a copy's (STAGING_COPY_SUFFIX), of whichever boot. */
-bool staging_is_copy(const char *name);
+
 /* Fills the new passthrough staging file of an inode with the file's
  * committed content (size bytes; holes stay holes) and the fingerprints
  * of what it holds, so that commits store only what changes. src (or -1):
@@ -387,6 +385,10 @@ bool rclient_up(struct mountd *md);
  * journal what can be committed, for the reconciler. Returns how many the
  * reconciler will commit (SIZE_MAX: the directory could not be listed). */
 size_t staging_recover(struct mountd *md, bool with_jobs);
+/* At an orderly stop (nothing writes staging files any more): flushes the
+ * staging directory and records this boot as one whose copies are all
+ * flushed (boot.h's BOOT_FLUSHED_NAME; STAGING_COPY_SUFFIX). */
+void staging_flushed_mark(struct mountd *md);
 /* Journals and hands the inode's write state to the reconciler; on success
  * the state is gone and the inode reserved until the job commits. -ENODATA:
  * nothing to commit. Caller holds ino->lock. */
@@ -862,6 +864,8 @@ struct mountd {
 	pid_t rc_child;               /* the reconciler we spawned, or 0 */
 	pid_t pid;                    /* ours: the child's parent-death check, staging names */
 	char boot_tag[BOOT_TAG_LEN + 1]; /* this boot's (boot.h); "" when unknown */
+	struct boot_set flushed_boots; /* the staging directory's, as found at start */
+	bool copies_flushed;           /* copies are flushed at open: see copy_flushed_at_open() */
 	_Atomic bool rc_up, rc_stopping;
 	pthread_t rc_reader;
 	bool rc_reader_live;

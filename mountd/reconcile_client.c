@@ -470,13 +470,17 @@ static void staging_record_drop(struct mountd *md, const char *n)
 size_t staging_recover(struct mountd *md, bool with_jobs)
 {
 	DIR *d = fdopendir(dup(md->staging_dirfd));
-	size_t kept = 0, recovered = 0, handed = 0, torn = 0;
+	size_t kept = 0, recovered = 0, handed = 0, torn = 0, unknown = 0;
 	struct dirent *de;
 
 	if (!d) {
 		log_warn("cannot list the staging directory %s", md->cfg.staging_dir);
 		return SIZE_MAX;
 	}
+	int lrc = boot_set_load(md->staging_dirfd, &md->flushed_boots);
+	if (lrc < 0)
+		log_errno(lrc, "cannot read %s/%s: copies of an earlier boot are taken as "
+			  "unflushed", md->cfg.staging_dir, BOOT_FLUSHED_NAME);
 	rewinddir(d); /* the dup shares staging_dirfd's offset */
 	while ((de = readdir(d))) {
 		const char *n = de->d_name;
@@ -492,6 +496,12 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 			continue; /* the daemon before handed it over with its opens */
 		uint64_t name_seq;
 		enum staging_kind kind = staging_kind(md, n, &name_seq);
+		if (kind == STAGING_COPY_UNKNOWN) {
+			/* Which boot made it cannot be told now: left as it is,
+			 * for a start that can. */
+			unknown++;
+			continue;
+		}
 		if (kind == STAGING_COPY_TORN) {
 			/* A copy made under another boot and never flushed: any
 			 * page of it may be lost (zeros) since, and a commit of
@@ -568,6 +578,24 @@ keep:
 	if (recovered)
 		log_info("recovered %zu staging files of an earlier run for commit",
 			 recovered);
+	/* Copies this run makes are unflushed until its orderly stop: this
+	 * boot is not a flushed one from here (before any is made). */
+	if (md->boot_tag[0] && boot_set_has(&md->flushed_boots, md->boot_tag)) {
+		struct boot_set now = md->flushed_boots;
+
+		boot_set_remove(&now, md->boot_tag);
+		lrc = boot_set_store(md->staging_dirfd, &now);
+		if (lrc < 0) {
+			log_errno(lrc, "cannot update %s/%s: copies into staging files are "
+				  "flushed before their opens return", md->cfg.staging_dir,
+				  BOOT_FLUSHED_NAME);
+			md->copies_flushed = true;
+		}
+	}
+	if (unknown)
+		log_warnx("%zu staging files hold copies of files' committed content made under "
+			  "a boot that cannot be told from this one (no boot id): left in %s, "
+			  "neither committed nor removed", unknown, md->cfg.staging_dir);
 	if (torn) {
 		atomic_fetch_add(&md->stats.staging_copies_set_aside, torn);
 		log_warnx("the machine restarted since %zu staging files were filled with copies of "
@@ -580,6 +608,41 @@ keep:
 		log_warnx("kept %zu staging files of an earlier run as %s/*%s (writes whose close() "
 			  "never returned)", kept - torn, md->cfg.staging_dir, RECONCILE_ORPHAN_SUFFIX);
 	return recovered + handed;
+}
+
+void staging_flushed_mark(struct mountd *md)
+{
+	struct boot_set keep = { .n = 0 };
+	struct dirent *de;
+	DIR *d;
+	int rc;
+
+	if (!md->boot_tag[0] || md->staging_dirfd < 0)
+		return;
+	if (syncfs(md->staging_dirfd) < 0) {
+		log_warn("cannot flush the staging directory %s: its copies stay unflushed",
+			 md->cfg.staging_dir);
+		return;
+	}
+	/* Boots whose copies are still here stay flushed; this one joins. */
+	d = fdopendir(dup(md->staging_dirfd));
+	if (!d) {
+		log_warn("cannot list the staging directory %s", md->cfg.staging_dir);
+		return;
+	}
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		const char *tag = boot_tag_of_name(de->d_name, STAGING_COPY_SUFFIX);
+
+		if (tag && boot_set_has(&md->flushed_boots, tag))
+			boot_set_add(&keep, tag);
+	}
+	closedir(d);
+	boot_set_add(&keep, md->boot_tag);
+	rc = boot_set_store(md->staging_dirfd, &keep);
+	if (rc < 0)
+		log_errno(rc, "cannot record in %s/%s that this boot's copies are flushed",
+			  md->cfg.staging_dir, BOOT_FLUSHED_NAME);
 }
 
 const struct rc_opt_def rc_opt_defs[RC_NOPTS] = {

@@ -73,14 +73,14 @@ enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64
 		return STAGING_PARTIAL;
 	if (seq)
 		*seq = v;
-	/* Under an unknown boot, no copy can be shown to be this boot's. */
-	return md->boot_tag[0] && strcmp(tag, md->boot_tag) == 0 ? STAGING_WHOLE
-								 : STAGING_COPY_TORN;
-}
-
-bool staging_is_copy(const char *name)
-{
-	return boot_tag_of_name(name, STAGING_COPY_SUFFIX) != NULL;
+	switch (boot_name_state(end, STAGING_COPY_SUFFIX, md->boot_tag, &md->flushed_boots)) {
+	case BOOT_NAME_WHOLE:
+		return STAGING_WHOLE;
+	case BOOT_NAME_TORN:
+		return STAGING_COPY_TORN;
+	default:
+		return STAGING_COPY_UNKNOWN;
+	}
 }
 
 /* The write state of staging file `name`, open as fd (taken over). */
@@ -193,9 +193,6 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	/* A new or empty file takes a file from the pool: made and
 	 * registered ahead (a file with content is copied in first, which
 	 * dwarfs what the pool spares). */
-	/* A copy is named for this boot until it is flushed (where the boot
-	 * cannot be told, wstate_copy_up() flushes it at once). */
-	copy = copy && md->boot_tag[0];
 	if (meta_size != 0 || copy || staging_from_pool(md, ino, fh, &w, &id, &exact) < 0) {
 		rc = staging_create(md, ino, fh, copy ? NAME_COPY : NAME_PT, &w);
 		if (rc < 0)
@@ -232,32 +229,6 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	ino->w = w;
 	atomic_fetch_add(&md->stats.passthrough_opens, 1);
 	return id;
-}
-
-int wstate_copy_synced(struct mountd *md, struct wstate *w)
-{
-	const char *name = strrchr(w->path, '/') + 1;
-	const char *mark = strrchr(name, '.');
-	char *path = NULL;
-	int rc = 0;
-
-	if (!w->copy_unsynced)
-		return 0;
-	/* staging_name() made it: "<stem>.c<tag>" becomes "<stem>.p". */
-	if (asprintf(&path, "%.*s%s", (int)(mark - w->path), w->path, STAGING_PT_SUFFIX) < 0)
-		return -ENOMEM;
-	if (renameat(md->staging_dirfd, name, md->staging_dirfd, strrchr(path, '/') + 1) < 0 ||
-	    fsync(md->staging_dirfd) < 0) {
-		rc = -errno;
-		log_errno(rc, "cannot mark staging file %s as flushed", w->path);
-		free(path);
-		return rc;
-	}
-	free(w->path);
-	w->path = path;
-	w->copy_unsynced = false;
-	w->dir_synced = true;
-	return 0;
 }
 
 int wstate_passthrough_resume(struct mountd *md, struct inode *ino)
@@ -837,7 +808,7 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src)
 			np[u].len = ulen;
 		}
 	}
-	/* Named for no boot (the boot cannot be told): the copy must be on
+	/* Named for no boot (see copy_flushed_at_open()): the copy must be on
 	 * stable storage before a power loss could find the file whole. */
 	if (!w->copy_unsynced && fdatasync(w->fd) < 0) {
 		rc = -errno;
@@ -1384,7 +1355,6 @@ void staging_adopt(struct mountd *md)
 			goto next;
 		}
 		w->passthrough = true;
-		w->copy_unsynced = staging_is_copy(n);
 		w->size = (uint64_t)st.st_size;
 		w->size_changed = true;
 		w->mtime = st.st_mtim;

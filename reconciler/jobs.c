@@ -1100,8 +1100,25 @@ static bool ends_with(const char *s, const char *suffix)
 	return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* The staging directory's flushed boots (boot.h), read at the first call
+ * of a scan. */
+static const struct boot_set *flushed_boots(struct rec *r, struct boot_set *s, bool *read)
+{
+	if (!*read) {
+		int rc = boot_set_load(r->staging_fd, s);
+
+		if (rc < 0)
+			log_errno(rc, "cannot read %s/%s: copies of an earlier boot are taken as "
+				  "unflushed", r->cfg.staging_dir, BOOT_FLUSHED_NAME);
+		*read = true;
+	}
+	return s;
+}
+
 size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 {
+	struct boot_set flushed;
+	bool flushed_read = false;
 	struct found *f = NULL;
 	size_t n = 0, cap = 0, added = 0, orphans = 0;
 	struct dirent *de;
@@ -1191,11 +1208,19 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 					  "in place", r->cfg.staging_dir, de->d_name, err);
 			continue;
 		}
-		if (boot_name_of_other_boot(rj.name, STAGING_COPY_SUFFIX)) {
+		enum boot_name copy = boot_tag_of_name(rj.name, STAGING_COPY_SUFFIX) ?
+			boot_name_state(rj.name, STAGING_COPY_SUFFIX, r->boot_tag,
+					flushed_boots(r, &flushed, &flushed_read)) :
+			BOOT_NAME_UNTAGGED;
+		if (copy == BOOT_NAME_TORN) {
 			snprintf(file, sizeof(file), "%s%s", rj.name,
 				 orphan ? RECONCILE_ORPHAN_SUFFIX : "");
 			job_set_aside_copy(r, file, plain ? NULL : de->d_name);
 			reconcile_job_clear(&rj);
+			continue;
+		}
+		if (copy == BOOT_NAME_UNKNOWN) {
+			reconcile_job_clear(&rj); /* left as it is (see main.c) */
 			continue;
 		}
 		if (jobs_find_name(r, rj.name) || jobs_recent(r, rj.name, rj.seq, &e)) {

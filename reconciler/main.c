@@ -397,6 +397,12 @@ int main(int argc, char **argv)
 		start_failed("staging directory %s: %s", cfg->staging_dir, strerror(errno));
 	if (fstatfs(r->staging_fd, &sfs) == 0 && sfs.f_type == 0x65735546 /* FUSE */)
 		start_failed("staging directory %s is on a FUSE filesystem", cfg->staging_dir);
+	/* Read once: a later failure to read it must not make this boot's
+	 * copies look like another's (jobs_scan()). */
+	if (!boot_tag(r->boot_tag))
+		log_warnx("cannot read this boot's id (/proc/sys/kernel/random/boot_id): jobs of "
+			  "copies into staging files (%s) are left for a start that can",
+			  STAGING_COPY_SUFFIX);
 	/* The lock is held on a read-only open: a file kept open for writing
 	 * makes the kernel refuse to remount the staging file system
 	 * read-only (EBUSY), and an idle reconciler has no reason to. flock(),

@@ -29,6 +29,7 @@
 #include <curl/curl.h>
 #include <event2/event.h>
 
+#include "boot.h"
 #include "meta.h"
 #include "objstore.h"
 #include "reconcile_job.h"
@@ -222,6 +223,7 @@ struct rec {
 	struct objstore *store;
 	bool async_store;            /* s3: puts on the curl multi */
 	int staging_fd;
+	char boot_tag[BOOT_TAG_LEN + 1]; /* this boot's, read at start; "" unknown */
 	int lock_fd;
 
 	/* jobs */

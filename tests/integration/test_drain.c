@@ -399,6 +399,51 @@ Test(drain_s3, sigterm_stops_after_stop_timeout_without_progress)
 	free(b);
 }
 
+/* A write open's copy (STAGING_COPY_SUFFIX) whose upload could not finish
+ * before an orderly stop (the store refusing it) was flushed and recorded
+ * so at the stop: after a clean reboot (another boot id, through
+ * shim_fake_boot) it is committed, not kept aside. */
+Test(drain_s3, a_copy_left_at_an_orderly_stop_survives_a_clean_reboot)
+{
+	size_t len = 300 * KiB + 5;
+	unsigned char *a = pattern(len, 23);
+	pid_t mpid[4], rpid[4];
+	char *out;
+
+	fm_write_file(mp("f"), a, len);
+	fm_wait_committed("the file's first upload", 60);
+	fm_umount();
+	fm_mount_with("stop_timeout=2");
+	s3_proxy_fault(proxy, S3F_500, 1000000, "PUT", NULL);
+	int fd = OK(open(mp("f"), O_RDWR));
+	fm_pwrite_all(fd, "BBBB", 4, 7);
+	memcpy(a + 7, "BBBB", 4);
+	OK(close(fd));
+	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", fm.mnt, mpid, 4), 1);
+	usleep(300 * 1000); /* its upload is being refused */
+	int64_t t0 = mono_ms();
+	OK(kill(mpid[0], SIGTERM));
+	while (mono_ms() - t0 < 30000 &&
+	       (kill(mpid[0], 0) == 0 || fm_daemon_pids("ferry-reconciler", rpid, 4) > 0))
+		usleep(20000);
+	cr_assert(kill(mpid[0], 0) < 0, "ferry-mountd still runs 30 s after SIGTERM");
+	if (fm_is_mounted(fm.mnt))
+		umount2(fm.mnt, MNT_DETACH);
+	fm.mounted = false;
+
+	s3_proxy_fault(proxy, S3F_NONE, 0, NULL, NULL);
+	fm_daemon_preload("fake_boot");
+	fm_daemon_env("FERRY_FAKE_BOOT_ID", "0badb007-0000-4000-8000-000000000002");
+	fm_mount();
+	int st = drain_run(&out, "--timeout", "100");
+	cr_assert_eq(st, 0, "ferry drain after the restart: %d\n%s", st, out);
+	free(out);
+	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0, "the flushed copy was kept aside");
+	fm_remount_cold();
+	fm_expect_content(mp("f"), a, len);
+	free(a);
+}
+
 /* deploy/hooks/ferry-drain-all, as a snapshot tool's pre-hook runs it.
  * Named mountpoint: without one it drains every ferryfs mount it sees,
  * which here would include other tests' mounts (one with its store down). */
