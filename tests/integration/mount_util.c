@@ -1441,9 +1441,9 @@ void fm_wait_released(int held)
 		       (unsigned long long)pending);
 }
 
-int fm_staging_files_of(uint64_t ino)
+int fm_staging_each(uint64_t ino, void (*fn)(const char *path, void *arg), void *arg)
 {
-	char dir[PATH_MAX], prefix[32];
+	char dir[PATH_MAX], prefix[32], path[PATH_MAX + 256];
 	struct dirent *e;
 	int n = 0;
 	DIR *d;
@@ -1452,8 +1452,20 @@ int fm_staging_files_of(uint64_t ino)
 	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
 	d = opendir(dir);
 	cr_assert(d, "%s: %s", dir, strerror(errno));
-	while ((e = readdir(d)))
-		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+			continue;
+		n++;
+		if (fn) {
+			snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+			fn(path, arg);
+		}
+	}
 	closedir(d);
 	return n;
+}
+
+int fm_staging_files_of(uint64_t ino)
+{
+	return fm_staging_each(ino, NULL, NULL);
 }

@@ -151,6 +151,8 @@ bool fm_is_mounted(const char *path);
 /* How many staging files of inode ino (named <ino>-...) the fixture's
  * staging directory holds. */
 int fm_staging_files_of(uint64_t ino);
+/* The same, calling fn (if not NULL) with each one's path. */
+int fm_staging_each(uint64_t ino, void (*fn)(const char *path, void *arg), void *arg);
 
 /* Path inside the mount / inside the scratch directory. Results live in a
  * ring of 16 static buffers, so a few can be used in one expression. */

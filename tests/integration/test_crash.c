@@ -285,33 +285,23 @@ static void kill_both(void)
 	fm_crash();
 }
 
+static void punch(const char *path, void *arg)
+{
+	struct stat st;
+	int fd = OK(open(path, O_RDWR));
+
+	(void)arg;
+	OK(fstat(fd, &st));
+	if (st.st_size > 0)
+		OK(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, st.st_size));
+	close(fd);
+}
+
 /* Punches out every byte of the staging files of inode ino (as a power
  * loss does to pages never written back); returns how many there were. */
 static int staging_punch(uint64_t ino)
 {
-	char dir[PATH_MAX], prefix[32], path[PATH_MAX + 256];
-	struct dirent *e;
-	struct stat st;
-	int n = 0;
-	DIR *d;
-
-	snprintf(dir, sizeof(dir), "%s", fm.staging[0] ? fm.staging : sp("vol/staging"));
-	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
-	d = opendir(dir);
-	cr_assert(d, "%s: %s", dir, strerror(errno));
-	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		int fd = OK(open(path, O_RDWR));
-		OK(fstat(fd, &st));
-		if (st.st_size > 0)
-			OK(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, st.st_size));
-		close(fd);
-		n++;
-	}
-	closedir(d);
-	return n;
+	return fm_staging_each(ino, punch, NULL);
 }
 
 static uint64_t ino_of(const char *name)

@@ -343,6 +343,23 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* SIGTERM to ferry-mountd; waits (30 s at most) until it and its reconciler
+ * are gone. Returns how long that took, in ms. */
+static int64_t sigterm_and_wait(pid_t mountd)
+{
+	pid_t rpid[4];
+	int64_t t0 = mono_ms();
+
+	OK(kill(mountd, SIGTERM));
+	while (mono_ms() - t0 < 30000 &&
+	       (kill(mountd, 0) == 0 || fm_daemon_pids("ferry-reconciler", rpid, 4) > 0))
+		usleep(20000);
+	cr_assert(kill(mountd, 0) < 0, "ferry-mountd still runs 30 s after SIGTERM");
+	cr_assert_eq(fm_daemon_pids("ferry-reconciler", rpid, 4), 0,
+		     "ferry-reconciler still runs 30 s after SIGTERM");
+	return mono_ms() - t0;
+}
+
 /* SIGTERM with the store refusing every upload: ferry-mountd and its
  * reconciler wait for progress for stop_timeout (here 2 s, not the default
  * minute), then stop, say what is left, and lose nothing: the next start
@@ -364,15 +381,7 @@ Test(drain_s3, sigterm_stops_after_stop_timeout_without_progress)
 	cr_assert_eq(fm_daemon_pids("ferry-reconciler", rpid, 4), 1);
 	usleep(300 * 1000); /* the uploads are being refused */
 
-	int64_t t0 = mono_ms();
-	OK(kill(mpid[0], SIGTERM));
-	while (mono_ms() - t0 < 30000 &&
-	       (kill(mpid[0], 0) == 0 || fm_daemon_pids("ferry-reconciler", rpid, 4) > 0))
-		usleep(20000);
-	int64_t took = mono_ms() - t0;
-	cr_assert(kill(mpid[0], 0) < 0, "ferry-mountd still runs 30 s after SIGTERM");
-	cr_assert_eq(fm_daemon_pids("ferry-reconciler", rpid, 4), 0,
-		     "ferry-reconciler still runs 30 s after SIGTERM");
+	int64_t took = sigterm_and_wait(mpid[0]);
 	cr_log_info("SIGTERM with uploads refused: both daemons gone after %lld ms "
 		    "(stop_timeout=2)", (long long)took);
 	cr_assert(took >= 1800, "gave up after %lld ms, before stop_timeout", (long long)took);
@@ -407,7 +416,7 @@ Test(drain_s3, a_copy_left_at_an_orderly_stop_survives_a_clean_reboot)
 {
 	size_t len = 300 * KiB + 5;
 	unsigned char *a = pattern(len, 23);
-	pid_t mpid[4], rpid[4];
+	pid_t mpid[4];
 	char *out;
 
 	fm_write_file(mp("f"), a, len);
@@ -421,12 +430,7 @@ Test(drain_s3, a_copy_left_at_an_orderly_stop_survives_a_clean_reboot)
 	OK(close(fd));
 	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", fm.mnt, mpid, 4), 1);
 	usleep(300 * 1000); /* its upload is being refused */
-	int64_t t0 = mono_ms();
-	OK(kill(mpid[0], SIGTERM));
-	while (mono_ms() - t0 < 30000 &&
-	       (kill(mpid[0], 0) == 0 || fm_daemon_pids("ferry-reconciler", rpid, 4) > 0))
-		usleep(20000);
-	cr_assert(kill(mpid[0], 0) < 0, "ferry-mountd still runs 30 s after SIGTERM");
+	sigterm_and_wait(mpid[0]);
 	if (fm_is_mounted(fm.mnt))
 		umount2(fm.mnt, MNT_DETACH);
 	fm.mounted = false;
