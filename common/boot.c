@@ -56,23 +56,55 @@ const char *boot_tag_of_name(const char *name, const char *mark)
 	return at + k;
 }
 
+/* A run as boot_run() writes it: 8 hex digits, '-', 1 to 10 digits. */
+static bool is_run(const char *line)
+{
+	size_t n = strlen(line);
+
+	if (n < BOOT_TAG_LEN + 2 || n > BOOT_RUN_LEN || line[BOOT_TAG_LEN] != '-')
+		return false;
+	for (size_t k = 0; k < n; k++) {
+		if (k < BOOT_TAG_LEN ? !isxdigit((unsigned char)line[k])
+				     : k > BOOT_TAG_LEN && !isdigit((unsigned char)line[k]))
+			return false;
+	}
+	return true;
+}
+
 int boot_set_load(int dirfd, struct boot_set *s)
 {
-	char text[BOOT_SET_MAX * (BOOT_TAG_LEN + 1) + 1];
+	char text[BOOT_SET_MAX * (BOOT_RUN_LEN + 1) + 2];
 	int fd = openat(dirfd, BOOT_FLUSHED_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	ssize_t len;
+	size_t len = 0;
+	int rc = 0;
 
 	s->n = 0;
 	if (fd < 0)
 		return errno == ENOENT ? 0 : -errno;
-	len = read(fd, text, sizeof(text) - 1);
+	for (;;) {
+		ssize_t got = read(fd, text + len, sizeof(text) - 1 - len);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			rc = -errno;
+			break;
+		}
+		if (got == 0)
+			break;
+		len += (size_t)got;
+		if (len == sizeof(text) - 1) {
+			rc = -EFBIG; /* more than a full set: not ours */
+			break;
+		}
+	}
 	close(fd);
-	if (len < 0)
-		return -errno;
+	if (rc < 0)
+		return rc;
 	text[len] = '\0';
 	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
 	     line = strtok_r(NULL, "\n", &save)) {
-		if (strlen(line) == BOOT_TAG_LEN && boot_tag_of_name(line, ""))
+		if (is_run(line))
 			boot_set_add(s, line);
 	}
 	return 0;
@@ -81,18 +113,22 @@ int boot_set_load(int dirfd, struct boot_set *s)
 int boot_set_store(int dirfd, const struct boot_set *s)
 {
 	static const char tmp[] = BOOT_FLUSHED_NAME ".tmp";
-	char text[BOOT_SET_MAX * (BOOT_TAG_LEN + 1) + 1];
+	char text[BOOT_SET_MAX * (BOOT_RUN_LEN + 1) + 1];
 	size_t len = 0;
 	int fd, rc = 0;
 
 	for (size_t k = 0; k < s->n; k++)
-		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n", s->tag[k]);
+		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n", s->run[k]);
 	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -errno;
-	if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
-		rc = errno ? -errno : -EIO;
-	close(fd);
+	ssize_t put = write(fd, text, len);
+	if (put < 0 || fsync(fd) < 0)
+		rc = -errno;
+	else if ((size_t)put != len)
+		rc = -ENOSPC;
+	if (close(fd) < 0 && rc == 0)
+		rc = -errno;
 	if (rc == 0 && (renameat(dirfd, tmp, dirfd, BOOT_FLUSHED_NAME) < 0 || fsync(dirfd) < 0))
 		rc = -errno;
 	if (rc < 0)
@@ -100,31 +136,31 @@ int boot_set_store(int dirfd, const struct boot_set *s)
 	return rc;
 }
 
-bool boot_set_has(const struct boot_set *s, const char *tag)
+bool boot_set_has(const struct boot_set *s, const char *run)
 {
 	for (size_t k = 0; k < s->n; k++) {
-		if (strcmp(s->tag[k], tag) == 0)
+		if (strcmp(s->run[k], run) == 0)
 			return true;
 	}
 	return false;
 }
 
-void boot_set_add(struct boot_set *s, const char *tag)
+void boot_set_add(struct boot_set *s, const char *run)
 {
-	if (boot_set_has(s, tag))
+	if (boot_set_has(s, run))
 		return;
 	if (s->n == BOOT_SET_MAX) {
-		memmove(s->tag[0], s->tag[1], (BOOT_SET_MAX - 1) * sizeof(s->tag[0]));
+		memmove(s->run[0], s->run[1], (BOOT_SET_MAX - 1) * sizeof(s->run[0]));
 		s->n--;
 	}
-	snprintf(s->tag[s->n++], sizeof(s->tag[0]), "%s", tag);
+	snprintf(s->run[s->n++], sizeof(s->run[0]), "%s", run);
 }
 
-bool boot_set_remove(struct boot_set *s, const char *tag)
+bool boot_set_remove(struct boot_set *s, const char *run)
 {
 	for (size_t k = 0; k < s->n; k++) {
-		if (strcmp(s->tag[k], tag) == 0) {
-			memmove(s->tag[k], s->tag[k + 1], (s->n - k - 1) * sizeof(s->tag[0]));
+		if (strcmp(s->run[k], run) == 0) {
+			memmove(s->run[k], s->run[k + 1], (s->n - k - 1) * sizeof(s->run[0]));
 			s->n--;
 			return true;
 		}
@@ -132,16 +168,19 @@ bool boot_set_remove(struct boot_set *s, const char *tag)
 	return false;
 }
 
-enum boot_name boot_name_state(const char *name, const char *mark, const char *now,
+void boot_run(char *run, const char *tag, long pid)
+{
+	snprintf(run, BOOT_RUN_LEN + 1, "%.8s-%ld", tag, pid);
+}
+
+enum boot_name boot_name_state(const char *tag, const char *run, const char *now,
 			       const struct boot_set *flushed)
 {
-	const char *tag = boot_tag_of_name(name, mark);
-
 	if (!tag)
 		return BOOT_NAME_UNTAGGED;
 	if (!now[0])
 		return BOOT_NAME_UNKNOWN;
-	if (strcmp(tag, now) == 0 || (flushed && boot_set_has(flushed, tag)))
+	if (strncmp(tag, now, BOOT_TAG_LEN) == 0 || (run && flushed && boot_set_has(flushed, run)))
 		return BOOT_NAME_WHOLE;
 	return BOOT_NAME_TORN;
 }

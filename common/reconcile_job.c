@@ -3,8 +3,11 @@
  * messages (reconcile_job.h).
  */
 #include "reconcile_job.h"
+
+#include "boot.h"
 #include "errmsg.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -57,6 +60,38 @@ int reconcile_name_check(const char *name)
 	    ends_with(name, n, ".tmp"))
 		return -EINVAL;
 	return 0;
+}
+
+const char *staging_copy_run(const char *name, char *run)
+{
+	char buf[RECONCILE_NAME_MAX + 16];
+	size_t n = strnlen(name, sizeof(buf));
+	const char *tag, *p = name;
+	char *end;
+	long pid;
+
+	if (n == sizeof(buf))
+		return NULL;
+	memcpy(buf, name, n + 1);
+	if (ends_with(buf, n, RECONCILE_ORPHAN_SUFFIX))
+		buf[n - strlen(RECONCILE_ORPHAN_SUFFIX)] = '\0';
+	tag = boot_tag_of_name(buf, STAGING_COPY_SUFFIX);
+	if (!tag)
+		return NULL;
+	/* The pid is the third field. */
+	for (int dashes = 0; dashes < 2; p++) {
+		if (!*p)
+			return NULL;
+		dashes += *p == '-';
+	}
+	if (!isdigit((unsigned char)*p))
+		return NULL;
+	errno = 0;
+	pid = strtol(p, &end, 10);
+	if (errno || *end != '-' || pid <= 0)
+		return NULL;
+	boot_run(run, tag, pid);
+	return name + (tag - buf);
 }
 
 int reconcile_job_check(const struct reconcile_job *j, char *err, size_t errlen)

@@ -52,6 +52,11 @@
  * <name>.<time>.orphan without a record, and the file keeps its committed
  * content. */
 #define STAGING_COPY_SUFFIX ".c"
+/* For such a name ("<ino>-<fh>-<pid>-<serial>-s<seq>.c<tag>", maybe with
+ * RECONCILE_ORPHAN_SUFFIX after it): its tag (a pointer into name) and in
+ * run (BOOT_RUN_LEN + 1 bytes, boot.h) the run that made it, "<tag>-<pid>".
+ * NULL for any other name. */
+const char *staging_copy_run(const char *name, char *run);
 
 struct reconcile_job {
 	uint64_t seq;                   /* per volume, increasing, 1 .. INT64_MAX */

@@ -783,19 +783,27 @@ static bool passthrough_allowed(struct mountd *md)
 }
 
 /*
- * Whether a copy into a new staging file is flushed before the open
- * returns, rather than named for this boot until a daemon's orderly stop
- * flushes it (STAGING_COPY_SUFFIX). An fsync=local mount promises
- * durability on the node at fsync(), and O_SYNC/O_DSYNC writes and
- * msync() of a passthrough file reach the staging file without the daemon
- * hearing of them: each must find the copy on stable storage already. So
- * must a boot that cannot be told, or a start that could not record that
- * this boot's copies are unflushed again (staging_recover()).
+ * Whether a copy in a staging file (wstate copy_unsynced) must be flushed
+ * before this open returns, rather than stay named for this boot until a
+ * daemon's orderly stop flushes it (STAGING_COPY_SUFFIX). An fsync=local
+ * mount promises durability on the node at fsync(), and O_SYNC/O_DSYNC
+ * writes and msync() of a passthrough file reach the staging file without
+ * the daemon hearing of them: each must find the copy on stable storage
+ * already. So must a start that could not record that this run's copies
+ * are unflushed (staging_recover()).
  */
 static bool copy_flushed_at_open(const struct mountd *md, int open_flags)
 {
-	return md->fsync_local || (open_flags & O_DSYNC) || md->copies_flushed ||
-	       !md->boot_tag[0];
+	return md->fsync_local || (open_flags & O_DSYNC) || md->copies_flushed;
+}
+
+/* An open sharing a passthrough staging file that holds an unflushed copy
+ * flushes it first where it would expect durability of it. */
+static int shared_copy_flush(struct mountd *md, struct wstate *w, int open_flags)
+{
+	if (!w->copy_unsynced || !copy_flushed_at_open(md, open_flags))
+		return 0;
+	return wstate_copy_flush(md, w);
 }
 
 /*
@@ -818,6 +826,10 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 	int id;
 
 	if (w && w->passthrough && w->backing_id > 0) {
+		int rc = shared_copy_flush(md, w, fi->flags);
+
+		if (rc < 0)
+			return rc;
 		fi->backing_id = w->backing_id;
 		of->passthrough = true;
 		w->npt++;
@@ -827,6 +839,10 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 		/* The staging file outlived its opens (a mapping of it lives on,
 		 * or its commit is being retried): it holds the whole file, so
 		 * this open shares it. */
+		int rc = shared_copy_flush(md, w, fi->flags);
+
+		if (rc < 0)
+			return rc;
 		id = wstate_passthrough_resume(md, i);
 		if (id > 0) {
 			fi->backing_id = id;
@@ -848,12 +864,12 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 			clock_gettime(CLOCK_REALTIME, &a.mtime);
 			a.size = UINT64_MAX; /* unknown: commit the size */
 		}
-		id = wstate_passthrough_start(md, i, of->fh, a.mtime, a.size,
-					      !empty && !copy_flushed_at_open(md, fi->flags));
+		id = wstate_passthrough_start(md, i, of->fh, a.mtime, a.size, !empty);
 		if (id > 0 && !empty) {
 			/* A file with content: the staging file gets all of it,
 			 * as the kernel will read and write it there. */
-			int rc = wstate_copy_up(md, i, copy_size, copy_src);
+			int rc = wstate_copy_up(md, i, copy_size, copy_src,
+						copy_flushed_at_open(md, fi->flags));
 			if (rc < 0) {
 				atomic_fetch_add(&md->stats.copy_up_failures, 1);
 				log_errno(rc, "inode %llu: cannot copy %llu bytes into a staging "
@@ -1391,6 +1407,11 @@ static int fsync_local(struct mountd *md, struct inode *i, int datasync)
 
 	if ((datasync ? fdatasync(w->fd) : fsync(w->fd)) < 0)
 		return -errno;
+	/* A copy is whole from now on, across a power loss too: its name
+	 * must say so (a mount whose fsync mode changed since the copy, or
+	 * one adopted). */
+	if ((rc = wstate_copy_flush(md, w)) < 0)
+		return rc;
 	if (!w->passthrough) {
 		rc = rclient_journal(md, i, RECONCILE_JOB_SYNC);
 		if (rc == -E2BIG) /* too fragmented for a record: to the store */

@@ -497,6 +497,7 @@ static int staged_restore(struct mountd *md, const Ferry__Handover__Staged *s, s
 		goto fail;
 	}
 	w->passthrough = true;
+	w->copy_unsynced = staging_is_copy(s->name);
 	w->backing_id = s->backing_id;
 	w->size = (uint64_t)st.st_size;
 	/* What the old daemon's last commit stored, so that the next one

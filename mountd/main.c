@@ -868,10 +868,13 @@ int main(int argc, char **argv)
 		start_failed(md, "read-ahead threads: %s", strerror(-rc));
 	/* Before the staging directory's leftovers are looked at: which of
 	 * them were written under this boot (staging_kind()). */
-	if (!boot_tag(md->boot_tag))
-		log_warnx("cannot read this boot's id (/proc/sys/kernel/random/boot_id): copies "
-			  "into staging files are flushed at once, and none left by an earlier run "
-			  "is trusted");
+	if (!boot_tag(md->boot_tag)) {
+		/* A copy could not say which boot made it: none is made. */
+		md->pt_copy_max = 0;
+		log_warnx("cannot read this boot's id (/proc/sys/kernel/random/boot_id): writers "
+			  "of files with content take the daemon path (no copies into staging "
+			  "files), and copies an earlier run left are neither committed nor removed");
+	}
 	if ((rc = staging_open(md)) < 0)
 		start_failed(md, "staging directory %s: %s", md->cfg.staging_dir, strerror(-rc));
 	staging_pool_sweep(md);

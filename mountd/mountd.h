@@ -215,8 +215,8 @@ struct block_print {
  * mtime_floor: the file's mtime now, which the staging file's (coarser)
  * clock must not take back. meta_size: the file's size in the metadata
  * now (a staging file left as it started commits nothing when that is 0).
- * copy: the file's content is copied in next (wstate_copy_up()) and not
- * flushed there: the file is named STAGING_COPY_SUFFIX and this boot.
+ * copy: the file's content is copied in next (wstate_copy_up()): the file
+ * is named STAGING_COPY_SUFFIX and this boot until it is flushed.
  * Caller holds ino->lock. */
 int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 			     struct timespec mtime_floor, uint64_t meta_size, bool copy);
@@ -224,7 +224,7 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 enum staging_kind {
 	STAGING_PARTIAL,   /* daemon path: ranges, told by a journal record */
 	STAGING_WHOLE,     /* passthrough: ".p", or a copy made under this boot */
-	STAGING_COPY_TORN, /* a copy of another boot, not known flushed: maybe torn */
+	STAGING_COPY_TORN, /* a copy of another boot's run not known flushed: maybe torn */
 	STAGING_COPY_UNKNOWN, /* a copy, and this boot cannot be told */
 };
 /* The kind of staging file `name`, and in *seq (if not NULL) the job seq
@@ -237,7 +237,14 @@ enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64
  * a file whose first size bytes are that content (the staging file of the
  * job just committed), read instead of the read cache and the store.
  * Caller holds ino->lock. */
-int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src);
+int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src, bool flush);
+/* A copy's staging file (copy_unsynced) onto stable storage: fdatasync,
+ * then renamed from STAGING_COPY_SUFFIX to STAGING_PT_SUFFIX (w->path
+ * follows) and the directory synced. 0 (also when there was nothing to
+ * do) or -errno. Caller holds the inode's lock. */
+int wstate_copy_flush(struct mountd *md, struct wstate *w);
+/* Whether name is a copy's (STAGING_COPY_SUFFIX), of whichever boot. */
+bool staging_is_copy(const char *name);
 /* See write_back.c. */
 bool wstate_has_prints(const struct wstate *w);
 /* The ranges of a passthrough staging file (its first size bytes) that
@@ -386,7 +393,7 @@ bool rclient_up(struct mountd *md);
  * reconciler will commit (SIZE_MAX: the directory could not be listed). */
 size_t staging_recover(struct mountd *md, bool with_jobs);
 /* At an orderly stop (nothing writes staging files any more): flushes the
- * staging directory and records this boot as one whose copies are all
+ * staging directory and records the runs of this boot's copies there as
  * flushed (boot.h's BOOT_FLUSHED_NAME; STAGING_COPY_SUFFIX). */
 void staging_flushed_mark(struct mountd *md);
 /* Journals and hands the inode's write state to the reconciler; on success
@@ -866,6 +873,7 @@ struct mountd {
 	char boot_tag[BOOT_TAG_LEN + 1]; /* this boot's (boot.h); "" when unknown */
 	struct boot_set flushed_boots; /* the staging directory's, as found at start */
 	bool copies_flushed;           /* copies are flushed at open: see copy_flushed_at_open() */
+	bool flushed_unreadable;       /* flushed_boots could not be read: never stored */
 	_Atomic bool rc_up, rc_stopping;
 	pthread_t rc_reader;
 	bool rc_reader_live;

@@ -478,9 +478,16 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 		return SIZE_MAX;
 	}
 	int lrc = boot_set_load(md->staging_dirfd, &md->flushed_boots);
-	if (lrc < 0)
-		log_errno(lrc, "cannot read %s/%s: copies of an earlier boot are taken as "
-			  "unflushed", md->cfg.staging_dir, BOOT_FLUSHED_NAME);
+	if (lrc < 0) {
+		/* It may list this run (a pid used again): this run's copies
+		 * must not look flushed, and the file must not be overwritten
+		 * with less than it holds. */
+		log_errno(lrc, "cannot read %s/%s: copies of another boot are taken as unflushed, "
+			  "and this run's copies are flushed before their opens return",
+			  md->cfg.staging_dir, BOOT_FLUSHED_NAME);
+		md->flushed_unreadable = true;
+		md->copies_flushed = true;
+	}
 	rewinddir(d); /* the dup shares staging_dirfd's offset */
 	while ((de = readdir(d))) {
 		const char *n = de->d_name;
@@ -579,17 +586,22 @@ keep:
 		log_info("recovered %zu staging files of an earlier run for commit",
 			 recovered);
 	/* Copies this run makes are unflushed until its orderly stop: this
-	 * boot is not a flushed one from here (before any is made). */
-	if (md->boot_tag[0] && boot_set_has(&md->flushed_boots, md->boot_tag)) {
+	 * run (a pid an earlier run of this boot may have had) is not a
+	 * flushed one from here, before any copy is made. */
+	char run[BOOT_RUN_LEN + 1];
+	boot_run(run, md->boot_tag, (long)getpid());
+	if (md->boot_tag[0] && boot_set_has(&md->flushed_boots, run)) {
 		struct boot_set now = md->flushed_boots;
 
-		boot_set_remove(&now, md->boot_tag);
+		boot_set_remove(&now, run);
 		lrc = boot_set_store(md->staging_dirfd, &now);
 		if (lrc < 0) {
 			log_errno(lrc, "cannot update %s/%s: copies into staging files are "
 				  "flushed before their opens return", md->cfg.staging_dir,
 				  BOOT_FLUSHED_NAME);
 			md->copies_flushed = true;
+		} else {
+			md->flushed_boots = now;
 		}
 	}
 	if (unknown)
@@ -617,14 +629,16 @@ void staging_flushed_mark(struct mountd *md)
 	DIR *d;
 	int rc;
 
-	if (!md->boot_tag[0] || md->staging_dirfd < 0)
+	if (!md->boot_tag[0] || md->staging_dirfd < 0 || md->flushed_unreadable)
 		return;
 	if (syncfs(md->staging_dirfd) < 0) {
 		log_warn("cannot flush the staging directory %s: its copies stay unflushed",
 			 md->cfg.staging_dir);
 		return;
 	}
-	/* Boots whose copies are still here stay flushed; this one joins. */
+	/* Every copy of this boot here is flushed now, whichever run made it
+	 * (a hand-over's predecessor, a crashed run's adopted or journaled
+	 * ones); those of other runs stay as they were recorded. */
 	d = fdopendir(dup(md->staging_dirfd));
 	if (!d) {
 		log_warn("cannot list the staging directory %s", md->cfg.staging_dir);
@@ -632,13 +646,14 @@ void staging_flushed_mark(struct mountd *md)
 	}
 	rewinddir(d);
 	while ((de = readdir(d))) {
-		const char *tag = boot_tag_of_name(de->d_name, STAGING_COPY_SUFFIX);
+		char run[BOOT_RUN_LEN + 1];
+		const char *tag = staging_copy_run(de->d_name, run);
 
-		if (tag && boot_set_has(&md->flushed_boots, tag))
-			boot_set_add(&keep, tag);
+		if (tag && (strncmp(tag, md->boot_tag, BOOT_TAG_LEN) == 0 ||
+			    boot_set_has(&md->flushed_boots, run)))
+			boot_set_add(&keep, run);
 	}
 	closedir(d);
-	boot_set_add(&keep, md->boot_tag);
 	rc = boot_set_store(md->staging_dirfd, &keep);
 	if (rc < 0)
 		log_errno(rc, "cannot record in %s/%s that this boot's copies are flushed",

@@ -68,12 +68,13 @@ enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64
 			*seq = v;
 		return STAGING_WHOLE;
 	}
-	const char *tag = boot_tag_of_name(end, STAGING_COPY_SUFFIX);
+	char run[BOOT_RUN_LEN + 1];
+	const char *tag = staging_copy_run(name, run);
 	if (!tag || tag != end + strlen(STAGING_COPY_SUFFIX))
 		return STAGING_PARTIAL;
 	if (seq)
 		*seq = v;
-	switch (boot_name_state(end, STAGING_COPY_SUFFIX, md->boot_tag, &md->flushed_boots)) {
+	switch (boot_name_state(tag, run, md->boot_tag, &md->flushed_boots)) {
 	case BOOT_NAME_WHOLE:
 		return STAGING_WHOLE;
 	case BOOT_NAME_TORN:
@@ -229,6 +230,44 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 	ino->w = w;
 	atomic_fetch_add(&md->stats.passthrough_opens, 1);
 	return id;
+}
+
+bool staging_is_copy(const char *name)
+{
+	char run[BOOT_RUN_LEN + 1];
+
+	return staging_copy_run(name, run) != NULL;
+}
+
+int wstate_copy_flush(struct mountd *md, struct wstate *w)
+{
+	const char *name = strrchr(w->path, '/') + 1;
+	const char *mark = strrchr(name, '.');
+	char *path = NULL;
+
+	if (!w->copy_unsynced)
+		return 0;
+	if (fdatasync(w->fd) < 0)
+		return -errno;
+	/* "<stem>.c<tag>" (staging_name()) becomes "<stem>.p": whole under
+	 * any boot, once the new name is durable. */
+	if (asprintf(&path, "%.*s%s", (int)(mark - w->path), w->path, STAGING_PT_SUFFIX) < 0)
+		return -ENOMEM;
+	if (renameat(md->staging_dirfd, name, md->staging_dirfd, strrchr(path, '/') + 1) < 0) {
+		int rc = -errno;
+
+		log_errno(rc, "cannot rename flushed staging file %s", w->path);
+		free(path);
+		return rc;
+	}
+	free(w->path);
+	w->path = path;
+	w->copy_unsynced = false;
+	w->dir_synced = false;
+	if (fsync(md->staging_dirfd) < 0)
+		return -errno;
+	w->dir_synced = true;
+	return 0;
 }
 
 int wstate_passthrough_resume(struct mountd *md, struct inode *ino)
@@ -757,7 +796,7 @@ static int copy_up_read(struct mountd *md, struct inode *ino, uint64_t size, int
 	return n < 0 ? (int)n : (uint32_t)n == len ? 0 : -EIO;
 }
 
-int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src)
+int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src, bool flush)
 {
 	struct wstate *w = ino->w;
 	uint32_t bs = md->vol.block_size;
@@ -808,12 +847,10 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src)
 			np[u].len = ulen;
 		}
 	}
-	/* Named for no boot (see copy_flushed_at_open()): the copy must be on
-	 * stable storage before a power loss could find the file whole. */
-	if (!w->copy_unsynced && fdatasync(w->fd) < 0) {
-		rc = -errno;
+	/* On stable storage before the open returns (see
+	 * copy_flushed_at_open()): then it is whole under any boot. */
+	if (flush && (rc = wstate_copy_flush(md, w)) < 0)
 		goto out;
-	}
 	/* The copy is not a change: the staging file shows the file's mtime
 	 * (set at the start, w->mtime) until the kernel writes to it. */
 	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, w->mtime };
@@ -1355,6 +1392,7 @@ void staging_adopt(struct mountd *md)
 			goto next;
 		}
 		w->passthrough = true;
+		w->copy_unsynced = staging_is_copy(n);
 		w->size = (uint64_t)st.st_size;
 		w->size_changed = true;
 		w->mtime = st.st_mtim;

@@ -1104,12 +1104,16 @@ static bool ends_with(const char *s, const char *suffix)
  * of a scan. */
 static const struct boot_set *flushed_boots(struct rec *r, struct boot_set *s, bool *read)
 {
+	static bool told;
+
 	if (!*read) {
 		int rc = boot_set_load(r->staging_fd, s);
 
-		if (rc < 0)
-			log_errno(rc, "cannot read %s/%s: copies of an earlier boot are taken as "
+		if (rc < 0 && !told) {
+			log_errno(rc, "cannot read %s/%s: copies of another boot are taken as "
 				  "unflushed", r->cfg.staging_dir, BOOT_FLUSHED_NAME);
+			told = true;
+		}
 		*read = true;
 	}
 	return s;
@@ -1208,10 +1212,11 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 					  "in place", r->cfg.staging_dir, de->d_name, err);
 			continue;
 		}
-		enum boot_name copy = boot_tag_of_name(rj.name, STAGING_COPY_SUFFIX) ?
-			boot_name_state(rj.name, STAGING_COPY_SUFFIX, r->boot_tag,
-					flushed_boots(r, &flushed, &flushed_read)) :
-			BOOT_NAME_UNTAGGED;
+		char run[BOOT_RUN_LEN + 1];
+		const char *tag = staging_copy_run(rj.name, run);
+		enum boot_name copy = tag ? boot_name_state(tag, run, r->boot_tag,
+							    flushed_boots(r, &flushed, &flushed_read)) :
+					    BOOT_NAME_UNTAGGED;
 		if (copy == BOOT_NAME_TORN) {
 			snprintf(file, sizeof(file), "%s%s", rj.name,
 				 orphan ? RECONCILE_ORPHAN_SUFFIX : "");

@@ -6,6 +6,8 @@
  */
 #include "mount_util.h"
 
+#include "reconcile_job.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -274,23 +276,51 @@ static void expect_file(const char *name, const char *head, unsigned char fill)
 	free(got);
 }
 
-/* Both daemons killed, the mount's files left open as they are. */
+/* Both daemons killed, the mount's files left open as they are. The
+ * reconciler is stopped first, or ferry-mountd could start another before
+ * it dies (which would go on with the jobs). */
 static void kill_both(void)
 {
 	pid_t pids[8];
 	int n = find_procs("ferry-reconciler", pids, 8);
 
 	cr_assert_eq(n, 1, "%d reconcilers for this mount", n);
-	kill(pids[0], SIGKILL);
+	kill(pids[0], SIGSTOP);
 	fm_crash();
+	kill(pids[0], SIGKILL);
+	for (int t = 0; t < 500 && find_procs("ferry-reconciler", pids, 8) > 0; t++)
+		usleep(10000);
+	cr_assert_eq(find_procs("ferry-reconciler", pids, 8), 0, "a reconciler survived");
+}
+
+static void name_of(const char *path, void *arg)
+{
+	size_t n = strlen(path);
+
+	if (n <= 4 || strcmp(path + n - 4, ".job") != 0)
+		snprintf(arg, 256, "%s", strrchr(path, '/') + 1);
+}
+
+/* The name of the one staging file of inode ino (its journal record, a
+ * .job where there are no user xattrs, aside). */
+static void staging_name_of(uint64_t ino, char name[256])
+{
+	name[0] = '\0';
+	cr_assert_geq(fm_staging_each(ino, name_of, name), 1, "inode %llu has no staging file",
+		      (unsigned long long)ino);
+	cr_assert(name[0]);
 }
 
 static void punch(const char *path, void *arg)
 {
 	struct stat st;
-	int fd = OK(open(path, O_RDWR));
+	size_t n = strlen(path);
 
 	(void)arg;
+	if (n > 4 && strcmp(path + n - 4, ".job") == 0)
+		return; /* a record: the file's own data is what a power loss takes */
+	int fd = OK(open(path, O_RDWR));
+
 	OK(fstat(fd, &st));
 	if (st.st_size > 0)
 		OK(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, st.st_size));
@@ -377,6 +407,10 @@ Test(crash, an_fsynced_copy_survives_the_machine_restarting)
 	fm_pwrite_all(fd, "BBBB", 4, 0);
 	OK(fdatasync(fd)); /* durable on the node from here, copy and all */
 	cr_assert_geq(fm_stat("copy_ups"), 1, "the write open made no copy");
+	char name[256];
+	staging_name_of(ino_of("f"), name);
+	cr_assert(strlen(name) > 2 && strcmp(name + strlen(name) - 2, ".p") == 0,
+		  "the copy of an fsync=local mount is not flushed at open: %s", name);
 	kill_both();
 	close(fd);
 
@@ -386,5 +420,36 @@ Test(crash, an_fsynced_copy_survives_the_machine_restarting)
 	fm_mount();
 	fm_wait_committed("the recovered copy", 60);
 	expect_file("f", "BBBB", 'A');
+	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0);
+}
+
+/* An open with O_DSYNC that shares a copy made by an earlier open (which
+ * left it unflushed) flushes it first: its writes are durable on return,
+ * and after a power loss the file is whole. */
+Test(crash, an_o_dsync_open_of_a_shared_copy_flushes_it)
+{
+	char name[256];
+
+	committed_file("f", 'A');
+	fm_wait_committed("the file's first upload", 60);
+	uint64_t ino = ino_of("f");
+	int fd = OK(open(mp("f"), O_RDWR));
+	fm_pwrite_all(fd, "BBBB", 4, 0);
+	staging_name_of(ino, name);
+	cr_assert(strstr(name, STAGING_COPY_SUFFIX), "not an unflushed copy: %s", name);
+	int fd2 = OK(open(mp("f"), O_RDWR | O_DSYNC));
+	staging_name_of(ino, name);
+	cr_assert(strlen(name) > 2 && strcmp(name + strlen(name) - 2, ".p") == 0,
+		  "the O_DSYNC open did not flush the shared copy: %s", name);
+	fm_pwrite_all(fd2, "CCCC", 4, 8); /* durable when it returns */
+	kill_both();
+	close(fd);
+	close(fd2);
+
+	fm_daemon_preload("fake_boot");
+	fm_daemon_env("FERRY_FAKE_BOOT_ID", FAKE_BOOT);
+	fm_mount();
+	fm_wait_committed("the recovered copy", 60);
+	expect_file("f", "BBBBAAAACCCC", 'A');
 	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0);
 }

@@ -8,6 +8,8 @@
  * starts (FERRY_TEST_S3_HOSTPORT, FERRY_TEST_S3_BUCKET, AWS_*).
  */
 #include "mount_util.h"
+#include "boot.h"
+#include "reconcile_job.h"
 #include "s3_proxy_util.h"
 
 #include <dirent.h>
@@ -408,6 +410,15 @@ Test(drain_s3, sigterm_stops_after_stop_timeout_without_progress)
 	free(b);
 }
 
+/* Counts a staging file named for an unflushed copy (a .c<tag> name). */
+static void copy_name(const char *path, void *arg)
+{
+	(void)arg;
+	cr_assert(strstr(strrchr(path, '/'), STAGING_COPY_SUFFIX) ||
+			  strstr(path, RECONCILE_JOB_SUFFIX),
+		  "staging file %s is no unflushed copy", path);
+}
+
 /* A write open's copy (STAGING_COPY_SUFFIX) whose upload could not finish
  * before an orderly stop (the store refusing it) was flushed and recorded
  * so at the stop: after a clean reboot (another boot id, through
@@ -424,16 +435,30 @@ Test(drain_s3, a_copy_left_at_an_orderly_stop_survives_a_clean_reboot)
 	fm_umount();
 	fm_mount_with("stop_timeout=2");
 	s3_proxy_fault(proxy, S3F_500, 1000000, "PUT", NULL);
+	struct stat fst;
+	OK(stat(mp("f"), &fst));
 	int fd = OK(open(mp("f"), O_RDWR));
 	fm_pwrite_all(fd, "BBBB", 4, 7);
 	memcpy(a + 7, "BBBB", 4);
 	OK(close(fd));
+	cr_assert_eq(fm_staging_each(fst.st_ino, copy_name, NULL), 1,
+		     "the write open's copy is not an unflushed one");
 	cr_assert_eq(fm_daemon_pids_with("ferry-mountd", fm.mnt, mpid, 4), 1);
 	usleep(300 * 1000); /* its upload is being refused */
 	sigterm_and_wait(mpid[0]);
 	if (fm_is_mounted(fm.mnt))
 		umount2(fm.mnt, MNT_DETACH);
 	fm.mounted = false;
+
+	/* The stop recorded its run as flushed: a later start under this
+	 * boot (another pid) leaves that alone, and takes out only its own. */
+	char run[BOOT_RUN_LEN + 1], tag[BOOT_TAG_LEN + 1], *runs;
+	cr_assert(boot_tag(tag));
+	boot_run(run, tag, (long)mpid[0]);
+	runs = fm_slurp(sp("vol/staging/%s", BOOT_FLUSHED_NAME));
+	cr_assert(runs && strstr(runs, run), "%s does not list %s: %s", BOOT_FLUSHED_NAME, run,
+		  runs ? runs : "(none)");
+	free(runs);
 
 	s3_proxy_fault(proxy, S3F_NONE, 0, NULL, NULL);
 	fm_daemon_preload("fake_boot");

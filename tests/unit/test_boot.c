@@ -3,12 +3,14 @@
 #include <criterion/criterion.h>
 
 #include <ctype.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "boot.h"
+#include "reconcile_job.h"
 #include "tmp_dir.h"
 
 Test(boot, the_tag_is_the_ids_first_hex_digits)
@@ -39,19 +41,33 @@ Test(boot, names_carry_tags)
 	cr_assert_null(boot_tag_of_name("", ".c"));
 }
 
-Test(boot, a_name_is_whole_under_its_boot_or_a_flushed_one)
+Test(boot, a_copy_is_whole_under_its_boot_or_a_flushed_run)
 {
 	struct boot_set flushed = { .n = 0 };
-	char name[64];
+	const char *name = "7-99-4242-3-s1.c0123abcd";
+	char run[BOOT_RUN_LEN + 1];
+	const char *tag = staging_copy_run(name, run);
 
-	snprintf(name, sizeof(name), "7-s1.c%s", "0123abcd");
-	cr_assert_eq(boot_name_state(name, ".c", "0123abcd", &flushed), BOOT_NAME_WHOLE);
-	cr_assert_eq(boot_name_state(name, ".c", "ffffffff", &flushed), BOOT_NAME_TORN);
-	boot_set_add(&flushed, "0123abcd");
-	cr_assert_eq(boot_name_state(name, ".c", "ffffffff", &flushed), BOOT_NAME_WHOLE);
-	cr_assert_eq(boot_name_state(name, ".c", "", &flushed), BOOT_NAME_UNKNOWN,
+	cr_assert(tag && strcmp(tag, "0123abcd") == 0);
+	cr_assert_str_eq(run, "0123abcd-4242");
+	cr_assert_eq(boot_name_state(tag, run, "0123abcd", &flushed), BOOT_NAME_WHOLE);
+	cr_assert_eq(boot_name_state(tag, run, "ffffffff", &flushed), BOOT_NAME_TORN);
+	boot_set_add(&flushed, "0123abcd-4243"); /* another run of that boot */
+	cr_assert_eq(boot_name_state(tag, run, "ffffffff", &flushed), BOOT_NAME_TORN);
+	boot_set_add(&flushed, "0123abcd-4242");
+	cr_assert_eq(boot_name_state(tag, run, "ffffffff", &flushed), BOOT_NAME_WHOLE);
+	cr_assert_eq(boot_name_state(tag, run, "", &flushed), BOOT_NAME_UNKNOWN,
 		     "an unknown boot decides nothing");
-	cr_assert_eq(boot_name_state("7-s1.p", ".c", "ffffffff", &flushed), BOOT_NAME_UNTAGGED);
+	cr_assert_eq(boot_name_state(NULL, NULL, "ffffffff", &flushed), BOOT_NAME_UNTAGGED);
+	/* An orphan's name still says its run; other names none. */
+	cr_assert(staging_copy_run("7-99-4242-3-s1.c0123abcd.orphan", run));
+	cr_assert_str_eq(run, "0123abcd-4242");
+	cr_assert_null(staging_copy_run("7-99-4242-3-s1.p", run));
+	cr_assert_null(staging_copy_run("7-99-4242-3", run));
+	cr_assert_null(staging_copy_run("7-99-x-3-s1.c0123abcd", run), "no pid");
+	cr_assert_null(staging_copy_run("7.c0123abcd", run));
+	cr_assert_null(staging_copy_run("7-99-4242-3-s1.c0123abcd.1796434672.orphan", run),
+		       "one kept aside");
 }
 
 Test(boot, the_flushed_set_is_kept_across_a_store_and_a_load)
@@ -65,35 +81,47 @@ Test(boot, the_flushed_set_is_kept_across_a_store_and_a_load)
 	cr_assert(dfd >= 0);
 	cr_assert_eq(boot_set_load(dfd, &back), 0, "no file: an empty set");
 	cr_assert_eq(back.n, 0);
-	boot_set_add(&s, "00000001");
-	boot_set_add(&s, "00000002");
-	boot_set_add(&s, "00000001"); /* once */
+	boot_set_add(&s, "00000001-1");
+	boot_set_add(&s, "00000002-4194304");
+	boot_set_add(&s, "00000001-1"); /* once */
 	cr_assert_eq(s.n, 2);
 	cr_assert_eq(boot_set_store(dfd, &s), 0);
 	cr_assert_eq(boot_set_load(dfd, &back), 0);
 	cr_assert_eq(back.n, 2);
-	cr_assert(boot_set_has(&back, "00000001") && boot_set_has(&back, "00000002"));
-	cr_assert(boot_set_remove(&back, "00000001"));
-	cr_assert_not(boot_set_remove(&back, "00000001"));
+	cr_assert(boot_set_has(&back, "00000001-1") && boot_set_has(&back, "00000002-4194304"));
+	cr_assert(boot_set_remove(&back, "00000001-1"));
+	cr_assert_not(boot_set_remove(&back, "00000001-1"));
 	cr_assert_eq(boot_set_store(dfd, &back), 0);
 	cr_assert_eq(boot_set_load(dfd, &s), 0);
-	cr_assert(s.n == 1 && !boot_set_has(&s, "00000001") && boot_set_has(&s, "00000002"));
-	/* Full: the oldest goes. */
+	cr_assert(s.n == 1 && boot_set_has(&s, "00000002-4194304"));
+	/* Full, with the longest runs: all kept, the oldest going first. */
 	for (int k = 0; k < BOOT_SET_MAX + 3; k++) {
-		char t[BOOT_TAG_LEN + 1];
-		snprintf(t, sizeof(t), "%08x", 0x100 + k);
+		char t[BOOT_RUN_LEN + 1];
+		snprintf(t, sizeof(t), "%08x-%u", 0x100 + k, 4000000000u + (unsigned)k);
 		boot_set_add(&s, t);
 	}
 	cr_assert_eq(s.n, BOOT_SET_MAX);
-	cr_assert_not(boot_set_has(&s, "00000002"));
-	cr_assert(boot_set_has(&s, "00000142"));
-	/* A damaged file: what is no tag is skipped. */
+	cr_assert_not(boot_set_has(&s, "00000002-4194304"));
+	cr_assert_eq(boot_set_store(dfd, &s), 0);
+	cr_assert_eq(boot_set_load(dfd, &back), 0);
+	cr_assert_eq(back.n, BOOT_SET_MAX);
+	for (size_t k = 0; k < s.n; k++)
+		cr_assert(boot_set_has(&back, s.run[k]), "%s lost", s.run[k]);
+	/* A damaged file: what is no run is skipped. */
 	int fd = openat(dfd, BOOT_FLUSHED_NAME, O_WRONLY | O_TRUNC);
 	cr_assert(fd >= 0);
-	cr_assert_eq(write(fd, "zzzz\n0000000a\n123\n", 19), 19);
+	const char *text = "zzzz\n0000000a-7\n0000000a\n0000000b-x\n";
+	cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
 	close(fd);
 	cr_assert_eq(boot_set_load(dfd, &s), 0);
-	cr_assert(s.n == 1 && boot_set_has(&s, "0000000a"));
+	cr_assert(s.n == 1 && boot_set_has(&s, "0000000a-7"));
+	/* A file larger than any set: an error, never half read. */
+	fd = openat(dfd, BOOT_FLUSHED_NAME, O_WRONLY | O_TRUNC);
+	for (int k = 0; k < 200; k++)
+		cr_assert_eq(write(fd, "0000000a-1234567\n", 17), 17);
+	close(fd);
+	cr_assert_eq(boot_set_load(dfd, &s), -EFBIG);
+	cr_assert_eq(s.n, 0);
 	close(dfd);
 	rm_dir(dir);
 }
