@@ -342,6 +342,26 @@ static uint64_t ino_of(const char *name)
 	return st.st_ino;
 }
 
+/* The daemons started again as after the machine restarted, and what they
+ * commit at start committed. */
+static void restart_under_another_boot(void)
+{
+	fm_daemon_preload("fake_boot");
+	fm_daemon_env("FERRY_FAKE_BOOT_ID", FAKE_BOOT);
+	fm_mount();
+	fm_wait_committed("the recovered copy", 60);
+}
+
+/* The one staging file of ino is a flushed copy (named .p). */
+static void expect_flushed(uint64_t ino, const char *what)
+{
+	char name[256];
+
+	staging_name_of(ino, name);
+	cr_assert(strlen(name) > 2 && strcmp(name + strlen(name) - 2, ".p") == 0,
+		  "%s: %s", what, name);
+}
+
 Test(crash, a_copy_never_flushed_is_set_aside_after_the_machine_restarts)
 {
 	committed_file("open", 'A');
@@ -407,18 +427,12 @@ Test(crash, an_fsynced_copy_survives_the_machine_restarting)
 	fm_pwrite_all(fd, "BBBB", 4, 0);
 	OK(fdatasync(fd)); /* durable on the node from here, copy and all */
 	cr_assert_geq(fm_stat("copy_ups"), 1, "the write open made no copy");
-	char name[256];
-	staging_name_of(ino_of("f"), name);
-	cr_assert(strlen(name) > 2 && strcmp(name + strlen(name) - 2, ".p") == 0,
-		  "the copy of an fsync=local mount is not flushed at open: %s", name);
+	expect_flushed(ino_of("f"), "the copy of an fsync=local mount is not flushed at open");
 	kill_both();
 	close(fd);
 
 	unsetenv("FERRY_IT_MOUNT_OPTIONS");
-	fm_daemon_preload("fake_boot");
-	fm_daemon_env("FERRY_FAKE_BOOT_ID", FAKE_BOOT);
-	fm_mount();
-	fm_wait_committed("the recovered copy", 60);
+	restart_under_another_boot();
 	expect_file("f", "BBBB", 'A');
 	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0);
 }
@@ -438,18 +452,13 @@ Test(crash, an_o_dsync_open_of_a_shared_copy_flushes_it)
 	staging_name_of(ino, name);
 	cr_assert(strstr(name, STAGING_COPY_SUFFIX), "not an unflushed copy: %s", name);
 	int fd2 = OK(open(mp("f"), O_RDWR | O_DSYNC));
-	staging_name_of(ino, name);
-	cr_assert(strlen(name) > 2 && strcmp(name + strlen(name) - 2, ".p") == 0,
-		  "the O_DSYNC open did not flush the shared copy: %s", name);
+	expect_flushed(ino, "the O_DSYNC open did not flush the shared copy");
 	fm_pwrite_all(fd2, "CCCC", 4, 8); /* durable when it returns */
 	kill_both();
 	close(fd);
 	close(fd2);
 
-	fm_daemon_preload("fake_boot");
-	fm_daemon_env("FERRY_FAKE_BOOT_ID", FAKE_BOOT);
-	fm_mount();
-	fm_wait_committed("the recovered copy", 60);
+	restart_under_another_boot();
 	expect_file("f", "BBBBAAAACCCC", 'A');
 	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0);
 }
