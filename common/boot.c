@@ -180,7 +180,9 @@ enum boot_name boot_name_state(const char *tag, const char *run, const char *now
 		return BOOT_NAME_UNTAGGED;
 	if (!now[0])
 		return BOOT_NAME_UNKNOWN;
-	if (strncmp(tag, now, BOOT_TAG_LEN) == 0 || (run && flushed && boot_set_has(flushed, run)))
+	if (strncmp(tag, now, BOOT_TAG_LEN) == 0)
 		return BOOT_NAME_WHOLE;
-	return BOOT_NAME_TORN;
+	if (!flushed)
+		return BOOT_NAME_UNKNOWN; /* the runs could not be read */
+	return run && run[0] && boot_set_has(flushed, run) ? BOOT_NAME_WHOLE : BOOT_NAME_TORN;
 }

@@ -62,9 +62,10 @@ enum boot_name {
 	BOOT_NAME_TORN,     /* another boot's, not flushed: any page may be lost */
 	BOOT_NAME_UNKNOWN,  /* this boot cannot be told (now is "") */
 };
-/* What a file of tag `tag` (NULL: untagged) made by run `run` says of its
- * pages, under boot `now` (a boot_tag(), "" if unknown) and the runs
- * `flushed`. */
+/* What a file of tag `tag` (NULL: untagged) made by run `run` ("" if not
+ * known) says of its pages, under boot `now` (a boot_tag(), "" if unknown)
+ * and the runs `flushed` (NULL: they could not be read, so another boot's
+ * file is BOOT_NAME_UNKNOWN). */
 enum boot_name boot_name_state(const char *tag, const char *run, const char *now,
 			       const struct boot_set *flushed);
 

@@ -78,19 +78,18 @@ const char *staging_copy_run(const char *name, char *run)
 	tag = boot_tag_of_name(buf, STAGING_COPY_SUFFIX);
 	if (!tag)
 		return NULL;
-	/* The pid is the third field. */
+	/* The pid is the third field. A tagged name without one is still a
+	 * copy (of no known run: never a flushed one). */
+	run[0] = '\0';
 	for (int dashes = 0; dashes < 2; p++) {
 		if (!*p)
-			return NULL;
+			return name + (tag - buf);
 		dashes += *p == '-';
 	}
-	if (!isdigit((unsigned char)*p))
-		return NULL;
 	errno = 0;
-	pid = strtol(p, &end, 10);
-	if (errno || *end != '-' || pid <= 0)
-		return NULL;
-	boot_run(run, tag, pid);
+	pid = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : 0;
+	if (!errno && pid > 0 && *end == '-')
+		boot_run(run, tag, pid);
 	return name + (tag - buf);
 }
 

@@ -54,8 +54,9 @@
 #define STAGING_COPY_SUFFIX ".c"
 /* For such a name ("<ino>-<fh>-<pid>-<serial>-s<seq>.c<tag>", maybe with
  * RECONCILE_ORPHAN_SUFFIX after it): its tag (a pointer into name) and in
- * run (BOOT_RUN_LEN + 1 bytes, boot.h) the run that made it, "<tag>-<pid>".
- * NULL for any other name. */
+ * run (BOOT_RUN_LEN + 1 bytes, boot.h) the run that made it, "<tag>-<pid>"
+ * ("" if the name has no pid where staging names have it). NULL for a name
+ * without a tag. */
 const char *staging_copy_run(const char *name, char *run);
 
 struct reconcile_job {

@@ -801,7 +801,7 @@ static bool copy_flushed_at_open(const struct mountd *md, int open_flags)
  * flushes it first where it would expect durability of it. */
 static int shared_copy_flush(struct mountd *md, struct wstate *w, int open_flags)
 {
-	if (!w->copy_unsynced || !copy_flushed_at_open(md, open_flags))
+	if (!(w->copy_unsynced || w->copy_rename_pending) || !copy_flushed_at_open(md, open_flags))
 		return 0;
 	return wstate_copy_flush(md, w);
 }

@@ -170,6 +170,8 @@ struct wstate {
 	struct timespec started_mtime; /* passthrough: the staging file's own, as made */
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
 	bool copy_unsynced;      /* a copy named STAGING_COPY_SUFFIX (see there), not flushed */
+	bool copy_torn;          /* a flush of that copy failed: it stays unflushed */
+	bool copy_rename_pending; /* renamed .p, the directory not yet synced */
 	bool flush_recorded;     /* a <path>.fj may exist (rclient_journal wrote one) */
 	bool size_changed;
 	int last_error;          /* negative errno of the last failed commit */

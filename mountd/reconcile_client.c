@@ -467,6 +467,26 @@ static void staging_record_drop(struct mountd *md, const char *n)
 		log_warn("cannot remove journal record %s", job);
 }
 
+/* Whether the staging directory holds copies (orphans included) that run
+ * made. */
+static bool run_has_copies(struct mountd *md, const char *run)
+{
+	DIR *d = fdopendir(dup(md->staging_dirfd));
+	struct dirent *de;
+	bool found = false;
+
+	if (!d)
+		return true; /* cannot tell: keep what protects them */
+	rewinddir(d);
+	while (!found && (de = readdir(d))) {
+		char r[BOOT_RUN_LEN + 1];
+
+		found = staging_copy_run(de->d_name, r) && strcmp(r, run) == 0;
+	}
+	closedir(d);
+	return found;
+}
+
 size_t staging_recover(struct mountd *md, bool with_jobs)
 {
 	DIR *d = fdopendir(dup(md->staging_dirfd));
@@ -482,8 +502,8 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 		/* It may list this run (a pid used again): this run's copies
 		 * must not look flushed, and the file must not be overwritten
 		 * with less than it holds. */
-		log_errno(lrc, "cannot read %s/%s: copies of another boot are taken as unflushed, "
-			  "and this run's copies are flushed before their opens return",
+		log_errno(lrc, "cannot read %s/%s: copies of another boot are left alone, and "
+			  "this run's copies are flushed before their opens return",
 			  md->cfg.staging_dir, BOOT_FLUSHED_NAME);
 		md->flushed_unreadable = true;
 		md->copies_flushed = true;
@@ -590,7 +610,12 @@ keep:
 	 * flushed one from here, before any copy is made. */
 	char run[BOOT_RUN_LEN + 1];
 	boot_run(run, md->boot_tag, (long)getpid());
-	if (md->boot_tag[0] && boot_set_has(&md->flushed_boots, run)) {
+	if (md->boot_tag[0] && boot_set_has(&md->flushed_boots, run) && run_has_copies(md, run)) {
+		/* An earlier run had this pid (a container's pid 1) and left
+		 * flushed copies: its entry stays, and this run makes none that
+		 * are not flushed. */
+		md->copies_flushed = true;
+	} else if (md->boot_tag[0] && boot_set_has(&md->flushed_boots, run)) {
 		struct boot_set now = md->flushed_boots;
 
 		boot_set_remove(&now, run);
@@ -605,9 +630,9 @@ keep:
 		}
 	}
 	if (unknown)
-		log_warnx("%zu staging files hold copies of files' committed content made under "
-			  "a boot that cannot be told from this one (no boot id): left in %s, "
-			  "neither committed nor removed", unknown, md->cfg.staging_dir);
+		log_warnx("%zu staging files hold copies of files' committed content that cannot "
+			  "be judged now (no boot id, or no readable %s): left in %s, neither "
+			  "committed nor removed", unknown, BOOT_FLUSHED_NAME, md->cfg.staging_dir);
 	if (torn) {
 		atomic_fetch_add(&md->stats.staging_copies_set_aside, torn);
 		log_warnx("the machine restarted since %zu staging files were filled with copies of "

@@ -74,7 +74,8 @@ enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64
 		return STAGING_PARTIAL;
 	if (seq)
 		*seq = v;
-	switch (boot_name_state(tag, run, md->boot_tag, &md->flushed_boots)) {
+	switch (boot_name_state(tag, run, md->boot_tag,
+				md->flushed_unreadable ? NULL : &md->flushed_boots)) {
 	case BOOT_NAME_WHOLE:
 		return STAGING_WHOLE;
 	case BOOT_NAME_TORN:
@@ -245,10 +246,22 @@ int wstate_copy_flush(struct mountd *md, struct wstate *w)
 	const char *mark = strrchr(name, '.');
 	char *path = NULL;
 
+	if (w->copy_rename_pending)
+		goto dir;
 	if (!w->copy_unsynced)
 		return 0;
-	if (fdatasync(w->fd) < 0)
-		return -errno;
+	/* A flush that failed once may succeed the next time without the
+	 * lost pages being written (the error is reported once): such a copy
+	 * is never taken as whole. */
+	if (w->copy_torn)
+		return -EIO;
+	if (fdatasync(w->fd) < 0) {
+		int rc = -errno;
+
+		w->copy_torn = true;
+		log_errno(rc, "cannot flush staging file %s: it stays an unflushed copy", w->path);
+		return rc;
+	}
 	/* "<stem>.c<tag>" (staging_name()) becomes "<stem>.p": whole under
 	 * any boot, once the new name is durable. */
 	if (asprintf(&path, "%.*s%s", (int)(mark - w->path), w->path, STAGING_PT_SUFFIX) < 0)
@@ -263,9 +276,11 @@ int wstate_copy_flush(struct mountd *md, struct wstate *w)
 	free(w->path);
 	w->path = path;
 	w->copy_unsynced = false;
-	w->dir_synced = false;
+	w->copy_rename_pending = true;
+dir:
 	if (fsync(md->staging_dirfd) < 0)
 		return -errno;
+	w->copy_rename_pending = false;
 	w->dir_synced = true;
 	return 0;
 }

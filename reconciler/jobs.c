@@ -1100,9 +1100,9 @@ static bool ends_with(const char *s, const char *suffix)
 	return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* The staging directory's flushed boots (boot.h), read at the first call
- * of a scan. */
-static const struct boot_set *flushed_boots(struct rec *r, struct boot_set *s, bool *read)
+/* The staging directory's flushed runs (boot.h), read at the first call
+ * of a scan; NULL if they cannot be read. */
+static const struct boot_set *flushed_boots(struct rec *r, struct boot_set *s, int *read)
 {
 	static bool told;
 
@@ -1110,19 +1110,19 @@ static const struct boot_set *flushed_boots(struct rec *r, struct boot_set *s, b
 		int rc = boot_set_load(r->staging_fd, s);
 
 		if (rc < 0 && !told) {
-			log_errno(rc, "cannot read %s/%s: copies of another boot are taken as "
-				  "unflushed", r->cfg.staging_dir, BOOT_FLUSHED_NAME);
+			log_errno(rc, "cannot read %s/%s: jobs of copies of another boot are left "
+				  "for a scan that can", r->cfg.staging_dir, BOOT_FLUSHED_NAME);
 			told = true;
 		}
-		*read = true;
+		*read = rc < 0 ? 2 : 1;
 	}
-	return s;
+	return *read == 2 ? NULL : s;
 }
 
 size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 {
 	struct boot_set flushed;
-	bool flushed_read = false;
+	int flushed_read = 0; /* 1 read, 2 unreadable */
 	struct found *f = NULL;
 	size_t n = 0, cap = 0, added = 0, orphans = 0;
 	struct dirent *de;

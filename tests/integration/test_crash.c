@@ -462,3 +462,39 @@ Test(crash, an_o_dsync_open_of_a_shared_copy_flushes_it)
 	expect_file("f", "BBBBAAAACCCC", 'A');
 	cr_assert_eq(fm_stat("staging_copies_set_aside"), 0);
 }
+
+/* A flush of a copy that failed once is never followed by a rename to a
+ * whole file: the next flush may succeed with the lost pages unwritten
+ * (the kernel reports a writeback error once). The staging disk's flushes
+ * fail through tests/integration/shim_fault_fsync.c. */
+Test(crash, a_copy_whose_flush_failed_stays_unflushed)
+{
+	char name[256];
+
+	fm_umount();
+	fm_daemon_preload("fault_fsync");
+	fm_daemon_env("FERRY_FAULT_FSYNC_PROG", "ferry-mountd");
+	fm_daemon_env("FERRY_FAULT_FSYNC_CTL", sp("fsync-ctl"));
+	fm_daemon_env("FERRY_FAULT_FSYNC_UNDER", fm.staging[0] ? fm.staging : sp("vol/staging"));
+	fm_mount();
+	committed_file("f", 'A');
+	fm_wait_committed("the file's first upload", 60);
+	uint64_t ino = ino_of("f");
+	int fd = OK(open(mp("f"), O_RDWR));
+	fm_pwrite_all(fd, "BBBB", 4, 0);
+
+	fm_write_file(sp("fsync-ctl"), "", 0); /* flushes fail from here */
+	int fd2 = open(mp("f"), O_RDWR | O_DSYNC);
+	int err = errno;
+	cr_assert(fd2 < 0 && err == EIO, "an O_DSYNC open whose flush failed: %d (%s)", fd2,
+		  strerror(err));
+	OK(unlink(sp("fsync-ctl"))); /* and succeed again */
+	fd2 = open(mp("f"), O_RDWR | O_DSYNC);
+	err = errno;
+	cr_assert(fd2 < 0 && err == EIO, "an O_DSYNC open after a failed flush: %d (%s)", fd2,
+		  strerror(err));
+	staging_name_of(ino, name);
+	cr_assert(strstr(name, STAGING_COPY_SUFFIX), "a copy whose flush failed was renamed: %s",
+		  name);
+	OK(close(fd));
+}

@@ -64,8 +64,14 @@ Test(boot, a_copy_is_whole_under_its_boot_or_a_flushed_run)
 	cr_assert_str_eq(run, "0123abcd-4242");
 	cr_assert_null(staging_copy_run("7-99-4242-3-s1.p", run));
 	cr_assert_null(staging_copy_run("7-99-4242-3", run));
-	cr_assert_null(staging_copy_run("7-99-x-3-s1.c0123abcd", run), "no pid");
-	cr_assert_null(staging_copy_run("7.c0123abcd", run));
+	cr_assert(staging_copy_run("7-99-x-3-s1.c0123abcd", run), "no pid: still a copy");
+	cr_assert_str_eq(run, "", "of no known run");
+	cr_assert_eq(boot_name_state("0123abcd", run, "ffffffff", &flushed), BOOT_NAME_TORN);
+	cr_assert_eq(boot_name_state("0123abcd", "0123abcd-4242", "ffffffff", NULL),
+		     BOOT_NAME_UNKNOWN, "runs that could not be read decide nothing");
+	cr_assert_eq(boot_name_state("0123abcd", "0123abcd-4242", "0123abcd", NULL),
+		     BOOT_NAME_WHOLE, "this boot's, whatever the runs");
+	cr_assert(staging_copy_run("7.c0123abcd", run) && run[0] == '\0');
 	cr_assert_null(staging_copy_run("7-99-4242-3-s1.c0123abcd.1796434672.orphan", run),
 		       "one kept aside");
 }
