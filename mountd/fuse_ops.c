@@ -1405,8 +1405,12 @@ static int fsync_local(struct mountd *md, struct inode *i, int datasync)
 	struct wstate *w = i->w;
 	int rc = 0;
 
-	if ((datasync ? fdatasync(w->fd) : fsync(w->fd)) < 0)
+	if ((datasync ? fdatasync(w->fd) : fsync(w->fd)) < 0) {
+		/* A copy it could not flush stays unflushed (wstate_copy_flush()). */
+		if (w->copy_unsynced)
+			w->copy_torn = true;
 		return -errno;
+	}
 	/* A copy is whole from now on, across a power loss too: its name
 	 * must say so (a mount whose fsync mode changed since the copy, or
 	 * one adopted). */
