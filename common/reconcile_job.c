@@ -480,6 +480,21 @@ int reconcile_job_detach(int dirfd, int fd, const char *name, bool in_xattr)
 	return 0;
 }
 
+int reconcile_job_drop(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	int rc = 0;
+
+	if (fd >= 0) {
+		rc = reconcile_job_detach(dirfd, fd, name, true);
+		if (rc == -ENOTSUP)
+			rc = 0; /* no user xattrs here: no record there either */
+		close(fd);
+	}
+	int rrc = reconcile_job_remove(dirfd, name);
+	return rc < 0 ? rc : rrc;
+}
+
 int reconcile_job_attached(int fd)
 {
 	if (fgetxattr(fd, RECONCILE_JOB_XATTR, NULL, 0) >= 0)

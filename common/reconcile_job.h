@@ -106,6 +106,9 @@ int reconcile_job_remove(int dirfd, const char *name);
 int reconcile_job_attach(int dirfd, int fd, const struct reconcile_job *j, bool *in_xattr);
 /* Removes the record attach made (a missing one is fine). */
 int reconcile_job_detach(int dirfd, int fd, const char *name, bool in_xattr);
+/* Removes every record of staging file `name` in dirfd, wherever it is
+ * (its xattr, <name>.job); missing ones are fine. 0 or the first -errno. */
+int reconcile_job_drop(int dirfd, const char *name);
 /* Reads the record of staging file `name` in dirfd: its xattr (from fd if
  * fd >= 0, else from the file opened by name), else <name>.job. It must
  * name `name` (or, for "<x>.orphan", x). *in_xattr says where it was.

@@ -449,24 +449,6 @@ static bool staging_attached(struct mountd *md, const char *n)
 	return yes;
 }
 
-/* Removes staging file n's journal records (its xattr, <n>.job): what
- * is kept aside is never a job. */
-static void staging_record_drop(struct mountd *md, const char *n)
-{
-	char job[NAME_MAX + 8];
-	int fd = openat(md->staging_dirfd, n, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-
-	if (fd >= 0) {
-		if (fremovexattr(fd, RECONCILE_JOB_XATTR) < 0 && errno != ENODATA &&
-		    errno != ENOTSUP)
-			log_warn("staging file %s: cannot remove its journal record", n);
-		close(fd);
-	}
-	snprintf(job, sizeof(job), "%s%s", n, RECONCILE_JOB_SUFFIX);
-	if (unlinkat(md->staging_dirfd, job, 0) < 0 && errno != ENOENT)
-		log_warn("cannot remove journal record %s", job);
-}
-
 /* Whether the staging directory holds copies (orphans included) that run
  * made. */
 static bool run_has_copies(struct mountd *md, const char *run)
@@ -535,7 +517,8 @@ size_t staging_recover(struct mountd *md, bool with_jobs)
 			 * it would put them over the file's committed content.
 			 * The file keeps that content; this one is kept aside,
 			 * record and all, never committed. */
-			staging_record_drop(md, n);
+			if (reconcile_job_drop(md->staging_dirfd, n) < 0)
+				log_warn("staging file %s: cannot remove its journal records", n);
 			torn++;
 			goto keep;
 		}

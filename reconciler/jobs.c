@@ -473,26 +473,20 @@ static void job_finish(struct rec *r, struct job *j, int err, const char *msg, e
  * A job whose staging file is a copy made under another boot and never
  * flushed (STAGING_COPY_SUFFIX): committing it could put zeros over the
  * file's committed content. Its records go and the file is kept aside as
- * <file>.<time>.orphan, which nothing takes up again. record: the .job
- * file the scan found it by, or NULL (an xattr).
+ * <file>.<time>.orphan, which nothing takes up again.
  */
-static void job_set_aside_copy(struct rec *r, const char *file, const char *record)
+static void job_set_aside_copy(struct rec *r, const char *file)
 {
-	char job[RECONCILE_NAME_MAX + 32], to[RECONCILE_NAME_MAX + 64];
-	int fd = openat(r->staging_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	char to[RECONCILE_NAME_MAX + 64];
 
-	if (fd >= 0) {
-		if (fremovexattr(fd, RECONCILE_JOB_XATTR) < 0 && errno != ENODATA && errno != ENOTSUP)
-			log_warn("staging file %s: cannot remove its journal record", file);
-		close(fd);
-	}
-	if (record)
-		unlinkat(r->staging_fd, record, 0);
-	snprintf(job, sizeof(job), "%s%s", file, RECONCILE_JOB_SUFFIX);
-	unlinkat(r->staging_fd, job, 0);
+	/* The records: an xattr, or <file>.job (the .job the scan found). */
+	if (reconcile_job_drop(r->staging_fd, file) < 0)
+		log_warn("staging file %s: cannot remove its journal records", file);
 	snprintf(to, sizeof(to), "%s.%lld%s", file, (long long)time(NULL), RECONCILE_ORPHAN_SUFFIX);
-	if (renameat2(r->staging_fd, file, r->staging_fd, to, RENAME_NOREPLACE) < 0)
-		log_warn("cannot keep staging file %s aside as %s", file, to);
+	if (renameat2(r->staging_fd, file, r->staging_fd, to, RENAME_NOREPLACE) < 0) {
+		log_warn("cannot keep staging file %s aside as %s (not committed)", file, to);
+		return;
+	}
 	log_warnx("staging file %s/%s holds a copy of a file's committed content made before the "
 		  "machine restarted and never flushed: not committed (the file keeps its "
 		  "committed content), kept as %s", r->cfg.staging_dir, file, to);
@@ -1220,7 +1214,7 @@ size_t jobs_scan(struct rec *r, bool at_start, time_t min_age)
 		if (copy == BOOT_NAME_TORN) {
 			snprintf(file, sizeof(file), "%s%s", rj.name,
 				 orphan ? RECONCILE_ORPHAN_SUFFIX : "");
-			job_set_aside_copy(r, file, plain ? NULL : de->d_name);
+			job_set_aside_copy(r, file);
 			reconcile_job_clear(&rj);
 			continue;
 		}
