@@ -1,5 +1,8 @@
 /* ferry format: writes a new volume record and checks its object store. */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,61 @@
 #include "meta.h"
 #include "objstore.h"
 #include "url.h"
+
+/*
+ * Whether a ferry-mountd on this node serves the volume db now: it holds an OFD
+ * lock on <db>.lock for as long as it runs (volume_lock() in
+ * mountd/main.c), with its pid in the file. Formatting under it would pull
+ * the metadata and the staging files from a live mount.
+ */
+static bool volume_served(const char *db, const char *dir, char *pid, size_t pidlen)
+{
+	char path[PATH_MAX];
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	bool held;
+	int fd;
+
+	pid[0] = '\0';
+	if (meta_local_file(db, dir, ".lock", path, sizeof(path)) < 0)
+		return false;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return false;
+	held = fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+	if (held) {
+		ssize_t n = pread(fd, pid, pidlen - 1, 0);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
+	}
+	close(fd);
+	return held;
+}
+
+/*
+ * The default staging directory of a volume formatted again: what the old
+ * volume left there is of no use now (the metadata that named it is
+ * gone), and the new volume's daemons would refuse the directory as
+ * another volume's (staging_owner.h). A --staging-dir given elsewhere is
+ * not known here: the mount names it.
+ */
+static int staging_clear(const char *dir)
+{
+	char *staging = NULL;
+	int rc;
+
+	if (asprintf(&staging, "%s/staging", dir) < 0) {
+		ctl_err("out of memory");
+		return -ENOMEM;
+	}
+	rc = dirs_empty(staging);
+	if (rc == -ENOENT)
+		rc = 0;
+	if (rc < 0)
+		ctl_err("cannot empty %s, the staging directory of the volume replaced: %s (the new "
+			"volume will not mount with it until it is empty)", staging, strerror(-rc));
+	free(staging);
+	return rc;
+}
 
 int cmd_format(int argc, char **argv)
 {
@@ -33,6 +91,7 @@ int cmd_format(int argc, char **argv)
 	const char *endpoint = NULL, *region = NULL;
 	unsigned long long bs = META_DEFAULT_BLOCK_SIZE;
 	int opt, rc, force = 0, s3_http = 0, code = 1, pg;
+	char pidbuf[32];
 	struct stat st;
 
 	optind = 1;
@@ -79,6 +138,11 @@ int cmd_format(int argc, char **argv)
 	pg = meta_url_is_pg(db);
 	if (!pg && !force && stat(db, &st) == 0) {
 		ctl_err("%s already holds a volume; give --force to replace it", db);
+		goto out;
+	}
+	if (volume_served(db, dir, pidbuf, sizeof(pidbuf))) {
+		ctl_err("%s is mounted (ferry-mountd pid %s): unmount it before formatting it again",
+			db, *pidbuf ? pidbuf : "?");
 		goto out;
 	}
 	/* A volume whose metadata any node reaches keeps its data where any
@@ -160,6 +224,8 @@ int cmd_format(int argc, char **argv)
 	}
 	printf("formatted volume at %s (storage %s, block size %llu)\n", db, storage, bs);
 	code = 0;
+	if (force && (rc = staging_clear(dir)) < 0)
+		code = 1;
 out:
 	objstore_close(store);
 	store_url_free(&surl);

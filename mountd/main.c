@@ -29,6 +29,7 @@
 #include "log.h"
 #include "mountd.h"
 #include "reconcile_plan.h"
+#include "staging_owner.h"
 #include "dirs.h"
 #include "url.h"
 
@@ -513,6 +514,23 @@ static int staging_open(struct mountd *md)
 		close(fd);
 		start_failed(md, "staging directory %s is on a stacked filesystem (FUSE or overlayfs); "
 			     "give --staging-dir on a local filesystem", md->cfg.staging_dir);
+	}
+	/* Before anything in it is looked at: another volume's leftovers must
+	 * not be taken for this one's (staging_owner.h). */
+	char other[64];
+	int rc = staging_owner_claim(fd, md->vol.uuid, other, sizeof(other));
+	if (rc == -EEXIST)
+		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
+			     "give each volume its own --staging-dir (its files may hold that "
+			     "volume's writes not uploaded yet)", md->cfg.staging_dir, other,
+			     md->vol.uuid);
+	if (rc == -EBADMSG)
+		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
+			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,
+			     STAGING_OWNER_NAME, other);
+	if (rc < 0) {
+		close(fd);
+		return rc;
 	}
 	md->staging_dirfd = fd;
 	md->max_file_size = staging_max_file_size(fd);

@@ -28,6 +28,7 @@
 #include "log.h"
 #include "objstore_async.h"
 #include "reconciler.h"
+#include "staging_owner.h"
 #include "url.h"
 
 #define LOCK_NAME RECONCILE_LOCK_NAME
@@ -397,6 +398,19 @@ int main(int argc, char **argv)
 		start_failed("staging directory %s: %s", cfg->staging_dir, strerror(errno));
 	if (fstatfs(r->staging_fd, &sfs) == 0 && sfs.f_type == 0x65735546 /* FUSE */)
 		start_failed("staging directory %s is on a FUSE filesystem", cfg->staging_dir);
+	/* Before any job in it is looked at: another volume's are not ours to
+	 * commit (staging_owner.h). */
+	char other[64];
+	rc = staging_owner_claim(r->staging_fd, r->vol.uuid, other, sizeof(other));
+	if (rc == -EEXIST)
+		start_failed("staging directory %s belongs to volume %s, not to this one (%s): give "
+			     "each volume its own staging directory", cfg->staging_dir, other,
+			     r->vol.uuid);
+	if (rc < 0)
+		start_failed("staging directory %s: %s/%s: %s%s", cfg->staging_dir,
+			     cfg->staging_dir, STAGING_OWNER_NAME,
+			     rc == -EBADMSG ? "names no volume: " : strerror(-rc),
+			     rc == -EBADMSG ? other : "");
 	/* Read once: a later failure to read it must not make this boot's
 	 * copies look like another's (jobs_scan()). */
 	if (!boot_tag(r->boot_tag))

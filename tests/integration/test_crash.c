@@ -498,3 +498,56 @@ Test(crash, a_copy_whose_flush_failed_stays_unflushed)
 		  name);
 	OK(close(fd));
 }
+
+/* A staging directory is one volume's: another volume's daemons refuse it,
+ * even where its owner crashed and left uploads for its next start. (Its
+ * files are named by inode and sequence only: a second volume's reconciler
+ * took them for its own, dropped them as committed already, and the
+ * owner's writes were gone.) */
+Test(crash, another_volume_refuses_a_staging_directory_and_leaves_its_uploads)
+{
+	const char *staging = fm.staging[0] ? fm.staging : sp("vol/staging");
+	char *objs = strdup(sp("objs-b")), *vol = strdup(sp("vol-b")), *mnt = strdup(sp("mnt-b"));
+	char *url = NULL;
+
+	cr_assert(objs && vol && mnt && asprintf(&url, "file://%s", objs) > 0);
+	OK(mkdir(objs, 0700));
+	OK(mkdir(mnt, 0700));
+	committed_file("f", 'A');
+	fm_wait_committed("the file's first upload", 60);
+	fm_umount();
+	setenv("FERRY_IT_MOUNT_OPTIONS", "upload_quiet_ms=600000,upload_delay_max_ms=600000", 1);
+	fm_mount();
+	int fd = OK(open(mp("f"), O_RDWR));
+	fm_pwrite_all(fd, "BBBB", 4, 0);
+	OK(close(fd)); /* returned: must survive */
+	fm_write_file(mp("new"), "new file", 8);
+	kill_both();
+	unsetenv("FERRY_IT_MOUNT_OPTIONS");
+
+	const char *format[] = { fm_bin("ferry"), "format", "--storage", url, vol, NULL };
+	const char *mount[] = { fm_bin("ferry"), "mount", "--staging-dir", staging, "--cache-dir",
+				sp("cache-b"), vol, mnt, NULL };
+	const char *umount[] = { fm_bin("ferry"), "umount", mnt, NULL };
+	cr_assert_eq(fm_run(format, NULL, NULL, 60), 0, "ferry format of a second volume");
+	int rc = fm_run(mount, sp("out"), sp("err"), 60);
+	char *err = fm_slurp(sp("err"));
+	if (rc == 0)
+		fm_run(umount, NULL, NULL, 60);
+	cr_assert_neq(rc, 0, "another volume mounted with this one's staging directory");
+	cr_assert(err && strstr(err, "belongs to volume"), "why the mount was refused: %s",
+		  err ? err : "");
+	free(err);
+
+	fm_mount();
+	fm_wait_committed("the uploads the crash left", 60);
+	expect_file("f", "BBBB", 'A');
+	fm_expect_content(mp("new"), "new file", 8);
+	fm_remount_cold();
+	expect_file("f", "BBBB", 'A');
+	fm_expect_content(mp("new"), "new file", 8);
+	free(objs);
+	free(vol);
+	free(mnt);
+	free(url);
+}

@@ -407,11 +407,30 @@ Test(cli, format_refuses_existing_volume_unless_forced)
 	fm_write_file(mp("old"), "old", 3);
 	fm_umount();
 	expect_success(force, "ferry format --force");
+	/* The replaced volume's staging directory went with it: the new
+	 * volume takes it (staging_owner.h). */
 	fm_mount();
 	FAILS(stat(mp("old"), &st), ENOENT);
 	fm_write_file(mp("new"), "new", 3);
 	fm_remount_cold();
 	OK(stat(mp("new"), &st));
+}
+
+/* Formatting again under a live mount would pull its metadata and its
+ * staging files from under it. */
+Test(cli, format_refuses_a_mounted_volume)
+{
+	const char *force[] = { fm_bin("ferry"), "format", "--force", fm.vol, NULL };
+
+	fm_mount();
+	fm_write_file(mp("kept"), "kept", 4);
+	expect_refusal(force, "ferry format --force of a mounted volume");
+	char *err = fm_slurp(sp("err"));
+	cr_assert(err && strstr(err, "is mounted"), "why: %s", err ? err : "");
+	free(err);
+	fm_expect_content(mp("kept"), "kept", 4);
+	fm_remount_cold();
+	fm_expect_content(mp("kept"), "kept", 4);
 }
 
 Test(cli, mount_errors_are_one_line)

@@ -1,0 +1,28 @@
+/*
+ * staging_owner: which volume a staging directory belongs to.
+ *
+ * Staging files and their journal records are named by inode and sequence
+ * only, so a directory given to two volumes has each daemon take the
+ * other's leftovers for its own at start: committed into the wrong file,
+ * or dropped as stale (a write that returned, lost). The first daemon to
+ * use a directory records its volume's uuid there (STAGING_OWNER_NAME);
+ * every later one, ferry-mountd's and ferry-reconciler's, checks it before
+ * it looks at anything else in the directory.
+ */
+#ifndef FERRY_STAGING_OWNER_H
+#define FERRY_STAGING_OWNER_H
+
+#include <stddef.h>
+
+#define STAGING_OWNER_NAME ".volume"
+
+/*
+ * 0: the directory dirfd is volume uuid's (now, if it was nobody's: the
+ * record is written durably, and of two daemons claiming at once one
+ * wins). -EEXIST: it is another volume's, whose uuid goes into other.
+ * -EBADMSG: the record names no volume (other gets what it holds, cut
+ * short). Another -errno: it cannot be read or written.
+ */
+int staging_owner_claim(int dirfd, const char *uuid, char *other, size_t otherlen);
+
+#endif
