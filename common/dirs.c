@@ -2,7 +2,8 @@
 #include "dirs.h"
 
 #include <errno.h>
-#include <ftw.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,33 +32,70 @@ int dirs_make(const char *path, mode_t mode)
 	return 0;
 }
 
-/* nftw() passes no argument to its callback: the walk's state. */
-static dev_t empty_dev;
-static int empty_err;
-
-static int empty_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+/* Removes what dfd holds on device dev; dirs deeper than a few levels are
+ * not the staging directory's. Names are taken relative to their parent's
+ * fd, never followed: a symlink swapped in during the walk is removed,
+ * not walked into. */
+static int empty_at(int dfd, dev_t dev, int depth)
 {
-	(void)type;
-	if (ftw->level == 0)
-		return 0; /* the directory itself stays */
-	if (st->st_dev != empty_dev)
-		return 0; /* a mount inside, or its mount point (FTW_MOUNT left it whole) */
-	if (remove(path) < 0 && errno != ENOENT && empty_err == 0)
-		empty_err = -errno;
-	return 0;
+	DIR *d;
+	struct dirent *de;
+	int err = 0, fd = dup(dfd);
+
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		err = -errno;
+		close(fd);
+		return err;
+	}
+	rewinddir(d); /* the dup shares dfd's offset */
+	while ((de = readdir(d))) {
+		const char *n = de->d_name;
+		struct stat st;
+		int rc = 0;
+
+		if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
+			continue;
+		if (fstatat(dfd, n, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			rc = errno == ENOENT ? 0 : -errno;
+		} else if (S_ISDIR(st.st_mode)) {
+			if (st.st_dev != dev)
+				continue; /* a mount inside: its mount point stays */
+			int sub = depth >= 16 ? -1 :
+				  openat(dfd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub < 0) {
+				rc = depth >= 16 ? -ELOOP : -errno;
+			} else {
+				struct stat again;
+				/* The directory opened is the one looked at. */
+				if (fstat(sub, &again) < 0 || again.st_dev != st.st_dev ||
+				    again.st_ino != st.st_ino)
+					rc = -ESTALE;
+				else
+					rc = empty_at(sub, dev, depth + 1);
+				close(sub);
+				if (rc == 0 && unlinkat(dfd, n, AT_REMOVEDIR) < 0 && errno != ENOENT)
+					rc = -errno;
+			}
+		} else if (unlinkat(dfd, n, 0) < 0 && errno != ENOENT) {
+			rc = -errno;
+		}
+		if (rc < 0 && err == 0)
+			err = rc;
+	}
+	closedir(d);
+	return err;
 }
 
-int dirs_empty(const char *path)
+int dirs_empty_at(int dfd)
 {
 	struct stat st;
 
-	if (lstat(path, &st) < 0)
+	if (fstat(dfd, &st) < 0)
 		return -errno;
 	if (!S_ISDIR(st.st_mode))
 		return -ENOTDIR;
-	empty_dev = st.st_dev;
-	empty_err = 0;
-	if (nftw(path, empty_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0 && empty_err == 0)
-		empty_err = -errno;
-	return empty_err;
+	return empty_at(dfd, st.st_dev, 0);
 }

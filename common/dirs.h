@@ -10,10 +10,11 @@
 /* Makes path and any missing parent with mode (existing ones are left as
  * they are). Returns 0 or a negative errno. */
 int dirs_make(const char *path, mode_t mode);
-/* Removes everything under path that is on path's own filesystem (what
- * is mounted inside stays, and so does its mount point), leaving path
- * itself. 0, -ENOENT where path is missing, or the first error met (the
- * rest is still removed where it can be). Not thread-safe (nftw). */
-int dirs_empty(const char *path);
+/* Removes everything under the directory open as dfd that is on its own
+ * filesystem (what is mounted inside stays, and so does its mount point),
+ * leaving the directory itself. Nothing is followed: names are taken
+ * relative to their directory's fd. 0 or the first error met (the rest
+ * is still removed where it can be). */
+int dirs_empty_at(int dfd);
 
 #endif

@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 /* A volume's uuid is 36 characters; the record holds it and a newline. */
@@ -50,8 +52,14 @@ static int owner_write(int dirfd, const char *uuid)
 	size_t len = strlen(uuid);
 	ssize_t put;
 
-	snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", STAGING_OWNER_NAME, (long)getpid());
-	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	uint64_t r;
+
+	/* A name of its own even where daemons in other pid namespaces share
+	 * the directory (their pids may be equal). */
+	if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		return -errno;
+	snprintf(tmp, sizeof(tmp), "%s.%016llx.tmp", STAGING_OWNER_NAME, (unsigned long long)r);
+	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -errno;
 	put = dprintf(fd, "%s\n", uuid);
@@ -67,6 +75,34 @@ static int owner_write(int dirfd, const char *uuid)
 	if (rc == 0 && fsync(dirfd) < 0)
 		rc = -errno;
 	return rc;
+}
+
+/* What the record holds, printable, for a message. */
+static void owner_copy(char *out, size_t outlen, const char *held)
+{
+	size_t i;
+
+	if (outlen == 0)
+		return;
+	for (i = 0; held[i] && i + 1 < outlen; i++)
+		out[i] = held[i] >= 0x20 && held[i] <= 0x7e ? held[i] : '?';
+	out[i] = '\0';
+}
+
+int staging_owner_get(int dirfd, char *uuid, size_t len)
+{
+	char held[OWNER_MAX + 1];
+	int rc = owner_read(dirfd, held);
+
+	owner_copy(uuid, len, rc == 0 || rc == -EBADMSG ? held : "");
+	return rc;
+}
+
+int staging_owner_drop(int dirfd)
+{
+	if (unlinkat(dirfd, STAGING_OWNER_NAME, 0) < 0 && errno != ENOENT)
+		return -errno;
+	return fsync(dirfd) < 0 ? -errno : 0;
 }
 
 int staging_owner_claim(int dirfd, const char *uuid, char *other, size_t otherlen)
@@ -86,18 +122,12 @@ int staging_owner_claim(int dirfd, const char *uuid, char *other, size_t otherle
 		rc = owner_read(dirfd, held); /* another claim won: whose? */
 	}
 	if (rc < 0) {
-		if (rc == -EBADMSG && otherlen) {
-			/* For a message: what it holds, printable. */
-			size_t i;
-			for (i = 0; held[i] && i + 1 < otherlen; i++)
-				other[i] = held[i] >= 0x20 && held[i] <= 0x7e ? held[i] : '?';
-			other[i] = '\0';
-		}
+		if (rc == -EBADMSG)
+			owner_copy(other, otherlen, held);
 		return rc;
 	}
 	if (strcmp(held, uuid) == 0)
 		return 0;
-	if (otherlen)
-		snprintf(other, otherlen, "%s", held);
+	owner_copy(other, otherlen, held);
 	return -EEXIST;
 }

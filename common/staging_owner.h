@@ -24,5 +24,12 @@
  * short). Another -errno: it cannot be read or written.
  */
 int staging_owner_claim(int dirfd, const char *uuid, char *other, size_t otherlen);
+/* The uuid the record names into uuid (len bytes; "" where none): 0,
+ * -ENOENT (no record), -EBADMSG (it names no volume: what it holds, made
+ * printable), or another -errno. Claims nothing. */
+int staging_owner_get(int dirfd, char *uuid, size_t len);
+/* Removes the record, durably: for the one who moved the volume's files
+ * out of the directory (mountd/lease.c). 0 or -errno. */
+int staging_owner_drop(int dirfd);
 
 #endif

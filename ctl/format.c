@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,59 +16,116 @@
 #include "dirs.h"
 #include "meta.h"
 #include "objstore.h"
+#include "staging_owner.h"
 #include "url.h"
 
 /*
- * Whether a ferry-mountd on this node serves the volume db now: it holds an OFD
- * lock on <db>.lock for as long as it runs (volume_lock() in
- * mountd/main.c), with its pid in the file. Formatting under it would pull
- * the metadata and the staging files from a live mount.
+ * The volume's lock on this node (<db>.lock: the OFD lock a ferry-mountd
+ * holds for as long as it serves, volume_lock() in mountd/main.c; ferry
+ * dump and load take it too), held for as long as format runs: a mount
+ * starting meanwhile fails instead of having its metadata and staging
+ * files replaced under it. A daemon just killed lets go within moments:
+ * waited for, up to 5 s. The fd, or -1 (said why).
  */
-static bool volume_served(const char *db, const char *dir, char *pid, size_t pidlen)
+static int volume_lock_take(const char *db, const char *dir)
 {
-	char path[PATH_MAX];
+	char path[PATH_MAX], pid[32];
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
-	bool held;
 	int fd;
 
-	pid[0] = '\0';
-	if (meta_local_file(db, dir, ".lock", path, sizeof(path)) < 0)
-		return false;
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0)
-		return false;
-	held = fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
-	if (held) {
-		ssize_t n = pread(fd, pid, pidlen - 1, 0);
+	if (meta_local_file(db, dir, ".lock", path, sizeof(path)) < 0) {
+		ctl_err("volume directory %s: name too long", dir);
+		return -1;
+	}
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0) {
+		ctl_err("cannot open %s: %s", path, strerror(errno));
+		return -1;
+	}
+	bool locked = false;
+
+	for (int tries = 0;; tries++) {
+		if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+			locked = true;
+			break;
+		}
+		if (errno != EAGAIN && errno != EACCES) {
+			ctl_err("cannot lock %s: %s", path, strerror(errno));
+			break;
+		}
+		if (tries < 100) {
+			usleep(50 * 1000);
+			continue;
+		}
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
 		pid[n > 0 ? n : 0] = '\0';
 		pid[strcspn(pid, "\n")] = '\0';
+		ctl_err("%s is in use on this node (mounted, ferry-mountd pid %s; or a ferry dump or "
+			"load): unmount it before formatting it again", db, *pid ? pid : "?");
+		break;
 	}
+	if (locked)
+		return fd;
 	close(fd);
-	return held;
+	return -1;
+}
+
+/* The uuid of the volume db holds now, if it can be read. */
+static bool volume_uuid(const char *db, char uuid[37])
+{
+	struct meta *m = NULL;
+	struct meta_volume v = { 0 };
+	bool ok = false;
+
+	if (meta_open(db, &m) == 0 && meta_volume_get(m, &v) == 0) {
+		memcpy(uuid, v.uuid, 37);
+		ok = uuid[0] != '\0';
+	}
+	meta_volume_free(&v);
+	meta_close(m);
+	return ok;
 }
 
 /*
  * The default staging directory of a volume formatted again: what the old
  * volume left there is of no use now (the metadata that named it is
  * gone), and the new volume's daemons would refuse the directory as
- * another volume's (staging_owner.h). A --staging-dir given elsewhere is
- * not known here: the mount names it.
+ * another volume's (staging_owner.h). Emptied only where its record names
+ * the volume replaced (a directory holding several SQLite files shares
+ * one staging directory among them: never another volume's) and no
+ * ferry-reconciler serves it. A --staging-dir given elsewhere is not known
+ * here: the mount names it.
  */
-static int staging_clear(const char *dir)
+static int staging_clear(const char *dir, const char *old_uuid)
 {
-	char *staging = NULL;
-	int rc;
+	char *staging = NULL, owner[64];
+	int fd = -1, lfd = -1, rc = 0;
 
 	if (asprintf(&staging, "%s/staging", dir) < 0) {
 		ctl_err("out of memory");
 		return -ENOMEM;
 	}
-	rc = dirs_empty(staging);
-	if (rc == -ENOENT)
-		rc = 0;
+	fd = open(staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || staging_owner_get(fd, owner, sizeof(owner)) < 0 ||
+	    strcmp(owner, old_uuid) != 0)
+		goto out; /* none, or not the replaced volume's */
+	/* The lock a ferry-reconciler holds on the directory (reconciler/main.c). */
+	lfd = openat(fd, ".ferry-reconciler.lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) < 0) {
+		ctl_err("%s is served by a ferry-reconciler: left as it is (stop it, then empty the "
+			"directory: the new volume will not mount with it until then)", staging);
+		rc = -EBUSY;
+		goto out;
+	}
+	rc = dirs_empty_at(fd);
 	if (rc < 0)
 		ctl_err("cannot empty %s, the staging directory of the volume replaced: %s (the new "
 			"volume will not mount with it until it is empty)", staging, strerror(-rc));
+out:
+	if (lfd >= 0)
+		close(lfd);
+	if (fd >= 0)
+		close(fd);
 	free(staging);
 	return rc;
 }
@@ -91,7 +149,9 @@ int cmd_format(int argc, char **argv)
 	const char *endpoint = NULL, *region = NULL;
 	unsigned long long bs = META_DEFAULT_BLOCK_SIZE;
 	int opt, rc, force = 0, s3_http = 0, code = 1, pg;
-	char pidbuf[32];
+	char old_uuid[37] = "";
+	bool have_old = false;
+	int lock_fd = -1; /* the volume's lock on this node, held to the end */
 	struct stat st;
 
 	optind = 1;
@@ -140,11 +200,7 @@ int cmd_format(int argc, char **argv)
 		ctl_err("%s already holds a volume; give --force to replace it", db);
 		goto out;
 	}
-	if (volume_served(db, dir, pidbuf, sizeof(pidbuf))) {
-		ctl_err("%s is mounted (ferry-mountd pid %s): unmount it before formatting it again",
-			db, *pidbuf ? pidbuf : "?");
-		goto out;
-	}
+
 	/* A volume whose metadata any node reaches keeps its data where any
 	 * node does too: no default under this node's directory. */
 	if (pg && !storage) {
@@ -156,6 +212,9 @@ int cmd_format(int argc, char **argv)
 		ctl_err("cannot create %s: %s", dir, strerror(-rc));
 		goto out;
 	}
+	if ((lock_fd = volume_lock_take(db, dir)) < 0)
+		goto out;
+	have_old = force && volume_uuid(db, old_uuid);
 	if (!storage && asprintf(&storage, "file://%s/objects", dir) < 0) {
 		ctl_err("out of memory");
 		goto out;
@@ -224,9 +283,11 @@ int cmd_format(int argc, char **argv)
 	}
 	printf("formatted volume at %s (storage %s, block size %llu)\n", db, storage, bs);
 	code = 0;
-	if (force && (rc = staging_clear(dir)) < 0)
+	if (have_old && staging_clear(dir, old_uuid) < 0)
 		code = 1;
 out:
+	if (lock_fd >= 0)
+		close(lock_fd);
 	objstore_close(store);
 	store_url_free(&surl);
 	free(storage);

@@ -17,6 +17,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "staging_owner.h"
 #include "meta.h"
 #include "mountd.h"
 #include "url.h"
@@ -127,7 +129,7 @@ static bool holds_something(const char *path)
  * changed the volume since. It is moved aside, kept and reported, never
  * replayed or uploaded over the other writer's changes.
  */
-static void leftovers_aside(struct mountd *md, uint64_t last)
+static void leftovers_aside(struct mountd *md, uint64_t last, const char *uuid)
 {
 	char journal[PATH_MAX], aside[PATH_MAX + 32], dot[32], to[NAME_MAX + 40];
 	struct dirent *de;
@@ -160,6 +162,21 @@ static void leftovers_aside(struct mountd *md, uint64_t last)
 			  md->cfg.staging_dir, dot);
 		kept += files;
 	}
+	/* What the directory held is aside: a record naming the volume of
+	 * this name formatted over goes too, so this one can claim the
+	 * directory (staging_owner.h). */
+	int sfd = open(md->cfg.staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (sfd >= 0) {
+		char owner[64];
+		int rc = 0;
+
+		if (staging_owner_get(sfd, owner, sizeof(owner)) == 0 && strcmp(owner, uuid) != 0)
+			rc = staging_owner_drop(sfd);
+		close(sfd);
+		if (rc < 0)
+			start_failed(md, "cannot remove %s/%s: %s", md->cfg.staging_dir,
+				     STAGING_OWNER_NAME, strerror(-rc));
+	}
 	if (meta_local_file(md->cfg.db_path, md->cfg.vol_dir, META_JOURNAL_SUFFIX, journal,
 			    sizeof(journal)) == 0 && holds_something(journal)) {
 		snprintf(aside, sizeof(aside), "%s.fenced-%llu", journal, (unsigned long long)last);
@@ -172,7 +189,23 @@ static void leftovers_aside(struct mountd *md, uint64_t last)
 		kept++;
 	}
 	atomic_store(&md->lease_leftovers, kept);
-}void lease_take(struct mountd *md)
+}static void staging_owner_check(struct mountd *md, const char *uuid, const char *node_uuid)
+{
+	char owner[64];
+	int fd = open(md->cfg.staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int rc;
+
+	if (fd < 0)
+		return; /* none yet, or unusable: staging_open() says which */
+	rc = staging_owner_get(fd, owner, sizeof(owner));
+	close(fd);
+	if (rc == 0 && strcmp(owner, uuid) != 0 && strcmp(owner, node_uuid) != 0)
+		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
+			     "give each volume its own --staging-dir (its files may hold that "
+			     "volume's writes not uploaded yet)", md->cfg.staging_dir, owner, uuid);
+}
+
+void lease_take(struct mountd *md)
 {
 	struct meta_lease cur = { 0 };
 	struct meta_volume vol = { 0 };
@@ -200,6 +233,10 @@ static void leftovers_aside(struct mountd *md, uint64_t last)
 	/* Another volume of the same name (formatted again, or on another
 	 * server): nothing this directory holds is of this one. */
 	last = strcmp(node.uuid, vol.uuid) == 0 ? node.epoch : 0;
+	/* A staging directory of a volume of another name is not this one's
+	 * to fence or to take: refused before the lease is taken, and before
+	 * anything in it moves (staging_open() checks it again). */
+	staging_owner_check(md, vol.uuid, node.uuid);
 	snprintf(tag, sizeof(tag), "node %s", node.id);
 	gethostname(host, sizeof(host));
 	host[sizeof(host) - 1] = '\0';
@@ -229,7 +266,7 @@ static void leftovers_aside(struct mountd *md, uint64_t last)
 	/* Anything left here from before another mount held the volume (or
 	 * from another volume of this name) is not replayed. */
 	if (node.epoch != 0 && (last == 0 || meta_lease_fenced_to(md->meta) != last + 1))
-		leftovers_aside(md, node.epoch);
+		leftovers_aside(md, node.epoch, vol.uuid);
 	node.epoch = meta_lease_fenced_to(md->meta);
 	memcpy(node.uuid, vol.uuid, sizeof(node.uuid));
 	if ((rc = node_write(path, &node)) < 0)

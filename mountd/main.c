@@ -528,7 +528,11 @@ static int staging_open(struct mountd *md)
 		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
 			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,
 			     STAGING_OWNER_NAME, other);
-	if (rc < 0) {
+	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS) {
+		/* As before there were records: claimed at a later start. */
+		log_warnx("cannot record volume %s as the owner of staging directory %s: %s",
+			  md->vol.uuid, md->cfg.staging_dir, strerror(-rc));
+	} else if (rc < 0) {
 		close(fd);
 		return rc;
 	}

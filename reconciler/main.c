@@ -406,7 +406,10 @@ int main(int argc, char **argv)
 		start_failed("staging directory %s belongs to volume %s, not to this one (%s): give "
 			     "each volume its own staging directory", cfg->staging_dir, other,
 			     r->vol.uuid);
-	if (rc < 0)
+	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS)
+		log_warnx("cannot record volume %s as the owner of staging directory %s: %s",
+			  r->vol.uuid, cfg->staging_dir, strerror(-rc));
+	else if (rc < 0)
 		start_failed("staging directory %s: %s/%s: %s%s", cfg->staging_dir,
 			     cfg->staging_dir, STAGING_OWNER_NAME,
 			     rc == -EBADMSG ? "names no volume: " : strerror(-rc),

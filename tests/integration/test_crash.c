@@ -506,28 +506,36 @@ Test(crash, a_copy_whose_flush_failed_stays_unflushed)
  * owner's writes were gone.) */
 Test(crash, another_volume_refuses_a_staging_directory_and_leaves_its_uploads)
 {
-	const char *staging = fm.staging[0] ? fm.staging : sp("vol/staging");
+	/* Own copies: sp()'s results are reused after 16 calls. */
+	char *staging = strdup(fm.staging[0] ? fm.staging : sp("vol/staging"));
 	char *objs = strdup(sp("objs-b")), *vol = strdup(sp("vol-b")), *mnt = strdup(sp("mnt-b"));
-	char *url = NULL;
+	char *cache = strdup(sp("cache-b")), *url = NULL, *opts = NULL;
+	const char *given = getenv("FERRY_IT_MOUNT_OPTIONS");
 
-	cr_assert(objs && vol && mnt && asprintf(&url, "file://%s", objs) > 0);
+	cr_assert(staging && objs && vol && mnt && cache && asprintf(&url, "file://%s", objs) > 0);
+	cr_assert(asprintf(&opts, "%s%supload_quiet_ms=600000,upload_delay_max_ms=600000",
+			   given ? given : "", given && *given ? "," : "") > 0);
+	char *given_copy = given ? strdup(given) : NULL;
 	OK(mkdir(objs, 0700));
 	OK(mkdir(mnt, 0700));
 	committed_file("f", 'A');
 	fm_wait_committed("the file's first upload", 60);
 	fm_umount();
-	setenv("FERRY_IT_MOUNT_OPTIONS", "upload_quiet_ms=600000,upload_delay_max_ms=600000", 1);
+	setenv("FERRY_IT_MOUNT_OPTIONS", opts, 1);
 	fm_mount();
 	int fd = OK(open(mp("f"), O_RDWR));
 	fm_pwrite_all(fd, "BBBB", 4, 0);
 	OK(close(fd)); /* returned: must survive */
 	fm_write_file(mp("new"), "new file", 8);
 	kill_both();
-	unsetenv("FERRY_IT_MOUNT_OPTIONS");
+	if (given_copy)
+		setenv("FERRY_IT_MOUNT_OPTIONS", given_copy, 1);
+	else
+		unsetenv("FERRY_IT_MOUNT_OPTIONS");
 
 	const char *format[] = { fm_bin("ferry"), "format", "--storage", url, vol, NULL };
 	const char *mount[] = { fm_bin("ferry"), "mount", "--staging-dir", staging, "--cache-dir",
-				sp("cache-b"), vol, mnt, NULL };
+				cache, vol, mnt, NULL };
 	const char *umount[] = { fm_bin("ferry"), "umount", mnt, NULL };
 	cr_assert_eq(fm_run(format, NULL, NULL, 60), 0, "ferry format of a second volume");
 	int rc = fm_run(mount, sp("out"), sp("err"), 60);
@@ -546,8 +554,12 @@ Test(crash, another_volume_refuses_a_staging_directory_and_leaves_its_uploads)
 	fm_remount_cold();
 	expect_file("f", "BBBB", 'A');
 	fm_expect_content(mp("new"), "new file", 8);
+	free(staging);
 	free(objs);
 	free(vol);
 	free(mnt);
+	free(cache);
 	free(url);
+	free(opts);
+	free(given_copy);
 }

@@ -214,6 +214,37 @@ Test(pg_nodes, a_volume_written_on_one_node_reads_whole_on_another)
 	umount_on('B');
 }
 
+/* A volume formatted again (on node A) mounts on node B, whose staging
+ * directory the old volume of that name claimed (staging_owner.h): B's
+ * leftovers of the old volume are moved aside and the record with them. */
+Test(pg_nodes, a_volume_formatted_again_mounts_where_the_old_one_staged)
+{
+	char storage[PATH_MAX + 8], record[PATH_MAX], *old = NULL, *now = NULL;
+
+	format_volume();
+	cr_assert_eq(mount_on('B', NULL, false, NULL), 0, "mount on node B");
+	write_files(sp("mB"), 0, 2, false);
+	umount_on('B');
+	snprintf(record, sizeof(record), "%s", sp("nodeB/%s/staging/.volume", vname));
+	old = fm_slurp(record);
+	cr_assert(old && strlen(old) == 37, "node B's staging record %s: %s", record,
+		  old ? old : "(none)");
+
+	snprintf(storage, sizeof(storage), "file://%s", sp("objects"));
+	const char *again[] = { "format", "--force", "--storage", storage, url, NULL };
+	cr_assert_eq(ferry_on('A', NULL, again), 0, "ferry format --force on node A");
+	cr_assert_eq(mount_on('B', NULL, false, sp("errB")), 0,
+		     "node B refused the volume formatted again: %s", fm_slurp(sp("errB")));
+	now = fm_slurp(record);
+	cr_assert(now && strlen(now) == 37 && strcmp(now, old) != 0,
+		  "node B's staging record is '%s' (the old volume's: %s)", now ? now : "(none)",
+		  old);
+	write_files(sp("mB"), 2, 3, false);
+	umount_on('B');
+	free(old);
+	free(now);
+}
+
 Test(pg_nodes, a_dead_writer_is_taken_over_and_comes_back_fenced)
 {
 	char err[PATH_MAX], *msg;

@@ -426,11 +426,39 @@ Test(cli, format_refuses_a_mounted_volume)
 	fm_write_file(mp("kept"), "kept", 4);
 	expect_refusal(force, "ferry format --force of a mounted volume");
 	char *err = fm_slurp(sp("err"));
-	cr_assert(err && strstr(err, "is mounted"), "why: %s", err ? err : "");
+	cr_assert(err && strstr(err, "is in use"), "why: %s", err ? err : "");
 	free(err);
 	fm_expect_content(mp("kept"), "kept", 4);
 	fm_remount_cold();
 	fm_expect_content(mp("kept"), "kept", 4);
+}
+
+/* SQLite files in one directory share its staging/: formatting one of
+ * them again leaves the others' staging files (and record) alone. */
+Test(cli, format_force_leaves_another_volumes_staging_directory)
+{
+	char *url = NULL, *record = strdup(sp("vol/staging/.volume"));
+
+	cr_assert(record && asprintf(&url, "sqlite://%s/other.db", fm.vol) > 0);
+	const char *format[] = { fm_bin("ferry"), "format", url, NULL };
+	const char *force[] = { fm_bin("ferry"), "format", "--force", url, NULL };
+
+	fm_mount(); /* the fixture's volume claims vol/staging */
+	fm_write_file(mp("kept"), "kept", 4);
+	fm_umount();
+	char *owner = fm_slurp(record);
+	cr_assert(owner && strlen(owner) == 37, "record: %s", owner ? owner : "(none)");
+	expect_success(format, "ferry format of a second volume in the directory");
+	expect_success(force, "ferry format --force of the second volume");
+	char *after = fm_slurp(record);
+	cr_assert(after && strcmp(after, owner) == 0, "the first volume's record became '%s'",
+		  after ? after : "(none)");
+	fm_mount();
+	fm_expect_content(mp("kept"), "kept", 4);
+	free(owner);
+	free(after);
+	free(record);
+	free(url);
 }
 
 Test(cli, mount_errors_are_one_line)

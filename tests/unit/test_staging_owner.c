@@ -135,18 +135,28 @@ Test(staging_owner, of_two_claims_at_once_one_wins)
 	cr_assert_eq(entries(), 1, "temporary files are left behind");
 }
 
-Test(staging_owner, emptying_a_directory_removes_all_under_it_and_keeps_it)
+Test(staging_owner, emptying_a_directory_removes_all_under_it_and_follows_nothing)
 {
-	char sub[128], file[160];
+	char sub[128], file[160], outside[64], kept[96], link[160];
 
+	snprintf(outside, sizeof(outside), "/tmp/ferry-owner-out.XXXXXX");
+	cr_assert_not_null(mkdtemp(outside));
+	snprintf(kept, sizeof(kept), "%s/kept", outside);
+	close(open(kept, O_WRONLY | O_CREAT, 0600));
 	snprintf(sub, sizeof(sub), "%s/sub", dir);
 	cr_assert_eq(mkdir(sub, 0700), 0);
 	snprintf(file, sizeof(file), "%s/f", sub);
-	put_record(VOL_A "\n");
 	close(open(file, O_WRONLY | O_CREAT, 0600));
-	cr_assert_eq(dirs_empty(dir), 0);
+	snprintf(link, sizeof(link), "%s/link", dir);
+	cr_assert_eq(symlink(outside, link), 0);
+	put_record(VOL_A "\n");
+
+	cr_assert_eq(dirs_empty_at(dfd), 0);
 	cr_assert_eq(entries(), 0);
 	cr_assert_eq(access(dir, F_OK), 0, "the directory itself went");
-	cr_assert_eq(dirs_empty("/nonexistent/ferry"), -ENOENT);
-	cr_assert_eq(dirs_empty("/etc/hostname"), -ENOTDIR);
+	cr_assert_eq(access(kept, F_OK), 0, "a file a symlink pointed at went");
+	rm_dir(outside);
+	int f = open("/etc/hostname", O_RDONLY);
+	cr_assert_eq(dirs_empty_at(f), -ENOTDIR);
+	close(f);
 }
