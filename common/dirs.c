@@ -36,7 +36,7 @@ int dirs_make(const char *path, mode_t mode)
  * not the staging directory's. Names are taken relative to their parent's
  * fd, never followed: a symlink swapped in during the walk is removed,
  * not walked into. */
-static int empty_at(int dfd, dev_t dev, int depth)
+static int empty_at(int dfd, dev_t dev, int depth, const char *keep)
 {
 	DIR *d;
 	struct dirent *de;
@@ -56,7 +56,7 @@ static int empty_at(int dfd, dev_t dev, int depth)
 		struct stat st;
 		int rc = 0;
 
-		if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
+		if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || (keep && strcmp(n, keep) == 0))
 			continue;
 		if (fstatat(dfd, n, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			rc = errno == ENOENT ? 0 : -errno;
@@ -74,7 +74,7 @@ static int empty_at(int dfd, dev_t dev, int depth)
 				    again.st_ino != st.st_ino)
 					rc = -ESTALE;
 				else
-					rc = empty_at(sub, dev, depth + 1);
+					rc = empty_at(sub, dev, depth + 1, NULL);
 				close(sub);
 				if (rc == 0 && unlinkat(dfd, n, AT_REMOVEDIR) < 0 && errno != ENOENT)
 					rc = -errno;
@@ -89,7 +89,7 @@ static int empty_at(int dfd, dev_t dev, int depth)
 	return err;
 }
 
-int dirs_empty_at(int dfd)
+int dirs_empty_at(int dfd, const char *keep)
 {
 	struct stat st;
 
@@ -97,5 +97,5 @@ int dirs_empty_at(int dfd)
 		return -errno;
 	if (!S_ISDIR(st.st_mode))
 		return -ENOTDIR;
-	return empty_at(dfd, st.st_dev, 0);
+	return empty_at(dfd, st.st_dev, 0, keep);
 }

@@ -12,9 +12,9 @@
 int dirs_make(const char *path, mode_t mode);
 /* Removes everything under the directory open as dfd that is on its own
  * filesystem (what is mounted inside stays, and so does its mount point),
- * leaving the directory itself. Nothing is followed: names are taken
- * relative to their directory's fd. 0 or the first error met (the rest
- * is still removed where it can be). */
-int dirs_empty_at(int dfd);
+ * leaving the directory itself and its entry named keep (NULL: none).
+ * Nothing is followed: names are taken relative to their directory's fd.
+ * 0 or the first error met (the rest is still removed where it can be). */
+int dirs_empty_at(int dfd, const char *keep);
 
 #endif

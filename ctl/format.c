@@ -1,4 +1,5 @@
 /* ferry format: writes a new volume record and checks its object store. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -19,18 +20,38 @@
 #include "staging_owner.h"
 #include "url.h"
 
+/* Whether pid names a process that runs (not a zombie). */
+static bool pid_alive(long pid)
+{
+	char path[64], buf[256], *p;
+	bool alive = false;
+	FILE *f;
+
+	if (pid <= 0)
+		return false;
+	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+	f = fopen(path, "re");
+	if (!f)
+		return false;
+	if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')))
+		alive = p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+	fclose(f);
+	return alive;
+}
+
 /*
  * The volume's lock on this node (<db>.lock: the OFD lock a ferry-mountd
- * holds for as long as it serves, volume_lock() in mountd/main.c; ferry
- * dump and load take it too), held for as long as format runs: a mount
- * starting meanwhile fails instead of having its metadata and staging
- * files replaced under it. A daemon just killed lets go within moments:
- * waited for, up to 5 s. The fd, or -1 (said why).
+ * holds for as long as it serves, volume_lock() in mountd/main.c), held
+ * for as long as format runs: a mount starting meanwhile fails instead of
+ * having its metadata and staging files replaced under it. A daemon just
+ * killed lets go within moments: waited for, up to 5 s, unless the pid
+ * the file names runs. The fd, or -1 (said why).
  */
 static int volume_lock_take(const char *db, const char *dir)
 {
 	char path[PATH_MAX], pid[32];
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	bool locked = false;
 	int fd;
 
 	if (meta_local_file(db, dir, ".lock", path, sizeof(path)) < 0) {
@@ -42,8 +63,6 @@ static int volume_lock_take(const char *db, const char *dir)
 		ctl_err("cannot open %s: %s", path, strerror(errno));
 		return -1;
 	}
-	bool locked = false;
-
 	for (int tries = 0;; tries++) {
 		if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
 			locked = true;
@@ -53,15 +72,20 @@ static int volume_lock_take(const char *db, const char *dir)
 			ctl_err("cannot lock %s: %s", path, strerror(errno));
 			break;
 		}
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
+		if (pid_alive(atol(pid))) {
+			ctl_err("%s is mounted on this node (ferry-mountd pid %s): unmount it before "
+				"formatting it again", db, pid);
+			break;
+		}
 		if (tries < 100) {
 			usleep(50 * 1000);
 			continue;
 		}
-		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
-		pid[n > 0 ? n : 0] = '\0';
-		pid[strcspn(pid, "\n")] = '\0';
-		ctl_err("%s is in use on this node (mounted, ferry-mountd pid %s; or a ferry dump or "
-			"load): unmount it before formatting it again", db, *pid ? pid : "?");
+		ctl_err("%s is in use on this node (its lock %s is held: a ferry dump or load, or a "
+			"daemon stopping): try again once it is done", db, path);
 		break;
 	}
 	if (locked)
@@ -86,47 +110,125 @@ static bool volume_uuid(const char *db, char uuid[37])
 	return ok;
 }
 
+/* The lock a ferry-reconciler holds on its staging directory for as long
+ * as it serves it (reconciler/main.c). */
+#define RECONCILER_LOCK ".ferry-reconciler.lock"
+
 /*
  * The default staging directory of a volume formatted again: what the old
  * volume left there is of no use now (the metadata that named it is
  * gone), and the new volume's daemons would refuse the directory as
- * another volume's (staging_owner.h). Emptied only where its record names
- * the volume replaced (a directory holding several SQLite files shares
- * one staging directory among them: never another volume's) and no
- * ferry-reconciler serves it. A --staging-dir given elsewhere is not known
- * here: the mount names it.
+ * another volume's (staging_owner.h). It is emptied only where its record
+ * names the volume replaced (SQLite files in one directory share it:
+ * never another volume's), and no ferry-reconciler serves it: its lock is
+ * taken first (waited for up to 5 s, as a daemon stopping), before
+ * anything is formatted, and held until the directory is empty. A
+ * --staging-dir given elsewhere is not known here: the mount names it.
  */
-static int staging_clear(const char *dir, const char *old_uuid)
-{
-	char *staging = NULL, owner[64];
-	int fd = -1, lfd = -1, rc = 0;
+struct staging_clear {
+	int fd;  /* the directory, or -1: nothing to empty */
+	int lfd; /* its reconciler lock, held */
+	char path[PATH_MAX];
+};
 
-	if (asprintf(&staging, "%s/staging", dir) < 0) {
-		ctl_err("out of memory");
-		return -ENOMEM;
+/* Whether the directory holds staging files (or records): names without
+ * a dot in front, the reconciler's socket aside. */
+static bool holds_files(int fd)
+{
+	int dup_fd = dup(fd);
+	DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+	struct dirent *de;
+	bool any = false;
+
+	if (!d) {
+		if (dup_fd >= 0)
+			close(dup_fd);
+		return false;
 	}
-	fd = open(staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || staging_owner_get(fd, owner, sizeof(owner)) < 0 ||
-	    strcmp(owner, old_uuid) != 0)
-		goto out; /* none, or not the replaced volume's */
-	/* The lock a ferry-reconciler holds on the directory (reconciler/main.c). */
-	lfd = openat(fd, ".ferry-reconciler.lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) < 0) {
-		ctl_err("%s is served by a ferry-reconciler: left as it is (stop it, then empty the "
-			"directory: the new volume will not mount with it until then)", staging);
-		rc = -EBUSY;
-		goto out;
+	rewinddir(d); /* the dup shares fd's offset */
+	while (!any && (de = readdir(d)))
+		any = de->d_name[0] != '.' && strcmp(de->d_name, "reconciler.sock") != 0;
+	closedir(d);
+	return any;
+}
+
+/* 0 (sc->fd >= 0: empty it after the format), or -1 (said why): do not
+ * format. */
+static int staging_clear_prepare(struct staging_clear *sc, const char *dir, const char *old_uuid)
+{
+	char owner[64];
+	int rc;
+
+	sc->fd = sc->lfd = -1;
+	if ((size_t)snprintf(sc->path, sizeof(sc->path), "%s/staging", dir) >= sizeof(sc->path))
+		return 0;
+	sc->fd = open(sc->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (sc->fd < 0)
+		return 0; /* none */
+	rc = staging_owner_get(sc->fd, owner, sizeof(owner));
+	if (rc == -ENOENT && !old_uuid)
+		goto leave;
+	if ((rc == -ENOENT || !old_uuid) && holds_files(sc->fd)) {
+		/* Whose files these are cannot be told: left to the user. */
+		fprintf(stderr, "ferry: warning: %s %s; it is left as it is: empty it before the new "
+			"volume mounts if what it holds is the replaced volume's\n", sc->path,
+			rc == -ENOENT ? "records no volume as its owner" :
+					"may be the replaced volume's, whose uuid cannot be read");
+		goto leave;
 	}
-	rc = dirs_empty_at(fd);
-	if (rc < 0)
-		ctl_err("cannot empty %s, the staging directory of the volume replaced: %s (the new "
-			"volume will not mount with it until it is empty)", staging, strerror(-rc));
-out:
-	if (lfd >= 0)
-		close(lfd);
-	if (fd >= 0)
-		close(fd);
-	free(staging);
+	if (rc < 0 || !old_uuid || strcmp(owner, old_uuid) != 0)
+		goto leave; /* another volume's, or none's */
+	sc->lfd = openat(sc->fd, RECONCILER_LOCK, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (sc->lfd < 0) {
+		ctl_err("cannot open %s/%s: %s", sc->path, RECONCILER_LOCK, strerror(errno));
+		goto refuse;
+	}
+	for (int tries = 0; flock(sc->lfd, LOCK_EX | LOCK_NB) < 0; tries++) {
+		if (errno != EWOULDBLOCK) {
+			ctl_err("cannot lock %s/%s: %s", sc->path, RECONCILER_LOCK, strerror(errno));
+			goto refuse;
+		}
+		if (tries >= 100) {
+			ctl_err("%s is served by a ferry-reconciler: stop it before formatting the "
+				"volume again", sc->path);
+			goto refuse;
+		}
+		usleep(50 * 1000);
+	}
+	return 0;
+refuse:
+	close(sc->fd);
+	sc->fd = -1;
+	if (sc->lfd >= 0)
+		close(sc->lfd);
+	sc->lfd = -1;
+	return -1;
+leave:
+	close(sc->fd);
+	sc->fd = -1;
+	return 0;
+}
+
+/* Empties it, the record last: a directory left half emptied still names
+ * its volume, so no other takes what is left for its own. */
+static int staging_clear_finish(struct staging_clear *sc)
+{
+	int rc = 0;
+
+	if (sc->fd >= 0) {
+		rc = dirs_empty_at(sc->fd, STAGING_OWNER_NAME);
+		if (rc == 0)
+			rc = staging_owner_drop(sc->fd);
+		if (rc < 0)
+			ctl_err("cannot empty %s, the staging directory of the volume replaced: %s (the "
+				"new volume will not mount with it until it is empty)", sc->path,
+				strerror(-rc));
+		close(sc->fd);
+		sc->fd = -1;
+	}
+	if (sc->lfd >= 0)
+		close(sc->lfd);
+	sc->lfd = -1;
 	return rc;
 }
 
@@ -150,7 +252,7 @@ int cmd_format(int argc, char **argv)
 	unsigned long long bs = META_DEFAULT_BLOCK_SIZE;
 	int opt, rc, force = 0, s3_http = 0, code = 1, pg;
 	char old_uuid[37] = "";
-	bool have_old = false;
+	struct staging_clear sc = { .fd = -1, .lfd = -1 };
 	int lock_fd = -1; /* the volume's lock on this node, held to the end */
 	struct stat st;
 
@@ -214,7 +316,12 @@ int cmd_format(int argc, char **argv)
 	}
 	if ((lock_fd = volume_lock_take(db, dir)) < 0)
 		goto out;
-	have_old = force && volume_uuid(db, old_uuid);
+	if (force) {
+		bool have_old = volume_uuid(db, old_uuid);
+
+		if (staging_clear_prepare(&sc, dir, have_old ? old_uuid : NULL) < 0)
+			goto out;
+	}
 	if (!storage && asprintf(&storage, "file://%s/objects", dir) < 0) {
 		ctl_err("out of memory");
 		goto out;
@@ -283,9 +390,13 @@ int cmd_format(int argc, char **argv)
 	}
 	printf("formatted volume at %s (storage %s, block size %llu)\n", db, storage, bs);
 	code = 0;
-	if (have_old && staging_clear(dir, old_uuid) < 0)
+	if (staging_clear_finish(&sc) < 0)
 		code = 1;
 out:
+	if (sc.fd >= 0)
+		close(sc.fd); /* formatting failed: left as it was */
+	if (sc.lfd >= 0)
+		close(sc.lfd);
 	if (lock_fd >= 0)
 		close(lock_fd);
 	objstore_close(store);

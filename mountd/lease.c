@@ -129,7 +129,7 @@ static bool holds_something(const char *path)
  * changed the volume since. It is moved aside, kept and reported, never
  * replayed or uploaded over the other writer's changes.
  */
-static void leftovers_aside(struct mountd *md, uint64_t last, const char *uuid)
+static void leftovers_aside(struct mountd *md, uint64_t last, const char *old_uuid)
 {
 	char journal[PATH_MAX], aside[PATH_MAX + 32], dot[32], to[NAME_MAX + 40];
 	struct dirent *de;
@@ -163,14 +163,15 @@ static void leftovers_aside(struct mountd *md, uint64_t last, const char *uuid)
 		kept += files;
 	}
 	/* What the directory held is aside: a record naming the volume of
-	 * this name formatted over goes too, so this one can claim the
-	 * directory (staging_owner.h). */
+	 * this name formatted over (this node's last, old_uuid) goes too, so
+	 * this one can claim the directory (staging_owner.h). */
 	int sfd = open(md->cfg.staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (sfd >= 0) {
 		char owner[64];
 		int rc = 0;
 
-		if (staging_owner_get(sfd, owner, sizeof(owner)) == 0 && strcmp(owner, uuid) != 0)
+		if (staging_owner_get(sfd, owner, sizeof(owner)) == 0 && *old_uuid &&
+		    strcmp(owner, old_uuid) == 0)
 			rc = staging_owner_drop(sfd);
 		close(sfd);
 		if (rc < 0)
@@ -203,6 +204,13 @@ static void leftovers_aside(struct mountd *md, uint64_t last, const char *uuid)
 		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
 			     "give each volume its own --staging-dir (its files may hold that "
 			     "volume's writes not uploaded yet)", md->cfg.staging_dir, owner, uuid);
+	if (rc == -EBADMSG)
+		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
+			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,
+			     STAGING_OWNER_NAME, owner);
+	if (rc < 0 && rc != -ENOENT)
+		start_failed(md, "staging directory %s: cannot read %s/%s: %s", md->cfg.staging_dir,
+			     md->cfg.staging_dir, STAGING_OWNER_NAME, strerror(-rc));
 }
 
 void lease_take(struct mountd *md)
@@ -266,7 +274,7 @@ void lease_take(struct mountd *md)
 	/* Anything left here from before another mount held the volume (or
 	 * from another volume of this name) is not replayed. */
 	if (node.epoch != 0 && (last == 0 || meta_lease_fenced_to(md->meta) != last + 1))
-		leftovers_aside(md, node.epoch, vol.uuid);
+		leftovers_aside(md, node.epoch, strcmp(node.uuid, vol.uuid) != 0 ? node.uuid : "");
 	node.epoch = meta_lease_fenced_to(md->meta);
 	memcpy(node.uuid, vol.uuid, sizeof(node.uuid));
 	if ((rc = node_write(path, &node)) < 0)

@@ -516,9 +516,12 @@ static int staging_open(struct mountd *md)
 			     "give --staging-dir on a local filesystem", md->cfg.staging_dir);
 	}
 	/* Before anything in it is looked at: another volume's leftovers must
-	 * not be taken for this one's (staging_owner.h). */
+	 * not be taken for this one's (staging_owner.h). A read-only follower
+	 * neither stages nor recovers anything: it claims nothing, and a
+	 * directory the writer of this node has not claimed yet again (a
+	 * volume formatted over, lease_take()) does not keep it out. */
 	char other[64];
-	int rc = staging_owner_claim(fd, md->vol.uuid, other, sizeof(other));
+	int rc = md->follower ? 0 : staging_owner_claim(fd, md->vol.uuid, other, sizeof(other));
 	if (rc == -EEXIST)
 		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
 			     "give each volume its own --staging-dir (its files may hold that "

@@ -233,6 +233,11 @@ Test(pg_nodes, a_volume_formatted_again_mounts_where_the_old_one_staged)
 	snprintf(storage, sizeof(storage), "file://%s", sp("objects"));
 	const char *again[] = { "format", "--force", "--storage", storage, url, NULL };
 	cr_assert_eq(ferry_on('A', NULL, again), 0, "ferry format --force on node A");
+	/* A read-only follower first: it claims nothing and is not kept out. */
+	cr_assert_eq(mount_on('B', "ro", false, sp("errB")), 0,
+		     "node B refused a follower of the volume formatted again: %s",
+		     fm_slurp(sp("errB")));
+	umount_on('B');
 	cr_assert_eq(mount_on('B', NULL, false, sp("errB")), 0,
 		     "node B refused the volume formatted again: %s", fm_slurp(sp("errB")));
 	now = fm_slurp(record);

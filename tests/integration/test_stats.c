@@ -426,7 +426,7 @@ Test(cli, format_refuses_a_mounted_volume)
 	fm_write_file(mp("kept"), "kept", 4);
 	expect_refusal(force, "ferry format --force of a mounted volume");
 	char *err = fm_slurp(sp("err"));
-	cr_assert(err && strstr(err, "is in use"), "why: %s", err ? err : "");
+	cr_assert(err && strstr(err, "is mounted on this node"), "why: %s", err ? err : "");
 	free(err);
 	fm_expect_content(mp("kept"), "kept", 4);
 	fm_remount_cold();

@@ -151,12 +151,28 @@ Test(staging_owner, emptying_a_directory_removes_all_under_it_and_follows_nothin
 	cr_assert_eq(symlink(outside, link), 0);
 	put_record(VOL_A "\n");
 
-	cr_assert_eq(dirs_empty_at(dfd), 0);
+	cr_assert_eq(dirs_empty_at(dfd, NULL), 0);
 	cr_assert_eq(entries(), 0);
 	cr_assert_eq(access(dir, F_OK), 0, "the directory itself went");
 	cr_assert_eq(access(kept, F_OK), 0, "a file a symlink pointed at went");
-	rm_dir(outside);
-	int f = open("/etc/hostname", O_RDONLY);
-	cr_assert_eq(dirs_empty_at(f), -ENOTDIR);
+	int f = open(kept, O_RDONLY);
+	cr_assert_geq(f, 0);
+	cr_assert_eq(dirs_empty_at(f, NULL), -ENOTDIR);
 	close(f);
+	rm_dir(outside);
+}
+
+Test(staging_owner, emptying_a_directory_can_keep_one_entry)
+{
+	char file[160];
+
+	snprintf(file, sizeof(file), "%s/f", dir);
+	close(open(file, O_WRONLY | O_CREAT, 0600));
+	put_record(VOL_A "\n");
+	cr_assert_eq(dirs_empty_at(dfd, STAGING_OWNER_NAME), 0);
+	cr_assert_eq(entries(), 1);
+	cr_assert_eq(faccessat(dfd, STAGING_OWNER_NAME, F_OK, 0), 0, "the entry kept went");
+	cr_assert_eq(staging_owner_drop(dfd), 0);
+	cr_assert_eq(entries(), 0);
+	cr_assert_eq(staging_owner_drop(dfd), 0, "a record already gone");
 }
