@@ -17,27 +17,9 @@
 #include "dirs.h"
 #include "meta.h"
 #include "objstore.h"
+#include "proc_live.h"
 #include "staging_owner.h"
 #include "url.h"
-
-/* Whether pid names a process that runs (not a zombie). */
-static bool pid_alive(long pid)
-{
-	char path[64], buf[256], *p;
-	bool alive = false;
-	FILE *f;
-
-	if (pid <= 0)
-		return false;
-	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-	f = fopen(path, "re");
-	if (!f)
-		return false;
-	if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')))
-		alive = p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
-	fclose(f);
-	return alive;
-}
 
 /*
  * The volume's lock on this node (<db>.lock: the OFD lock a ferry-mountd
@@ -75,7 +57,7 @@ static int volume_lock_take(const char *db, const char *dir)
 		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
 		pid[n > 0 ? n : 0] = '\0';
 		pid[strcspn(pid, "\n")] = '\0';
-		if (pid_alive(atol(pid))) {
+		if (proc_live(atol(pid))) {
 			ctl_err("%s is mounted on this node (ferry-mountd pid %s): unmount it before "
 				"formatting it again", db, pid);
 			break;

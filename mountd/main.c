@@ -28,6 +28,7 @@
 #include "inval.h"
 #include "log.h"
 #include "mountd.h"
+#include "proc_live.h"
 #include "reconcile_plan.h"
 #include "staging_owner.h"
 #include "dirs.h"
@@ -417,25 +418,6 @@ void start_failed(struct mountd *md, const char *fmt, ...)
 	exit(1);
 }
 
-/* Whether pid is a live process (not gone, not a zombie). */
-static bool pid_running(pid_t pid)
-{
-	char path[64], buf[512], *p;
-	bool running = false;
-	FILE *f;
-
-	if (pid <= 0)
-		return false;
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "re");
-	if (!f)
-		return false;
-	if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')))
-		running = p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
-	fclose(f);
-	return running;
-}
-
 /* One ferry-mountd per volume: an OFD lock on <db>.lock, holding our pid. */
 static int volume_lock(struct mountd *md)
 {
@@ -457,7 +439,7 @@ static int volume_lock(struct mountd *md)
 		 * thread is gone (its leader is a zombie sooner): wait a little
 		 * for a holder that is no longer running. */
 		if ((err == EAGAIN || err == EACCES) && tries < 100 && *pid &&
-		    !pid_running((pid_t)atoi(pid))) {
+		    !proc_live(atol(pid))) {
 			usleep(50 * 1000);
 			continue;
 		}

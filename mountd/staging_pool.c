@@ -28,6 +28,7 @@
 
 #include "log.h"
 #include "mountd.h"
+#include "proc_live.h"
 
 /* How many files wait ready, and the level that wakes the filler. A burst
  * of creates takes them faster than one thread makes them, and then the
@@ -347,28 +348,6 @@ void staging_pool_free(struct mountd *md)
 	md->pool = NULL;
 }
 
-/* Is pid a live process (not a zombie, whose pool nobody serves)? */
-static bool pid_live(long pid)
-{
-	char path[64], buf[256], *rp;
-	ssize_t n;
-	int fd;
-
-	if (kill((pid_t)pid, 0) < 0 && errno != EPERM)
-		return false;
-	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return true; /* no /proc: kill() said it is there */
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return true;
-	buf[n] = 0;
-	rp = strrchr(buf, ')'); /* the name may hold anything */
-	return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
-}
-
 void staging_pool_sweep(struct mountd *md)
 {
 	DIR *d = fdopendir(dup(md->staging_dirfd));
@@ -393,7 +372,7 @@ void staging_pool_sweep(struct mountd *md)
 		/* Another live daemon's (a staging directory given to two
 		 * volumes) is left alone; one with our pid is an earlier run's
 		 * (a container's daemon often has the same pid each time). */
-		if (pid != self && pid_live(pid))
+		if (pid != self && proc_live(pid))
 			continue;
 		if (unlinkat(md->staging_dirfd, de->d_name, 0) == 0)
 			removed++;
