@@ -12,6 +12,7 @@
 #ifndef FERRY_STAGING_OWNER_H
 #define FERRY_STAGING_OWNER_H
 
+#include <errno.h>
 #include <stddef.h>
 
 #define STAGING_OWNER_NAME ".volume"
@@ -24,6 +25,14 @@
  * short). Another -errno: it cannot be read or written.
  */
 int staging_owner_claim(int dirfd, const char *uuid, char *other, size_t otherlen);
+/* Whether a claim's error only says the record could not be written
+ * there (a full or read-only filesystem, or one without hard links): the
+ * directory is then used unrecorded, as before there were records. */
+static inline int staging_owner_unwritable(int rc)
+{
+	return rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS || rc == -EPERM ||
+	       rc == -EXDEV || rc == -EOPNOTSUPP;
+}
 /* The uuid the record names into uuid (len bytes; "" where none): 0,
  * -ENOENT (no record), -EBADMSG (it names no volume: what it holds, made
  * printable), or another -errno. Claims nothing. */

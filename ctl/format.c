@@ -104,8 +104,11 @@ static bool volume_uuid(const char *db, char uuid[37])
  * names the volume replaced (SQLite files in one directory share it:
  * never another volume's), and no ferry-reconciler serves it: its lock is
  * taken first (waited for up to 5 s, as a daemon stopping), before
- * anything is formatted, and held until the directory is empty. A
- * --staging-dir given elsewhere is not known here: the mount names it.
+ * anything is formatted, and held until the directory is empty. Any other
+ * record, or files no record claims, get a warning instead (plain format
+ * too): the new volume's mount would be refused the directory, or take
+ * the files for its own. A --staging-dir given elsewhere is not known
+ * here: the mount names it.
  */
 struct staging_clear {
 	int fd;  /* the directory, or -1: nothing to empty */
@@ -148,8 +151,15 @@ static int staging_clear_prepare(struct staging_clear *sc, const char *dir, cons
 	if (sc->fd < 0)
 		return 0; /* none */
 	rc = staging_owner_get(sc->fd, owner, sizeof(owner));
-	if (rc == -ENOENT && !old_uuid)
+	if (rc == 0 && (!old_uuid || strcmp(owner, old_uuid) != 0)) {
+		/* Another volume's (or one whose metadata is gone): the new
+		 * volume will be refused it. Said now, not at its mount. */
+		fprintf(stderr, "ferry: warning: %s is volume %s's staging directory: the new volume "
+			"will not mount with it; give it another --staging-dir, or empty the directory "
+			"(%s included) if that volume is gone for good\n", sc->path, owner,
+			STAGING_OWNER_NAME);
 		goto leave;
+	}
 	if ((rc == -ENOENT || !old_uuid) && holds_files(sc->fd)) {
 		/* Whose files these are cannot be told: left to the user. */
 		fprintf(stderr, "ferry: warning: %s %s; it is left as it is: empty it before the new "
@@ -298,8 +308,8 @@ int cmd_format(int argc, char **argv)
 	}
 	if ((lock_fd = volume_lock_take(db, dir)) < 0)
 		goto out;
-	if (force) {
-		bool have_old = volume_uuid(db, old_uuid);
+	{
+		bool have_old = force && volume_uuid(db, old_uuid);
 
 		if (staging_clear_prepare(&sc, dir, have_old ? old_uuid : NULL) < 0)
 			goto out;

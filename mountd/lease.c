@@ -203,7 +203,9 @@ static void leftovers_aside(struct mountd *md, uint64_t last, const char *old_uu
 	if (rc == 0 && strcmp(owner, uuid) != 0 && strcmp(owner, node_uuid) != 0)
 		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
 			     "give each volume its own --staging-dir (its files may hold that "
-			     "volume's writes not uploaded yet)", md->cfg.staging_dir, owner, uuid);
+			     "volume's writes not uploaded yet; if that volume is gone for good, "
+			     "empty the directory, %s/%s included)", md->cfg.staging_dir, owner, uuid,
+			     md->cfg.staging_dir, STAGING_OWNER_NAME);
 	if (rc == -EBADMSG)
 		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
 			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,

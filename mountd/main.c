@@ -507,13 +507,14 @@ static int staging_open(struct mountd *md)
 	if (rc == -EEXIST)
 		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
 			     "give each volume its own --staging-dir (its files may hold that "
-			     "volume's writes not uploaded yet)", md->cfg.staging_dir, other,
-			     md->vol.uuid);
+			     "volume's writes not uploaded yet; if that volume is gone for good, "
+			     "empty the directory, %s/%s included)", md->cfg.staging_dir, other,
+			     md->vol.uuid, md->cfg.staging_dir, STAGING_OWNER_NAME);
 	if (rc == -EBADMSG)
 		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
 			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,
 			     STAGING_OWNER_NAME, other);
-	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS) {
+	if (staging_owner_unwritable(rc)) {
 		/* As before there were records: claimed at a later start. */
 		log_warnx("cannot record volume %s as the owner of staging directory %s: %s",
 			  md->vol.uuid, md->cfg.staging_dir, strerror(-rc));

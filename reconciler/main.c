@@ -404,9 +404,10 @@ int main(int argc, char **argv)
 	rc = staging_owner_claim(r->staging_fd, r->vol.uuid, other, sizeof(other));
 	if (rc == -EEXIST)
 		start_failed("staging directory %s belongs to volume %s, not to this one (%s): give "
-			     "each volume its own staging directory", cfg->staging_dir, other,
-			     r->vol.uuid);
-	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS)
+			     "each volume its own staging directory (if that volume is gone for "
+			     "good, empty the directory, %s/%s included)", cfg->staging_dir, other,
+			     r->vol.uuid, cfg->staging_dir, STAGING_OWNER_NAME);
+	if (staging_owner_unwritable(rc))
 		log_warnx("cannot record volume %s as the owner of staging directory %s: %s",
 			  r->vol.uuid, cfg->staging_dir, strerror(-rc));
 	else if (rc < 0)
