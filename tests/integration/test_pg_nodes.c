@@ -553,8 +553,10 @@ static void outage_teardown(void)
 				umount2(mnts[i], MNT_DETACH);
 		}
 	}
-	fm_teardown();
+	/* Stopped before the scratch directory goes: with its data directory
+	 * gone, pg-server could no longer stop it, and it ran on. */
 	fm_run(argv, "/dev/null", "/dev/null", 60);
+	fm_teardown();
 }
 
 TestSuite(pg_outage, .init = outage_setup, .fini = outage_teardown, .timeout = 240);
