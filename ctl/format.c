@@ -18,6 +18,7 @@
 #include "meta.h"
 #include "objstore.h"
 #include "proc_live.h"
+#include "reconcile_job.h"
 #include "staging_owner.h"
 #include "url.h"
 
@@ -91,10 +92,6 @@ static bool volume_uuid(const char *db, char uuid[37])
 	meta_close(m);
 	return ok;
 }
-
-/* The lock a ferry-reconciler holds on its staging directory for as long
- * as it serves it (reconciler/main.c). */
-#define RECONCILER_LOCK ".ferry-reconciler.lock"
 
 /*
  * The default staging directory of a volume formatted again: what the old
@@ -170,14 +167,15 @@ static int staging_clear_prepare(struct staging_clear *sc, const char *dir, cons
 	}
 	if (rc < 0 || !old_uuid || strcmp(owner, old_uuid) != 0)
 		goto leave; /* another volume's, or none's */
-	sc->lfd = openat(sc->fd, RECONCILER_LOCK, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	sc->lfd = openat(sc->fd, RECONCILE_LOCK_NAME, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+			 0600);
 	if (sc->lfd < 0) {
-		ctl_err("cannot open %s/%s: %s", sc->path, RECONCILER_LOCK, strerror(errno));
+		ctl_err("cannot open %s/%s: %s", sc->path, RECONCILE_LOCK_NAME, strerror(errno));
 		goto refuse;
 	}
 	for (int tries = 0; flock(sc->lfd, LOCK_EX | LOCK_NB) < 0; tries++) {
 		if (errno != EWOULDBLOCK) {
-			ctl_err("cannot lock %s/%s: %s", sc->path, RECONCILER_LOCK, strerror(errno));
+			ctl_err("cannot lock %s/%s: %s", sc->path, RECONCILE_LOCK_NAME, strerror(errno));
 			goto refuse;
 		}
 		if (tries >= 100) {
