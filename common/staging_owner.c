@@ -51,7 +51,6 @@ static int owner_write(int dirfd, const char *uuid)
 	int fd, rc = 0;
 	size_t len = strlen(uuid);
 	ssize_t put;
-
 	uint64_t r;
 
 	/* A name of its own even where daemons in other pid namespaces share

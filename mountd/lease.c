@@ -190,7 +190,13 @@ static void leftovers_aside(struct mountd *md, uint64_t last, const char *old_uu
 		kept++;
 	}
 	atomic_store(&md->lease_leftovers, kept);
-}static void staging_owner_check(struct mountd *md, const char *uuid, const char *node_uuid)
+}
+
+/* Before the lease: a staging directory of a volume of another name is
+ * not this one's to fence or to take. The record of this node's last
+ * volume of this name (node_uuid, formatted over) is no refusal: its
+ * leftovers are fenced and the record with them (leftovers_aside()). */
+static void staging_owner_check(struct mountd *md, const char *uuid, const char *node_uuid)
 {
 	char owner[64];
 	int fd = open(md->cfg.staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -201,18 +207,12 @@ static void leftovers_aside(struct mountd *md, uint64_t last, const char *old_uu
 	rc = staging_owner_get(fd, owner, sizeof(owner));
 	close(fd);
 	if (rc == 0 && strcmp(owner, uuid) != 0 && strcmp(owner, node_uuid) != 0)
-		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
-			     "give each volume its own --staging-dir (its files may hold that "
-			     "volume's writes not uploaded yet; if that volume is gone for good, "
-			     "empty the directory, %s/%s included)", md->cfg.staging_dir, owner, uuid,
-			     md->cfg.staging_dir, STAGING_OWNER_NAME);
-	if (rc == -EBADMSG)
-		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
-			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,
-			     STAGING_OWNER_NAME, owner);
-	if (rc < 0 && rc != -ENOENT)
-		start_failed(md, "staging directory %s: cannot read %s/%s: %s", md->cfg.staging_dir,
-			     md->cfg.staging_dir, STAGING_OWNER_NAME, strerror(-rc));
+		rc = -EEXIST;
+	else if (rc == 0 || rc == -ENOENT)
+		return;
+	staging_owner_refuse(md, rc, owner, uuid);
+	start_failed(md, "staging directory %s: cannot read %s/%s: %s", md->cfg.staging_dir,
+		     md->cfg.staging_dir, STAGING_OWNER_NAME, strerror(-rc));
 }
 
 void lease_take(struct mountd *md)
@@ -243,10 +243,7 @@ void lease_take(struct mountd *md)
 	/* Another volume of the same name (formatted again, or on another
 	 * server): nothing this directory holds is of this one. */
 	last = strcmp(node.uuid, vol.uuid) == 0 ? node.epoch : 0;
-	/* A staging directory of a volume of another name is not this one's
-	 * to fence or to take: refused before the lease is taken, and before
-	 * anything in it moves (staging_open() checks it again). */
-	staging_owner_check(md, vol.uuid, node.uuid);
+	staging_owner_check(md, vol.uuid, node.uuid); /* staging_open() checks it again */
 	snprintf(tag, sizeof(tag), "node %s", node.id);
 	gethostname(host, sizeof(host));
 	host[sizeof(host) - 1] = '\0';

@@ -480,6 +480,20 @@ static uint64_t staging_max_file_size(int dirfd)
 	return lo < RECONCILE_LENGTH_MAX ? lo : RECONCILE_LENGTH_MAX;
 }
 
+void staging_owner_refuse(struct mountd *md, int rc, const char *held, const char *uuid)
+{
+	if (rc == -EEXIST)
+		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
+			     "give each volume its own --staging-dir (its files may hold that "
+			     "volume's writes not uploaded yet; if that volume is gone for good, "
+			     "empty the directory, %s/%s included)", md->cfg.staging_dir, held, uuid,
+			     md->cfg.staging_dir, STAGING_OWNER_NAME);
+	if (rc == -EBADMSG)
+		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
+			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,
+			     STAGING_OWNER_NAME, held);
+}
+
 /* Staging must be a real local filesystem: writes are staged there first. */
 static int staging_open(struct mountd *md)
 {
@@ -504,16 +518,7 @@ static int staging_open(struct mountd *md)
 	 * volume formatted over, lease_take()) does not keep it out. */
 	char other[64];
 	int rc = md->follower ? 0 : staging_owner_claim(fd, md->vol.uuid, other, sizeof(other));
-	if (rc == -EEXIST)
-		start_failed(md, "staging directory %s belongs to volume %s, not to this one (%s): "
-			     "give each volume its own --staging-dir (its files may hold that "
-			     "volume's writes not uploaded yet; if that volume is gone for good, "
-			     "empty the directory, %s/%s included)", md->cfg.staging_dir, other,
-			     md->vol.uuid, md->cfg.staging_dir, STAGING_OWNER_NAME);
-	if (rc == -EBADMSG)
-		start_failed(md, "staging directory %s: %s/%s names no volume (it holds '%s'); "
-			     "is the directory ferryfs's?", md->cfg.staging_dir, md->cfg.staging_dir,
-			     STAGING_OWNER_NAME, other);
+	staging_owner_refuse(md, rc, other, md->vol.uuid);
 	if (staging_owner_unwritable(rc)) {
 		/* As before there were records: claimed at a later start. */
 		log_warnx("cannot record volume %s as the owner of staging directory %s: %s",

@@ -445,6 +445,10 @@ void gc_stop(struct mountd *md);
 /* main.c: the daemon could not start: says why (log, ready fd) and exits. */
 _Noreturn void start_failed(struct mountd *md, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+/* start_failed() for a staging directory whose record (staging_owner.h)
+ * names another volume than uuid (rc -EEXIST) or none (-EBADMSG); held is
+ * what it names. Any other rc returns. */
+void staging_owner_refuse(struct mountd *md, int rc, const char *held, const char *uuid);
 
 /* ---- special.c: .stats and .control, the virtual files in the root ---- */
 bool special_ino(uint64_t ino);
