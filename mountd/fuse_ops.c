@@ -420,6 +420,8 @@ static int staged_truncate(struct inode *i, uint64_t size, const struct meta_att
 	return wstate_truncate(i->w, size);
 }
 
+static bool copy_flushed_at_open(const struct mountd *md, int open_flags);
+
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		       struct fuse_file_info *fi)
 {
@@ -505,6 +507,10 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	rc = i && !times_now ? inflight_wait(md, i, "setattr") : 0;
 	if (rc == 0 && i && i->w)
 		rc = wstate_reopen(i->w);
+	/* Readers share the local copy in passthrough mode: it is cut where
+	 * they read it, as the inode's staging file. */
+	if (rc == 0 && i && !i->w && i->nkept > 0 && (valid & META_SET_SIZE))
+		rc = local_copy_takeover(md, i, fi ? fi->fh : 0, copy_flushed_at_open(md, 0));
 	if (rc < 0) {
 		/* nothing applied */
 	} else if (times_now) {
@@ -749,7 +755,7 @@ static unsigned trunc_kill_suid(struct mountd *md, uint64_t ino, uid_t caller,
  * pay a statfs per file, and noticing the threshold a few milliseconds
  * late only lets one more file start in passthrough. */
 #define ROOM_CHECK_NS (20 * 1000 * 1000)
-static bool staging_room_low(struct mountd *md)
+bool staging_room_low(struct mountd *md)
 {
 	int64_t now, then;
 	struct statvfs sv;
@@ -852,6 +858,16 @@ static int open_mode_locked(struct mountd *md, struct inode *i, struct open_file
 		}
 		passthrough_unavailable(md, i->ino, id);
 	}
+	if (!of->writer && !w && i->ncached == 0 && i->kept_name) {
+		/* The file's local copy, read by the kernel itself. */
+		id = local_copy_share(md, i);
+		if (id > 0) {
+			fi->backing_id = id;
+			of->passthrough = true;
+			i->nkept++;
+			return 0;
+		}
+	}
 	if (of->writer && !empty && copy_size != UINT64_MAX && copy_size > md->pt_copy_max &&
 	    !w && i->ncached == 0 && md->pt_mode != PT_OFF)
 		atomic_fetch_add(&md->stats.copy_up_too_big, 1);
@@ -912,6 +928,8 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		i->ncached--;
 	else if (w)
 		w->npt--;
+	else if (i->nkept > 0 && --i->nkept == 0)
+		close_id = local_copy_unshare(md, i);
 	if (w && w->passthrough && w->npt == 0 && w->backing_id > 0) {
 		/* The id holds our own open of the staging file, which the
 		 * lease probe below does not count: it can wait. */
@@ -937,6 +955,7 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 			write_back_probe_later(md, i);
 		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
 			/* the reconciler has it; the inode waits for its commit */
+			local_copy_keep(md, i);
 		} else if (rc == -ENODATA) {
 			if (wstate_recycle(md, i, close_id))
 				close_id = 0; /* the pool's, with the file */
@@ -1007,6 +1026,16 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 		rc = inflight_wait(md, i, "open");
 	if (rc == 0 && i->w)
 		rc = wstate_reopen(i->w);
+	/* A change to the data is coming: the local copy becomes the staging
+	 * file, which its readers (in passthrough mode) must go on sharing;
+	 * without readers it spares the copy-in, unless O_TRUNC empties it or
+	 * cached opens keep the inode out of passthrough mode. */
+	bool took_copy = false;
+	if (rc == 0 && !i->w && i->kept_name && (writer || (fi->flags & O_TRUNC)) &&
+	    (i->nkept > 0 || (writer && !(fi->flags & O_TRUNC) && i->ncached == 0))) {
+		rc = local_copy_takeover(md, i, of->fh, copy_flushed_at_open(md, fi->flags));
+		took_copy = rc == 0 && i->w;
+	}
 	if (rc < 0) {
 		/* fall through to the unlock below */
 	} else if (fi->flags & O_TRUNC) {
@@ -1078,6 +1107,10 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 		rc = open_mode_locked(md, i, of, writer && empty, copy, src, created, fi);
 	if (rc == 0 && writer)
 		i->nwriters++;
+	/* A copy this open took over and nobody shares: it is the committed
+	 * file still, and nothing would ever hand it off. */
+	if (rc < 0 && took_copy && i->w && i->w->npt == 0 && i->nwriters == 0)
+		wstate_drop(md, i);
 	pthread_mutex_unlock(&i->lock);
 	if (src >= 0)
 		close(src);

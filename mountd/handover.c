@@ -136,7 +136,6 @@ static void settle_one(uint64_t fh, enum handle_type type, void *obj, void *arg)
 	struct inode *i;
 	int rc;
 
-	(void)fh;
 	if (type != HANDLE_FILE || c->rc < 0)
 		return;
 	handle_describe(type, obj, &ino, &writer, &pt, &setid);
@@ -144,6 +143,13 @@ static void settle_one(uint64_t fh, enum handle_type type, void *obj, void *arg)
 	if (!i)
 		return;
 	pthread_mutex_lock(&i->lock);
+	/* Readers of a local copy: it goes over as a passthrough staging file,
+	 * which the new daemon knows how to serve. */
+	if (pt && !i->w && i->nkept > 0) {
+		rc = local_copy_takeover(c->md, i, fh, c->md->fsync_local || c->md->copies_flushed);
+		if (rc < 0)
+			c->rc = rc;
+	}
 	if (i->w && !i->w->passthrough && !i->pending) {
 		rc = wstate_commit(c->md, i);
 		if (rc == 0)
@@ -323,6 +329,9 @@ int handover_send(struct mountd *md)
 	write_back_stop(md);
 	rclient_stop(md); /* jobs in flight commit first */
 	staging_pool_free(md);
+	/* The copies readers share went over as staging files (settle_one);
+	 * the new daemon knows nothing of the others. */
+	local_copy_drop_all(md);
 	col.h = calloc(n + 1, sizeof(*col.h));
 	col.s = calloc(n + 1, sizeof(*col.s));
 	col.names = calloc(n + 1, sizeof(*col.names));

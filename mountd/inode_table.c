@@ -56,6 +56,8 @@ int inode_table_new(struct inode_table **out)
 /* md NULL: at exit, where nothing counts the layouts' memory any more. */
 static void inode_free(struct mountd *md, struct inode *i)
 {
+	if (md)
+		local_copy_forget(md, i);
 	layout_free(md, i);
 	pthread_mutex_destroy(&i->layout_lock);
 	pthread_cond_destroy(&i->committed);

@@ -84,6 +84,9 @@ static void usage(FILE *f)
 		"passthrough_copy_max=SIZE (default 1g: a write open of a non-empty file up\n"
 		"to this size copies it into a staging file and gets passthrough; larger\n"
 		"files, and 0, take the daemon path);\n"
+		"local_copies=SIZE (default 0: none; staging space kept for the staging files of\n"
+		"passthrough writers' closes once committed, 1 MiB or larger, as local copies\n"
+		"that readers open in passthrough mode and writers take over);\n"
 		"attr_timeout=SEC (default 3600: how long the kernel keeps names, absent\n"
 		"names and attributes; this daemon is the volume's only writer and\n"
 		"invalidates what the reconciler's commits change; 1 for a follower);\n"
@@ -250,6 +253,22 @@ static int tristate_take(const char *o, const char *name, int *mode, char *err,
 	return -EINVAL;
 }
 
+/* A size option's value: digits with an optional k, m or g, at most 16 TiB. */
+static int size_opt(const char *v, uint64_t *out)
+{
+	char *end;
+	unsigned long long n = strtoull(v, &end, 10);
+	int shift = *end == 'k' || *end == 'K' ? 10 : *end == 'm' || *end == 'M' ? 20 :
+		    *end == 'g' || *end == 'G' ? 30 : 0;
+
+	if (shift)
+		end++;
+	if (!*v || *end || *v == '-' || n > (1ull << 44) >> shift)
+		return -EINVAL;
+	*out = n << shift;
+	return 0;
+}
+
 static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errlen)
 {
 	char *out = opts, *save = NULL;
@@ -300,19 +319,19 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 			continue;
 		}
 		if (strncmp(o, "passthrough_copy_max=", 21) == 0) {
-			char *end;
-			unsigned long long v = strtoull(o + 21, &end, 10);
-			int shift = *end == 'k' || *end == 'K' ? 10 : *end == 'm' || *end == 'M' ? 20 :
-				    *end == 'g' || *end == 'G' ? 30 : 0;
-
-			if (shift)
-				end++;
-			if (!o[21] || *end || o[21] == '-' || v > (1ull << 44) >> shift) {
+			if (size_opt(o + 21, &md->pt_copy_max) < 0) {
 				snprintf(err, errlen, "-o %s: passthrough_copy_max takes a size in bytes "
 					 "(suffix k, m or g), at most 16t", o);
 				return -EINVAL;
 			}
-			md->pt_copy_max = v << shift;
+			continue;
+		}
+		if (strncmp(o, "local_copies=", 13) == 0) {
+			if (size_opt(o + 13, &md->local_copy_max) < 0) {
+				snprintf(err, errlen, "-o %s: local_copies takes a size in bytes "
+					 "(suffix k, m or g), at most 16t", o);
+				return -EINVAL;
+			}
 			continue;
 		}
 		if (strncmp(o, "attr_timeout=", 13) == 0) {
@@ -658,6 +677,8 @@ int main(int argc, char **argv)
 	for (int k = 0; k < RC_NOPTS; k++)
 		md->rc_opt[k] = -1; /* the reconciler's own default */
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
+	md->local_copy_max = LOCAL_COPY_MAX_DEFAULT;
+	pthread_mutex_init(&md->kept_lock, NULL);
 	md->wb_mode = WB_AUTO;
 	md->cfg.reopen_timeout_ms = 120000;
 	md->rc_sock = -1;
@@ -1046,6 +1067,7 @@ out:
 	gc_stop(md);
 	write_back_stop(md);
 	staging_pool_free(md); /* no request runs now (their ids go with the connection) */
+	local_copy_drop_all(md);
 	if (mounted && md->unmount_self && !md->handing_over)
 		mount_end_handed_over(md); /* libfuse never mounted it: */
 	else if (mounted && !md->handing_over)

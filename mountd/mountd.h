@@ -79,6 +79,11 @@ struct stats {
 	_Atomic uint64_t copy_up_too_big, copy_up_failures;
 	_Atomic uint64_t copy_ups_from_staging; /* of copy_ups: from the last job's staging file */
 	_Atomic uint64_t staging_copies_set_aside; /* copies of an earlier boot, never flushed */
+	/* local_copy.c: passthrough opens of readers on a local copy, writers
+	 * that took a local copy over as their staging file, copies made,
+	 * dropped (stale, evicted, forgotten) and not made (no room). */
+	_Atomic uint64_t local_copy_opens, local_copy_takeovers;
+	_Atomic uint64_t local_copies_made, local_copies_dropped, local_copies_skipped;
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
 	_Atomic uint64_t reconciler_restarts;
@@ -240,6 +245,13 @@ enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64
  * job just committed), read instead of the read cache and the store.
  * Caller holds ino->lock. */
 int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src, bool flush);
+/* Makes the file kept_name (a local copy: the committed file, size bytes)
+ * the inode's passthrough staging file, renamed as a copy; id: its backing
+ * id if it is registered already, else 0. Returns the backing id or a
+ * negative errno (then kept_name is as it was, or gone if the rename was
+ * made). The fingerprints come from reading it. */
+int wstate_passthrough_adopt(struct mountd *md, struct inode *ino, uint64_t fh,
+			     const char *kept_name, int id, uint64_t size, bool flush);
 /* A copy's staging file (copy_unsynced) onto stable storage: fdatasync,
  * then renamed from STAGING_COPY_SUFFIX to STAGING_PT_SUFFIX (w->path
  * follows) and the directory synced. 0 (also when there was nothing to
@@ -332,6 +344,46 @@ int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen)
 /* Asks the broker to unmount (at exit; nothing if it is gone already). */
 void broker_link_umount(struct mountd *md);
 void broker_link_close(struct mountd *md); /* accepts a mount without a broker */
+
+/* ---- local_copy.c: committed staging files kept as the files' local copies ---- */
+/* A passthrough staging file holds the whole file. Once the reconciler has
+ * committed it, it is the committed file byte for byte until the next
+ * change, so instead of going with the commit it is kept (a hard link made
+ * at hand-off, ".kept-<pid>-<serial>") while there is room under
+ * -o local_copies: readers open it in passthrough mode (the kernel reads it
+ * with no upcall), and a writer takes it over as its staging file instead
+ * of copying the file in. Copies are never kept across runs. */
+/* Whether the staging filesystem is near full (fuse_ops.c; looked at every
+ * ROOM_CHECK_NS at most). */
+bool staging_room_low(struct mountd *md);
+#define LOCAL_COPY_MAX_DEFAULT 0 /* off until readers' mappings are handled: see README */
+#define LOCAL_COPY_MIN (1u << 20) /* smaller files: a spliced READ beats a registration */
+/* After a hand-off (rclient_handoff) of the inode's passthrough staging
+ * file: keeps it if it is large enough and there is room. Caller holds
+ * i->lock. */
+void local_copy_keep(struct mountd *md, struct inode *i);
+/* For a reader's open: the backing id to open it with (the copy is
+ * registered on first use), or 0 if it has no usable copy. The caller
+ * counts the open in i->nkept. Caller holds i->lock; i->w is NULL. */
+int local_copy_share(struct mountd *md, struct inode *i);
+/* The last reader of the copy closed (i->nkept is 0): the backing id to
+ * close once i->lock is released. Caller holds i->lock. */
+int local_copy_unshare(struct mountd *md, struct inode *i);
+/* A change to the file's data is coming (a writer's open, a truncate): a
+ * copy that readers share becomes the inode's passthrough staging file,
+ * which they go on sharing; an unshared one that is still the committed
+ * file is taken over too (no copy-in), else dropped. 0 with i->w set (or
+ * with no copy), or a negative errno if readers share it and it could not
+ * be taken over. fh names the staging file; flush: the copy must be on
+ * stable storage first (copy_flushed_at_open()). Caller holds i->lock. */
+int local_copy_takeover(struct mountd *md, struct inode *i, uint64_t fh, bool flush);
+/* Drops the copy, if nobody reads it. Caller holds i->lock. */
+void local_copy_drop(struct mountd *md, struct inode *i);
+/* The inode is being freed: its copy goes (no lock needed: nobody else
+ * can reach it but the eviction, which kept_lock keeps out). */
+void local_copy_forget(struct mountd *md, struct inode *i);
+/* At stop: removes every copy nobody reads. */
+void local_copy_drop_all(struct mountd *md);
 
 /* ---- staging_pool.c: passthrough staging files made ahead of opens ---- */
 struct staging_pool;
@@ -673,6 +725,17 @@ struct inode {
 	struct layout *layout;
 	struct wstate *w;         /* pending writes, or NULL */
 	bool pending;             /* on the write-back retry list (holds a reference) */
+	/* The local copy (local_copy.c): a hard link, named kept_name in the
+	 * staging directory (owned; NULL: none), to the staging file of job
+	 * kept_seq, kept_size bytes. kept_id: its backing id, registered while
+	 * nkept > 0, the count of passthrough opens reading it (there is no
+	 * write state then: a writer takes the copy over first). */
+	char *kept_name;
+	uint64_t kept_seq, kept_size;
+	int kept_id;
+	uint32_t nkept;
+	/* Guarded by md->kept_lock: the least recently used order of copies. */
+	struct inode *kprev, *knext;
 	/* Guarded by md->pending_lock: */
 	struct inode *pnext;
 };
@@ -821,6 +884,12 @@ struct mountd {
 	 * copies into a passthrough staging file; larger ones take the daemon
 	 * path (a copy reads the whole file before the open returns). */
 	uint64_t pt_copy_max;
+	/* -o local_copies: the staging space that local copies (local_copy.c)
+	 * may take; 0: none are kept. */
+	uint64_t local_copy_max;
+	pthread_mutex_t kept_lock;
+	struct inode *kept_oldest, *kept_newest; /* guarded by kept_lock */
+	uint64_t kept_bytes;                     /* guarded by kept_lock */
 	uint64_t max_file_size;       /* see staging_max_file_size() in main.c */
 	_Atomic bool pt_off;          /* latched off (or never on) for this mount */
 	pthread_mutex_t pt_reason_lock;

@@ -364,7 +364,8 @@ void staging_pool_sweep(struct mountd *md)
 		char *end;
 		long pid;
 
-		if (strncmp(de->d_name, ".pool-", 6) != 0)
+		/* Local copies (local_copy.c) are never kept across runs. */
+		if (strncmp(de->d_name, ".pool-", 6) != 0 && strncmp(de->d_name, ".kept-", 6) != 0)
 			continue;
 		pid = strtol(de->d_name + 6, &end, 10);
 		if (*end != '-' || pid <= 0)
@@ -380,5 +381,6 @@ void staging_pool_sweep(struct mountd *md)
 	rewinddir(d);
 	closedir(d);
 	if (removed)
-		log_info("removed %zu unused pool staging files of an earlier run", removed);
+		log_info("removed %zu unused pool staging files and local copies of an earlier run",
+			 removed);
 }

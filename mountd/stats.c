@@ -119,6 +119,11 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(copy_ups);
 	FIG(copy_up_bytes);
 	FIG(copy_ups_from_staging);
+	FIG(local_copy_opens);
+	FIG(local_copy_takeovers);
+	FIG(local_copies_made);
+	FIG(local_copies_dropped);
+	FIG(local_copies_skipped);
 	FIG(staging_copies_set_aside);
 	FIG(copy_up_too_big);
 	FIG(copy_up_failures);
@@ -198,6 +203,10 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	}
 	fprintf(f, "cache_bytes %llu\n", (unsigned long long)read_cache_bytes(md->cache));
 	fprintf(f, "prefetch_bytes %llu\n", (unsigned long long)prefetch_bytes(md->prefetch));
+	pthread_mutex_lock(&md->kept_lock);
+	uint64_t kept = md->kept_bytes;
+	pthread_mutex_unlock(&md->kept_lock);
+	fprintf(f, "local_copy_bytes %llu\n", (unsigned long long)kept);
 	fprintf(f, "open_handles %llu\n", (unsigned long long)handle_count(md->handles) +
 						     atomic_load(&st->releasing));
 	fprintf(f, "inodes_cached %zu\n", inode_table_count(md->inodes));

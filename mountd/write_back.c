@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -184,28 +185,13 @@ int wstate_ensure(struct mountd *md, struct inode *ino, uint64_t fh)
 	return 0;
 }
 
-int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
-			     struct timespec mtime_floor, uint64_t meta_size, bool copy)
+/* The passthrough write state of w, the inode's new staging file, registered
+ * as id (see wstate_passthrough_start for the rest). */
+static void passthrough_state_init(struct mountd *md, struct inode *ino, struct wstate *w, int id,
+				   struct timespec mtime_floor, uint64_t meta_size, bool exact)
 {
-	struct wstate *w = NULL;
-	bool exact = false;
 	struct stat st;
-	int rc, id;
 
-	/* A new or empty file takes a file from the pool: made and
-	 * registered ahead (a file with content is copied in first, which
-	 * dwarfs what the pool spares). */
-	if (meta_size != 0 || copy || staging_from_pool(md, ino, fh, &w, &id, &exact) < 0) {
-		rc = staging_create(md, ino, fh, copy ? NAME_COPY : NAME_PT, &w);
-		if (rc < 0)
-			return rc;
-		w->copy_unsynced = copy;
-		id = backing_open(md, w->fd);
-		if (id < 0) {
-			staging_destroy(md, ino->ino, w);
-			return id;
-		}
-	}
 	w->passthrough = true;
 	w->backing_id = id;
 	/* The file is empty from here: a commit must store at least that,
@@ -230,7 +216,89 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 		w->size_changed = true;
 	ino->w = w;
 	atomic_fetch_add(&md->stats.passthrough_opens, 1);
+}
+
+int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
+			     struct timespec mtime_floor, uint64_t meta_size, bool copy)
+{
+	struct wstate *w = NULL;
+	bool exact = false;
+	int rc, id;
+
+	/* A new or empty file takes a file from the pool: made and
+	 * registered ahead (a file with content is copied in first, which
+	 * dwarfs what the pool spares). */
+	if (meta_size != 0 || copy || staging_from_pool(md, ino, fh, &w, &id, &exact) < 0) {
+		rc = staging_create(md, ino, fh, copy ? NAME_COPY : NAME_PT, &w);
+		if (rc < 0)
+			return rc;
+		w->copy_unsynced = copy;
+		id = backing_open(md, w->fd);
+		if (id < 0) {
+			staging_destroy(md, ino->ino, w);
+			return id;
+		}
+	}
+	passthrough_state_init(md, ino, w, id, mtime_floor, meta_size, exact);
 	return id;
+}
+
+int wstate_passthrough_adopt(struct mountd *md, struct inode *ino, uint64_t fh,
+			     const char *kept_name, int id, uint64_t size, bool flush)
+{
+	struct wstate *w = NULL;
+	struct meta_attr a;
+	char name[128];
+	bool own_id = id <= 0;
+	int fd, rc;
+
+	rc = meta_getattr(md->meta, ino->ino, &a);
+	if (rc < 0)
+		return rc;
+	fd = openat(md->staging_dirfd, kept_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	/* It shares its inode with the job's staging file, whose record may
+	 * be an xattr of it: a start after a crash must not take this file
+	 * for that (committed) job. */
+	if (fremovexattr(fd, RECONCILE_JOB_XATTR) < 0 && errno != ENODATA && errno != ENOTSUP) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	/* A copy until it is flushed, as a copied-in file would be: what the
+	 * last writer left may not be on stable storage yet. */
+	staging_name(md, ino->ino, fh, NAME_COPY, name, sizeof(name));
+	if (renameat(md->staging_dirfd, kept_name, md->staging_dirfd, name) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	rc = wstate_new(md, name, fd, &w); /* takes fd */
+	if (rc < 0)
+		return rc;
+	w->copy_unsynced = true;
+	if (own_id && (id = backing_open(md, fd)) < 0) {
+		rc = id;
+		goto undo;
+	}
+	passthrough_state_init(md, ino, w, id, a.mtime, a.size, false);
+	rc = wstate_copy_up(md, ino, size, fd, flush);
+	if (rc == 0)
+		return id;
+	ino->w = NULL;
+	if (own_id)
+		backing_close(md, id);
+undo:
+	/* Back under its old name, which readers' later opens still need;
+	 * failing that it goes. */
+	if (renameat(md->staging_dirfd, name, md->staging_dirfd, kept_name) == 0) {
+		close(w->fd);
+		wstate_free(w);
+	} else {
+		staging_destroy(md, ino->ino, w);
+	}
+	return rc;
 }
 
 bool staging_is_copy(const char *name)
@@ -829,9 +897,13 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src,
 
 	/* A source shorter than the file would end the copy early: the read
 	 * path is used instead (never expected: the job's file has its size). */
+	/* A local copy taken over (wstate_passthrough_adopt) is read for its
+	 * fingerprints, and written only where it cannot be read. */
+	bool in_place = src >= 0 && src == w->fd;
+
 	if (src >= 0 && (fstat(src, &st) < 0 || (uint64_t)st.st_size < size))
 		src = -1;
-	if (ftruncate(w->fd, (off_t)size) < 0) {
+	if (!in_place && ftruncate(w->fd, (off_t)size) < 0) {
 		rc = -errno;
 		goto out;
 	}
@@ -853,7 +925,7 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src,
 			 * later small write into it, so a copy made in 4 MiB
 			 * writes made the writer's 4 KiB writes cost twice what
 			 * they cost in the original file. */
-			if (!is_zero(buf + off, ulen) &&
+			if (!(in_place && src >= 0) && !is_zero(buf + off, ulen) &&
 			    !pwrite_all(w->fd, buf + off, ulen, (off_t)(at + off))) {
 				rc = -errno;
 				goto out;
@@ -879,10 +951,14 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src,
 	np = NULL;
 	w->size = size;
 	w->size_changed = false;
-	atomic_fetch_add(&md->stats.copy_ups, 1);
-	atomic_fetch_add(&md->stats.copy_up_bytes, size);
-	if (src >= 0)
-		atomic_fetch_add(&md->stats.copy_ups_from_staging, 1);
+	if (in_place) {
+		atomic_fetch_add(&md->stats.local_copy_takeovers, 1);
+	} else {
+		atomic_fetch_add(&md->stats.copy_ups, 1);
+		atomic_fetch_add(&md->stats.copy_up_bytes, size);
+		if (src >= 0)
+			atomic_fetch_add(&md->stats.copy_ups_from_staging, 1);
+	}
 out:
 	free(np);
 	free(buf);
@@ -1212,6 +1288,8 @@ static bool write_back_retry(struct mountd *md, struct inode *i)
 		if (rc == 0 || rc == -ENODATA) {
 			if (rc == -ENODATA)
 				wstate_drop(md, i);
+			else
+				local_copy_keep(md, i);
 			i->pending = false;
 			if (!probed)
 				log_info("inode %llu: staged writes handed to ferry-reconciler on "

@@ -24,10 +24,22 @@ static void small_cache_setup(void)
 TestSuite(cache, .init = small_cache_setup, .fini = fm_teardown, .timeout = 120);
 
 /* Mounts with a cache of cache_mib MiB in a new, empty cache directory. */
+/* The fixture's options, without local copies: a file written here would
+ * be read through its copy (passthrough), never through the read cache
+ * these tests are about. */
+static const char *cache_mount_options(void)
+{
+	static char opts[320];
+
+	snprintf(opts, sizeof(opts), "%s,local_copies=0", fm_mount_options());
+	return opts;
+}
+
 static void mount_with_cache(const char *cache_mib)
 {
 	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
-			       "--cache-size", cache_mib, "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
+			       "--cache-size", cache_mib, "-o", cache_mount_options(), fm.vol, fm.mnt,
+			       NULL };
 
 	fm.n_cache++;
 	snprintf(fm.cache, sizeof(fm.cache), "%s/cache-%d", fm.dir, fm.n_cache);
@@ -40,7 +52,8 @@ static void mount_with_cache(const char *cache_mib)
 static void mount_again_with_cache(const char *cache_mib)
 {
 	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache,
-			       "--cache-size", cache_mib, "-o", fm_mount_options(), fm.vol, fm.mnt, NULL };
+			       "--cache-size", cache_mib, "-o", cache_mount_options(), fm.vol, fm.mnt,
+			       NULL };
 
 	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0, "ferry mount --cache-dir %s failed", fm.cache);
 	fm.mounted = true;

@@ -930,7 +930,9 @@ Test(passthrough, a_reopen_during_the_upload_copies_from_its_staging_file)
 	cr_assert(want);
 	/* Uploads wait until someone needs them: the reopen below always
 	 * comes while the first close's upload is in flight. */
-	remount_with("upload_quiet_ms=600000,upload_delay_max_ms=600000");
+	/* Without local copies, which would be taken over instead
+	 * (integration-local_copy). */
+	remount_with("upload_quiet_ms=600000,upload_delay_max_ms=600000,local_copies=0");
 	h0 = stat_of("handoffs");
 	write_pattern(mp("r"), 47, size, MiB);
 	fill(47, want, size, 0);

@@ -1,0 +1,299 @@
+/*
+ * Local copies: the staging file of a passthrough writer's last close,
+ * kept after its commit as the file's whole local copy (see mountd.h).
+ *
+ * Ownership: the copy's name (i->kept_name) and the file it names belong
+ * to the inode, under i->lock; its place in the eviction order and the
+ * bytes all copies hold, to md->kept_lock (lock order: i->lock, then
+ * kept_lock; the eviction, which goes the other way, only try-locks). The
+ * kernel's passthrough opens on the copy hold its backing id (i->kept_id)
+ * until the last of them closes.
+ *
+ * The copy is the committed file only while nothing changed it since the
+ * commit of its job: the job is the last one the reconciler committed for
+ * the inode (committed_seq) and the committed data has not moved since
+ * (layout_gen == committed_gen), the same test a writer's copy-in from that
+ * staging file makes. While readers share it nothing can change the file
+ * without taking it over first (local_copy_takeover()): every writer's open
+ * and every truncate does, and the kernel lets no cached open in meanwhile.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mountd.h"
+
+/* Caller holds md->kept_lock. */
+static void order_unlink(struct mountd *md, struct inode *i)
+{
+	if (i->kprev)
+		i->kprev->knext = i->knext;
+	else if (md->kept_oldest == i)
+		md->kept_oldest = i->knext;
+	if (i->knext)
+		i->knext->kprev = i->kprev;
+	else if (md->kept_newest == i)
+		md->kept_newest = i->kprev;
+	i->kprev = i->knext = NULL;
+}
+
+/* Caller holds md->kept_lock. */
+static void order_append(struct mountd *md, struct inode *i)
+{
+	i->knext = NULL;
+	i->kprev = md->kept_newest;
+	if (md->kept_newest)
+		md->kept_newest->knext = i;
+	else
+		md->kept_oldest = i;
+	md->kept_newest = i;
+}
+
+/* Removes the copy's file and record. Caller holds i->lock and kept_lock;
+ * nobody reads the copy (i->nkept == 0). */
+static void copy_remove(struct mountd *md, struct inode *i)
+{
+	if (unlinkat(md->staging_dirfd, i->kept_name, 0) < 0 && errno != ENOENT)
+		log_warn("cannot remove local copy %s", i->kept_name);
+	order_unlink(md, i);
+	md->kept_bytes -= i->kept_size;
+	free(i->kept_name);
+	i->kept_name = NULL;
+	i->kept_seq = i->kept_size = 0;
+	atomic_fetch_add(&md->stats.local_copies_dropped, 1);
+}
+
+/* Evicts unread copies, oldest first, until need more bytes fit under the
+ * limit. Caller holds kept_lock and self->lock. */
+static bool room_make(struct mountd *md, struct inode *self, uint64_t need)
+{
+	struct inode *v = md->kept_oldest, *next;
+
+	if (need > md->local_copy_max)
+		return false; /* never fits: evict nothing for it */
+	for (; v && md->kept_bytes + need > md->local_copy_max; v = next) {
+		next = v->knext;
+		if (v == self || pthread_mutex_trylock(&v->lock) != 0)
+			continue;
+		if (v->nkept == 0 && v->kept_name)
+			copy_remove(md, v);
+		pthread_mutex_unlock(&v->lock);
+	}
+	return md->kept_bytes + need <= md->local_copy_max;
+}
+
+void local_copy_keep(struct mountd *md, struct inode *i)
+{
+	char name[64];
+	static _Atomic uint64_t serial;
+	bool room;
+
+	local_copy_drop(md, i); /* a new job: the old copy is not the file any more */
+	if (!md->local_copy_max || !i->inflight_whole || !i->inflight_seq || i->kept_name ||
+	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max)
+		return;
+	if (staging_room_low(md)) {
+		/* Writers need the space more: the unread copies go too. */
+		pthread_mutex_lock(&md->kept_lock);
+		(void)room_make(md, i, md->local_copy_max);
+		pthread_mutex_unlock(&md->kept_lock);
+		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
+		return;
+	}
+	pthread_mutex_lock(&md->kept_lock);
+	room = room_make(md, i, i->inflight_size);
+	if (room)
+		md->kept_bytes += i->inflight_size; /* reserved while the link is made */
+	pthread_mutex_unlock(&md->kept_lock);
+	if (!room) {
+		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
+		return;
+	}
+	snprintf(name, sizeof(name), ".kept-%d-%llu", (int)md->pid,
+		 (unsigned long long)atomic_fetch_add(&serial, 1));
+	/* The reconciler may have committed and removed the job's file
+	 * already (ENOENT): no copy then. */
+	bool linked = linkat(md->staging_dirfd, i->inflight_name, md->staging_dirfd, name, 0) == 0;
+	if (!linked || !(i->kept_name = strdup(name))) {
+		if (errno != ENOENT)
+			log_warn("cannot keep staging file %s as a local copy", i->inflight_name);
+		if (linked)
+			unlinkat(md->staging_dirfd, name, 0);
+		pthread_mutex_lock(&md->kept_lock);
+		md->kept_bytes -= i->inflight_size;
+		pthread_mutex_unlock(&md->kept_lock);
+		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
+		return;
+	}
+	i->kept_seq = i->inflight_seq;
+	i->kept_size = i->inflight_size;
+	pthread_mutex_lock(&md->kept_lock);
+	order_append(md, i);
+	pthread_mutex_unlock(&md->kept_lock);
+	atomic_fetch_add(&md->stats.local_copies_made, 1);
+}
+
+enum copy_state {
+	COPY_PENDING, /* its job is in flight: it will be the file once committed */
+	COPY_CURRENT, /* the committed file, byte for byte */
+	COPY_STALE,   /* something changed the file since, or its job failed */
+};
+
+/* Where the copy stands. Caller holds i->lock; i->kept_name is set. */
+static enum copy_state copy_state(struct mountd *md, struct inode *i)
+{
+	bool same;
+
+	if (i->w)
+		return COPY_STALE;
+	if (i->inflight_seq)
+		return i->inflight_seq == i->kept_seq ? COPY_PENDING : COPY_STALE;
+	/* With jobs of an earlier run still to commit unannounced, no layout
+	 * is known for sure: the copy may be right, but is not used. */
+	if (i->kept_seq != i->committed_seq || !atomic_load(&md->layout_ready))
+		return COPY_STALE;
+	pthread_mutex_lock(&i->layout_lock);
+	same = i->layout_gen == i->committed_gen;
+	pthread_mutex_unlock(&i->layout_lock);
+	return same ? COPY_CURRENT : COPY_STALE;
+}
+
+int local_copy_share(struct mountd *md, struct inode *i)
+{
+	int fd, id;
+
+	if (i->nkept == 0) {
+		enum copy_state st = copy_state(md, i);
+
+		if (st == COPY_STALE)
+			local_copy_drop(md, i);
+		if (st != COPY_CURRENT || atomic_load(&md->pt_off))
+			return 0;
+	}
+	if (i->kept_id <= 0) {
+		fd = openat(md->staging_dirfd, i->kept_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			log_warn("cannot open local copy %s", i->kept_name);
+			return 0;
+		}
+		/* Read and write: a writer that comes while readers share it
+		 * writes through this registration too. */
+		id = backing_open(md, fd);
+		close(fd); /* the registration holds the file */
+		if (id <= 0) {
+			passthrough_unavailable(md, i->ino, id);
+			return 0;
+		}
+		i->kept_id = id;
+	}
+	pthread_mutex_lock(&md->kept_lock);
+	order_unlink(md, i);
+	order_append(md, i);
+	pthread_mutex_unlock(&md->kept_lock);
+	atomic_fetch_add(&md->stats.local_copy_opens, 1);
+	return i->kept_id;
+}
+
+int local_copy_unshare(struct mountd *md, struct inode *i)
+{
+	int id = i->kept_id;
+
+	(void)md;
+	if (i->nkept > 0)
+		return 0;
+	i->kept_id = 0;
+	return id;
+}
+
+int local_copy_takeover(struct mountd *md, struct inode *i, uint64_t fh, bool flush)
+{
+	char *name = i->kept_name;
+	uint64_t size = i->kept_size;
+	int id;
+
+	if (i->w)
+		return 0;
+	if (!name) /* readers share a copy that a failed takeover lost */
+		return i->nkept > 0 ? -EBUSY : 0;
+	if (i->nkept == 0 && (copy_state(md, i) != COPY_CURRENT || atomic_load(&md->pt_off) ||
+			      md->pt_mode == PT_OFF)) {
+		/* Never taken over where it may not be the file (the writer
+		 * waited for the job in flight: it failed, or it is still there
+		 * because the wait did). */
+		local_copy_drop(md, i);
+		return 0;
+	}
+	id = wstate_passthrough_adopt(md, i, fh, name, i->kept_id, size, flush);
+	if (id < 0 && i->nkept == 0) {
+		/* Taken the usual way instead (a copy-in, or the daemon path). */
+		log_errno(id, "inode %llu: cannot take its local copy over as a staging file",
+			  (unsigned long long)i->ino);
+		if (faccessat(md->staging_dirfd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+			local_copy_drop(md, i);
+		else
+			goto forget; /* renamed, and gone with the failure */
+		return 0;
+	}
+	if (id < 0) {
+		log_errno(id, "inode %llu: cannot take the local copy that readers share over "
+			  "as a staging file; the change is refused", (unsigned long long)i->ino);
+		return id;
+	}
+	/* The readers' opens are the staging file's now. */
+	i->w->npt += i->nkept;
+	i->nkept = 0;
+	i->kept_id = 0;
+forget:
+	pthread_mutex_lock(&md->kept_lock);
+	order_unlink(md, i);
+	md->kept_bytes -= size;
+	pthread_mutex_unlock(&md->kept_lock);
+	free(name);
+	i->kept_name = NULL;
+	i->kept_seq = i->kept_size = 0;
+	return 0;
+}
+
+void local_copy_drop(struct mountd *md, struct inode *i)
+{
+	if (!i->kept_name || i->nkept > 0)
+		return;
+	pthread_mutex_lock(&md->kept_lock);
+	copy_remove(md, i);
+	pthread_mutex_unlock(&md->kept_lock);
+}
+
+void local_copy_forget(struct mountd *md, struct inode *i)
+{
+	int id = i->kept_id;
+
+	/* Under kept_lock, looked at again: an eviction may be dropping it
+	 * (and holds i->lock until just before it lets kept_lock go). */
+	pthread_mutex_lock(&md->kept_lock);
+	if (i->kept_name)
+		copy_remove(md, i);
+	pthread_mutex_unlock(&md->kept_lock);
+	i->nkept = 0;
+	i->kept_id = 0;
+	backing_close(md, id); /* ignores 0 */
+}
+
+void local_copy_drop_all(struct mountd *md)
+{
+	struct inode *v, *next;
+
+	pthread_mutex_lock(&md->kept_lock);
+	for (v = md->kept_oldest; v; v = next) {
+		next = v->knext;
+		if (pthread_mutex_trylock(&v->lock) != 0)
+			continue;
+		if (v->nkept == 0)
+			copy_remove(md, v);
+		pthread_mutex_unlock(&v->lock);
+	}
+	pthread_mutex_unlock(&md->kept_lock);
+}

@@ -1,0 +1,603 @@
+/*
+ * Local copies through a real mount: the staging file of a passthrough
+ * writer's close (1 MiB or larger) is kept, once its job is committed, as
+ * ".kept-<pid>-<serial>" in the staging directory; read-only opens get
+ * FUSE passthrough on it (.stats local_copy_opens), a writer's open or a
+ * truncate while readers share it takes it over as the staging file
+ * (local_copy_takeovers) and the readers go on reading the new bytes,
+ * -o local_copies bounds the bytes kept (local_copy_bytes, dropped,
+ * skipped; 0 keeps none), copies go at unmount, and those a killed daemon
+ * left are removed by the next start. Every file is read back right, after
+ * a remount with an empty read cache where it matters.
+ */
+#include "mount_util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define KiB (1024L)
+#define MiB (1024L * 1024)
+
+/* Local copies are off by default: every mount of this suite turns them on
+ * (1g) ahead of the options a test or the run adds, which win. */
+static void local_copy_setup(void)
+{
+	const char *extra = getenv("FERRY_IT_MOUNT_OPTIONS");
+	char opts[512];
+
+	snprintf(opts, sizeof(opts), "local_copies=1g%s%s", extra && *extra ? "," : "",
+		 extra ? extra : "");
+	setenv("FERRY_IT_MOUNT_OPTIONS", opts, 1);
+	fm_setup();
+}
+
+TestSuite(local_copy, .init = local_copy_setup, .fini = fm_teardown, .timeout = 120);
+
+static const char *staging_dir(void)
+{
+	return fm.staging[0] ? fm.staging : sp("vol/staging");
+}
+
+/* How many local copies (".kept-*") the staging directory holds. */
+static int kept_files(void)
+{
+	DIR *d = opendir(staging_dir());
+	struct dirent *e;
+	int n = 0;
+
+	cr_assert(d, "%s: %s", staging_dir(), strerror(errno));
+	while ((e = readdir(d)))
+		n += strncmp(e->d_name, ".kept-", 6) == 0;
+	closedir(d);
+	return n;
+}
+
+/* Passthrough must work here for local copies to exist; a run of the
+ * suite with passthrough turned off (FERRY_IT_MOUNT_OPTIONS) skips. */
+static void need_passthrough(void)
+{
+	const char *extra = getenv("FERRY_IT_MOUNT_OPTIONS");
+
+	if (extra && strstr(extra, "passthrough=off"))
+		cr_skip_test("passthrough is off for this mount (FERRY_IT_MOUNT_OPTIONS)");
+	cr_assert_eq(fm_stat("passthrough_active"), 1, "passthrough is not active on this kernel");
+}
+
+static unsigned char *pattern(size_t len, uint64_t seed)
+{
+	unsigned char *d = malloc(len ? len : 1);
+
+	cr_assert(d);
+	fm_fill_random(&seed, d, len);
+	return d;
+}
+
+/* ferry drain of the mount, once every close has reached the daemon
+ * (held: files of the mount the caller still has open). */
+static void drain(int held)
+{
+	const char *argv[] = { fm_bin("ferry"), "drain", "--timeout", "60", fm.mnt, NULL };
+	int rc;
+
+	fm_wait_released(held);
+	rc = fm_run(argv, NULL, NULL, 90);
+	cr_assert_eq(rc, 0, "ferry drain %s: exit %d (see %s)", fm.mnt, rc, fm.log);
+}
+
+/* Compares what fd reads at [0, len) with want, naming the first wrong
+ * byte. */
+static void expect_fd(int fd, const unsigned char *want, size_t len, const char *what)
+{
+	unsigned char *got = malloc(len + 1);
+	ssize_t n;
+
+	cr_assert(got);
+	fm_pread_all(fd, got, len, 0);
+	if (memcmp(got, want, len) != 0) {
+		size_t k = 0;
+
+		while (got[k] == want[k])
+			k++;
+		cr_assert_fail("%s: wrong byte at %zu: %#x, not %#x", what, k, got[k], want[k]);
+	}
+	n = pread(fd, got, 1, (off_t)len);
+	cr_assert_eq(n, 0, "%s: read past %zu bytes returned %zd", what, len, n);
+	free(got);
+}
+
+/* Writes a new file of len bytes through one passthrough open and closes
+ * it. */
+static void write_new(const char *name, const unsigned char *buf, size_t len)
+{
+	uint64_t w0 = fm_stat("fuse_requests_write");
+
+	fm_write_file(mp("%s", name), buf, len);
+	cr_assert_eq(fm_stat("fuse_requests_write"), w0, "%s: writes took the daemon path",
+		     name);
+}
+
+Test(local_copy, a_committed_file_is_read_through_its_local_copy)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *data = pattern(len, 0x10ca1c0b1);
+	uint64_t opens0, made0, reads0, reads, per_stats;
+	int fd;
+
+	need_passthrough();
+	cr_assert_eq(kept_files(), 0);
+	made0 = fm_stat("local_copies_made");
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(fm_stat("local_copies_made"), made0 + 1, "no local copy was made");
+	cr_assert_eq(kept_files(), 1, "%d .kept- files in %s, not 1", kept_files(), staging_dir());
+	cr_assert_eq(fm_stat("local_copy_bytes"), len);
+
+	opens0 = fm_stat("local_copy_opens");
+	fd = OK(open(mp("f"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1,
+		     "the read-only open did not get the local copy");
+	/* Reads of .stats are READs too: what one costs, then what the
+	 * file's read costs besides. */
+	reads0 = fm_stat("fuse_requests_read");
+	per_stats = fm_stat("fuse_requests_read") - reads0;
+	reads0 = fm_stat("fuse_requests_read");
+	expect_fd(fd, data, len, "f through its local copy");
+	/* The kernel read the copy itself: no READ reached the daemon. */
+	reads = fm_stat("fuse_requests_read") - reads0;
+	cr_assert_leq(reads, per_stats, "%llu READs reached the daemon (a .stats read makes %llu)",
+		      (unsigned long long)reads, (unsigned long long)per_stats);
+	OK(close(fd));
+	fm_wait_released(0);
+	cr_assert_eq(kept_files(), 1, "the copy went with its reader's close");
+
+	/* Copies do not outlive the mount. */
+	fm_umount();
+	cr_assert_eq(kept_files(), 0, "a local copy outlived the unmount");
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+Test(local_copy, a_writer_takes_over_the_copy_its_reader_shares)
+{
+	const size_t len = 4 * MiB, app = 123457;
+	unsigned char *data = pattern(len, 0xa11), *more = pattern(app, 0xa12);
+	unsigned char *all = malloc(len + app);
+	uint64_t opens0, take0, copy0;
+	struct stat st;
+	int r, w;
+
+	need_passthrough();
+	cr_assert(all);
+	memcpy(all, data, len);
+	memcpy(all + len, more, app);
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+
+	opens0 = fm_stat("local_copy_opens");
+	take0 = fm_stat("local_copy_takeovers");
+	copy0 = fm_stat("copy_ups");
+	r = OK(open(mp("f"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1, "the reader got no local copy");
+	expect_fd(r, data, len, "f before the append");
+
+	w = OK(open(mp("f"), O_WRONLY | O_APPEND));
+	cr_assert_eq(fm_stat("local_copy_takeovers"), take0 + 1,
+		     "the writer did not take the copy over");
+	cr_assert_eq(fm_stat("copy_ups"), copy0, "the writer's open copied the file in");
+	cr_assert_eq(OK(write(w, more, app)), (ssize_t)app);
+	/* The reader shares the staging file the copy became. */
+	OK(fstat(r, &st));
+	cr_assert_eq((size_t)st.st_size, len + app, "the reader's fstat shows %lld bytes",
+		     (long long)st.st_size);
+	expect_fd(r, all, len + app, "f through the reader's fd after the append");
+	OK(close(w));
+	expect_fd(r, all, len + app, "f through the reader's fd after the writer's close");
+	OK(close(r));
+
+	drain(0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), all, len + app);
+	free(data);
+	free(more);
+	free(all);
+}
+
+Test(local_copy, a_truncate_while_a_reader_shares_the_copy)
+{
+	const size_t len = 4 * MiB, cut = 1500001;
+	unsigned char *data = pattern(len, 0x7c7);
+	uint64_t opens0, take0;
+	struct stat st;
+	int r;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+
+	opens0 = fm_stat("local_copy_opens");
+	take0 = fm_stat("local_copy_takeovers");
+	r = OK(open(mp("f"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1, "the reader got no local copy");
+	expect_fd(r, data, len, "f before the truncate");
+
+	OK(truncate(mp("f"), (off_t)cut));
+	cr_assert_eq(fm_stat("local_copy_takeovers"), take0 + 1,
+		     "the truncate did not take the shared copy over");
+	OK(fstat(r, &st));
+	cr_assert_eq((size_t)st.st_size, cut, "the reader's fstat shows %lld bytes, not %zu",
+		     (long long)st.st_size, cut);
+	expect_fd(r, data, cut, "f through the reader's fd after the truncate");
+	OK(stat(mp("f"), &st));
+	cr_assert_eq((size_t)st.st_size, cut, "stat shows %lld bytes, not %zu",
+		     (long long)st.st_size, cut);
+	OK(close(r));
+
+	drain(0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, cut);
+	free(data);
+}
+
+Test(local_copy, local_copies_0_keeps_none)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *data = pattern(len, 0x0);
+	int fd;
+
+	need_passthrough();
+	fm_umount();
+	fm_mount_with("local_copies=0");
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 0, "local_copies=0 kept %d copies", kept_files());
+	fd = OK(open(mp("f"), O_RDONLY));
+	expect_fd(fd, data, len, "f with local_copies=0");
+	OK(close(fd));
+	fm_expect_content(mp("f"), data, len);
+	cr_assert_eq(fm_stat("local_copy_opens"), 0);
+	cr_assert_eq(fm_stat("local_copies_made"), 0);
+	cr_assert_eq(fm_stat("local_copy_bytes"), 0);
+	cr_assert_eq(kept_files(), 0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+Test(local_copy, the_budget_holds_one_copy_of_two)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *a = pattern(len, 0xaaaa), *b = pattern(len, 0xbbbb);
+	uint64_t gone0, bytes;
+	int fd;
+
+	need_passthrough();
+	fm_umount();
+	fm_mount_with("local_copies=3m");
+	gone0 = fm_stat("local_copies_dropped") + fm_stat("local_copies_skipped");
+
+	write_new("a", a, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1, "a: %d copies", kept_files());
+	cr_assert_eq(fm_stat("local_copy_bytes"), len);
+
+	write_new("b", b, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1, "%d copies under a 3 MiB budget of 2 MiB files",
+		     kept_files());
+	bytes = fm_stat("local_copy_bytes");
+	cr_assert_leq(bytes, 3 * MiB, "local_copy_bytes %llu over the budget",
+		      (unsigned long long)bytes);
+	cr_assert_eq(bytes, len, "local_copy_bytes %llu with one 2 MiB copy",
+		     (unsigned long long)bytes);
+	cr_assert_gt(fm_stat("local_copies_dropped") + fm_stat("local_copies_skipped"), gone0,
+		     "neither dropped nor skipped a copy");
+
+	fd = OK(open(mp("a"), O_RDONLY));
+	expect_fd(fd, a, len, "a");
+	OK(close(fd));
+	fd = OK(open(mp("b"), O_RDONLY));
+	expect_fd(fd, b, len, "b");
+	OK(close(fd));
+	fm_wait_released(0);
+	cr_assert_leq(fm_stat("local_copy_bytes"), 3 * MiB);
+	cr_assert_leq(kept_files(), 1);
+	fm_remount_cold();
+	fm_expect_content(mp("a"), a, len);
+	fm_expect_content(mp("b"), b, len);
+	free(a);
+	free(b);
+}
+
+/* A copy being read is not evicted for another: the new one is skipped. */
+Test(local_copy, a_copy_being_read_is_not_evicted)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *a = pattern(len, 0xa0a0), *b = pattern(len, 0xb0b0);
+	uint64_t opens0, skipped0, dropped0;
+	int r, fd;
+
+	need_passthrough();
+	fm_umount();
+	fm_mount_with("local_copies=3m");
+	write_new("a", a, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+	opens0 = fm_stat("local_copy_opens");
+	r = OK(open(mp("a"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1, "a's reader got no local copy");
+
+	skipped0 = fm_stat("local_copies_skipped");
+	dropped0 = fm_stat("local_copies_dropped");
+	write_new("b", b, len);
+	drain(1);
+	cr_assert_eq(fm_stat("local_copies_skipped"), skipped0 + 1, "b's copy was not skipped");
+	cr_assert_eq(fm_stat("local_copies_dropped"), dropped0, "a copy was dropped");
+	cr_assert_eq(kept_files(), 1);
+	cr_assert_eq(fm_stat("local_copy_bytes"), len);
+	expect_fd(r, a, len, "a through its copy, after b's close");
+	OK(close(r));
+
+	/* b has no copy: its reader takes the usual path. */
+	opens0 = fm_stat("local_copy_opens");
+	fd = OK(open(mp("b"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0, "b's reader got a copy");
+	expect_fd(fd, b, len, "b");
+	OK(close(fd));
+	fm_remount_cold();
+	fm_expect_content(mp("a"), a, len);
+	fm_expect_content(mp("b"), b, len);
+	free(a);
+	free(b);
+}
+
+/* Both daemons killed, the reconciler first (stopped, so ferry-mountd
+ * cannot start another before it dies), as test_crash.c does. */
+static void kill_both(void)
+{
+	pid_t rec = fm_reconciler_pid(), pids[4];
+
+	kill(rec, SIGSTOP);
+	fm_crash();
+	kill(rec, SIGKILL);
+	for (int t = 0; t < 500 && fm_daemon_pids("ferry-reconciler", pids, 4) > 0; t++)
+		usleep(10000);
+	cr_assert_eq(fm_daemon_pids("ferry-reconciler", pids, 4), 0, "a reconciler survived");
+}
+
+Test(local_copy, a_killed_daemons_copies_are_removed_at_start)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *data = pattern(len, 0xdead);
+	uint64_t opens0;
+	int fd;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+	opens0 = fm_stat("local_copy_opens");
+	fd = OK(open(mp("f"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1);
+	OK(close(fd));
+	fm_wait_released(0);
+
+	kill_both();
+	cr_assert_eq(kept_files(), 1, "the killed daemon's copy is already gone");
+	fm_mount();
+	cr_assert_eq(kept_files(), 0, "the start left a dead daemon's local copy");
+	/* No copy of an earlier run is used: this read takes the usual path. */
+	opens0 = fm_stat("local_copy_opens");
+	fm_expect_content(mp("f"), data, len);
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0);
+	cr_assert_eq(fm_stat("local_copy_bytes"), 0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+/* A write into a copy taken over returned: it survives both daemons being
+ * killed, and the rest of the file is what was committed, not zeros. */
+Test(local_copy, a_write_into_a_taken_over_copy_survives_the_daemons)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0x7a7a);
+	uint64_t took0;
+	int fd;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+	took0 = fm_stat("local_copy_takeovers");
+	fd = OK(open(mp("f"), O_RDWR));
+	cr_assert_eq(fm_stat("local_copy_takeovers"), took0 + 1, "the writer made no takeover");
+	fm_pwrite_all(fd, "BBBB", 4, MiB + 3);
+	memcpy(data + MiB + 3, "BBBB", 4);
+	kill_both();
+	close(fd);
+	fm_mount();
+	fm_wait_committed("the recovered staging file", 60);
+	fm_expect_content(mp("f"), data, len);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+Test(local_copy, files_under_1_mib_get_no_copy)
+{
+	const size_t small = (size_t)MiB - 1, big = (size_t)MiB;
+	unsigned char *s = pattern(small, 0x5), *b = pattern(big, 0xb);
+	uint64_t made0, opens0;
+	int fd;
+
+	need_passthrough();
+	made0 = fm_stat("local_copies_made");
+	write_new("small", s, small);
+	drain(0);
+	cr_assert_eq(kept_files(), 0, "a file of %zu bytes got a copy", small);
+	cr_assert_eq(fm_stat("local_copies_made"), made0);
+	opens0 = fm_stat("local_copy_opens");
+	fd = OK(open(mp("small"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0);
+	expect_fd(fd, s, small, "small");
+	OK(close(fd));
+
+	/* 1 MiB exactly is large enough. */
+	write_new("big", b, big);
+	drain(0);
+	cr_assert_eq(kept_files(), 1, "a file of 1 MiB got no copy");
+	cr_assert_eq(fm_stat("local_copies_made"), made0 + 1);
+	fd = OK(open(mp("big"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1);
+	expect_fd(fd, b, big, "big");
+	OK(close(fd));
+	fm_remount_cold();
+	fm_expect_content(mp("small"), s, small);
+	fm_expect_content(mp("big"), b, big);
+	free(s);
+	free(b);
+}
+
+/* Readers only: a second reader of a shared copy reads it too; nothing
+ * changes the file, so nothing takes the copy over. */
+Test(local_copy, two_readers_share_one_copy)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *data = pattern(len, 0x2222);
+	uint64_t opens0, take0, copy0, opens, take, bytes;
+	struct fm_stats s;
+	int r1, r2;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+	opens0 = fm_stat("local_copy_opens");
+	take0 = fm_stat("local_copy_takeovers");
+	copy0 = fm_stat("copy_ups");
+	r1 = OK(open(mp("f"), O_RDONLY));
+	r2 = OK(open(mp("f"), O_RDONLY));
+	fm_stats_read(&s);
+	opens = fm_stats_need(&s, "local_copy_opens");
+	take = fm_stats_need(&s, "local_copy_takeovers");
+	bytes = fm_stats_need(&s, "local_copy_bytes");
+	cr_assert(opens == opens0 + 2 && take == take0,
+		  "two read-only opens: local_copy_opens %llu -> %llu (want +2), "
+		  "local_copy_takeovers %llu -> %llu (want +0), local_copy_bytes %llu, "
+		  "%d .kept- files", (unsigned long long)opens0, (unsigned long long)opens,
+		  (unsigned long long)take0, (unsigned long long)take, (unsigned long long)bytes,
+		  kept_files());
+	cr_assert_eq(fm_stat("copy_ups"), copy0);
+	expect_fd(r1, data, len, "f, first reader");
+	expect_fd(r2, data, len, "f, second reader");
+	OK(close(r1));
+	OK(close(r2));
+	fm_wait_released(0);
+	cr_assert_eq(kept_files(), 1, "%d copies after two readers", kept_files());
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+/* A writer's open with no reader takes the copy over too: no copy-in. */
+Test(local_copy, a_writer_without_readers_takes_the_copy_over)
+{
+	const size_t len = 4 * MiB, at = MiB + 4321, n = 10000;
+	unsigned char *data = pattern(len, 0x3333), *patch = pattern(n, 0x3334);
+	uint64_t take0, copy0, opens0;
+	int w, r;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+	take0 = fm_stat("local_copy_takeovers");
+	copy0 = fm_stat("copy_ups");
+	w = OK(open(mp("f"), O_WRONLY));
+	cr_assert_eq(fm_stat("local_copy_takeovers"), take0 + 1,
+		     "the writer's open did not take the copy over");
+	cr_assert_eq(fm_stat("copy_ups"), copy0, "the writer's open copied the file in");
+	cr_assert_eq(kept_files(), 0, "the copy taken over is still a copy");
+	fm_pwrite_all(w, patch, n, (off_t)at);
+	OK(close(w));
+	memcpy(data + at, patch, n);
+	drain(0);
+	/* The writer's close keeps its staging file as the new copy. */
+	cr_assert_eq(kept_files(), 1, "%d copies after the writer's close", kept_files());
+	opens0 = fm_stat("local_copy_opens");
+	r = OK(open(mp("f"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1);
+	expect_fd(r, data, len, "f through the new copy");
+	OK(close(r));
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+	free(patch);
+}
+
+/* A truncate with nobody reading the copy changes the committed file: the
+ * copy is not the file any more, and no reader gets it. */
+Test(local_copy, a_truncate_without_readers_makes_the_copy_stale)
+{
+	const size_t len = 4 * MiB, cut = 2 * MiB + 5;
+	unsigned char *data = pattern(len, 0x4444);
+	uint64_t opens0;
+	int r;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1);
+	OK(truncate(mp("f"), (off_t)cut));
+	opens0 = fm_stat("local_copy_opens");
+	r = OK(open(mp("f"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0, "a reader got the stale copy");
+	expect_fd(r, data, cut, "f after the truncate");
+	OK(close(r));
+	fm_wait_released(0);
+	cr_assert_eq(kept_files(), 0, "the stale copy is still there");
+	cr_assert_eq(fm_stat("local_copy_bytes"), 0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, cut);
+	free(data);
+}
+
+/* A file removed takes its copy with it (once the kernel forgets it). */
+Test(local_copy, an_unlinked_files_copy_goes)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0x5555);
+	uint64_t dropped0;
+
+	need_passthrough();
+	write_new("f", data, len);
+	write_new("g", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 2);
+	dropped0 = fm_stat("local_copies_dropped");
+	OK(unlink(mp("f")));
+	/* (the file goes before the figure moves: wait for both) */
+	for (int t = 0; t < 100 && (kept_files() > 1 ||
+				    fm_stat("local_copies_dropped") == dropped0); t++)
+		usleep(50 * 1000);
+	cr_assert_eq(kept_files(), 1, "%d copies 5 s after an unlink", kept_files());
+	cr_assert_eq(fm_stat("local_copies_dropped"), dropped0 + 1,
+		     "local_copies_dropped %llu -> %llu after an unlink",
+		     (unsigned long long)dropped0,
+		     (unsigned long long)fm_stat("local_copies_dropped"));
+	cr_assert_eq(fm_stat("local_copy_bytes"), len);
+	FAILS(open(mp("f"), O_RDONLY), ENOENT);
+	fm_expect_content(mp("g"), data, len);
+	fm_remount_cold();
+	FAILS(open(mp("f"), O_RDONLY), ENOENT);
+	fm_expect_content(mp("g"), data, len);
+	free(data);
+}
