@@ -507,10 +507,15 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	rc = i && !times_now ? inflight_wait(md, i, "setattr") : 0;
 	if (rc == 0 && i && i->w)
 		rc = wstate_reopen(i->w);
-	/* Readers share the local copy in passthrough mode: it is cut where
-	 * they read it, as the inode's staging file. */
-	if (rc == 0 && i && !i->w && i->nkept > 0 && (valid & META_SET_SIZE))
-		rc = local_copy_takeover(md, i, fi ? fi->fh : 0, copy_flushed_at_open(md, 0));
+	/* Readers (or a mapping) may share the local copy: it is cut where
+	 * they read it, as the inode's staging file, which, if this made it and
+	 * no open holds it, is handed off once nothing maps it. */
+	bool took_copy = false;
+	if (rc == 0 && i && !i->w && (valid & META_SET_SIZE)) {
+		rc = local_copy_before_change(md, i, fi ? fi->fh : 0, copy_flushed_at_open(md, 0),
+					      false, true);
+		took_copy = rc == 0 && i->w;
+	}
 	if (rc < 0) {
 		/* nothing applied */
 	} else if (times_now) {
@@ -570,6 +575,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		overlay_locked(i, &out);
 	if (i && (valid & META_SET_SIZE))
 		layout_forget(md, i);
+	if (took_copy && i->w && i->w->npt == 0 && i->nwriters == 0 && !i->pending)
+		write_back_probe_later(md, i);
 	if (i)
 		pthread_mutex_unlock(&i->lock);
 	if (rc < 0) {
@@ -1026,14 +1033,12 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 		rc = inflight_wait(md, i, "open");
 	if (rc == 0 && i->w)
 		rc = wstate_reopen(i->w);
-	/* A change to the data is coming: the local copy becomes the staging
-	 * file, which its readers (in passthrough mode) must go on sharing;
-	 * without readers it spares the copy-in, unless O_TRUNC empties it or
-	 * cached opens keep the inode out of passthrough mode. */
+	/* A change to the data is coming: the local copy goes, or becomes the
+	 * staging file (local_copy_before_change()). */
 	bool took_copy = false;
-	if (rc == 0 && !i->w && i->kept_name && (writer || (fi->flags & O_TRUNC)) &&
-	    (i->nkept > 0 || (writer && !(fi->flags & O_TRUNC) && i->ncached == 0))) {
-		rc = local_copy_takeover(md, i, of->fh, copy_flushed_at_open(md, fi->flags));
+	if (rc == 0 && !i->w && (writer || (fi->flags & O_TRUNC))) {
+		rc = local_copy_before_change(md, i, of->fh, copy_flushed_at_open(md, fi->flags),
+					      writer, fi->flags & O_TRUNC);
 		took_copy = rc == 0 && i->w;
 	}
 	if (rc < 0) {

@@ -146,7 +146,9 @@ static void settle_one(uint64_t fh, enum handle_type type, void *obj, void *arg)
 	/* Readers of a local copy: it goes over as a passthrough staging file,
 	 * which the new daemon knows how to serve. */
 	if (pt && !i->w && i->nkept > 0) {
-		rc = local_copy_takeover(c->md, i, fh, c->md->fsync_local || c->md->copies_flushed);
+		rc = local_copy_before_change(c->md, i, fh,
+					      c->md->fsync_local || c->md->copies_flushed, false,
+					      false);
 		if (rc < 0)
 			c->rc = rc;
 	}

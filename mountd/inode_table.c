@@ -110,6 +110,7 @@ struct inode *inode_ref(struct mountd *md, uint64_t ino, uint64_t nlookup, uint3
 			goto out;
 		i->ino = ino;
 		i->inflight_fd = -1;
+		i->kept_fd = -1;
 		pthread_mutex_init(&i->lock, NULL);
 		pthread_mutex_init(&i->layout_lock, NULL);
 		mono_cond_init(&i->committed);

@@ -14,8 +14,10 @@
  * the inode (committed_seq) and the committed data has not moved since
  * (layout_gen == committed_gen), the same test a writer's copy-in from that
  * staging file makes. While readers share it nothing can change the file
- * without taking it over first (local_copy_takeover()): every writer's open
- * and every truncate does, and the kernel lets no cached open in meanwhile.
+ * without taking it over first (local_copy_before_change()): every
+ * writer's open and every truncate does, and the kernel lets no cached open
+ * in meanwhile. A mapping made through the copy outlives its reader's close:
+ * a change then takes the copy over too, and the eviction leaves it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -67,6 +69,30 @@ static void copy_remove(struct mountd *md, struct inode *i)
 	atomic_fetch_add(&md->stats.local_copies_dropped, 1);
 }
 
+/*
+ * Whether something may still hold the copy open although no reader of
+ * ours does: a mapping a reader made through it (passthrough maps the copy
+ * itself) outlives the reader's close. The kernel grants a write lease only
+ * on a file nobody else holds open (fs/locks.c); a refusal for any other
+ * reason (no lease support, the kernel not done with a close yet) counts
+ * as mapped: the caller then takes the copy over, which is always right.
+ * Caller holds i->lock (or has it try-locked); i->nkept is 0.
+ */
+static bool copy_mapped(struct mountd *md, struct inode *i)
+{
+	int fd = openat(md->staging_dirfd, i->kept_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	bool mapped = true;
+
+	if (fd < 0)
+		return errno != ENOENT;
+	if (fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+		(void)fcntl(fd, F_SETLEASE, F_UNLCK);
+		mapped = false;
+	}
+	close(fd);
+	return mapped;
+}
+
 /* Evicts unread copies, oldest first, until need more bytes fit under the
  * limit. Caller holds kept_lock and self->lock. */
 static bool room_make(struct mountd *md, struct inode *self, uint64_t need)
@@ -79,7 +105,8 @@ static bool room_make(struct mountd *md, struct inode *self, uint64_t need)
 		next = v->knext;
 		if (v == self || pthread_mutex_trylock(&v->lock) != 0)
 			continue;
-		if (v->nkept == 0 && v->kept_name)
+		/* A mapped copy stays: the next change must go through it. */
+		if (v->nkept == 0 && v->kept_name && !copy_mapped(md, v))
 			copy_remove(md, v);
 		pthread_mutex_unlock(&v->lock);
 	}
@@ -113,7 +140,7 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
 	}
-	snprintf(name, sizeof(name), ".kept-%d-%llu", (int)md->pid,
+	snprintf(name, sizeof(name), ".kept-%d-%llu-%llu", (int)md->pid, (unsigned long long)i->ino,
 		 (unsigned long long)atomic_fetch_add(&serial, 1));
 	/* The reconciler may have committed and removed the job's file
 	 * already (ENOENT): no copy then. */
@@ -181,14 +208,16 @@ int local_copy_share(struct mountd *md, struct inode *i)
 			return 0;
 		}
 		/* Read and write: a writer that comes while readers share it
-		 * writes through this registration too. */
+		 * writes through this registration too. fd stays open: a
+		 * takeover makes it the staging file's. */
 		id = backing_open(md, fd);
-		close(fd); /* the registration holds the file */
 		if (id <= 0) {
+			close(fd);
 			passthrough_unavailable(md, i->ino, id);
 			return 0;
 		}
 		i->kept_id = id;
+		i->kept_fd = fd;
 	}
 	pthread_mutex_lock(&md->kept_lock);
 	order_unlink(md, i);
@@ -206,55 +235,80 @@ int local_copy_unshare(struct mountd *md, struct inode *i)
 	if (i->nkept > 0)
 		return 0;
 	i->kept_id = 0;
+	if (i->kept_fd >= 0)
+		close(i->kept_fd); /* the id holds the file until it is closed */
+	i->kept_fd = -1;
 	return id;
 }
 
-int local_copy_takeover(struct mountd *md, struct inode *i, uint64_t fh, bool flush)
+/* Makes the copy the inode's passthrough staging file; its first size bytes
+ * are taken as they are (fingerprinted), the rest is cut by the caller. */
+static int copy_take(struct mountd *md, struct inode *i, uint64_t fh, bool flush, uint64_t size)
 {
 	char *name = i->kept_name;
-	uint64_t size = i->kept_size;
 	int id;
 
-	if (i->w)
-		return 0;
-	if (!name) /* readers share a copy that a failed takeover lost */
-		return i->nkept > 0 ? -EBUSY : 0;
-	if (i->nkept == 0 && (copy_state(md, i) != COPY_CURRENT || atomic_load(&md->pt_off) ||
-			      md->pt_mode == PT_OFF)) {
-		/* Never taken over where it may not be the file (the writer
-		 * waited for the job in flight: it failed, or it is still there
-		 * because the wait did). */
-		local_copy_drop(md, i);
-		return 0;
-	}
-	id = wstate_passthrough_adopt(md, i, fh, name, i->kept_id, size, flush);
-	if (id < 0 && i->nkept == 0) {
-		/* Taken the usual way instead (a copy-in, or the daemon path). */
-		log_errno(id, "inode %llu: cannot take its local copy over as a staging file",
-			  (unsigned long long)i->ino);
-		if (faccessat(md->staging_dirfd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
-			local_copy_drop(md, i);
-		else
-			goto forget; /* renamed, and gone with the failure */
-		return 0;
-	}
+	id = wstate_passthrough_adopt(md, i, fh, name, i->kept_fd, i->kept_id, size, flush);
 	if (id < 0) {
-		log_errno(id, "inode %llu: cannot take the local copy that readers share over "
-			  "as a staging file; the change is refused", (unsigned long long)i->ino);
-		return id;
+		log_errno(id, "inode %llu: cannot take its local copy over as a staging file%s",
+			  (unsigned long long)i->ino,
+			  i->nkept > 0 ? ", which readers share: the change is refused" : "");
+		if (faccessat(md->staging_dirfd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+			if (i->nkept > 0)
+				return id;
+			local_copy_drop(md, i); /* taken the usual way instead */
+			return 0;
+		}
+		if (i->nkept > 0)
+			return id; /* kept_name is gone: the next change is refused too */
+		goto forget;   /* renamed, and gone with the failure */
 	}
+	atomic_fetch_add(&md->stats.local_copy_takeovers, 1);
 	/* The readers' opens are the staging file's now. */
 	i->w->npt += i->nkept;
 	i->nkept = 0;
 	i->kept_id = 0;
+	if (i->kept_fd >= 0)
+		close(i->kept_fd); /* the staging file holds a dup of it */
+	i->kept_fd = -1;
 forget:
 	pthread_mutex_lock(&md->kept_lock);
 	order_unlink(md, i);
-	md->kept_bytes -= size;
+	md->kept_bytes -= i->kept_size;
 	pthread_mutex_unlock(&md->kept_lock);
 	free(name);
 	i->kept_name = NULL;
 	i->kept_seq = i->kept_size = 0;
+	return 0;
+}
+
+int local_copy_before_change(struct mountd *md, struct inode *i, uint64_t fh, bool flush,
+			     bool writer, bool emptying)
+{
+	if (!i->kept_name)
+		return i->nkept > 0 && !i->w ? -EBUSY : 0; /* lost by a failed takeover */
+	if (i->w)
+		return 0;
+	if (i->nkept > 0)
+		return copy_take(md, i, fh, flush, emptying ? 0 : i->kept_size);
+	enum copy_state st = copy_state(md, i);
+	if (st == COPY_PENDING)
+		return 0; /* the change waited for its job in vain, or need not */
+	if (st == COPY_STALE) {
+		local_copy_drop(md, i);
+		return 0;
+	}
+	bool mapped = copy_mapped(md, i);
+	/* Passthrough must still be possible: a writer then spares the
+	 * copy-in; a mapping of the copy must see the change. */
+	bool usable = i->ncached == 0 && !atomic_load(&md->pt_off) && md->pt_mode != PT_OFF;
+	if (usable && (mapped || (writer && !emptying)))
+		return copy_take(md, i, fh, flush, emptying ? 0 : i->kept_size);
+	if (mapped)
+		log_warnx("inode %llu: a mapping of its local copy may outlive this change, which "
+			  "it will not show (cached opens keep the copy out of use)",
+			  (unsigned long long)i->ino);
+	local_copy_drop(md, i);
 	return 0;
 }
 
@@ -279,6 +333,9 @@ void local_copy_forget(struct mountd *md, struct inode *i)
 	pthread_mutex_unlock(&md->kept_lock);
 	i->nkept = 0;
 	i->kept_id = 0;
+	if (i->kept_fd >= 0)
+		close(i->kept_fd);
+	i->kept_fd = -1;
 	backing_close(md, id); /* ignores 0 */
 }
 

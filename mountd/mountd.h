@@ -246,12 +246,13 @@ enum staging_kind staging_kind(const struct mountd *md, const char *name, uint64
  * Caller holds ino->lock. */
 int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src, bool flush);
 /* Makes the file kept_name (a local copy: the committed file, size bytes)
- * the inode's passthrough staging file, renamed as a copy; id: its backing
- * id if it is registered already, else 0. Returns the backing id or a
+ * the inode's passthrough staging file, renamed as a copy; fd, id: the open
+ * of it registered as backing id, which the staging file keeps (its lease
+ * probe then counts no other open), or -1 and 0 if it is not registered. Returns the backing id or a
  * negative errno (then kept_name is as it was, or gone if the rename was
  * made). The fingerprints come from reading it. */
 int wstate_passthrough_adopt(struct mountd *md, struct inode *ino, uint64_t fh,
-			     const char *kept_name, int id, uint64_t size, bool flush);
+			     const char *kept_name, int fd, int id, uint64_t size, bool flush);
 /* A copy's staging file (copy_unsynced) onto stable storage: fdatasync,
  * then renamed from STAGING_COPY_SUFFIX to STAGING_PT_SUFFIX (w->path
  * follows) and the directory synced. 0 (also when there was nothing to
@@ -369,14 +370,18 @@ int local_copy_share(struct mountd *md, struct inode *i);
 /* The last reader of the copy closed (i->nkept is 0): the backing id to
  * close once i->lock is released. Caller holds i->lock. */
 int local_copy_unshare(struct mountd *md, struct inode *i);
-/* A change to the file's data is coming (a writer's open, a truncate): a
- * copy that readers share becomes the inode's passthrough staging file,
- * which they go on sharing; an unshared one that is still the committed
- * file is taken over too (no copy-in), else dropped. 0 with i->w set (or
- * with no copy), or a negative errno if readers share it and it could not
- * be taken over. fh names the staging file; flush: the copy must be on
- * stable storage first (copy_flushed_at_open()). Caller holds i->lock. */
-int local_copy_takeover(struct mountd *md, struct inode *i, uint64_t fh, bool flush);
+/* A change to the file's data is coming: a writer's open (writer), an
+ * O_TRUNC open or a size change (emptying: the copy's content need not be
+ * kept, as it is cut next). A copy that readers share, or that a mapping
+ * made through it may still show, becomes the inode's passthrough staging
+ * file (they go on sharing it and see the change); so does an unshared one
+ * that is still the committed file when a writer comes (no copy-in). Any
+ * other copy is dropped. 0 (i->w may be set now), or a negative errno if
+ * readers share the copy and it could not be taken over. fh names the
+ * staging file; flush: the copy must be on stable storage first
+ * (copy_flushed_at_open()). Caller holds i->lock. */
+int local_copy_before_change(struct mountd *md, struct inode *i, uint64_t fh, bool flush,
+			     bool writer, bool emptying);
 /* Drops the copy, if nobody reads it. Caller holds i->lock. */
 void local_copy_drop(struct mountd *md, struct inode *i);
 /* The inode is being freed: its copy goes (no lock needed: nobody else
@@ -733,6 +738,7 @@ struct inode {
 	char *kept_name;
 	uint64_t kept_seq, kept_size;
 	int kept_id;
+	int kept_fd;              /* the open registered as kept_id, or -1 */
 	uint32_t nkept;
 	/* Guarded by md->kept_lock: the least recently used order of copies. */
 	struct inode *kprev, *knext;

@@ -244,7 +244,7 @@ int wstate_passthrough_start(struct mountd *md, struct inode *ino, uint64_t fh,
 }
 
 int wstate_passthrough_adopt(struct mountd *md, struct inode *ino, uint64_t fh,
-			     const char *kept_name, int id, uint64_t size, bool flush)
+			     const char *kept_name, int reg_fd, int id, uint64_t size, bool flush)
 {
 	struct wstate *w = NULL;
 	struct meta_attr a;
@@ -255,7 +255,10 @@ int wstate_passthrough_adopt(struct mountd *md, struct inode *ino, uint64_t fh,
 	rc = meta_getattr(md->meta, ino->ino, &a);
 	if (rc < 0)
 		return rc;
-	fd = openat(md->staging_dirfd, kept_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (own_id)
+		fd = openat(md->staging_dirfd, kept_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	else
+		fd = fcntl(reg_fd, F_DUPFD_CLOEXEC, 0); /* the registered open itself */
 	if (fd < 0)
 		return -errno;
 	/* It shares its inode with the job's staging file, whose record may
@@ -951,9 +954,7 @@ int wstate_copy_up(struct mountd *md, struct inode *ino, uint64_t size, int src,
 	np = NULL;
 	w->size = size;
 	w->size_changed = false;
-	if (in_place) {
-		atomic_fetch_add(&md->stats.local_copy_takeovers, 1);
-	} else {
+	if (!in_place) { /* a takeover is counted by local_copy.c */
 		atomic_fetch_add(&md->stats.copy_ups, 1);
 		atomic_fetch_add(&md->stats.copy_up_bytes, size);
 		if (src >= 0)

@@ -17,6 +17,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -429,6 +431,53 @@ Test(local_copy, a_write_into_a_taken_over_copy_survives_the_daemons)
 	fm_remount_cold();
 	fm_expect_content(mp("f"), data, len);
 	free(data);
+}
+
+/* A shared mapping made through the copy outlives its reader's close (the
+ * kernel maps the copy itself): a later change must still reach it, as on
+ * a local file system, so it goes through the copy. how: 0 an O_TRUNC
+ * writer, 1 truncate() by path and then a writer. */
+static void mapping_sees_change(int how)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0x3131 + how), *next = pattern(len, 0x4242 + how);
+	uint64_t opens0;
+	unsigned char *m;
+	int fd;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	opens0 = fm_stat("local_copy_opens");
+	fd = OK(open(mp("f"), O_RDONLY));
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1, "the reader got no copy");
+	m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+	cr_assert(m != MAP_FAILED, "mmap: %s", strerror(errno));
+	OK(close(fd));
+	fm_wait_released(0);
+	cr_assert(memcmp(m, data, len) == 0, "the mapping does not show the file");
+	if (how == 1)
+		OK(truncate(mp("f"), 0));
+	fd = OK(open(mp("f"), O_WRONLY | (how == 0 ? O_TRUNC : 0)));
+	fm_pwrite_all(fd, next, len, 0);
+	OK(close(fd));
+	cr_assert(memcmp(m, next, len) == 0, "the mapping still shows the file before the change");
+	OK(munmap(m, len));
+	drain(0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), next, len);
+	free(data);
+	free(next);
+}
+
+Test(local_copy, a_mapping_of_the_copy_sees_an_o_trunc_writer)
+{
+	mapping_sees_change(0);
+}
+
+Test(local_copy, a_mapping_of_the_copy_sees_a_truncate_and_a_writer)
+{
+	mapping_sees_change(1);
 }
 
 Test(local_copy, files_under_1_mib_get_no_copy)
