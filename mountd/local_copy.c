@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,9 +86,17 @@ static bool copy_mapped(struct mountd *md, struct inode *i)
 
 	if (fd < 0)
 		return errno != ENOENT;
-	if (fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
-		(void)fcntl(fd, F_SETLEASE, F_UNLCK);
-		mapped = false;
+	/* Right after a close the closing task may not have let go of its
+	 * open yet (wstate_mapped_at_release() waits the same way). */
+	for (int k = 0; k < 16 && mapped; k++) {
+		if (fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+			(void)fcntl(fd, F_SETLEASE, F_UNLCK);
+			mapped = false;
+		} else if (errno != EAGAIN && errno != EBUSY) {
+			break; /* cannot tell: taken as mapped */
+		} else {
+			sched_yield();
+		}
 	}
 	close(fd);
 	return mapped;
@@ -241,14 +250,17 @@ int local_copy_unshare(struct mountd *md, struct inode *i)
 	return id;
 }
 
-/* Makes the copy the inode's passthrough staging file; its first size bytes
- * are taken as they are (fingerprinted), the rest is cut by the caller. */
-static int copy_take(struct mountd *md, struct inode *i, uint64_t fh, bool flush, uint64_t size)
+/* Makes the copy the inode's passthrough staging file. Even where the change
+ * empties it next, all of it is fingerprinted: a staging file without
+ * fingerprints is taken for one that was empty in the metadata at open, and
+ * its commit would store only its data extents, leaving what the committed
+ * file holds in its holes (rclient_handoff()). */
+static int copy_take(struct mountd *md, struct inode *i, uint64_t fh, bool flush)
 {
 	char *name = i->kept_name;
 	int id;
 
-	id = wstate_passthrough_adopt(md, i, fh, name, i->kept_fd, i->kept_id, size, flush);
+	id = wstate_passthrough_adopt(md, i, fh, name, i->kept_fd, i->kept_id, i->kept_size, flush);
 	if (id < 0) {
 		log_errno(id, "inode %llu: cannot take its local copy over as a staging file%s",
 			  (unsigned long long)i->ino,
@@ -290,7 +302,7 @@ int local_copy_before_change(struct mountd *md, struct inode *i, uint64_t fh, bo
 	if (i->w)
 		return 0;
 	if (i->nkept > 0)
-		return copy_take(md, i, fh, flush, emptying ? 0 : i->kept_size);
+		return copy_take(md, i, fh, flush);
 	enum copy_state st = copy_state(md, i);
 	if (st == COPY_PENDING)
 		return 0; /* the change waited for its job in vain, or need not */
@@ -303,7 +315,7 @@ int local_copy_before_change(struct mountd *md, struct inode *i, uint64_t fh, bo
 	 * copy-in; a mapping of the copy must see the change. */
 	bool usable = i->ncached == 0 && !atomic_load(&md->pt_off) && md->pt_mode != PT_OFF;
 	if (usable && (mapped || (writer && !emptying)))
-		return copy_take(md, i, fh, flush, emptying ? 0 : i->kept_size);
+		return copy_take(md, i, fh, flush);
 	if (mapped)
 		log_warnx("inode %llu: a mapping of its local copy may outlive this change, which "
 			  "it will not show (cached opens keep the copy out of use)",

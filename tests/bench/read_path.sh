@@ -21,7 +21,9 @@
 #
 # ferryfs writes the file through the mount (passthrough), waits until the
 # reconciler has committed it, then remounts, so every read goes through the
-# read path rather than the staging file. Prints MB/s or IOPS per target and
+# read path rather than the staging file. A second column, "local", is
+# ferryfs with -o local_copies, without the remount: the committed staging
+# file stays as the file's local copy and reads get passthrough on it. Prints MB/s or IOPS per target and
 # ferryfs's ratio to each other column, then ferryfs's FUSE READ requests.
 #
 #   tests/bench/read_path.sh [--size-mib N] [--seconds S] [--rounds R]
@@ -100,8 +102,15 @@ pthp_stop() {
     umount "$pthp_mnt" 2>/dev/null || umount -l "$pthp_mnt"
   fi
 }
+lc_mnt=$root/mnt-local
+lc_stop() {
+  if mountpoint -q "$lc_mnt"; then
+    "$ferry" umount "$lc_mnt" >/dev/null 2>&1 || umount -l "$lc_mnt"
+  fi
+}
 cleanup() {
   local rc=$?
+  lc_stop
   pthp_stop
   (exit "$rc")
   loop_image_cleanup
@@ -144,6 +153,23 @@ S=()
 FILE[ferryfs]=$mnt/f
 targets+=(ferryfs)
 
+# ferryfs with -o local_copies, on a volume and mount of its own: the
+# file's staging file, once committed, stays as its local copy, which
+# reads open in passthrough mode. Its cold rows drop the page cache only (a
+# new ferry-mountd keeps no copy); "local" in the table.
+mkdir -p "$scratch/objs2" "$scratch/staging2" "$lc_mnt"
+"$ferry" format --storage "file://$scratch/objs2" "$scratch/vol2" >/dev/null
+"$ferry" mount --staging-dir "$scratch/staging2" -o "local_copies=$((size_mib + 64))m" \
+  "$scratch/vol2" "$lc_mnt" >/dev/null
+dd if=/dev/urandom of="$lc_mnt/f" bs=1M count="$size_mib" conv=fsync status=none
+lc_stat() { awk -v k="$1" '$1 == k { print $2 }' "$lc_mnt/.stats"; }
+until [[ $(lc_stat reconcile_inflight) == 0 && $(lc_stat reconcile_handed_inflight) == 0 &&
+         $(lc_stat local_copy_bytes) -gt 0 ]]; do
+  sleep 0.1
+done
+FILE[local]=$lc_mnt/f
+targets+=(local)
+
 # Cold: a fresh start for each job (ferryfs: a new ferry-mountd too), the
 # targets taking turns.
 cold() { [[ $1 == ferryfs ]] && remount; drop; }
@@ -163,6 +189,8 @@ resident_of() {
     pthp) echo $(( $(resident "${FILE[pthp]}") + $(resident "$scratch/pthp-src/f") )) ;;
     # shellcheck disable=SC2046
     ferryfs) echo $(( $(resident "$mnt/f") + $(resident $(find "$scratch/cache" -type f)) )) ;;
+    # shellcheck disable=SC2046
+    local) echo $(( $(resident "$lc_mnt/f") + $(resident $(find "$scratch/staging2" -name '.kept-*')) )) ;;
   esac
 }
 for t in "${targets[@]}"; do
@@ -175,22 +203,29 @@ for t in "${targets[@]}"; do
 done
 stats_keep
 cache_mib=$(du -sm "$scratch/cache" | cut -f1)
+lc_opens=$(lc_stat local_copy_opens) lc_reads=$(lc_stat fuse_requests_read)
 "$ferry" umount "$mnt" >/dev/null
+lc_stop
 pthp_stop
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else printf "-" }'; }
 echo
-printf '  %-12s %10s %10s %10s %11s %11s\n' row ext4 pthp ferryfs "ferry/ext4" "ferry/pthp"
+printf '  %-12s %10s %10s %10s %10s %11s %11s %11s\n' row ext4 pthp ferryfs local "ferry/ext4" \
+  "ferry/pthp" "local/ext4"
 for row in "seq cold" "rand cold" "seq warm" "rand warm"; do
   declare -A M=()
-  for t in ext4 pthp ferryfs; do
+  for t in ext4 pthp ferryfs local; do
     M[$t]=$( [[ -n ${R[$t.$row]:-} ]] && median "${R[$t.$row]}" || echo - )
   done
-  printf '  %-12s %10s %10s %10s %11s %11s\n' "$row" "${M[ext4]}" "${M[pthp]}" "${M[ferryfs]}" \
-    "$(ratio "${M[ferryfs]}" "${M[ext4]}")" "$(ratio "${M[ferryfs]}" "${M[pthp]/-/0}")"
+  printf '  %-12s %10s %10s %10s %10s %11s %11s %11s\n' "$row" "${M[ext4]}" "${M[pthp]}" \
+    "${M[ferryfs]}" "${M[local]}" "$(ratio "${M[ferryfs]}" "${M[ext4]}")" \
+    "$(ratio "${M[ferryfs]}" "${M[pthp]/-/0}")" "$(ratio "${M[local]}" "${M[ext4]}")"
 done
-printf '  %-12s %10s %10s %10s   (MiB of page cache after two full reads; lower is better)\n' \
-  resident "${R[ext4.resident]}" "${R[pthp.resident]:--}" "${R[ferryfs.resident]}"
+printf '  %-12s %10s %10s %10s %10s   (MiB of page cache after two full reads; lower is better)\n' \
+  resident "${R[ext4.resident]}" "${R[pthp.resident]:--}" "${R[ferryfs.resident]}" \
+  "${R[local.resident]}"
+echo "  (local: ferryfs with -o local_copies, reading the file's local copy in passthrough mode:"
+echo "  $lc_opens opens of the copy, $lc_reads READ requests, counting two of .stats)"
 echo "  (seq rows MB/s, rand rows IOPS; cold rows the median of $rounds rounds: ext4 ${R[ext4.seq cold]} /"
 echo "  ${R[pthp.seq cold]:--} / ${R[ferryfs.seq cold]} MB/s and ${R[ext4.rand cold]} / ${R[pthp.rand cold]:--} /"
 echo "  ${R[ferryfs.rand cold]} IOPS; ferryfs's first cold read, from the file:// store into an empty"

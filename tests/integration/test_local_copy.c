@@ -480,6 +480,34 @@ Test(local_copy, a_mapping_of_the_copy_sees_a_truncate_and_a_writer)
 	mapping_sees_change(1);
 }
 
+/* An O_TRUNC writer takes over a copy a reader shares, then the file grows
+ * again with holes: once committed, the holes read as zeros, never as what
+ * the file held before the O_TRUNC. */
+Test(local_copy, an_o_trunc_through_a_shared_copy_leaves_no_old_bytes_in_holes)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0x5151), *want = calloc(1, len);
+	int rfd, wfd;
+
+	cr_assert(want);
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	rfd = OK(open(mp("f"), O_RDONLY));
+	wfd = OK(open(mp("f"), O_WRONLY | O_TRUNC));
+	OK(ftruncate(wfd, (off_t)len));
+	fm_pwrite_all(wfd, "EEEE", 4, (off_t)len - 4);
+	memcpy(want + len - 4, "EEEE", 4);
+	OK(close(wfd));
+	expect_fd(rfd, want, len, "the reader after the O_TRUNC and the growth");
+	OK(close(rfd));
+	drain(0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), want, len);
+	free(data);
+	free(want);
+}
+
 Test(local_copy, files_under_1_mib_get_no_copy)
 {
 	const size_t small = (size_t)MiB - 1, big = (size_t)MiB;
