@@ -1112,10 +1112,10 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 		rc = open_mode_locked(md, i, of, writer && empty, copy, src, created, fi);
 	if (rc == 0 && writer)
 		i->nwriters++;
-	/* A copy this open took over and nobody shares: it is the committed
-	 * file still, and nothing would ever hand it off. */
-	if (rc < 0 && took_copy && i->w && i->w->npt == 0 && i->nwriters == 0)
-		wstate_drop(md, i);
+	/* A copy this open took over and no open shares: the retry list hands
+	 * it off (or drops it, unchanged) once no mapping holds it. */
+	if (rc < 0 && took_copy && i->w && i->w->npt == 0 && i->nwriters == 0 && !i->pending)
+		write_back_probe_later(md, i);
 	pthread_mutex_unlock(&i->lock);
 	if (src >= 0)
 		close(src);

@@ -67,6 +67,7 @@ static void copy_remove(struct mountd *md, struct inode *i)
 	free(i->kept_name);
 	i->kept_name = NULL;
 	i->kept_seq = i->kept_size = 0;
+	i->kept_shared = false;
 	atomic_fetch_add(&md->stats.local_copies_dropped, 1);
 }
 
@@ -79,22 +80,32 @@ static void copy_remove(struct mountd *md, struct inode *i)
  * as mapped: the caller then takes the copy over, which is always right.
  * Caller holds i->lock (or has it try-locked); i->nkept is 0.
  */
-static bool copy_mapped(struct mountd *md, struct inode *i)
+static bool copy_mapped(struct mountd *md, struct inode *i, int tries)
 {
-	int fd = openat(md->staging_dirfd, i->kept_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	static _Atomic bool told;
 	bool mapped = true;
+	int fd;
 
+	/* Only a reader's passthrough open can map it. */
+	if (!i->kept_shared)
+		return false;
+	fd = openat(md->staging_dirfd, i->kept_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return errno != ENOENT;
 	/* Right after a close the closing task may not have let go of its
 	 * open yet (wstate_mapped_at_release() waits the same way). */
-	for (int k = 0; k < 16 && mapped; k++) {
+	for (int k = 0; k < tries && mapped; k++) {
 		if (fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
 			(void)fcntl(fd, F_SETLEASE, F_UNLCK);
 			mapped = false;
 		} else if (errno != EAGAIN && errno != EBUSY) {
-			break; /* cannot tell: taken as mapped */
-		} else {
+			/* Cannot tell (no leases here): as for staging files
+			 * (wstate_mapped()), taken as not mapped, said once. */
+			if (!atomic_exchange(&told, true))
+				log_warn("cannot tell whether a mapping outlives the close of a local "
+					 "copy (F_SETLEASE); such a mapping may miss later changes");
+			mapped = false;
+		} else if (k + 1 < tries) {
 			sched_yield();
 		}
 	}
@@ -115,7 +126,7 @@ static bool room_make(struct mountd *md, struct inode *self, uint64_t need)
 		if (v == self || pthread_mutex_trylock(&v->lock) != 0)
 			continue;
 		/* A mapped copy stays: the next change must go through it. */
-		if (v->nkept == 0 && v->kept_name && !copy_mapped(md, v))
+		if (v->nkept == 0 && v->kept_name && !copy_mapped(md, v, 1))
 			copy_remove(md, v);
 		pthread_mutex_unlock(&v->lock);
 	}
@@ -129,9 +140,11 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	bool room;
 
 	local_copy_drop(md, i); /* a new job: the old copy is not the file any more */
-	if (!md->local_copy_max || !i->inflight_whole || !i->inflight_seq || i->kept_name ||
-	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max)
+	if (!md->local_copy_max)
 		return;
+	/* Looked at on every hand-off, not only those that could be kept:
+	 * once space is low, new writers take the daemon path, and theirs
+	 * could never be. */
 	if (staging_room_low(md)) {
 		/* Writers need the space more: the unread copies go too. */
 		pthread_mutex_lock(&md->kept_lock);
@@ -140,6 +153,9 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
 	}
+	if (!i->inflight_whole || !i->inflight_seq || i->kept_name ||
+	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max)
+		return;
 	pthread_mutex_lock(&md->kept_lock);
 	room = room_make(md, i, i->inflight_size);
 	if (room)
@@ -228,6 +244,7 @@ int local_copy_share(struct mountd *md, struct inode *i)
 		i->kept_id = id;
 		i->kept_fd = fd;
 	}
+	i->kept_shared = true;
 	pthread_mutex_lock(&md->kept_lock);
 	order_unlink(md, i);
 	order_append(md, i);
@@ -291,6 +308,7 @@ forget:
 	free(name);
 	i->kept_name = NULL;
 	i->kept_seq = i->kept_size = 0;
+	i->kept_shared = false;
 	return 0;
 }
 
@@ -310,7 +328,7 @@ int local_copy_before_change(struct mountd *md, struct inode *i, uint64_t fh, bo
 		local_copy_drop(md, i);
 		return 0;
 	}
-	bool mapped = copy_mapped(md, i);
+	bool mapped = copy_mapped(md, i, 16);
 	/* Passthrough must still be possible: a writer then spares the
 	 * copy-in; a mapping of the copy must see the change. */
 	bool usable = i->ncached == 0 && !atomic_load(&md->pt_off) && md->pt_mode != PT_OFF;

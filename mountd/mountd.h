@@ -739,6 +739,7 @@ struct inode {
 	uint64_t kept_seq, kept_size;
 	int kept_id;
 	int kept_fd;              /* the open registered as kept_id, or -1 */
+	bool kept_shared;         /* a reader has had it: a mapping may hold it */
 	uint32_t nkept;
 	/* Guarded by md->kept_lock: the least recently used order of copies. */
 	struct inode *kprev, *knext;
