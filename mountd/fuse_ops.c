@@ -966,7 +966,7 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		} else if (rc == -ENODATA) {
 			if (wstate_recycle(md, i, close_id))
 				close_id = 0; /* the pool's, with the file */
-			else
+			else if (!local_copy_keep_unchanged(md, i))
 				wstate_drop(md, i);
 		} else {
 			if (rc != -ENOTCONN && rc != -E2BIG && rc != -EAGAIN) { /* stall: logged once */

@@ -67,7 +67,7 @@ static void copy_remove(struct mountd *md, struct inode *i)
 	free(i->kept_name);
 	i->kept_name = NULL;
 	i->kept_seq = i->kept_size = 0;
-	i->kept_shared = false;
+	i->kept_shared = i->kept_committed = false;
 	atomic_fetch_add(&md->stats.local_copies_dropped, 1);
 }
 
@@ -183,10 +183,62 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	}
 	i->kept_seq = i->inflight_seq;
 	i->kept_size = i->inflight_size;
+	i->kept_committed = false;
 	pthread_mutex_lock(&md->kept_lock);
 	order_append(md, i);
 	pthread_mutex_unlock(&md->kept_lock);
 	atomic_fetch_add(&md->stats.local_copies_made, 1);
+}
+
+bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
+{
+	struct wstate *w = i->w;
+	const char *from = w ? strrchr(w->path, '/') + 1 : NULL;
+	char name[64];
+	static _Atomic uint64_t serial;
+	uint64_t size;
+	bool room;
+
+	if (!md->local_copy_max || !w || !w->passthrough || w->npt > 0 || i->kept_name ||
+	    i->inflight_seq || w->size < LOCAL_COPY_MIN || w->size > md->pt_copy_max ||
+	    !atomic_load(&md->layout_ready) || staging_room_low(md))
+		return false;
+	size = w->size;
+	pthread_mutex_lock(&md->kept_lock);
+	room = room_make(md, i, size);
+	if (room)
+		md->kept_bytes += size;
+	pthread_mutex_unlock(&md->kept_lock);
+	if (!room) {
+		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
+		return false;
+	}
+	snprintf(name, sizeof(name), ".kept-%d-%llu-u%llu", (int)md->pid, (unsigned long long)i->ino,
+		 (unsigned long long)atomic_fetch_add(&serial, 1));
+	if (renameat(md->staging_dirfd, from, md->staging_dirfd, name) < 0 ||
+	    !(i->kept_name = strdup(name))) {
+		log_warn("cannot keep staging file %s as a local copy", from);
+		if (i->kept_name == NULL && faccessat(md->staging_dirfd, name, F_OK,
+						      AT_SYMLINK_NOFOLLOW) == 0)
+			(void)renameat(md->staging_dirfd, name, md->staging_dirfd, from);
+		pthread_mutex_lock(&md->kept_lock);
+		md->kept_bytes -= size;
+		pthread_mutex_unlock(&md->kept_lock);
+		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
+		return false;
+	}
+	i->kept_seq = 0;
+	i->kept_size = size;
+	i->kept_committed = true;
+	pthread_mutex_lock(&i->layout_lock);
+	i->kept_gen = i->layout_gen;
+	pthread_mutex_unlock(&i->layout_lock);
+	pthread_mutex_lock(&md->kept_lock);
+	order_append(md, i);
+	pthread_mutex_unlock(&md->kept_lock);
+	wstate_forget(md, i); /* the file is the copy now */
+	atomic_fetch_add(&md->stats.local_copies_made, 1);
+	return true;
 }
 
 enum copy_state {
@@ -203,13 +255,22 @@ static enum copy_state copy_state(struct mountd *md, struct inode *i)
 	if (i->w)
 		return COPY_STALE;
 	if (i->inflight_seq)
-		return i->inflight_seq == i->kept_seq ? COPY_PENDING : COPY_STALE;
+		return i->inflight_seq == i->kept_seq && !i->kept_committed ? COPY_PENDING
+									    : COPY_STALE;
+	if (!i->kept_committed) {
+		/* Its job is over: committed, if it is the last the
+		 * reconciler reported for the inode (job_committed()). */
+		if (i->kept_seq != i->committed_seq)
+			return COPY_STALE;
+		i->kept_committed = true;
+		i->kept_gen = i->committed_gen;
+	}
 	/* With jobs of an earlier run still to commit unannounced, no layout
 	 * is known for sure: the copy may be right, but is not used. */
-	if (i->kept_seq != i->committed_seq || !atomic_load(&md->layout_ready))
+	if (!atomic_load(&md->layout_ready))
 		return COPY_STALE;
 	pthread_mutex_lock(&i->layout_lock);
-	same = i->layout_gen == i->committed_gen;
+	same = i->layout_gen == i->kept_gen;
 	pthread_mutex_unlock(&i->layout_lock);
 	return same ? COPY_CURRENT : COPY_STALE;
 }
@@ -308,7 +369,7 @@ forget:
 	free(name);
 	i->kept_name = NULL;
 	i->kept_seq = i->kept_size = 0;
-	i->kept_shared = false;
+	i->kept_shared = i->kept_committed = false;
 	return 0;
 }
 

@@ -363,6 +363,13 @@ bool staging_room_low(struct mountd *md);
  * file: keeps it if it is large enough and there is room. Caller holds
  * i->lock. */
 void local_copy_keep(struct mountd *md, struct inode *i);
+/* The last close of a passthrough staging file that holds exactly what is
+ * committed (its hand-off found nothing to commit: an fsync committed it,
+ * or nothing was written): keeps it as the copy, renamed, and forgets the
+ * write state; false (nothing done) if it is not kept. Caller holds
+ * i->lock; no open shares the staging file and its backing id is the
+ * caller's to close. */
+bool local_copy_keep_unchanged(struct mountd *md, struct inode *i);
 /* For a reader's open: the backing id to open it with (the copy is
  * registered on first use), or 0 if it has no usable copy. The caller
  * counts the open in i->nkept. Caller holds i->lock; i->w is NULL. */
@@ -740,6 +747,10 @@ struct inode {
 	int kept_id;
 	int kept_fd;              /* the open registered as kept_id, or -1 */
 	bool kept_shared;         /* a reader has had it: a mapping may hold it */
+	/* Its content is committed: the layout was kept_gen right after (a
+	 * job's commit, or a close with nothing left to commit). */
+	bool kept_committed;
+	uint64_t kept_gen;
 	uint32_t nkept;
 	/* Guarded by md->kept_lock: the least recently used order of copies. */
 	struct inode *kprev, *knext;

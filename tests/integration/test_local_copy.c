@@ -123,11 +123,22 @@ static void write_new(const char *name, const unsigned char *buf, size_t len)
 		     name);
 }
 
+/* Opens name read-only, which must get its local copy. */
+static int open_copy(const char *name)
+{
+	uint64_t opens0 = fm_stat("local_copy_opens");
+	int fd = OK(open(mp("%s", name), O_RDONLY));
+
+	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1, "%s: the reader got no local copy",
+		     name);
+	return fd;
+}
+
 Test(local_copy, a_committed_file_is_read_through_its_local_copy)
 {
 	const size_t len = 4 * MiB;
 	unsigned char *data = pattern(len, 0x10ca1c0b1);
-	uint64_t opens0, made0, reads0, reads, per_stats;
+	uint64_t made0, reads0, reads, per_stats;
 	int fd;
 
 	need_passthrough();
@@ -139,10 +150,7 @@ Test(local_copy, a_committed_file_is_read_through_its_local_copy)
 	cr_assert_eq(kept_files(), 1, "%d .kept- files in %s, not 1", kept_files(), staging_dir());
 	cr_assert_eq(fm_stat("local_copy_bytes"), len);
 
-	opens0 = fm_stat("local_copy_opens");
-	fd = OK(open(mp("f"), O_RDONLY));
-	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1,
-		     "the read-only open did not get the local copy");
+	fd = open_copy("f");
 	/* Reads of .stats are READs too: what one costs, then what the
 	 * file's read costs besides. */
 	reads0 = fm_stat("fuse_requests_read");
@@ -332,9 +340,7 @@ Test(local_copy, a_copy_being_read_is_not_evicted)
 	write_new("a", a, len);
 	drain(0);
 	cr_assert_eq(kept_files(), 1);
-	opens0 = fm_stat("local_copy_opens");
-	r = OK(open(mp("a"), O_RDONLY));
-	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1, "a's reader got no local copy");
+	r = open_copy("a");
 
 	skipped0 = fm_stat("local_copies_skipped");
 	dropped0 = fm_stat("local_copies_dropped");
@@ -385,9 +391,7 @@ Test(local_copy, a_killed_daemons_copies_are_removed_at_start)
 	write_new("f", data, len);
 	drain(0);
 	cr_assert_eq(kept_files(), 1);
-	opens0 = fm_stat("local_copy_opens");
-	fd = OK(open(mp("f"), O_RDONLY));
-	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1);
+	fd = open_copy("f");
 	OK(close(fd));
 	fm_wait_released(0);
 
@@ -441,16 +445,13 @@ static void mapping_sees_change(int how)
 {
 	const size_t len = 2 * MiB;
 	unsigned char *data = pattern(len, 0x3131 + how), *next = pattern(len, 0x4242 + how);
-	uint64_t opens0;
 	unsigned char *m;
 	int fd;
 
 	need_passthrough();
 	write_new("f", data, len);
 	drain(0);
-	opens0 = fm_stat("local_copy_opens");
-	fd = OK(open(mp("f"), O_RDONLY));
-	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1, "the reader got no copy");
+	fd = open_copy("f");
 	m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
 	cr_assert(m != MAP_FAILED, "mmap: %s", strerror(errno));
 	OK(close(fd));
@@ -506,6 +507,40 @@ Test(local_copy, an_o_trunc_through_a_shared_copy_leaves_no_old_bytes_in_holes)
 	fm_expect_content(mp("f"), want, len);
 	free(data);
 	free(want);
+}
+
+/* A file fsynced before its close has nothing left to hand off at the
+ * close: its staging file holds what is committed and becomes the copy
+ * there and then; a change after it is still committed right. */
+Test(local_copy, a_file_fsynced_before_close_is_kept_at_close)
+{
+	const size_t len = 3 * MiB;
+	unsigned char *data = pattern(len, 0x6161);
+	uint64_t made0, handoffs0;
+	int fd;
+
+	need_passthrough();
+	made0 = fm_stat("local_copies_made");
+	fd = OK(open(mp("f"), O_CREAT | O_WRONLY, 0644));
+	fm_pwrite_all(fd, data, len, 0);
+	OK(fsync(fd));
+	handoffs0 = fm_stat("handoffs");
+	OK(close(fd));
+	fm_wait_released(0);
+	cr_assert_eq(fm_stat("handoffs"), handoffs0, "the close handed off a committed file");
+	cr_assert_eq(fm_stat("local_copies_made"), made0 + 1, "the close kept no copy");
+	cr_assert_eq(kept_files(), 1);
+	fd = open_copy("f");
+	expect_fd(fd, data, len, "f through its copy");
+	OK(close(fd));
+	fd = OK(open(mp("f"), O_WRONLY));
+	fm_pwrite_all(fd, "ZZ", 2, 5);
+	memcpy(data + 5, "ZZ", 2);
+	OK(close(fd));
+	drain(0);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
 }
 
 Test(local_copy, files_under_1_mib_get_no_copy)
@@ -589,7 +624,7 @@ Test(local_copy, a_writer_without_readers_takes_the_copy_over)
 {
 	const size_t len = 4 * MiB, at = MiB + 4321, n = 10000;
 	unsigned char *data = pattern(len, 0x3333), *patch = pattern(n, 0x3334);
-	uint64_t take0, copy0, opens0;
+	uint64_t take0, copy0;
 	int w, r;
 
 	need_passthrough();
@@ -609,9 +644,7 @@ Test(local_copy, a_writer_without_readers_takes_the_copy_over)
 	drain(0);
 	/* The writer's close keeps its staging file as the new copy. */
 	cr_assert_eq(kept_files(), 1, "%d copies after the writer's close", kept_files());
-	opens0 = fm_stat("local_copy_opens");
-	r = OK(open(mp("f"), O_RDONLY));
-	cr_assert_eq(fm_stat("local_copy_opens"), opens0 + 1);
+	r = open_copy("f");
 	expect_fd(r, data, len, "f through the new copy");
 	OK(close(r));
 	fm_remount_cold();
