@@ -153,8 +153,11 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
 	}
+	/* Without leases a writer's mapping may outlive the close unseen
+	 * (wstate_mapped()) and write on into the copy. */
 	if (!i->inflight_whole || !i->inflight_seq || i->kept_name ||
-	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max)
+	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max ||
+	    wstate_lease_unknown())
 		return;
 	pthread_mutex_lock(&md->kept_lock);
 	room = room_make(md, i, i->inflight_size);
@@ -199,9 +202,13 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	uint64_t size;
 	bool room;
 
-	if (!md->local_copy_max || !w || !w->passthrough || w->npt > 0 || i->kept_name ||
-	    i->inflight_seq || w->size < LOCAL_COPY_MIN || w->size > md->pt_copy_max ||
-	    !atomic_load(&md->layout_ready) || staging_room_low(md))
+	/* Only a file whose content this write state set up after every
+	 * earlier run's job was committed, whose flushes did not fail, and
+	 * that no mapping can still be writing (unknowable without leases). */
+	if (!md->local_copy_max || !w || !w->passthrough || !w->born_ready || w->copy_torn ||
+	    w->npt > 0 || i->kept_name || i->inflight_seq || w->size < LOCAL_COPY_MIN ||
+	    w->size > md->pt_copy_max || !atomic_load(&md->layout_ready) ||
+	    wstate_lease_unknown() || staging_room_low(md))
 		return false;
 	size = w->size;
 	pthread_mutex_lock(&md->kept_lock);

@@ -176,6 +176,7 @@ struct wstate {
 	bool dir_synced;         /* fsync=local: the staging file's name is durable */
 	bool copy_unsynced;      /* a copy named STAGING_COPY_SUFFIX (see there), not flushed */
 	bool copy_torn;          /* a flush of that copy failed: it stays unflushed */
+	bool born_ready;         /* passthrough: started with md->layout_ready set */
 	bool copy_rename_pending; /* renamed .p, the directory not yet synced */
 	bool flush_recorded;     /* a <path>.fj may exist (rclient_journal wrote one) */
 	bool size_changed;
@@ -305,6 +306,9 @@ void write_back_defer(struct mountd *md, struct inode *ino);
  * mapping that outlived its passthrough open, or (for a moment after a
  * close) the kernel's own reference it has not dropped yet. */
 bool wstate_mapped(struct wstate *w);
+/* Whether a lease probe found no lease support: a mapping outliving a
+ * close cannot be told. */
+bool wstate_lease_unknown(void);
 /* wstate_mapped() for the last close of a passthrough file: a refusal is
  * asked again a few times on the spot, yielding the CPU between (see
  * write_back.c); still refused, it counts in release_probes_deferred. */

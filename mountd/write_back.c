@@ -194,6 +194,9 @@ static void passthrough_state_init(struct mountd *md, struct inode *ino, struct 
 
 	w->passthrough = true;
 	w->backing_id = id;
+	/* Filled while no job of an earlier run may still commit unannounced:
+	 * from here on only this write state changes the committed data. */
+	w->born_ready = atomic_load(&md->layout_ready);
 	/* The file is empty from here: a commit must store at least that,
 	 * unless the metadata holds it already (a new file, an empty one, or
 	 * one O_TRUNC truncated there first). */
@@ -376,6 +379,11 @@ int wstate_passthrough_resume(struct mountd *md, struct inode *ino)
 /* Set once a lease probe could not tell (no lease support): a mapping may
  * then outlive any close unseen. */
 static _Atomic bool lease_unknown;
+
+bool wstate_lease_unknown(void)
+{
+	return atomic_load(&lease_unknown);
+}
 
 bool wstate_mapped(struct wstate *w)
 {
