@@ -222,11 +222,22 @@ static void reply_entry(fuse_req_t req, const struct meta_attr *a)
 /* An unlink or rename removed the last link of ino. */
 static void last_link_gone(struct mountd *md, uint64_t ino)
 {
+	struct inode *i;
+
 	if (!inode_mark_unlinked(md, ino)) {
 		int rc = meta_inode_release(md->meta, ino);
 		if (rc < 0)
 			log_errno(rc, "inode %llu: cannot free unlinked inode (left as orphan)",
 				  (unsigned long long)ino);
+		return;
+	}
+	/* Its local copy holds the inode (and so its data) only while readers
+	 * share it: nobody else can open the file again. */
+	if ((i = inode_ref_existing(md, ino))) {
+		pthread_mutex_lock(&i->lock);
+		local_copy_drop(md, i);
+		pthread_mutex_unlock(&i->lock);
+		inode_unref(md, i, 0, 1);
 	}
 }
 
@@ -935,8 +946,11 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		i->ncached--;
 	else if (w)
 		w->npt--;
-	else if (i->nkept > 0 && --i->nkept == 0)
+	else if (i->nkept > 0 && --i->nkept == 0) {
 		close_id = local_copy_unshare(md, i);
+		if (inode_is_unlinked(md, i))
+			local_copy_drop(md, i); /* of holds a reference still */
+	}
 	if (w && w->passthrough && w->npt == 0 && w->backing_id > 0) {
 		/* The id holds our own open of the staging file, which the
 		 * lease probe below does not count: it can wait. */

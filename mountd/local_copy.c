@@ -113,24 +113,40 @@ static bool copy_mapped(struct mountd *md, struct inode *i, int tries)
 	return mapped;
 }
 
+/* At most this many copies go in one eviction (their references are given
+ * back once kept_lock is released). */
+#define EVICT_MAX 64
+
 /* Evicts unread copies, oldest first, until need more bytes fit under the
- * limit. Caller holds kept_lock and self->lock. */
-static bool room_make(struct mountd *md, struct inode *self, uint64_t need)
+ * limit (at most EVICT_MAX); each one's inode goes in gone[], whose
+ * reference the caller gives back (copy_unref_all()) once it has let
+ * kept_lock go: it may be the last. Caller holds kept_lock and self->lock. */
+static bool room_make(struct mountd *md, struct inode *self, uint64_t need,
+		      struct inode **gone, size_t *ngone)
 {
 	struct inode *v = md->kept_oldest, *next;
 
 	if (need > md->local_copy_max)
 		return false; /* never fits: evict nothing for it */
-	for (; v && md->kept_bytes + need > md->local_copy_max; v = next) {
+	for (; v && *ngone < EVICT_MAX && md->kept_bytes + need > md->local_copy_max; v = next) {
 		next = v->knext;
 		if (v == self || pthread_mutex_trylock(&v->lock) != 0)
 			continue;
 		/* A mapped copy stays: the next change must go through it. */
-		if (v->nkept == 0 && v->kept_name && !copy_mapped(md, v, 1))
+		if (v->nkept == 0 && v->kept_name && !copy_mapped(md, v, 1)) {
 			copy_remove(md, v);
+			gone[(*ngone)++] = v;
+		}
 		pthread_mutex_unlock(&v->lock);
 	}
 	return md->kept_bytes + need <= md->local_copy_max;
+}
+
+/* Gives back the references of evicted copies (see room_make). */
+static void copy_unref_all(struct mountd *md, struct inode **gone, size_t n)
+{
+	for (size_t k = 0; k < n; k++)
+		inode_unref(md, gone[k], 0, 1);
 }
 
 void local_copy_keep(struct mountd *md, struct inode *i)
@@ -147,9 +163,13 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	 * could never be. */
 	if (staging_room_low(md)) {
 		/* Writers need the space more: the unread copies go too. */
+		struct inode *gone[EVICT_MAX];
+		size_t ngone = 0;
+
 		pthread_mutex_lock(&md->kept_lock);
-		(void)room_make(md, i, md->local_copy_max);
+		(void)room_make(md, i, md->local_copy_max, gone, &ngone);
 		pthread_mutex_unlock(&md->kept_lock);
+		copy_unref_all(md, gone, ngone);
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
 	}
@@ -159,11 +179,15 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max ||
 	    wstate_lease_unknown())
 		return;
+	struct inode *gone[EVICT_MAX];
+	size_t ngone = 0;
+
 	pthread_mutex_lock(&md->kept_lock);
-	room = room_make(md, i, i->inflight_size);
+	room = room_make(md, i, i->inflight_size, gone, &ngone);
 	if (room)
 		md->kept_bytes += i->inflight_size; /* reserved while the link is made */
 	pthread_mutex_unlock(&md->kept_lock);
+	copy_unref_all(md, gone, ngone);
 	if (!room) {
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
@@ -187,6 +211,7 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	i->kept_seq = i->inflight_seq;
 	i->kept_size = i->inflight_size;
 	i->kept_committed = false;
+	inode_ref(md, i->ino, 0, 1); /* the copy's: it outlives the kernel's FORGET */
 	pthread_mutex_lock(&md->kept_lock);
 	order_append(md, i);
 	pthread_mutex_unlock(&md->kept_lock);
@@ -211,11 +236,15 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	    wstate_lease_unknown() || staging_room_low(md))
 		return false;
 	size = w->size;
+	struct inode *gone[EVICT_MAX];
+	size_t ngone = 0;
+
 	pthread_mutex_lock(&md->kept_lock);
-	room = room_make(md, i, size);
+	room = room_make(md, i, size, gone, &ngone);
 	if (room)
 		md->kept_bytes += size;
 	pthread_mutex_unlock(&md->kept_lock);
+	copy_unref_all(md, gone, ngone);
 	if (!room) {
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return false;
@@ -237,6 +266,7 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	i->kept_seq = 0;
 	i->kept_size = size;
 	i->kept_committed = true;
+	inode_ref(md, i->ino, 0, 1); /* the copy's: it outlives the kernel's FORGET */
 	pthread_mutex_lock(&i->layout_lock);
 	i->kept_gen = i->layout_gen;
 	pthread_mutex_unlock(&i->layout_lock);
@@ -377,6 +407,7 @@ forget:
 	i->kept_name = NULL;
 	i->kept_seq = i->kept_size = 0;
 	i->kept_shared = i->kept_committed = false;
+	inode_unref(md, i, 0, 1); /* the copy's; never the last (see mountd.h) */
 	return 0;
 }
 
@@ -417,14 +448,16 @@ void local_copy_drop(struct mountd *md, struct inode *i)
 	pthread_mutex_lock(&md->kept_lock);
 	copy_remove(md, i);
 	pthread_mutex_unlock(&md->kept_lock);
+	inode_unref(md, i, 0, 1); /* the copy's; never the last (see mountd.h) */
 }
 
 void local_copy_forget(struct mountd *md, struct inode *i)
 {
 	int id = i->kept_id;
 
-	/* Under kept_lock, looked at again: an eviction may be dropping it
-	 * (and holds i->lock until just before it lets kept_lock go). */
+	/* A copy holds a reference of its inode, so none is left here; an
+	 * eviction that just dropped one may still hold i->lock until it lets
+	 * kept_lock go: wait for that. */
 	pthread_mutex_lock(&md->kept_lock);
 	if (i->kept_name)
 		copy_remove(md, i);
@@ -439,16 +472,23 @@ void local_copy_forget(struct mountd *md, struct inode *i)
 
 void local_copy_drop_all(struct mountd *md)
 {
-	struct inode *v, *next;
+	struct inode *v, *next, *gone[EVICT_MAX];
+	size_t ngone;
 
-	pthread_mutex_lock(&md->kept_lock);
-	for (v = md->kept_oldest; v; v = next) {
-		next = v->knext;
-		if (pthread_mutex_trylock(&v->lock) != 0)
-			continue;
-		if (v->nkept == 0)
-			copy_remove(md, v);
-		pthread_mutex_unlock(&v->lock);
-	}
-	pthread_mutex_unlock(&md->kept_lock);
+	do {
+		ngone = 0;
+		pthread_mutex_lock(&md->kept_lock);
+		for (v = md->kept_oldest; v && ngone < EVICT_MAX; v = next) {
+			next = v->knext;
+			if (pthread_mutex_trylock(&v->lock) != 0)
+				continue;
+			if (v->nkept == 0 && v->kept_name) {
+				copy_remove(md, v);
+				gone[ngone++] = v;
+			}
+			pthread_mutex_unlock(&v->lock);
+		}
+		pthread_mutex_unlock(&md->kept_lock);
+		copy_unref_all(md, gone, ngone);
+	} while (ngone == EVICT_MAX);
 }

@@ -357,11 +357,13 @@ void broker_link_close(struct mountd *md); /* accepts a mount without a broker *
  * at hand-off, ".kept-<pid>-<serial>") while there is room under
  * -o local_copies: readers open it in passthrough mode (the kernel reads it
  * with no upcall), and a writer takes it over as its staging file instead
- * of copying the file in. Copies are never kept across runs. */
+ * of copying the file in. A copy holds a reference of its inode, so it
+ * outlives the kernel's FORGET; it goes with the last link. Copies are
+ * never kept across runs. */
 /* Whether the staging filesystem is near full (fuse_ops.c; looked at every
  * ROOM_CHECK_NS at most). */
 bool staging_room_low(struct mountd *md);
-#define LOCAL_COPY_MAX_DEFAULT 0 /* off until readers' mappings are handled: see README */
+#define LOCAL_COPY_MAX_DEFAULT 0 /* off for now: see README */
 #define LOCAL_COPY_MIN (1u << 20) /* smaller files: a spliced READ beats a registration */
 /* After a hand-off (rclient_handoff) of the inode's passthrough staging
  * file: keeps it if it is large enough and there is room. Caller holds
@@ -393,7 +395,8 @@ int local_copy_unshare(struct mountd *md, struct inode *i);
  * (copy_flushed_at_open()). Caller holds i->lock. */
 int local_copy_before_change(struct mountd *md, struct inode *i, uint64_t fh, bool flush,
 			     bool writer, bool emptying);
-/* Drops the copy, if nobody reads it. Caller holds i->lock. */
+/* Drops the copy, if nobody reads it, and the reference it held of the
+ * inode. Caller holds i->lock and a reference of its own. */
 void local_copy_drop(struct mountd *md, struct inode *i);
 /* The inode is being freed: its copy goes (no lock needed: nobody else
  * can reach it but the eviction, which kept_lock keeps out). */

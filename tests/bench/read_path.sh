@@ -23,8 +23,7 @@
 # reconciler has committed it, then remounts, so every read goes through the
 # read path rather than the staging file. A second column, "local", is
 # ferryfs with -o local_copies, without the remount: the committed staging
-# file stays as the file's local copy and reads get passthrough on it (its
-# cold rows drop the page cache but not the inode, which keeps the copy). Prints MB/s or IOPS per target and
+# file stays as the file's local copy and reads get passthrough on it. Prints MB/s or IOPS per target and
 # ferryfs's ratio to each other column, then ferryfs's FUSE READ requests.
 #
 #   tests/bench/read_path.sh [--size-mib N] [--seconds S] [--rounds R]
@@ -173,15 +172,7 @@ targets+=(local)
 
 # Cold: a fresh start for each job (ferryfs: a new ferry-mountd too), the
 # targets taking turns.
-# The local copy lasts as long as the kernel keeps the file's inode (a
-# FORGET drops it): its cold rows drop the page cache only (drop_caches 1).
-cold() {
-  case $1 in
-    ferryfs) remount; drop ;;
-    local) sync; echo 1 > /proc/sys/vm/drop_caches ;;
-    *) drop ;;
-  esac
-}
+cold() { [[ $1 == ferryfs ]] && remount; drop; }
 for kind in seq rand; do
   for ((r = 1; r <= rounds; r++)); do
     for t in "${targets[@]}"; do
@@ -236,7 +227,7 @@ printf '  %-12s %10s %10s %10s %10s   (MiB of page cache after two full reads; l
   "${R[local.resident]}"
 echo "  (local: ferryfs with -o local_copies, reading the file's local copy in passthrough mode:"
 echo "  $lc_opens opens of the copy, $lc_reads READ requests counting two of .stats, $lc_dropped"
-echo "  copies dropped; its cold rows drop the page cache only, as a FORGET drops the copy)"
+echo "  copies dropped)"
 echo "  (seq rows MB/s, rand rows IOPS; cold rows the median of $rounds rounds: ext4 ${R[ext4.seq cold]} /"
 echo "  ${R[pthp.seq cold]:--} / ${R[ferryfs.seq cold]} MB/s and ${R[ext4.rand cold]} / ${R[pthp.rand cold]:--} /"
 echo "  ${R[ferryfs.rand cold]} IOPS; ferryfs's first cold read, from the file:// store into an empty"

@@ -543,6 +543,32 @@ Test(local_copy, a_file_fsynced_before_close_is_kept_at_close)
 	free(data);
 }
 
+/* The kernel forgetting the inode (drop_caches evicts it) does not drop
+ * the copy: the next open gets it again. */
+Test(local_copy, a_copy_outlives_the_kernel_forgetting_the_inode)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0x7171);
+	uint64_t forgets0;
+	int fd, dc;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	forgets0 = fm_stat("fuse_requests_forget");
+	sync();
+	dc = OK(open("/proc/sys/vm/drop_caches", O_WRONLY));
+	fm_pwrite_all(dc, "3", 1, 0);
+	OK(close(dc));
+	cr_assert_gt(fm_stat("fuse_requests_forget"),
+		     forgets0, "drop_caches made the kernel forget nothing");
+	cr_assert_eq(kept_files(), 1, "the FORGET dropped the copy");
+	fd = open_copy("f");
+	expect_fd(fd, data, len, "f after the FORGET");
+	OK(close(fd));
+	free(data);
+}
+
 Test(local_copy, files_under_1_mib_get_no_copy)
 {
 	const size_t small = (size_t)MiB - 1, big = (size_t)MiB;
