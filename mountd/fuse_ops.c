@@ -281,11 +281,10 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	struct mountd *md = MD(req);
-	struct inode *i;
 
 	count(req, OP_FORGET);
-	if (!special_ino(ino) && (i = inode_find(md, ino)))
-		inode_unref(md, i, nlookup, 0);
+	if (!special_ino(ino))
+		inode_forget(md, ino, nlookup);
 	fuse_reply_none(req);
 }
 
@@ -295,11 +294,9 @@ static void op_forget_multi(fuse_req_t req, size_t n, struct fuse_forget_data *f
 
 	ring_request(req);
 	atomic_fetch_add(&md->stats.requests[OP_FORGET], 1);
-	for (size_t k = 0; k < n; k++) {
-		struct inode *i;
-		if (!special_ino(f[k].ino) && (i = inode_find(md, f[k].ino)))
-			inode_unref(md, i, f[k].nlookup, 0);
-	}
+	for (size_t k = 0; k < n; k++)
+		if (!special_ino(f[k].ino))
+			inode_forget(md, f[k].ino, f[k].nlookup);
 	fuse_reply_none(req);
 }
 
@@ -504,7 +501,10 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 				valid |= META_SET_MODE;
 		}
 	}
-	i = inode_find(md, ino);
+	/* A reference of its own: a local copy's may be the inode's last
+	 * (after a hand-over the kernel's lookups are not counted), and a
+	 * change drops or takes over the copy. */
+	i = inode_ref_existing(md, ino);
 	if (i)
 		pthread_mutex_lock(&i->lock);
 	bool times_only = !(valid & ~(META_SET_ATIME | META_SET_ATIME_NOW | META_SET_MTIME |
@@ -588,8 +588,10 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		layout_forget(md, i);
 	if (took_copy && i->w && i->w->npt == 0 && i->nwriters == 0 && !i->pending)
 		write_back_probe_later(md, i);
-	if (i)
+	if (i) {
 		pthread_mutex_unlock(&i->lock);
+		inode_unref(md, i, 0, 1);
+	}
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;

@@ -114,7 +114,9 @@ static bool copy_mapped(struct mountd *md, struct inode *i, int tries)
 }
 
 /* At most this many copies go in one eviction (their references are given
- * back once kept_lock is released). */
+ * back once kept_lock is released): a copy that needs more room than that
+ * frees is not made, and a low staging filesystem loses this many unread
+ * copies per hand-off. */
 #define EVICT_MAX 64
 
 /* Evicts unread copies, oldest first, until need more bytes fit under the
@@ -156,7 +158,7 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	bool room;
 
 	local_copy_drop(md, i); /* a new job: the old copy is not the file any more */
-	if (!md->local_copy_max)
+	if (!md->local_copy_max || inode_is_unlinked(md, i)) /* nobody could open it */
 		return;
 	/* Looked at on every hand-off, not only those that could be kept:
 	 * once space is low, new writers take the daemon path, and theirs
@@ -230,7 +232,8 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	/* Only a file whose content this write state set up after every
 	 * earlier run's job was committed, whose flushes did not fail, and
 	 * that no mapping can still be writing (unknowable without leases). */
-	if (!md->local_copy_max || !w || !w->passthrough || !w->born_ready || w->copy_torn ||
+	if (!md->local_copy_max || inode_is_unlinked(md, i) || !w || !w->passthrough ||
+	    !w->born_ready || w->copy_torn ||
 	    w->npt > 0 || i->kept_name || i->inflight_seq || w->size < LOCAL_COPY_MIN ||
 	    w->size > md->pt_copy_max || !atomic_load(&md->layout_ready) ||
 	    wstate_lease_unknown() || staging_room_low(md))

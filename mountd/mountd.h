@@ -392,7 +392,8 @@ int local_copy_unshare(struct mountd *md, struct inode *i);
  * other copy is dropped. 0 (i->w may be set now), or a negative errno if
  * readers share the copy and it could not be taken over. fh names the
  * staging file; flush: the copy must be on stable storage first
- * (copy_flushed_at_open()). Caller holds i->lock. */
+ * (copy_flushed_at_open()). Caller holds i->lock and a reference of its
+ * own (the copy's may go). */
 int local_copy_before_change(struct mountd *md, struct inode *i, uint64_t fh, bool flush,
 			     bool writer, bool emptying);
 /* Drops the copy, if nobody reads it, and the reference it held of the
@@ -782,6 +783,9 @@ void inode_unref(struct mountd *md, struct inode *ino, uint64_t nlookup, uint32_
 size_t inode_table_count(struct inode_table *t);
 /* Records that ino's last link is gone. False if the daemon does not hold
  * the inode, in which case the caller frees its metadata at once. */
+/* The kernel forgot nlookup lookups of ino (FORGET): dropped, freed if
+ * nothing else holds it. */
+void inode_forget(struct mountd *md, uint64_t ino, uint64_t nlookup);
 bool inode_mark_unlinked(struct mountd *md, uint64_t ino);
 /* A reference (nopen) on every inode held open now (a handle, the retry
  * list, a job in flight), for a drain: *out is malloc'ed and the caller's,
