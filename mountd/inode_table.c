@@ -174,21 +174,13 @@ void inode_unref(struct mountd *md, struct inode *i, uint64_t nlookup, uint32_t 
 
 void inode_forget(struct mountd *md, uint64_t ino, uint64_t nlookup)
 {
-	struct inode_table *t = md->inodes;
-	uint32_t b = bucket_of(ino);
-	struct inode *i;
+	/* Found and counted at once (inode_ref_existing): between a find and
+	 * an unref the last other reference (a local copy's, say) could go and
+	 * free the inode. */
+	struct inode *i = inode_ref_existing(md, ino);
 
-	/* Found and counted under one hold of the stripe lock: between a
-	 * find and an unref the last other reference (a local copy's, say)
-	 * could go and free the inode. */
-	pthread_mutex_lock(stripe_of(t, b));
-	i = bucket_find(t, b, ino);
 	if (i)
-		i->nopen++;
-	pthread_mutex_unlock(stripe_of(t, b));
-	if (!i)
-		return;
-	inode_unref(md, i, nlookup, 1);
+		inode_unref(md, i, nlookup, 1);
 }
 
 bool inode_mark_unlinked(struct mountd *md, uint64_t ino)

@@ -1295,9 +1295,11 @@ static bool write_back_retry(struct mountd *md, struct inode *i)
 		 * once: what lets a daemon that ran out of fds recover. */
 		int rc = rclient_handoff(md, i);
 		if (rc == 0 || rc == -ENODATA) {
-			if (rc == -ENODATA)
+			/* As at a close (file_release): nothing left to commit
+			 * makes the staging file the local copy, if it may be. */
+			if (rc == -ENODATA && !local_copy_keep_unchanged(md, i))
 				wstate_drop(md, i);
-			else
+			else if (rc == 0)
 				local_copy_keep(md, i);
 			i->pending = false;
 			if (!probed)
