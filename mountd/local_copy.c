@@ -7,13 +7,15 @@
  * bytes all copies hold, to md->kept_lock (lock order: i->lock, then
  * kept_lock; the eviction, which goes the other way, only try-locks). The
  * kernel's passthrough opens on the copy hold its backing id (i->kept_id)
- * until the last of them closes.
+ * until the last of them closes. A copy holds one reference (nopen) of its
+ * inode, given back when the copy goes.
  *
- * The copy is the committed file only while nothing changed it since the
- * commit of its job: the job is the last one the reconciler committed for
- * the inode (committed_seq) and the committed data has not moved since
- * (layout_gen == committed_gen), the same test a writer's copy-in from that
- * staging file makes. While readers share it nothing can change the file
+ * The copy is the committed file only while nothing changed it since its
+ * content was committed: by its job (the last one the reconciler reported
+ * committed for the inode, committed_seq), or before a close that found
+ * nothing left to commit; and the committed data has not moved since
+ * (layout_gen == kept_gen, taken then), the test a writer's copy-in from a
+ * job's staging file makes. While readers share it nothing can change the file
  * without taking it over first (local_copy_before_change()): every
  * writer's open and every truncate does, and the kernel lets no cached open
  * in meanwhile. A mapping made through the copy outlives its reader's close:
