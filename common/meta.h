@@ -348,6 +348,9 @@ uint64_t meta_reconnects(struct meta *m);
 /* Statements this meta ran, and exchanges with a database server (0 for
  * SQLite, which runs in the process). */
 void meta_counters(struct meta *m, uint64_t *statements, uint64_t *round_trips);
+/* Statements the calling thread ran, in any meta: what one call cost,
+ * without the batch thread's commits that meta_counters also counts. */
+uint64_t meta_thread_statements(void);
 
 /* Frees an unlinked inode (nlink 0) once nothing holds it open: removes it,
  * its slices and xattrs; the slices' objects are recorded for gc. A linked

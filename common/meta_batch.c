@@ -28,6 +28,7 @@
 
 _Thread_local const struct timespec *meta_tl_now;
 _Thread_local int meta_tl_replaying;
+_Thread_local uint64_t meta_tl_statements;
 _Thread_local uint64_t meta_tl_seq;
 
 /* ---- connections ---------------------------------------------------------- */

@@ -145,6 +145,7 @@ typedef int (*txn_fn)(struct conn *c, void *arg);
  * replay with the recorded one, so both come out the same. */
 extern _Thread_local const struct timespec *meta_tl_now;
 extern _Thread_local int meta_tl_replaying; /* meta_batch_run() journals nothing */
+extern _Thread_local uint64_t meta_tl_statements; /* meta_thread_statements() */
 /* The journal seq of the change being made (0: not a journaled one). */
 extern _Thread_local uint64_t meta_tl_seq;
 
@@ -194,6 +195,7 @@ int meta_replay_one(struct meta *m, const struct mj_rec *r);
 static inline int stmt(struct conn *c, enum st id, struct db_stmt **out)
 {
 	atomic_fetch_add_explicit(&c->m->statements, 1, memory_order_relaxed);
+	meta_tl_statements++;
 	return c->drv->stmt(c, id, out);
 }
 

@@ -2740,6 +2740,11 @@ void meta_counters(struct meta *m, uint64_t *statements, uint64_t *round_trips)
 	*round_trips = atomic_load(&m->round_trips);
 }
 
+uint64_t meta_thread_statements(void)
+{
+	return meta_tl_statements;
+}
+
 struct punch_args {
 	uint64_t ino, off, len;
 	struct meta_attr out;
