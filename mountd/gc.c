@@ -202,6 +202,7 @@ static void *gc_main(void *arg)
 		/* A fenced mount's writes all fail: the new holder collects. */
 		if (!atomic_load(&md->lease_fenced))
 			gc_round(md, &k);
+		(void)local_copy_room_check(md, NULL);
 		atomic_fetch_add(&md->stats.gc_rounds, 1);
 		pthread_mutex_lock(&md->gc_lock);
 	}

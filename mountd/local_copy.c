@@ -153,6 +153,22 @@ static void copy_unref_all(struct mountd *md, struct inode **gone, size_t n)
 		inode_unref(md, gone[k], 0, 1);
 }
 
+bool local_copy_room_check(struct mountd *md, struct inode *self)
+{
+	struct inode *gone[EVICT_MAX];
+	size_t ngone = 0;
+
+	if (!staging_room_low(md))
+		return false;
+	/* Writers need the space more: the unread copies go. */
+	pthread_mutex_lock(&md->kept_lock);
+	if (md->kept_oldest)
+		(void)room_make(md, self, md->local_copy_max, gone, &ngone);
+	pthread_mutex_unlock(&md->kept_lock);
+	copy_unref_all(md, gone, ngone);
+	return true;
+}
+
 void local_copy_keep(struct mountd *md, struct inode *i)
 {
 	char name[64];
@@ -165,15 +181,7 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	/* Looked at on every hand-off, not only those that could be kept:
 	 * once space is low, new writers take the daemon path, and theirs
 	 * could never be. */
-	if (staging_room_low(md)) {
-		/* Writers need the space more: the unread copies go too. */
-		struct inode *gone[EVICT_MAX];
-		size_t ngone = 0;
-
-		pthread_mutex_lock(&md->kept_lock);
-		(void)room_make(md, i, md->local_copy_max, gone, &ngone);
-		pthread_mutex_unlock(&md->kept_lock);
-		copy_unref_all(md, gone, ngone);
+	if (local_copy_room_check(md, i)) {
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
 	}

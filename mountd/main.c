@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/statfs.h>
 #include <time.h>
 #include <signal.h>
@@ -84,9 +85,10 @@ static void usage(FILE *f)
 		"passthrough_copy_max=SIZE (default 1g: a write open of a non-empty file up\n"
 		"to this size copies it into a staging file and gets passthrough; larger\n"
 		"files, and 0, take the daemon path);\n"
-		"local_copies=SIZE (default 0: none; staging space kept for the staging files of\n"
-		"passthrough writers' closes once committed, 1 MiB or larger, as local copies\n"
-		"that readers open in passthrough mode and writers take over);\n"
+		"local_copies=SIZE (default: a quarter of the staging filesystem; 0: none;\n"
+		"staging space kept for the staging files of passthrough writers' closes once\n"
+		"committed, 1 MiB or larger, as local copies that readers open in passthrough\n"
+		"mode and writers take over);\n"
 		"attr_timeout=SEC (default 3600: how long the kernel keeps names, absent\n"
 		"names and attributes; this daemon is the volume's only writer and\n"
 		"invalidates what the reconciler's commits change; 1 for a follower);\n"
@@ -327,6 +329,7 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 			continue;
 		}
 		if (strncmp(o, "local_copies=", 13) == 0) {
+			md->local_copy_auto = false;
 			if (size_opt(o + 13, &md->local_copy_max) < 0) {
 				snprintf(err, errlen, "-o %s: local_copies takes a size in bytes "
 					 "(suffix k, m or g), at most 16t", o);
@@ -548,6 +551,12 @@ static int staging_open(struct mountd *md)
 	}
 	md->staging_dirfd = fd;
 	md->max_file_size = staging_max_file_size(fd);
+	if (md->local_copy_auto) {
+		struct statvfs sv;
+
+		md->local_copy_max = fstatvfs(fd, &sv) == 0 ?
+			(uint64_t)sv.f_blocks * sv.f_frsize / LOCAL_COPY_SHARE_DEFAULT : 0;
+	}
 	return 0;
 }
 
@@ -677,7 +686,7 @@ int main(int argc, char **argv)
 	for (int k = 0; k < RC_NOPTS; k++)
 		md->rc_opt[k] = -1; /* the reconciler's own default */
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
-	md->local_copy_max = LOCAL_COPY_MAX_DEFAULT;
+	md->local_copy_auto = true;
 	pthread_mutex_init(&md->kept_lock, NULL);
 	md->wb_mode = WB_AUTO;
 	md->cfg.reopen_timeout_ms = 120000;

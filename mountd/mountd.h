@@ -363,8 +363,15 @@ void broker_link_close(struct mountd *md); /* accepts a mount without a broker *
 /* Whether the staging filesystem is near full (fuse_ops.c; looked at every
  * ROOM_CHECK_NS at most). */
 bool staging_room_low(struct mountd *md);
-#define LOCAL_COPY_MAX_DEFAULT 0 /* off for now: see README */
+/* Without -o local_copies: this share of the staging filesystem's size
+ * (staging_open()). */
+#define LOCAL_COPY_SHARE_DEFAULT 4 /* a quarter */
 #define LOCAL_COPY_MIN (1u << 20) /* smaller files: a spliced READ beats a registration */
+/* When the staging filesystem runs low, removes the unread copies (not
+ * self's, whose lock the caller may hold; NULL: none) and returns true.
+ * Called at every hand-off and every gc round: passthrough writes fill
+ * the staging filesystem without asking the daemon. */
+bool local_copy_room_check(struct mountd *md, struct inode *self);
 /* After a hand-off (rclient_handoff) of the inode's passthrough staging
  * file: keeps it if it is large enough and there is room. Caller holds
  * i->lock. */
@@ -914,8 +921,10 @@ struct mountd {
 	 * path (a copy reads the whole file before the open returns). */
 	uint64_t pt_copy_max;
 	/* -o local_copies: the staging space that local copies (local_copy.c)
-	 * may take; 0: none are kept. */
+	 * may take; 0: none are kept. local_copy_auto: not given, set from
+	 * the staging filesystem's size once it is open. */
 	uint64_t local_copy_max;
+	bool local_copy_auto;
 	pthread_mutex_t kept_lock;
 	struct inode *kept_oldest, *kept_newest; /* guarded by kept_lock */
 	uint64_t kept_bytes;                     /* guarded by kept_lock */

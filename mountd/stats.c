@@ -207,6 +207,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	uint64_t kept = md->kept_bytes;
 	pthread_mutex_unlock(&md->kept_lock);
 	fprintf(f, "local_copy_bytes %llu\n", (unsigned long long)kept);
+	fprintf(f, "local_copy_limit %llu\n", (unsigned long long)md->local_copy_max);
 	fprintf(f, "open_handles %llu\n", (unsigned long long)handle_count(md->handles) +
 						     atomic_load(&st->releasing));
 	fprintf(f, "inodes_cached %zu\n", inode_table_count(md->inodes));

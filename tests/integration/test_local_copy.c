@@ -19,19 +19,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define KiB (1024L)
 #define MiB (1024L * 1024)
 
-/* Local copies are off by default: every mount of this suite turns them on
- * (1g) ahead of the options a test or the run adds, which win. */
+/* The run's own FERRY_IT_MOUNT_OPTIONS, before this suite's. */
+static char run_extra[256];
+
+/* Every mount of this suite keeps copies under a limit of its own (1g, not
+ * a quarter of whatever holds the test's directory), ahead of the options
+ * a test or the run adds, which win. */
 static void local_copy_setup(void)
 {
 	const char *extra = getenv("FERRY_IT_MOUNT_OPTIONS");
 	char opts[512];
 
+	snprintf(run_extra, sizeof(run_extra), "%s", extra ? extra : "");
 	snprintf(opts, sizeof(opts), "local_copies=1g%s%s", extra && *extra ? "," : "",
 		 extra ? extra : "");
 	setenv("FERRY_IT_MOUNT_OPTIONS", opts, 1);
@@ -747,5 +753,54 @@ Test(local_copy, an_unlinked_files_copy_goes)
 	fm_remount_cold();
 	FAILS(open(mp("f"), O_RDONLY), ENOENT);
 	fm_expect_content(mp("g"), data, len);
+	free(data);
+}
+
+/* Without -o local_copies, copies may take a quarter of the staging
+ * filesystem; once that filesystem runs low (a writer outside ferryfs
+ * here, a passthrough writer in life: neither asks the daemon), the next
+ * gc round removes the unread copies, and the file still reads right. */
+Test(local_copy, the_default_limit_is_a_quarter_of_staging_and_low_space_takes_copies)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *data = pattern(len, 0x1a57), *fill;
+	char fs[512];
+	int fd;
+
+	need_passthrough();
+	fm_umount();
+	snprintf(fs, sizeof(fs), "%s", sp("small-staging")); /* sp()'s buffer is reused */
+	cr_assert(mkdir(fs, 0700) == 0);
+	cr_assert(mount("ferry-test-staging", fs, "tmpfs", MS_NOSUID | MS_NODEV,
+			"size=64m,mode=0700") == 0, "tmpfs: %s", strerror(errno));
+	snprintf(fm.staging, sizeof(fm.staging), "%s/staging", fs);
+	fm.staging_min_free = "16";
+	setenv("FERRY_IT_MOUNT_OPTIONS", run_extra, 1);
+	fm_mount();
+	cr_assert_eq(fm_stat("local_copy_limit"), 16 * MiB, "local_copy_limit %llu on 64 MiB",
+		     (unsigned long long)fm_stat("local_copy_limit"));
+	write_new("f", data, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1, "%d copies", kept_files());
+	cr_assert_eq(fm_stat("local_copy_bytes"), len);
+	fd = open_copy("f");
+	expect_fd(fd, data, len, "f through its copy");
+	OK(close(fd));
+	fm_wait_released(0);
+
+	/* 48 MiB more leaves about 12 MiB free, under the 16 MiB asked for. */
+	fill = pattern(48 * MiB, 0xf111);
+	fm_write_file(sp("small-staging/filler"), fill, 48 * MiB);
+	free(fill);
+	for (int k = 0; k < 300 && (kept_files() > 0 || fm_stat("local_copy_bytes") > 0); k++)
+		usleep(100 * 1000);
+	cr_assert_eq(kept_files(), 0, "a low staging filesystem kept %d copies", kept_files());
+	cr_assert_eq(fm_stat("local_copy_bytes"), 0);
+	fm_expect_content(mp("f"), data, len);
+	OK(unlink(sp("small-staging/filler")));
+	fm_umount();
+	OK(umount2(fs, MNT_DETACH));
+	fm.staging[0] = '\0';
+	fm.staging_min_free = NULL;
 	free(data);
 }

@@ -37,6 +37,13 @@
 
 #define MiB (1024 * 1024)
 
+/* These tests count the staging filesystem's space (full, and empty once
+ * drained): no local copies keep any of it. */
+static void staging_mount(void)
+{
+	fm_mount_with("local_copies=0");
+}
+
 static void staging_setup(void)
 {
 	fm_setup_opts(&(struct fm_opts){ .no_mount = true });
@@ -47,7 +54,7 @@ static void staging_setup(void)
 	/* Passthrough even on a nearly full staging file system: the point
 	 * is to fill it in the middle of a write. */
 	fm.staging_min_free = "0";
-	fm_mount();
+	staging_mount();
 }
 
 static void writers_stop(void);
@@ -466,7 +473,7 @@ static void staging_tmpfs_setup(void)
 	cr_assert(mount("ferry-test-staging", fm.staging, "tmpfs", MS_NOSUID | MS_NODEV,
 			"size=256m,mode=0700") == 0, "tmpfs: %s", strerror(errno));
 	fm.staging_min_free = "0";
-	fm_mount();
+	staging_mount();
 }
 
 TestSuite(staging_remount_ro, .init = staging_tmpfs_setup, .fini = staging_teardown,
@@ -542,7 +549,7 @@ static void staging_ext4_setup(void)
 	cr_assert_eq(fm_run(mnt, NULL, NULL, 60), 0, "mount -o loop %s", loop_img);
 	cr_assert(chmod(fm.staging, 0700) == 0);
 	fm.staging_min_free = "0";
-	fm_mount();
+	staging_mount();
 }
 
 /* /sys/fs/ext4/<dev>/trigger_fs_error of the file system at path. */
@@ -580,7 +587,7 @@ static void mount_cold(void)
 	fm.n_cache++;
 	snprintf(fm.cache, sizeof(fm.cache), "%s/cache-%d", fm.dir, fm.n_cache);
 	cr_assert(mkdir(fm.cache, 0700) == 0, "mkdir %s: %s", fm.cache, strerror(errno));
-	fm_mount();
+	staging_mount();
 }
 
 TestSuite(staging_error_ro, .init = staging_ext4_setup, .fini = staging_teardown,
