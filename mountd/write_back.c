@@ -1044,8 +1044,11 @@ static int commit_passthrough(struct mountd *md, struct inode *ino)
 		read_cache_insert(md->cache, key, buf, r->len);
 		nsl++;
 	}
-	if (nsl == 0 && !w->size_changed && size == w->size)
-		goto done; /* nothing changed since the last commit */
+	/* Nothing changed since the last commit; bytes written over with
+	 * the same bytes still moved mtime, which is committed. */
+	if (nsl == 0 && !w->size_changed && size == w->size &&
+	    mtime.tv_sec == w->mtime.tv_sec && mtime.tv_nsec == w->mtime.tv_nsec)
+		goto done;
 	rc = meta_write_commit(md->meta, ino->ino, sl, nsl, size, &mtime, NULL);
 	layout_forget(md, ino);
 	if (rc < 0) {

@@ -1113,3 +1113,43 @@ Test(passthrough, sparse_tebibyte_file_stores_only_its_data)
 	cr_assert_geq(lseek(fd, 128 << 10, SEEK_DATA), T / 4, "SEEK_DATA found data in the first hole");
 	OK(close(fd));
 }
+
+/* Bytes written over with the same bytes change nothing to upload, but the
+ * write moves mtime (as on ext4): through an fsync's commit and through a
+ * close's hand-off alike, and it is still there after a remount. */
+static void rewrite_same_bytes(const char *name, bool fsync_first)
+{
+	const struct timespec old[2] = { { .tv_sec = 1000000000 }, { .tv_sec = 1000000000 } };
+	unsigned char buf[64 * 1024];
+	struct stat st, again;
+	int fd;
+
+	write_pattern(mp("%s", name), 11, 2 * MiB, MiB);
+	OK(utimensat(AT_FDCWD, mp("%s", name), old, 0));
+	fm_wait_committed("the old mtime", 60);
+	fm_wait_released(0);
+	fd = OK(open(mp("%s", name), O_RDWR));
+	fm_pread_all(fd, buf, sizeof(buf), 0);
+	fm_pwrite_all(fd, buf, sizeof(buf), 0);
+	if (fsync_first)
+		OK(fsync(fd));
+	OK(close(fd));
+	fm_wait_committed("the rewrite", 60);
+	OK(stat(mp("%s", name), &st));
+	cr_assert_gt(st.st_mtim.tv_sec, old[1].tv_sec, "%s: mtime stayed %lld after a write",
+		     name, (long long)st.st_mtim.tv_sec);
+	fm_remount_cold();
+	OK(stat(mp("%s", name), &again));
+	cr_assert(again.st_mtim.tv_sec == st.st_mtim.tv_sec &&
+		  again.st_mtim.tv_nsec == st.st_mtim.tv_nsec,
+		  "%s (fsync %d): mtime %lld.%09ld before the remount, %lld.%09ld after", name,
+		  fsync_first, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+		  (long long)again.st_mtim.tv_sec, again.st_mtim.tv_nsec);
+	check_pattern(mp("%s", name), 11, 2 * MiB);
+}
+
+Test(passthrough, rewriting_the_same_bytes_moves_mtime)
+{
+	rewrite_same_bytes("fsynced", true);
+	rewrite_same_bytes("closed", false);
+}
