@@ -49,8 +49,8 @@ static int has_dup_u64(uint64_t *v, size_t n, uint64_t *dup)
 	return 0;
 }
 
-/* Every check of a decoded message; tmp has room for n_handles and
- * n_staged values. */
+/* Every check of a decoded message; tmp and names have room for as many
+ * values as the longest of handles, staged and kept. */
 static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char **names,
 		 char *err, size_t errlen)
 {
@@ -104,7 +104,40 @@ static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char 
 	for (size_t k = 1; k < ho->n_staged; k++)
 		if (strcmp(names[k], names[k - 1]) == 0)
 			return fail(-EBADMSG, err, errlen, "staging file %s given twice", names[k]);
+	/* A local copy: its own name, of an inode with no other copy and no
+	 * write state (a staging file). */
+	if (ho->n_kept > HANDOVER_KEPT_MAX)
+		return fail(-EBADMSG, err, errlen, "%zu local copies", ho->n_kept);
+	for (size_t k = 0; k < ho->n_kept; k++) {
+		const Ferry__Handover__Kept *c = ho->kept[k];
+
+		if (c->ino == 0 || c->size == 0 || !handover_kept_name_valid(c->name))
+			return fail(-EBADMSG, err, errlen, "local copy %zu: inode %llu, %llu bytes, "
+				    "not a local copy's name", k, (unsigned long long)c->ino,
+				    (unsigned long long)c->size);
+		for (size_t j = 0; j < ho->n_staged; j++)
+			if (ho->staged[j]->ino == c->ino)
+				return fail(-EBADMSG, err, errlen, "inode %llu has a staging file and "
+					    "a local copy", (unsigned long long)c->ino);
+		tmp[k] = c->ino;
+		names[k] = c->name;
+	}
+	if (has_dup_u64(tmp, ho->n_kept, &dup))
+		return fail(-EBADMSG, err, errlen, "two local copies of inode %llu",
+			    (unsigned long long)dup);
+	qsort(names, ho->n_kept, sizeof(*names), cmp_str);
+	for (size_t k = 1; k < ho->n_kept; k++)
+		if (strcmp(names[k], names[k - 1]) == 0)
+			return fail(-EBADMSG, err, errlen, "local copy %s given twice", names[k]);
 	return 0;
+}
+
+bool handover_kept_name_valid(const char *name)
+{
+	size_t len = name ? strlen(name) : 0;
+
+	return len > 6 && len < HANDOVER_KEPT_NAME_MAX && strncmp(name, ".kept-", 6) == 0 &&
+	       strchr(name, '/') == NULL;
 }
 
 int handover_blob_decode(const uint8_t *buf, size_t len, Ferry__Handover__Handover **out,
@@ -123,8 +156,9 @@ int handover_blob_decode(const uint8_t *buf, size_t len, Ferry__Handover__Handov
 	if (!ho)
 		return fail(-EBADMSG, err, errlen, "undecodable hand-over (%zu bytes)", len);
 	n = ho->n_handles > ho->n_staged ? ho->n_handles : ho->n_staged;
+	n = n > ho->n_kept ? n : ho->n_kept;
 	tmp = calloc(n + 1, sizeof(*tmp));
-	names = calloc(ho->n_staged + 1, sizeof(*names));
+	names = calloc(n + 1, sizeof(*names));
 	if (!tmp || !names) {
 		rc = fail(-ENOMEM, err, errlen, "out of memory checking the hand-over");
 		goto out;

@@ -4,8 +4,8 @@
  * is used. It reaches the new daemon through the CLI in a memfd: the same
  * user wrote it, but a daemon still refuses what it cannot have sent
  * (an INIT that is not one, handles of an unknown type or given twice,
- * staging names outside the staging directory, a backing id of 0) with a
- * message, rather than acting on it. mountd/handover.c sends and uses it.
+ * staging or local copies' names outside the staging directory, a backing
+ * id of 0) with a message, rather than acting on it. mountd/handover.c sends and uses it.
  *
  * Ownership: a decoded message is the caller's, freed with
  * handover_blob_free().
@@ -28,6 +28,13 @@
  * 64 KiB units). */
 #define HANDOVER_PRINT_BYTES 12u
 #define HANDOVER_PRINTS_MAX (1u << 24)
+
+/* A local copy's name (Kept.name): ".kept-" and at most this long, no
+ * slash. */
+#define HANDOVER_KEPT_NAME_MAX 64u
+/* At most this many local copies go over (the rest are removed). */
+#define HANDOVER_KEPT_MAX 65536u
+bool handover_kept_name_valid(const char *name);
 
 /* Whether buf[0..len) is a FUSE_INIT request whose header says len. */
 bool fuse_init_request_valid(const uint8_t *buf, size_t len);

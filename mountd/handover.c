@@ -296,6 +296,9 @@ int handover_send(struct mountd *md)
 	struct collect_ctx col = { .md = md };
 	Ferry__Handover__Handle **hp = NULL;
 	Ferry__Handover__Staged **sp = NULL;
+	struct local_copy_handed *kept = NULL; /* names owned here */
+	Ferry__Handover__Kept *kmsg = NULL, **kp = NULL;
+	size_t nkept = 0;
 	char *path;
 	uint8_t *buf = NULL;
 	size_t len, n = handle_count(md->handles);
@@ -332,8 +335,12 @@ int handover_send(struct mountd *md)
 	rclient_stop(md); /* jobs in flight commit first */
 	staging_pool_free(md);
 	/* The copies readers share went over as staging files (settle_one);
-	 * the new daemon knows nothing of the others. */
+	 * the current ones go over by name, the rest go. */
+	kept = calloc(HANDOVER_KEPT_MAX, sizeof(*kept));
+	nkept = kept ? local_copy_hand_over(md, kept, HANDOVER_KEPT_MAX) : 0;
 	local_copy_drop_all(md);
+	kp = calloc(nkept + 1, sizeof(*kp));
+	kmsg = calloc(nkept + 1, sizeof(*kmsg));
 	col.h = calloc(n + 1, sizeof(*col.h));
 	col.s = calloc(n + 1, sizeof(*col.s));
 	col.names = calloc(n + 1, sizeof(*col.names));
@@ -341,8 +348,17 @@ int handover_send(struct mountd *md)
 	hp = calloc(n + 1, sizeof(*hp));
 	sp = calloc(n + 1, sizeof(*sp));
 	rc = -ENOMEM;
-	if (!col.h || !col.s || !col.names || !col.prints || !hp || !sp)
+	if (!col.h || !col.s || !col.names || !col.prints || !hp || !sp || !kp || !kmsg)
 		goto out;
+	for (size_t k = 0; k < nkept; k++) {
+		ferry__handover__kept__init(&kmsg[k]);
+		kmsg[k].ino = kept[k].ino;
+		kmsg[k].name = kept[k].name;
+		kmsg[k].size = kept[k].size;
+		kp[k] = &kmsg[k];
+	}
+	msg.n_kept = nkept;
+	msg.kept = kp;
 	handle_table_each(md->handles, collect_one, &col);
 	for (size_t k = 0; k < col.nh; k++)
 		hp[k] = &col.h[k];
@@ -365,8 +381,8 @@ int handover_send(struct mountd *md)
 	rc = rpc_frame_send(sock, buf, len, &fd, 1);
 	if (rc < 0)
 		goto out;
-	log_info("handed the mount over: %zu open handles, %zu passthrough staging files", col.nh,
-		 col.ns);
+	log_info("handed the mount over: %zu open handles, %zu passthrough staging files, %zu "
+		 "local copies", col.nh, col.ns, nkept);
 	if (md->cfg.foreground) {
 		rc = reexec_wait(md, sock);
 		goto out; /* failed: reexec() returns only then */
@@ -390,6 +406,13 @@ out:
 	free(col.s);
 	free(hp);
 	free(sp);
+	/* A copy the new daemon did not get is removed by its sweep (the
+	 * pid in its name is dead, or its own after a re-exec). */
+	for (size_t k = 0; k < nkept; k++)
+		free(kept[k].name);
+	free(kept);
+	free(kp);
+	free(kmsg);
 	free(buf);
 	close(sock);
 	free(path);
@@ -455,6 +478,9 @@ bool handover_names(struct mountd *md, const char *name)
 {
 	for (size_t k = 0; md->ho && k < md->ho->n_staged; k++)
 		if (strcmp(md->ho->staged[k]->name, name) == 0)
+			return true;
+	for (size_t k = 0; md->ho && k < md->ho->n_kept; k++)
+		if (strcmp(md->ho->kept[k]->name, name) == 0)
 			return true;
 	return false;
 }
@@ -608,9 +634,13 @@ int handover_restore(struct mountd *md)
 		    meta_getattr(md->meta, ho->handles[k]->ino, &a) == 0 && a.nlink == 0)
 			inode_mark_unlinked(md, ho->handles[k]->ino);
 	}
+	/* After the handles: a copy whose inode has a write state now (a
+	 * reader's open that went over as one) is not kept. */
+	for (size_t k = 0; rc == 0 && k < ho->n_kept; k++)
+		local_copy_adopt(md, ho->kept[k]->ino, ho->kept[k]->name, ho->kept[k]->size);
 	if (rc == 0)
-		log_info("took the mount over: %zu open handles, %zu passthrough staging files",
-			 ho->n_handles, ho->n_staged);
+		log_info("took the mount over: %zu open handles, %zu passthrough staging files, %zu "
+			 "local copies", ho->n_handles, ho->n_staged, ho->n_kept);
 out:
 	for (size_t k = 0; k < n; k++)
 		mountd_handle_free(md, types[k], objs[k]);

@@ -27,10 +27,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "mountd.h"
+
+/* The last part of copies' names: unique among this daemon's. */
+static _Atomic uint64_t serial;
 
 /* Caller holds md->kept_lock. */
 static void order_unlink(struct mountd *md, struct inode *i)
@@ -172,7 +176,6 @@ bool local_copy_room_check(struct mountd *md, struct inode *self)
 void local_copy_keep(struct mountd *md, struct inode *i)
 {
 	char name[64];
-	static _Atomic uint64_t serial;
 	bool room;
 
 	local_copy_drop(md, i); /* a new job: the old copy is not the file any more */
@@ -235,7 +238,6 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	struct wstate *w = i->w;
 	const char *from = w ? strrchr(w->path, '/') + 1 : NULL;
 	char name[64];
-	static _Atomic uint64_t serial;
 	uint64_t size;
 	bool room;
 
@@ -504,4 +506,106 @@ void local_copy_drop_all(struct mountd *md)
 		pthread_mutex_unlock(&md->kept_lock);
 		copy_unref_all(md, gone, ngone);
 	} while (ngone == EVICT_MAX);
+}
+
+size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max)
+{
+	struct inode *v, *next, *gone[EVICT_MAX];
+	size_t n = 0, ngone;
+
+	do {
+		ngone = 0;
+		pthread_mutex_lock(&md->kept_lock);
+		for (v = md->kept_oldest; v && ngone < EVICT_MAX && n < max; v = next) {
+			next = v->knext;
+			if (pthread_mutex_trylock(&v->lock) != 0)
+				continue;
+			if (v->nkept == 0 && v->kept_name && copy_state(md, v) == COPY_CURRENT) {
+				/* The record goes, the file stays: the name is out's. */
+				out[n] = (struct local_copy_handed){ .ino = v->ino, .name = v->kept_name,
+								     .size = v->kept_size };
+				n++;
+				order_unlink(md, v);
+				md->kept_bytes -= v->kept_size;
+				v->kept_name = NULL;
+				v->kept_seq = v->kept_size = 0;
+				v->kept_shared = v->kept_committed = false;
+				gone[ngone++] = v;
+			}
+			pthread_mutex_unlock(&v->lock);
+		}
+		pthread_mutex_unlock(&md->kept_lock);
+		copy_unref_all(md, gone, ngone);
+	} while (ngone == EVICT_MAX && n < max);
+	return n;
+}
+
+void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size)
+{
+	struct inode *i, *gone[EVICT_MAX];
+	struct meta_attr a;
+	struct stat st;
+	size_t ngone = 0;
+	char mine[64];
+	bool room = false;
+
+	/* The file must still be what was sent, and of the file as the
+	 * volume has it; this daemon's limits apply. */
+	if (fstatat(md->staging_dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return; /* gone: nothing to keep or remove */
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size || size < LOCAL_COPY_MIN ||
+	    !md->local_copy_max || meta_getattr(md->meta, ino, &a) < 0 || a.nlink == 0 ||
+	    a.size != size || !S_ISREG(a.mode))
+		goto drop;
+	i = inode_ref(md, ino, 0, 1); /* the copy's, kept if it is */
+	if (!i)
+		goto drop;
+	pthread_mutex_lock(&i->lock);
+	if (i->kept_name || i->w || i->inflight_seq) {
+		pthread_mutex_unlock(&i->lock);
+		inode_unref(md, i, 0, 1);
+		goto drop;
+	}
+	pthread_mutex_lock(&md->kept_lock);
+	room = room_make(md, i, size, gone, &ngone);
+	if (room)
+		md->kept_bytes += size;
+	pthread_mutex_unlock(&md->kept_lock);
+	/* Renamed as this daemon's: its own names cannot meet it (after a
+	 * re-exec the pid is the same, the serial starts again). */
+	snprintf(mine, sizeof(mine), ".kept-%d-%llu-h%llu", (int)md->pid, (unsigned long long)ino,
+		 (unsigned long long)atomic_fetch_add(&serial, 1));
+	if (room && (renameat(md->staging_dirfd, name, md->staging_dirfd, mine) < 0 ||
+		     !(i->kept_name = strdup(mine)))) {
+		log_warn("cannot keep local copy %s", name);
+		if (faccessat(md->staging_dirfd, mine, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+			(void)renameat(md->staging_dirfd, mine, md->staging_dirfd, name);
+		pthread_mutex_lock(&md->kept_lock);
+		md->kept_bytes -= size;
+		pthread_mutex_unlock(&md->kept_lock);
+		room = false;
+	}
+	if (room) {
+		i->kept_seq = 0;
+		i->kept_size = size;
+		i->kept_committed = true;
+		/* A reader of the old daemon may have mapped it: probed. */
+		i->kept_shared = true;
+		pthread_mutex_lock(&i->layout_lock);
+		i->kept_gen = i->layout_gen;
+		pthread_mutex_unlock(&i->layout_lock);
+		pthread_mutex_lock(&md->kept_lock);
+		order_append(md, i);
+		pthread_mutex_unlock(&md->kept_lock);
+		atomic_fetch_add(&md->stats.local_copies_handed_over, 1);
+	}
+	pthread_mutex_unlock(&i->lock);
+	copy_unref_all(md, gone, ngone);
+	if (room)
+		return;
+	inode_unref(md, i, 0, 1);
+drop:
+	if (unlinkat(md->staging_dirfd, name, 0) < 0 && errno != ENOENT)
+		log_warn("cannot remove local copy %s", name);
+	atomic_fetch_add(&md->stats.local_copies_dropped, 1);
 }

@@ -84,6 +84,7 @@ struct stats {
 	 * dropped (stale, evicted, forgotten) and not made (no room). */
 	_Atomic uint64_t local_copy_opens, local_copy_takeovers;
 	_Atomic uint64_t local_copies_made, local_copies_dropped, local_copies_skipped;
+	_Atomic uint64_t local_copies_handed_over; /* taken from the daemon before (upgrade) */
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
 	_Atomic uint64_t reconciler_restarts;
@@ -358,8 +359,9 @@ void broker_link_close(struct mountd *md); /* accepts a mount without a broker *
  * -o local_copies: readers open it in passthrough mode (the kernel reads it
  * with no upcall), and a writer takes it over as its staging file instead
  * of copying the file in. A copy holds a reference of its inode, so it
- * outlives the kernel's FORGET; it goes with the last link. Copies are
- * never kept across runs. */
+ * outlives the kernel's FORGET; it goes with the last link. Copies outlive
+ * a daemon only through a hand-over (`ferry mount --upgrade`), never a
+ * crash or an unmount. */
 /* Whether the staging filesystem is near full (fuse_ops.c; looked at every
  * ROOM_CHECK_NS at most). */
 bool staging_room_low(struct mountd *md);
@@ -367,6 +369,20 @@ bool staging_room_low(struct mountd *md);
  * (staging_open()). */
 #define LOCAL_COPY_SHARE_DEFAULT 4 /* a quarter */
 #define LOCAL_COPY_MIN (1u << 20) /* smaller files: a spliced READ beats a registration */
+/* At `ferry mount --upgrade`, once the mount is the new daemon's: the
+ * current copies no reader holds go to out (at most max; each name is
+ * out's, to free), their records here go and their files stay. Returns
+ * how many. */
+struct local_copy_handed {
+	uint64_t ino;
+	char *name;
+	uint64_t size;
+};
+size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max);
+/* The new daemon's side: keeps the copy name (as sent, checked) of inode
+ * ino if the file and the volume still agree on its size and there is
+ * room; otherwise removes it. */
+void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size);
 /* When the staging filesystem runs low, removes the unread copies (not
  * self's, whose lock the caller may hold; NULL: none) and returns true.
  * Called at every hand-off and every gc round: passthrough writes fill

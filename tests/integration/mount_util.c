@@ -1469,3 +1469,16 @@ int fm_staging_files_of(uint64_t ino)
 {
 	return fm_staging_each(ino, NULL, NULL);
 }
+
+void fm_upgrade(void)
+{
+	const char *argv[] = { fm_bin("ferry"), "mount", "--upgrade", fm.mnt, NULL };
+	int rc = fm_run(argv, sp("upgrade.out"), sp("upgrade.err"), 120);
+	char *err = fm_slurp(sp("upgrade.err")), *out = fm_slurp(sp("upgrade.out"));
+
+	cr_assert_eq(rc, 0, "ferry mount --upgrade: exit %d: %s", rc, err ? err : "");
+	cr_assert(out && strstr(out, "handed over to pid"), "no report: %s", out ? out : "");
+	cr_log_info("%s", out);
+	free(err);
+	free(out);
+}

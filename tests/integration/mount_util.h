@@ -108,6 +108,8 @@ void fm_remount(void);
  * empty --cache-dir: every byte read afterwards comes from the object
  * store and the metadata DB. */
 void fm_remount_cold(void);
+/* ferry mount --upgrade of the mount, which must report the hand-over. */
+void fm_upgrade(void);
 /* SIGKILL the fixture's ferry-mountd, wait until it is gone and lazily
  * unmount the dead mount (for crash-durability tests). */
 void fm_crash(void);

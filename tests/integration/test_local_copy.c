@@ -446,7 +446,9 @@ Test(local_copy, a_write_into_a_taken_over_copy_survives_the_daemons)
 /* A shared mapping made through the copy outlives its reader's close (the
  * kernel maps the copy itself): a later change must still reach it, as on
  * a local file system, so it goes through the copy. how: 0 an O_TRUNC
- * writer, 1 truncate() by path and then a writer. */
+ * writer, 1 truncate() by path and then a writer, 2 `ferry mount
+ * --upgrade` (the copy goes over to the new daemon) and then an O_TRUNC
+ * writer. */
 static void mapping_sees_change(int how)
 {
 	const size_t len = 2 * MiB;
@@ -465,7 +467,11 @@ static void mapping_sees_change(int how)
 	cr_assert(memcmp(m, data, len) == 0, "the mapping does not show the file");
 	if (how == 1)
 		OK(truncate(mp("f"), 0));
-	fd = OK(open(mp("f"), O_WRONLY | (how == 0 ? O_TRUNC : 0)));
+	if (how == 2) {
+		fm_upgrade();
+		cr_assert_eq(fm_stat("local_copies_handed_over"), 1);
+	}
+	fd = OK(open(mp("f"), O_WRONLY | (how != 1 ? O_TRUNC : 0)));
 	fm_pwrite_all(fd, next, len, 0);
 	OK(close(fd));
 	cr_assert(memcmp(m, next, len) == 0, "the mapping still shows the file before the change");
@@ -485,6 +491,63 @@ Test(local_copy, a_mapping_of_the_copy_sees_an_o_trunc_writer)
 Test(local_copy, a_mapping_of_the_copy_sees_a_truncate_and_a_writer)
 {
 	mapping_sees_change(1);
+}
+
+Test(local_copy, a_mapping_of_the_copy_sees_a_writer_after_an_upgrade)
+{
+	mapping_sees_change(2);
+}
+
+/* Copies nobody reads go over `ferry mount --upgrade`: the new daemon's
+ * readers get them (no READ reaches it), its writers take them over (no
+ * copy-in), and a copy made stale meanwhile is not one of them. */
+Test(local_copy, copies_go_over_an_upgrade)
+{
+	const size_t len = 3 * MiB;
+	unsigned char *a = pattern(len, 0xa1), *b = pattern(len, 0xb1), *c = pattern(len, 0xc1);
+	uint64_t reads, per_stats, ups;
+	int fd;
+
+	need_passthrough();
+	write_new("a", a, len);
+	write_new("b", b, len);
+	write_new("c", c, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 3, "%d copies", kept_files());
+	OK(truncate(mp("c"), len / 2)); /* c's copy is not the file any more */
+	fm_wait_released(0);
+	fm_upgrade();
+	cr_assert_eq(fm_stat("local_copies_handed_over"), 2, "%llu copies went over",
+		     (unsigned long long)fm_stat("local_copies_handed_over"));
+	cr_assert_eq(fm_stat("local_copy_bytes"), 2 * len);
+	cr_assert_eq(kept_files(), 2, "%d copies after the upgrade", kept_files());
+
+	fd = open_copy("a");
+	/* What a read of .stats costs in READs, then what a's costs. */
+	reads = fm_stat("fuse_requests_read");
+	per_stats = fm_stat("fuse_requests_read") - reads;
+	reads = fm_stat("fuse_requests_read");
+	expect_fd(fd, a, len, "a after the upgrade");
+	reads = fm_stat("fuse_requests_read") - reads;
+	cr_assert_leq(reads, per_stats, "%llu READs reached the new daemon (a .stats read makes "
+		      "%llu)", (unsigned long long)reads, (unsigned long long)per_stats);
+	OK(close(fd));
+	ups = fm_stat("copy_ups");
+	fd = OK(open(mp("b"), O_WRONLY));
+	fm_pwrite_all(fd, "changed", 7, len - 7);
+	OK(close(fd));
+	cr_assert_eq(fm_stat("copy_ups"), ups, "b was copied in, not taken over");
+	cr_assert_eq(fm_stat("local_copy_takeovers"), 1);
+	memcpy(b + len - 7, "changed", 7);
+	fm_expect_content(mp("c"), c, len / 2);
+	drain(0);
+	fm_remount_cold();
+	fm_expect_content(mp("a"), a, len);
+	fm_expect_content(mp("b"), b, len);
+	fm_expect_content(mp("c"), c, len / 2);
+	free(a);
+	free(b);
+	free(c);
 }
 
 /* An O_TRUNC writer takes over a copy a reader shares, then the file grows

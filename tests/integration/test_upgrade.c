@@ -24,19 +24,6 @@
 
 TestSuite(upgrade, .init = fm_setup, .fini = fm_teardown, .timeout = 240);
 
-static void upgrade(void)
-{
-	const char *argv[] = { fm_bin("ferry"), "mount", "--upgrade", fm.mnt, NULL };
-	int rc = fm_run(argv, sp("upgrade.out"), sp("upgrade.err"), 120);
-	char *err = fm_slurp(sp("upgrade.err")), *out = fm_slurp(sp("upgrade.out"));
-
-	cr_assert_eq(rc, 0, "ferry mount --upgrade: exit %d: %s", rc, err ? err : "");
-	cr_assert(out && strstr(out, "handed over to pid"), "no report: %s", out ? out : "");
-	cr_log_info("%s", out);
-	free(err);
-	free(out);
-}
-
 static pid_t mountd_pid(void)
 {
 	return (pid_t)fm_stat("pid");
@@ -74,7 +61,7 @@ Test(upgrade, handles_of_every_kind_go_on)
 	int stats = open(mp(".stats"), O_RDONLY);
 	cr_assert_geq(stats, 0);
 
-	upgrade();
+	fm_upgrade();
 	cr_assert_neq(mountd_pid(), before, "a new ferry-mountd serves");
 
 	/* The listing goes on where it was. */
@@ -111,7 +98,7 @@ Test(upgrade, a_second_upgrade_meanwhile_is_refused)
 	cr_assert(err && strstr(err, "is running"), "%s", err ? err : "");
 	free(err);
 	cr_assert_eq(close(ctl), 0);
-	upgrade();
+	fm_upgrade();
 }
 
 /* A file opened for writing before the upgrade and closed after it: its
@@ -139,7 +126,7 @@ Test(upgrade, a_writer_across_it_uploads_only_what_changed)
 		return;
 	}
 	cr_assert_eq(pwrite(fd, "before", 6, 100), 6);
-	upgrade();
+	fm_upgrade();
 	/* A new reconciler: its counter starts at 0. */
 	up = fm_stat("reconcile_upload_bytes_total");
 	cr_assert_eq(pwrite(fd, "after", 5, 5u << 20), 5);
@@ -222,14 +209,14 @@ Test(upgrade, a_foreground_daemon_keeps_its_pid)
 	int fd = open(mp("held"), O_CREAT | O_RDWR, 0644);
 	cr_assert_geq(fd, 0);
 	fm_pwrite_all(fd, data, 10, 0);
-	upgrade();
+	fm_upgrade();
 	cr_assert_eq(mountd_pid(), child, "the same process serves");
 	cr_assert_eq(waitpid(child, &status, WNOHANG), 0, "the parent's child did not exit");
 	fm_pwrite_all(fd, data + 10, sizeof(data) - 10, 10);
 	fm_pread_all(fd, buf, sizeof(data), 0);
 	cr_assert_str_eq(buf, data);
 	cr_assert_eq(close(fd), 0);
-	upgrade(); /* and again, from the re-executed one */
+	fm_upgrade(); /* and again, from the re-executed one */
 	cr_assert_eq(mountd_pid(), child);
 
 	fm_umount();

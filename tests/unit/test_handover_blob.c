@@ -16,12 +16,13 @@ struct sample {
 	uint8_t init[sizeof(struct fuse_in_header) + 64];
 	Ferry__Handover__Handle h[3], *hp[3];
 	Ferry__Handover__Staged s[2], *sp[2];
+	Ferry__Handover__Kept c[2], *cp[2];
 	uint8_t prints[2 * HANDOVER_PRINT_BYTES];
 	Ferry__Handover__Handover msg;
 };
 
-/* A mount with a directory handle, a .control handle and two passthrough
- * writers of two files. */
+/* A mount with a directory handle, a .control handle, two passthrough
+ * writers of two files and local copies of two others. */
 static void sample(struct sample *x)
 {
 	struct fuse_in_header hdr = { .len = sizeof(x->init), .opcode = FUSE_INIT, .unique = 2 };
@@ -51,6 +52,13 @@ static void sample(struct sample *x)
 		x->s[k].prints.len = k == 1 ? sizeof(x->prints) : 0;
 		x->sp[k] = &x->s[k];
 	}
+	for (int k = 0; k < 2; k++) {
+		ferry__handover__kept__init(&x->c[k]);
+		x->c[k].ino = 5 + (uint64_t)k;
+		x->c[k].name = k ? ".kept-41-6-u3" : ".kept-41-5-2";
+		x->c[k].size = 1 << 20;
+		x->cp[k] = &x->c[k];
+	}
 	ferry__handover__handover__init(&x->msg);
 	x->msg.version = HANDOVER_VERSION;
 	x->msg.init.data = x->init;
@@ -59,6 +67,8 @@ static void sample(struct sample *x)
 	x->msg.handles = x->hp;
 	x->msg.n_staged = 2;
 	x->msg.staged = x->sp;
+	x->msg.n_kept = 2;
+	x->msg.kept = x->cp;
 }
 
 /* Packs x and decodes it: the decoder's result, its message in err. */
@@ -91,6 +101,10 @@ Test(handover_blob, what_a_daemon_sends_comes_back)
 	cr_assert_str_eq(ho->staged[1]->name, "4-77-88-1-s9.p");
 	cr_assert_eq(ho->staged[1]->prints.len, 2 * HANDOVER_PRINT_BYTES);
 	cr_assert_eq(ho->init.len, sizeof(x.init));
+	cr_assert_eq(ho->n_kept, 2);
+	cr_assert_str_eq(ho->kept[1]->name, ".kept-41-6-u3");
+	cr_assert_eq(ho->kept[1]->ino, 6);
+	cr_assert_eq(ho->kept[1]->size, 1 << 20);
 	handover_blob_free(ho);
 }
 
@@ -131,6 +145,16 @@ static void name_twice(struct sample *x) { x->s[1].name = x->s[0].name; }
 static void ino_twice(struct sample *x) { x->s[1].ino = x->s[0].ino; }
 static void backing_zero(struct sample *x) { x->s[1].backing_id = 0; }
 static void nsec_big(struct sample *x) { x->s[0].mtime_nsec = 1000000000u; }
+static void kept_escapes(struct sample *x) { x->c[0].name = ".kept-/../../meta.db"; }
+static void kept_not_kept(struct sample *x) { x->c[0].name = "3-77-88-1-s8.p"; }
+static void kept_long(struct sample *x)
+{
+	x->c[0].name = ".kept-4100000000000000000000000000000000000000000000000000000000000000";
+}
+static void kept_twice(struct sample *x) { x->c[1].ino = x->c[0].ino; }
+static void kept_name_twice(struct sample *x) { x->c[1].name = x->c[0].name; }
+static void kept_and_staged(struct sample *x) { x->c[0].ino = x->s[1].ino; }
+static void kept_empty(struct sample *x) { x->c[1].size = 0; }
 static void prints_ragged(struct sample *x)
 {
 	static const uint8_t p[HANDOVER_PRINT_BYTES + 5];
@@ -157,6 +181,13 @@ Test(handover_blob, what_no_daemon_sends_is_refused)
 	refused(backing_zero, -EBADMSG, "backing id 0");
 	refused(nsec_big, -EBADMSG, "nanoseconds");
 	refused(prints_ragged, -EBADMSG, "fingerprints");
+	refused(kept_escapes, -EBADMSG, "local copy's name");
+	refused(kept_not_kept, -EBADMSG, "local copy's name");
+	refused(kept_long, -EBADMSG, "local copy's name");
+	refused(kept_twice, -EBADMSG, "two local copies");
+	refused(kept_name_twice, -EBADMSG, "given twice");
+	refused(kept_and_staged, -EBADMSG, "a staging file and a local copy");
+	refused(kept_empty, -EBADMSG, "0 bytes");
 }
 
 Test(handover_blob, bytes_that_are_no_state_are_refused)
