@@ -15,18 +15,24 @@
 # lets it run (it keeps an fd per inode): what FUSE itself costs here.
 #
 #   tests/bench/namespace_scale.sh [--files N] [--workdir DIR] [--build-dir DIR]
+#                                  [--io-uring]
+#
+# --io-uring serves ferryfs (-o io_uring=on) and passthrough_hp (-o io_uring)
+# over FUSE-over-io_uring: the fuse module's enable_uring parameter is set
+# for the run and put back after.
 #
 # Needs root (loop mount, FUSE mount, drop_caches).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
-files=100000 workdir=/var/tmp build=$top/build
+files=100000 workdir=/var/tmp build=$top/build uring=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --files) files=${2:?}; shift ;;
     --workdir) workdir=${2:?}; shift ;;
     --build-dir) build=${2:?}; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --io-uring) uring=1 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "namespace_scale.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -35,9 +41,21 @@ done
 ferry=$build/bin/ferry
 [[ -x $ferry ]] || { echo "namespace_scale.sh: no $ferry (build first)" >&2; exit 2; }
 
+param=/sys/module/fuse/parameters/enable_uring
+ferry_opts=() pthp_opts=() over="/dev/fuse"
+if (( uring )); then
+  [[ -w $param ]] || { echo "namespace_scale.sh: no $param: this kernel has no FUSE-over-io_uring" >&2; exit 2; }
+  ferry_opts=(-o io_uring=on) pthp_opts=(-o io_uring) over="io_uring"
+fi
+
 # shellcheck source=tests/bench/loop_image.sh
 . "$top/tests/bench/loop_image.sh"
 loop_image "$workdir" ferry-nsscale "$files"
+if (( uring )); then
+  param_was=$(cat "$param")
+  trap 'rc=$?; echo "$param_was" > "$param"; (exit $rc); loop_image_cleanup' EXIT
+  echo Y > "$param"
+fi
 
 now() { date +%s.%N; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
@@ -67,7 +85,7 @@ phase() { # target name command...
 }
 ls_l() { ls -l "$1" > /dev/null; }
 
-echo "namespace scale: $files empty files in one directory; ext4 on a fresh loop image ($img)"
+echo "namespace scale: $files empty files in one directory; ext4 on a fresh loop image ($img); FUSE over $over"
 echo "kernel $(uname -r), $(nproc) CPUs, commit $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
 
 drop
@@ -92,7 +110,7 @@ fi
 mnt_pthp() {
   mkdir -p "$scratch/pthp-src"
   (ulimit -Hn "$pthp_fds" && ulimit -n "$pthp_fds"
-   exec "$pthp" --foreground "$scratch/pthp-src" "$mnt" >"$root/pthp.log" 2>&1) &
+   exec "$pthp" --foreground "${pthp_opts[@]}" "$scratch/pthp-src" "$mnt" >"$root/pthp.log" 2>&1) &
   for _ in $(seq 100); do mountpoint -q "$mnt" && return 0; sleep 0.05; done
   echo "namespace_scale.sh: passthrough_hp did not mount (see $root/pthp.log)" >&2
   return 1
@@ -112,7 +130,7 @@ fi
 
 "$ferry" format --storage "file://$scratch/objs" "$scratch/vol" >/dev/null
 mnt_ferry() { "$ferry" mount --staging-dir "$scratch/staging" --cache-dir "$scratch/cache" \
-  "$scratch/vol" "$mnt" >/dev/null; }
+  "${ferry_opts[@]}" "$scratch/vol" "$mnt" >/dev/null; }
 mnt_ferry
 drop
 phase ferryfs create create "$mnt/d" "$files"
