@@ -49,8 +49,8 @@ static int has_dup_u64(uint64_t *v, size_t n, uint64_t *dup)
 	return 0;
 }
 
-/* Every check of a decoded message; tmp and names have room for as many
- * values as the longest of handles, staged and kept. */
+/* Every check of a decoded message; tmp has room for n_handles values and
+ * for n_staged + n_kept, names for as many. */
 static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char **names,
 		 char *err, size_t errlen)
 {
@@ -105,7 +105,8 @@ static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char 
 		if (strcmp(names[k], names[k - 1]) == 0)
 			return fail(-EBADMSG, err, errlen, "staging file %s given twice", names[k]);
 	/* A local copy: its own name, of an inode with no other copy and no
-	 * write state (a staging file). */
+	 * write state (a staging file). tmp[0..n_staged) holds the staged
+	 * inodes, sorted above; the copies' go after them. */
 	if (ho->n_kept > HANDOVER_KEPT_MAX)
 		return fail(-EBADMSG, err, errlen, "%zu local copies", ho->n_kept);
 	for (size_t k = 0; k < ho->n_kept; k++) {
@@ -115,14 +116,16 @@ static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char 
 			return fail(-EBADMSG, err, errlen, "local copy %zu: inode %llu, %llu bytes, "
 				    "not a local copy's name", k, (unsigned long long)c->ino,
 				    (unsigned long long)c->size);
-		for (size_t j = 0; j < ho->n_staged; j++)
-			if (ho->staged[j]->ino == c->ino)
-				return fail(-EBADMSG, err, errlen, "inode %llu has a staging file and "
-					    "a local copy", (unsigned long long)c->ino);
-		tmp[k] = c->ino;
+		if (c->ctime_nsec >= 1000000000u)
+			return fail(-EBADMSG, err, errlen, "local copy %zu: ctime nanoseconds %u", k,
+				    c->ctime_nsec);
+		if (bsearch(&c->ino, tmp, ho->n_staged, sizeof(*tmp), cmp_u64))
+			return fail(-EBADMSG, err, errlen, "inode %llu has a staging file and "
+				    "a local copy", (unsigned long long)c->ino);
+		tmp[ho->n_staged + k] = c->ino;
 		names[k] = c->name;
 	}
-	if (has_dup_u64(tmp, ho->n_kept, &dup))
+	if (has_dup_u64(tmp + ho->n_staged, ho->n_kept, &dup))
 		return fail(-EBADMSG, err, errlen, "two local copies of inode %llu",
 			    (unsigned long long)dup);
 	qsort(names, ho->n_kept, sizeof(*names), cmp_str);
@@ -155,8 +158,12 @@ int handover_blob_decode(const uint8_t *buf, size_t len, Ferry__Handover__Handov
 	ho = ferry__handover__handover__unpack(NULL, len, buf);
 	if (!ho)
 		return fail(-EBADMSG, err, errlen, "undecodable hand-over (%zu bytes)", len);
-	n = ho->n_handles > ho->n_staged ? ho->n_handles : ho->n_staged;
-	n = n > ho->n_kept ? n : ho->n_kept;
+	/* Bounded before anything is sized by it. */
+	if (ho->n_kept > HANDOVER_KEPT_MAX) {
+		rc = fail(-EBADMSG, err, errlen, "%zu local copies", ho->n_kept);
+		goto out;
+	}
+	n = ho->n_handles > ho->n_staged + ho->n_kept ? ho->n_handles : ho->n_staged + ho->n_kept;
 	tmp = calloc(n + 1, sizeof(*tmp));
 	names = calloc(n + 1, sizeof(*names));
 	if (!tmp || !names) {

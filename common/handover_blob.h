@@ -32,8 +32,9 @@
 /* A local copy's name (Kept.name): ".kept-" and at most this long, no
  * slash. */
 #define HANDOVER_KEPT_NAME_MAX 64u
-/* At most this many local copies go over (the rest are removed). */
-#define HANDOVER_KEPT_MAX 65536u
+/* At most this many local copies go over (the rest are removed): each
+ * costs a metadata read on both sides while the mount is paused. */
+#define HANDOVER_KEPT_MAX 1024u
 bool handover_kept_name_valid(const char *name);
 
 /* Whether buf[0..len) is a FUSE_INIT request whose header says len. */

@@ -350,14 +350,21 @@ int handover_send(struct mountd *md)
 	rc = -ENOMEM;
 	if (!col.h || !col.s || !col.names || !col.prints || !hp || !sp || !kp || !kmsg)
 		goto out;
+	size_t nsent = 0;
+
 	for (size_t k = 0; k < nkept; k++) {
-		ferry__handover__kept__init(&kmsg[k]);
-		kmsg[k].ino = kept[k].ino;
-		kmsg[k].name = kept[k].name;
-		kmsg[k].size = kept[k].size;
-		kp[k] = &kmsg[k];
+		if (kept[k].size == 0)
+			continue;
+		ferry__handover__kept__init(&kmsg[nsent]);
+		kmsg[nsent].ino = kept[k].ino;
+		kmsg[nsent].name = kept[k].name;
+		kmsg[nsent].size = kept[k].size;
+		kmsg[nsent].ctime_sec = kept[k].ctime.tv_sec;
+		kmsg[nsent].ctime_nsec = (uint32_t)kept[k].ctime.tv_nsec;
+		kp[nsent] = &kmsg[nsent];
+		nsent++;
 	}
-	msg.n_kept = nkept;
+	msg.n_kept = nsent;
 	msg.kept = kp;
 	handle_table_each(md->handles, collect_one, &col);
 	for (size_t k = 0; k < col.nh; k++)
@@ -382,7 +389,7 @@ int handover_send(struct mountd *md)
 	if (rc < 0)
 		goto out;
 	log_info("handed the mount over: %zu open handles, %zu passthrough staging files, %zu "
-		 "local copies", col.nh, col.ns, nkept);
+		 "local copies", col.nh, col.ns, msg.n_kept);
 	if (md->cfg.foreground) {
 		rc = reexec_wait(md, sock);
 		goto out; /* failed: reexec() returns only then */
@@ -474,15 +481,20 @@ usage:
 	return -EINVAL;
 }
 
+bool handover_kept_names(struct mountd *md, const char *name)
+{
+	for (size_t k = 0; md->ho && k < md->ho->n_kept; k++)
+		if (strcmp(md->ho->kept[k]->name, name) == 0)
+			return true;
+	return false;
+}
+
 bool handover_names(struct mountd *md, const char *name)
 {
 	for (size_t k = 0; md->ho && k < md->ho->n_staged; k++)
 		if (strcmp(md->ho->staged[k]->name, name) == 0)
 			return true;
-	for (size_t k = 0; md->ho && k < md->ho->n_kept; k++)
-		if (strcmp(md->ho->kept[k]->name, name) == 0)
-			return true;
-	return false;
+	return handover_kept_names(md, name);
 }
 
 int handover_serve(struct mountd *md, char *err, size_t errlen)
@@ -637,7 +649,9 @@ int handover_restore(struct mountd *md)
 	/* After the handles: a copy whose inode has a write state now (a
 	 * reader's open that went over as one) is not kept. */
 	for (size_t k = 0; rc == 0 && k < ho->n_kept; k++)
-		local_copy_adopt(md, ho->kept[k]->ino, ho->kept[k]->name, ho->kept[k]->size);
+		local_copy_adopt(md, ho->kept[k]->ino, ho->kept[k]->name, ho->kept[k]->size,
+				 (struct timespec){ .tv_sec = ho->kept[k]->ctime_sec,
+						    .tv_nsec = ho->kept[k]->ctime_nsec });
 	if (rc == 0)
 		log_info("took the mount over: %zu open handles, %zu passthrough staging files, %zu "
 			 "local copies", ho->n_handles, ho->n_staged, ho->n_kept);

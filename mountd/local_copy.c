@@ -32,6 +32,7 @@
 
 #include "log.h"
 #include "mountd.h"
+#include "proc_live.h"
 
 /* The last part of copies' names: unique among this daemon's. */
 static _Atomic uint64_t serial;
@@ -165,11 +166,14 @@ bool local_copy_room_check(struct mountd *md, struct inode *self)
 	if (!staging_room_low(md))
 		return false;
 	/* Writers need the space more: the unread copies go. */
-	pthread_mutex_lock(&md->kept_lock);
-	if (md->kept_oldest)
-		(void)room_make(md, self, md->local_copy_max, gone, &ngone);
-	pthread_mutex_unlock(&md->kept_lock);
-	copy_unref_all(md, gone, ngone);
+	do {
+		ngone = 0;
+		pthread_mutex_lock(&md->kept_lock);
+		if (md->kept_oldest)
+			(void)room_make(md, self, md->local_copy_max, gone, &ngone);
+		pthread_mutex_unlock(&md->kept_lock);
+		copy_unref_all(md, gone, ngone);
+	} while (ngone == EVICT_MAX);
 	return true;
 }
 
@@ -510,14 +514,18 @@ void local_copy_drop_all(struct mountd *md)
 
 size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max)
 {
-	struct inode *v, *next, *gone[EVICT_MAX];
+	struct inode *v, *prev, *gone[EVICT_MAX];
 	size_t n = 0, ngone;
 
+	/* A fenced mount's view of the volume is not the volume's. */
+	if (atomic_load(&md->lease_fenced))
+		return 0;
+	/* Newest first: the most recently read go over when not all can. */
 	do {
 		ngone = 0;
 		pthread_mutex_lock(&md->kept_lock);
-		for (v = md->kept_oldest; v && ngone < EVICT_MAX && n < max; v = next) {
-			next = v->knext;
+		for (v = md->kept_newest; v && ngone < EVICT_MAX && n < max; v = prev) {
+			prev = v->kprev;
 			if (pthread_mutex_trylock(&v->lock) != 0)
 				continue;
 			if (v->nkept == 0 && v->kept_name && copy_state(md, v) == COPY_CURRENT) {
@@ -537,10 +545,31 @@ size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, si
 		pthread_mutex_unlock(&md->kept_lock);
 		copy_unref_all(md, gone, ngone);
 	} while (ngone == EVICT_MAX && n < max);
+	/* The change time each was committed with, read once the locks are
+	 * let go: the new daemon keeps only a copy whose file still has it. */
+	for (size_t k = 0; k < n; k++) {
+		struct meta_attr a;
+
+		if (meta_getattr(md->meta, out[k].ino, &a) == 0 && a.size == out[k].size)
+			out[k].ctime = a.ctime;
+		else
+			out[k].size = 0; /* not sent: removed by the new daemon's sweep */
+	}
 	return n;
 }
 
-void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size)
+/* Whether name (".kept-PID-...") is a live daemon's other than this one:
+ * never touched here. */
+static bool name_of_live_other(struct mountd *md, const char *name)
+{
+	char *end;
+	long pid = strtol(name + 6, &end, 10);
+
+	return *end == '-' && pid > 0 && pid != (long)md->pid && proc_live(pid);
+}
+
+void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
+		      struct timespec ctime)
 {
 	struct inode *i, *gone[EVICT_MAX];
 	struct meta_attr a;
@@ -549,13 +578,22 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 	char mine[64];
 	bool room = false;
 
+	if (name_of_live_other(md, name))
+		return;
 	/* The file must still be what was sent, and of the file as the
-	 * volume has it; this daemon's limits apply. */
+	 * volume has it now (another writer between the two daemons moved
+	 * its change time); this daemon's own limits apply. */
 	if (fstatat(md->staging_dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return; /* gone: nothing to keep or remove */
-	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size || size < LOCAL_COPY_MIN ||
-	    !md->local_copy_max || meta_getattr(md->meta, ino, &a) < 0 || a.nlink == 0 ||
-	    a.size != size || !S_ISREG(a.mode))
+	/* Before the kernel's INIT is replayed: pt_off is not known yet, the
+	 * mount option is (a copy that passthrough ends up off for is only
+	 * never opened, and goes with the space or the unmount). */
+	if (!S_ISREG(st.st_mode) || st.st_nlink != 1 || (uint64_t)st.st_size != size ||
+	    size < LOCAL_COPY_MIN || size > md->pt_copy_max || !md->local_copy_max ||
+	    md->follower || md->pt_mode == PT_OFF || wstate_lease_unknown() ||
+	    !atomic_load(&md->layout_ready) || meta_getattr(md->meta, ino, &a) < 0 ||
+	    a.nlink == 0 || a.size != size || !S_ISREG(a.mode) ||
+	    a.ctime.tv_sec != ctime.tv_sec || a.ctime.tv_nsec != ctime.tv_nsec)
 		goto drop;
 	i = inode_ref(md, ino, 0, 1); /* the copy's, kept if it is */
 	if (!i)

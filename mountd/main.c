@@ -552,10 +552,17 @@ static int staging_open(struct mountd *md)
 	md->staging_dirfd = fd;
 	md->max_file_size = staging_max_file_size(fd);
 	if (md->local_copy_auto) {
+		/* A quarter of the filesystem, and no more than half of what
+		 * is free now: it may be the host's own (the default volume
+		 * directory is). */
 		struct statvfs sv;
+		uint64_t total, half_free;
 
-		md->local_copy_max = fstatvfs(fd, &sv) == 0 ?
-			(uint64_t)sv.f_blocks * sv.f_frsize / LOCAL_COPY_SHARE_DEFAULT : 0;
+		if (fstatvfs(fd, &sv) == 0) {
+			total = (uint64_t)sv.f_blocks * sv.f_frsize / LOCAL_COPY_SHARE_DEFAULT;
+			half_free = (uint64_t)sv.f_bavail * sv.f_frsize / 2;
+			md->local_copy_max = total < half_free ? total : half_free;
+		}
 	}
 	return 0;
 }
@@ -687,6 +694,7 @@ int main(int argc, char **argv)
 		md->rc_opt[k] = -1; /* the reconciler's own default */
 	md->pt_copy_max = PT_COPY_MAX_DEFAULT;
 	md->local_copy_auto = true;
+	md->pid = getpid(); /* in names of its files (pool, copies) even without a reconciler */
 	pthread_mutex_init(&md->kept_lock, NULL);
 	md->wb_mode = WB_AUTO;
 	md->cfg.reopen_timeout_ms = 120000;

@@ -376,13 +376,16 @@ bool staging_room_low(struct mountd *md);
 struct local_copy_handed {
 	uint64_t ino;
 	char *name;
-	uint64_t size;
+	uint64_t size;          /* 0: not to be sent */
+	struct timespec ctime;  /* the file's, committed */
 };
 size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max);
 /* The new daemon's side: keeps the copy name (as sent, checked) of inode
- * ino if the file and the volume still agree on its size and there is
- * room; otherwise removes it. */
-void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size);
+ * ino if the file and the volume still agree on its size and change time,
+ * this daemon would have made it, and there is room; otherwise removes it
+ * (unless another live daemon's name is given). */
+void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
+		      struct timespec ctime);
 /* When the staging filesystem runs low, removes the unread copies (not
  * self's, whose lock the caller may hold; NULL: none) and returns true.
  * Called at every hand-off and every gc round: passthrough writes fill
@@ -588,6 +591,8 @@ int handover_restore(struct mountd *md);
 /* New side: is name a staging file handed over (staging_recover() leaves
  * it to handover_restore())? */
 bool handover_names(struct mountd *md, const char *name);
+/* The same for the local copies only (at most HANDOVER_KEPT_MAX). */
+bool handover_kept_names(struct mountd *md, const char *name);
 /* fuse_ops.c: frees a handle object that never made it into the table. */
 void mountd_handle_free(struct mountd *md, enum handle_type type, void *obj);
 

@@ -368,7 +368,7 @@ void staging_pool_sweep(struct mountd *md)
 		 * through a hand-over (handover_restore() takes them up). */
 		if (strncmp(de->d_name, ".pool-", 6) != 0 && strncmp(de->d_name, ".kept-", 6) != 0)
 			continue;
-		if (handover_names(md, de->d_name))
+		if (handover_kept_names(md, de->d_name))
 			continue;
 		pid = strtol(de->d_name + 6, &end, 10);
 		if (*end != '-' || pid <= 0)

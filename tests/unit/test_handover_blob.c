@@ -57,6 +57,8 @@ static void sample(struct sample *x)
 		x->c[k].ino = 5 + (uint64_t)k;
 		x->c[k].name = k ? ".kept-41-6-u3" : ".kept-41-5-2";
 		x->c[k].size = 1 << 20;
+		x->c[k].ctime_sec = 1796478563;
+		x->c[k].ctime_nsec = 32355176;
 		x->cp[k] = &x->c[k];
 	}
 	ferry__handover__handover__init(&x->msg);
@@ -105,6 +107,7 @@ Test(handover_blob, what_a_daemon_sends_comes_back)
 	cr_assert_str_eq(ho->kept[1]->name, ".kept-41-6-u3");
 	cr_assert_eq(ho->kept[1]->ino, 6);
 	cr_assert_eq(ho->kept[1]->size, 1 << 20);
+	cr_assert_eq(ho->kept[1]->ctime_nsec, 32355176);
 	handover_blob_free(ho);
 }
 
@@ -155,6 +158,7 @@ static void kept_twice(struct sample *x) { x->c[1].ino = x->c[0].ino; }
 static void kept_name_twice(struct sample *x) { x->c[1].name = x->c[0].name; }
 static void kept_and_staged(struct sample *x) { x->c[0].ino = x->s[1].ino; }
 static void kept_empty(struct sample *x) { x->c[1].size = 0; }
+static void kept_nsec_big(struct sample *x) { x->c[1].ctime_nsec = 1000000000u; }
 static void prints_ragged(struct sample *x)
 {
 	static const uint8_t p[HANDOVER_PRINT_BYTES + 5];
@@ -188,6 +192,7 @@ Test(handover_blob, what_no_daemon_sends_is_refused)
 	refused(kept_name_twice, -EBADMSG, "given twice");
 	refused(kept_and_staged, -EBADMSG, "a staging file and a local copy");
 	refused(kept_empty, -EBADMSG, "0 bytes");
+	refused(kept_nsec_big, -EBADMSG, "ctime nanoseconds");
 }
 
 Test(handover_blob, bytes_that_are_no_state_are_refused)
