@@ -63,6 +63,22 @@ static void order_append(struct mountd *md, struct inode *i)
 	md->kept_newest = i;
 }
 
+/* Records i->kept_name (set, its bytes counted in kept_bytes) as the
+ * committed file now, newest in the eviction order. Caller holds i->lock,
+ * not kept_lock. */
+static void copy_record_current(struct mountd *md, struct inode *i, uint64_t size)
+{
+	i->kept_seq = 0;
+	i->kept_size = size;
+	i->kept_committed = true;
+	pthread_mutex_lock(&i->layout_lock);
+	i->kept_gen = i->layout_gen;
+	pthread_mutex_unlock(&i->layout_lock);
+	pthread_mutex_lock(&md->kept_lock);
+	order_append(md, i);
+	pthread_mutex_unlock(&md->kept_lock);
+}
+
 /* Removes the copy's file and record. Caller holds i->lock and kept_lock;
  * nobody reads the copy (i->nkept == 0). */
 static void copy_remove(struct mountd *md, struct inode *i)
@@ -282,16 +298,8 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return false;
 	}
-	i->kept_seq = 0;
-	i->kept_size = size;
-	i->kept_committed = true;
 	inode_ref(md, i->ino, 0, 1); /* the copy's: it outlives the kernel's FORGET */
-	pthread_mutex_lock(&i->layout_lock);
-	i->kept_gen = i->layout_gen;
-	pthread_mutex_unlock(&i->layout_lock);
-	pthread_mutex_lock(&md->kept_lock);
-	order_append(md, i);
-	pthread_mutex_unlock(&md->kept_lock);
+	copy_record_current(md, i, size);
 	wstate_forget(md, i); /* the file is the copy now */
 	atomic_fetch_add(&md->stats.local_copies_made, 1);
 	return true;
@@ -624,17 +632,9 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		room = false;
 	}
 	if (room) {
-		i->kept_seq = 0;
-		i->kept_size = size;
-		i->kept_committed = true;
+		copy_record_current(md, i, size);
 		/* A reader of the old daemon may have mapped it: probed. */
 		i->kept_shared = true;
-		pthread_mutex_lock(&i->layout_lock);
-		i->kept_gen = i->layout_gen;
-		pthread_mutex_unlock(&i->layout_lock);
-		pthread_mutex_lock(&md->kept_lock);
-		order_append(md, i);
-		pthread_mutex_unlock(&md->kept_lock);
 		atomic_fetch_add(&md->stats.local_copies_handed_over, 1);
 	}
 	pthread_mutex_unlock(&i->lock);
