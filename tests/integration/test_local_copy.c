@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define KiB (1024L)
@@ -866,4 +867,53 @@ Test(local_copy, the_default_limit_is_a_quarter_of_staging_and_low_space_takes_c
 	fm.staging[0] = '\0';
 	fm.staging_min_free = NULL;
 	free(data);
+}
+
+/* A foreground daemon executes the new one itself at an upgrade, under the
+ * same pid: its copies go over too, and the new image's sweep (which
+ * removes its own pid's files, an earlier run's) leaves them. */
+Test(local_copy, copies_go_over_a_foreground_upgrade)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *a = pattern(len, 0xf1f1);
+	int status, fd;
+	pid_t child;
+
+	need_passthrough();
+	fm_umount();
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		int log = open(fm.log, O_WRONLY | O_APPEND | O_CREAT, 0600);
+
+		if (log >= 0) {
+			dup2(log, 1);
+			dup2(log, 2);
+		}
+		execl(fm_bin("ferry"), "ferry", "mount", "-f", "--cache-dir", fm.cache, "-o",
+		      fm_mount_options(), fm.vol, fm.mnt, (char *)NULL);
+		_exit(127);
+	}
+	fm.mounted = true; /* the teardown unmounts it if this test fails */
+	for (int k = 0; k < 200 && access(mp(".stats"), F_OK) != 0; k++)
+		usleep(50000);
+	cr_assert_eq(fm_stat("pid"), child, "ferry mount -f executes ferry-mountd");
+	write_new("a", a, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1, "%d copies", kept_files());
+	fm_upgrade();
+	cr_assert_eq(fm_stat("pid"), child, "the same process serves");
+	cr_assert_eq(fm_stat("local_copies_handed_over"), 1);
+	cr_assert_eq(kept_files(), 1, "%d copies after the upgrade", kept_files());
+	fd = open_copy("a");
+	expect_fd(fd, a, len, "a after a foreground upgrade");
+	OK(close(fd));
+	fm_wait_released(0);
+	fm_umount();
+	cr_assert_eq(waitpid(child, &status, 0), child);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %#x", status);
+	cr_assert_eq(kept_files(), 0, "a copy outlived the unmount");
+	fm_mount();
+	fm_expect_content(mp("a"), a, len);
+	free(a);
 }
