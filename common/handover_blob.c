@@ -116,7 +116,7 @@ static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char 
 			return fail(-EBADMSG, err, errlen, "local copy %zu: inode %llu, %llu bytes, "
 				    "not a local copy's name", k, (unsigned long long)c->ino,
 				    (unsigned long long)c->size);
-		if (c->ctime_nsec >= 1000000000u)
+		if (c->has_ctime_nsec && c->ctime_nsec >= 1000000000u)
 			return fail(-EBADMSG, err, errlen, "local copy %zu: ctime nanoseconds %u", k,
 				    c->ctime_nsec);
 		if (bsearch(&c->ino, tmp, ho->n_staged, sizeof(*tmp), cmp_u64))

@@ -359,6 +359,7 @@ int handover_send(struct mountd *md)
 		kmsg[nsent].ino = kept[k].ino;
 		kmsg[nsent].name = kept[k].name;
 		kmsg[nsent].size = kept[k].size;
+		kmsg[nsent].has_ctime_sec = kmsg[nsent].has_ctime_nsec = true;
 		kmsg[nsent].ctime_sec = kept[k].ctime.tv_sec;
 		kmsg[nsent].ctime_nsec = (uint32_t)kept[k].ctime.tv_nsec;
 		kp[nsent] = &kmsg[nsent];
@@ -479,6 +480,15 @@ out:
 usage:
 	snprintf(err, errlen, "--handover takes FUSEFD:STATEFD, not %s", arg);
 	return -EINVAL;
+}
+
+uint64_t handover_kept_bytes(struct mountd *md)
+{
+	uint64_t n = 0;
+
+	for (size_t k = 0; md->ho && k < md->ho->n_kept; k++)
+		n += md->ho->kept[k]->size;
+	return n;
 }
 
 bool handover_kept_names(struct mountd *md, const char *name)
@@ -647,11 +657,15 @@ int handover_restore(struct mountd *md)
 			inode_mark_unlinked(md, ho->handles[k]->ino);
 	}
 	/* After the handles: a copy whose inode has a write state now (a
-	 * reader's open that went over as one) is not kept. */
-	for (size_t k = 0; rc == 0 && k < ho->n_kept; k++)
-		local_copy_adopt(md, ho->kept[k]->ino, ho->kept[k]->name, ho->kept[k]->size,
-				 (struct timespec){ .tv_sec = ho->kept[k]->ctime_sec,
-						    .tv_nsec = ho->kept[k]->ctime_nsec });
+	 * reader's open that went over as one) is not kept. Oldest first
+	 * (they came newest first), so that the eviction order stays. */
+	for (size_t k = ho->n_kept; rc == 0 && k-- > 0;) {
+		const Ferry__Handover__Kept *c = ho->kept[k];
+
+		local_copy_adopt(md, c->ino, c->name, c->has_ctime_sec ? c->size : 0,
+				 (struct timespec){ .tv_sec = c->ctime_sec,
+						    .tv_nsec = c->ctime_nsec });
+	}
 	if (rc == 0)
 		log_info("took the mount over: %zu open handles, %zu passthrough staging files, %zu "
 			 "local copies", ho->n_handles, ho->n_staged, ho->n_kept);

@@ -595,10 +595,12 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		return; /* gone: nothing to keep or remove */
 	/* Before the kernel's INIT is replayed: pt_off is not known yet, the
 	 * mount option is (a copy that passthrough ends up off for is only
-	 * never opened, and goes with the space or the unmount). */
+	 * never opened, and goes with the space or the unmount); nor is
+	 * whether leases work (wstate_lease_unknown() learns it at the first
+	 * probe, and a copy is probed before it is changed or evicted). */
 	if (!S_ISREG(st.st_mode) || st.st_nlink != 1 || (uint64_t)st.st_size != size ||
 	    size < LOCAL_COPY_MIN || size > md->pt_copy_max || !md->local_copy_max ||
-	    md->follower || md->pt_mode == PT_OFF || wstate_lease_unknown() ||
+	    md->follower || md->pt_mode == PT_OFF ||
 	    !atomic_load(&md->layout_ready) || meta_getattr(md->meta, ino, &a) < 0 ||
 	    a.nlink == 0 || a.size != size || !S_ISREG(a.mode) ||
 	    a.ctime.tv_sec != ctime.tv_sec || a.ctime.tv_nsec != ctime.tv_nsec)

@@ -560,8 +560,10 @@ static int staging_open(struct mountd *md)
 		uint64_t total, half_free;
 
 		if (fstatvfs(fd, &sv) == 0) {
+			/* The copies a hand-over brings count as free: the
+			 * limit must not shrink at every upgrade. */
 			total = (uint64_t)sv.f_blocks * sv.f_frsize / LOCAL_COPY_SHARE_DEFAULT;
-			half_free = (uint64_t)sv.f_bavail * sv.f_frsize / 2;
+			half_free = ((uint64_t)sv.f_bavail * sv.f_frsize + handover_kept_bytes(md)) / 2;
 			md->local_copy_max = total < half_free ? total : half_free;
 		}
 	}

@@ -382,8 +382,9 @@ struct local_copy_handed {
 size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max);
 /* The new daemon's side: keeps the copy name (as sent, checked) of inode
  * ino if the file and the volume still agree on its size and change time,
- * this daemon would have made it, and there is room; otherwise removes it
- * (unless another live daemon's name is given). */
+ * this daemon would have made it, and there is room; otherwise (size 0:
+ * not to be kept) removes it, unless another live daemon's name is
+ * given. */
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
 		      struct timespec ctime);
 /* When the staging filesystem runs low, removes the unread copies (not
@@ -593,6 +594,8 @@ int handover_restore(struct mountd *md);
 bool handover_names(struct mountd *md, const char *name);
 /* The same for the local copies only (at most HANDOVER_KEPT_MAX). */
 bool handover_kept_names(struct mountd *md, const char *name);
+/* The bytes of the local copies handed over (0 without a hand-over). */
+uint64_t handover_kept_bytes(struct mountd *md);
 /* fuse_ops.c: frees a handle object that never made it into the table. */
 void mountd_handle_free(struct mountd *md, enum handle_type type, void *obj);
 

@@ -876,7 +876,7 @@ Test(local_copy, copies_go_over_a_foreground_upgrade)
 {
 	const size_t len = 2 * MiB;
 	unsigned char *a = pattern(len, 0xf1f1);
-	int status, fd;
+	int status = 0, fd;
 	pid_t child;
 
 	need_passthrough();
@@ -884,7 +884,7 @@ Test(local_copy, copies_go_over_a_foreground_upgrade)
 	child = fork();
 	cr_assert_geq(child, 0);
 	if (child == 0) {
-		int log = open(fm.log, O_WRONLY | O_APPEND | O_CREAT, 0600);
+		int log = open(fm.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
 
 		if (log >= 0) {
 			dup2(log, 1);
@@ -895,8 +895,12 @@ Test(local_copy, copies_go_over_a_foreground_upgrade)
 		_exit(127);
 	}
 	fm.mounted = true; /* the teardown unmounts it if this test fails */
-	for (int k = 0; k < 200 && access(mp(".stats"), F_OK) != 0; k++)
+	for (int k = 0; k < 200 && access(mp(".stats"), F_OK) != 0; k++) {
+		cr_assert_eq(waitpid(child, &status, WNOHANG), 0,
+			     "ferry mount -f exited (status %#x); see %s", status, fm.log);
 		usleep(50000);
+	}
+	cr_assert(fm_is_mounted(fm.mnt), "ferry mount -f did not mount");
 	cr_assert_eq(fm_stat("pid"), child, "ferry mount -f executes ferry-mountd");
 	write_new("a", a, len);
 	drain(0);
@@ -910,10 +914,50 @@ Test(local_copy, copies_go_over_a_foreground_upgrade)
 	OK(close(fd));
 	fm_wait_released(0);
 	fm_umount();
-	cr_assert_eq(waitpid(child, &status, 0), child);
+	pid_t got = 0;
+
+	for (int k = 0; k < 600 && (got = waitpid(child, &status, WNOHANG)) == 0; k++)
+		usleep(50000);
+	cr_assert_eq(got, child, "ferry mount -f did not exit within 30 s of the unmount");
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %#x", status);
 	cr_assert_eq(kept_files(), 0, "a copy outlived the unmount");
 	fm_mount();
 	fm_expect_content(mp("a"), a, len);
 	free(a);
+}
+
+/* The copies go over in their eviction order: after the upgrade, the one
+ * read least recently is still the first to go. */
+Test(local_copy, an_upgrade_keeps_the_eviction_order)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *a = pattern(len, 0xa2), *b = pattern(len, 0xb2), *c = pattern(len, 0xc2);
+	uint64_t opens;
+	int fd;
+
+	need_passthrough();
+	fm_umount();
+	fm_mount_with("local_copies=5m");
+	write_new("a", a, len);
+	write_new("b", b, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 2, "%d copies", kept_files());
+	fd = open_copy("a"); /* b is now the least recently read */
+	OK(close(fd));
+	fm_wait_released(0);
+	fm_upgrade();
+	cr_assert_eq(fm_stat("local_copies_handed_over"), 2);
+	write_new("c", c, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 2, "%d copies under a 5 MiB limit", kept_files());
+	fd = open_copy("a");
+	expect_fd(fd, a, len, "a");
+	OK(close(fd));
+	opens = fm_stat("local_copy_opens");
+	fm_expect_content(mp("b"), b, len);
+	cr_assert_eq(fm_stat("local_copy_opens"), opens, "b, the least recently read, kept its copy: the upgrade reversed the order");
+	fm_expect_content(mp("c"), c, len);
+	free(a);
+	free(b);
+	free(c);
 }

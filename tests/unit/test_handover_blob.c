@@ -57,6 +57,7 @@ static void sample(struct sample *x)
 		x->c[k].ino = 5 + (uint64_t)k;
 		x->c[k].name = k ? ".kept-41-6-u3" : ".kept-41-5-2";
 		x->c[k].size = 1 << 20;
+		x->c[k].has_ctime_sec = x->c[k].has_ctime_nsec = true;
 		x->c[k].ctime_sec = 1796478563;
 		x->c[k].ctime_nsec = 32355176;
 		x->cp[k] = &x->c[k];
