@@ -901,12 +901,12 @@ Test(local_copy, copies_go_over_a_foreground_upgrade)
 		usleep(50000);
 	}
 	cr_assert(fm_is_mounted(fm.mnt), "ferry mount -f did not mount");
-	cr_assert_eq(fm_stat("pid"), child, "ferry mount -f executes ferry-mountd");
+	cr_assert_eq((pid_t)fm_stat("pid"), child, "ferry mount -f executes ferry-mountd");
 	write_new("a", a, len);
 	drain(0);
 	cr_assert_eq(kept_files(), 1, "%d copies", kept_files());
 	fm_upgrade();
-	cr_assert_eq(fm_stat("pid"), child, "the same process serves");
+	cr_assert_eq((pid_t)fm_stat("pid"), child, "the same process serves");
 	cr_assert_eq(fm_stat("local_copies_handed_over"), 1);
 	cr_assert_eq(kept_files(), 1, "%d copies after the upgrade", kept_files());
 	fd = open_copy("a");
