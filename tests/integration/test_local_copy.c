@@ -119,6 +119,21 @@ static void expect_fd(int fd, const unsigned char *want, size_t len, const char 
 	free(got);
 }
 
+/* expect_fd() of a file open in passthrough mode on its copy: the kernel
+ * reads the copy itself, so no READ reaches the daemon. Reads of .stats
+ * are READs too: what one costs, then what the file's read costs besides. */
+static void expect_fd_unread(int fd, const unsigned char *want, size_t len, const char *what)
+{
+	uint64_t reads0 = fm_stat("fuse_requests_read");
+	uint64_t per_stats = fm_stat("fuse_requests_read") - reads0, reads;
+
+	reads0 = fm_stat("fuse_requests_read");
+	expect_fd(fd, want, len, what);
+	reads = fm_stat("fuse_requests_read") - reads0;
+	cr_assert_leq(reads, per_stats, "%s: %llu READs reached the daemon (a .stats read makes "
+		      "%llu)", what, (unsigned long long)reads, (unsigned long long)per_stats);
+}
+
 /* Writes a new file of len bytes through one passthrough open and closes
  * it. */
 static void write_new(const char *name, const unsigned char *buf, size_t len)
@@ -145,7 +160,7 @@ Test(local_copy, a_committed_file_is_read_through_its_local_copy)
 {
 	const size_t len = 4 * MiB;
 	unsigned char *data = pattern(len, 0x10ca1c0b1);
-	uint64_t made0, reads0, reads, per_stats;
+	uint64_t made0;
 	int fd;
 
 	need_passthrough();
@@ -158,16 +173,7 @@ Test(local_copy, a_committed_file_is_read_through_its_local_copy)
 	cr_assert_eq(fm_stat("local_copy_bytes"), len);
 
 	fd = open_copy("f");
-	/* Reads of .stats are READs too: what one costs, then what the
-	 * file's read costs besides. */
-	reads0 = fm_stat("fuse_requests_read");
-	per_stats = fm_stat("fuse_requests_read") - reads0;
-	reads0 = fm_stat("fuse_requests_read");
-	expect_fd(fd, data, len, "f through its local copy");
-	/* The kernel read the copy itself: no READ reached the daemon. */
-	reads = fm_stat("fuse_requests_read") - reads0;
-	cr_assert_leq(reads, per_stats, "%llu READs reached the daemon (a .stats read makes %llu)",
-		      (unsigned long long)reads, (unsigned long long)per_stats);
+	expect_fd_unread(fd, data, len, "f through its local copy");
 	OK(close(fd));
 	fm_wait_released(0);
 	cr_assert_eq(kept_files(), 1, "the copy went with its reader's close");
@@ -506,7 +512,7 @@ Test(local_copy, copies_go_over_an_upgrade)
 {
 	const size_t len = 3 * MiB;
 	unsigned char *a = pattern(len, 0xa1), *b = pattern(len, 0xb1), *c = pattern(len, 0xc1);
-	uint64_t reads, per_stats, ups;
+	uint64_t ups;
 	int fd;
 
 	need_passthrough();
@@ -524,14 +530,7 @@ Test(local_copy, copies_go_over_an_upgrade)
 	cr_assert_eq(kept_files(), 2, "%d copies after the upgrade", kept_files());
 
 	fd = open_copy("a");
-	/* What a read of .stats costs in READs, then what a's costs. */
-	reads = fm_stat("fuse_requests_read");
-	per_stats = fm_stat("fuse_requests_read") - reads;
-	reads = fm_stat("fuse_requests_read");
-	expect_fd(fd, a, len, "a after the upgrade");
-	reads = fm_stat("fuse_requests_read") - reads;
-	cr_assert_leq(reads, per_stats, "%llu READs reached the new daemon (a .stats read makes "
-		      "%llu)", (unsigned long long)reads, (unsigned long long)per_stats);
+	expect_fd_unread(fd, a, len, "a after the upgrade");
 	OK(close(fd));
 	ups = fm_stat("copy_ups");
 	fd = OK(open(mp("b"), O_WRONLY));
