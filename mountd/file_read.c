@@ -278,10 +278,6 @@ ssize_t file_read_reply(struct mountd *md, fuse_req_t req, struct inode *i, uint
 
 /* ---- file_readahead: objects ahead of a sequential reader ---- */
 
-/* How far a READ may land from where the last one ended and still count
- * as sequential: the kernel's readahead sends several READs at once, and
- * they arrive in any order. */
-#define RA_SLACK (2u << 20)
 /* How much a run must have read before it counts as sequential. By bytes,
  * not READs: a random reader's small READs land within RA_SLACK of each
  * other often enough in a large file (two in a row did, and each such pair

@@ -31,7 +31,34 @@ struct open_file {
 	bool passthrough;        /* counted in ino->w->npt, else in ino->ncached */
 	bool setid_clear;        /* a write through it found no set-id bits to clear */
 	struct readahead ra;     /* its reads so far, for read-ahead */
+	/* Its READs of committed data (read_whole_note()): a reader that read
+	 * the file whole, in order, asks at release for a local copy
+	 * (copy_build_later()). Updated without a lock, as ra is. */
+	_Atomic uint64_t whole_next, whole_bytes, whole_size;
+	_Atomic bool whole_jumped;
 };
+
+/* Notes a READ of [off, off+len) of a file of committed size fsize. */
+static void read_whole_note(struct open_file *of, uint64_t fsize, uint64_t off, size_t len)
+{
+	uint64_t end = len < fsize - off ? off + len : fsize, next;
+
+	if (off >= fsize)
+		return;
+	next = atomic_exchange(&of->whole_next, end);
+	if (off + RA_SLACK < next || off > next + RA_SLACK)
+		atomic_store(&of->whole_jumped, true);
+	atomic_fetch_add(&of->whole_bytes, end - off);
+	atomic_store(&of->whole_size, fsize);
+}
+
+/* Whether of read its file whole, in order: *size is the file's. */
+static bool read_whole(struct open_file *of, uint64_t *size)
+{
+	*size = atomic_load(&of->whole_size);
+	return !of->writer && !of->passthrough && *size > 0 && !atomic_load(&of->whole_jumped) &&
+	       atomic_load(&of->whole_bytes) >= *size;
+}
 
 static inline struct mountd *MD(fuse_req_t req)
 {
@@ -944,9 +971,12 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 	w = i->w;
 	if (of->writer && --i->nwriters == 0)
 		i->wb_error_unstaged = 0; /* every writer was told */
-	if (!of->passthrough)
+	uint64_t whole;
+	if (!of->passthrough) {
 		i->ncached--;
-	else if (w)
+		if (read_whole(of, &whole))
+			copy_build_later(md, i, whole);
+	} else if (w)
 		w->npt--;
 	else if (i->nkept > 0 && --i->nkept == 0) {
 		close_id = local_copy_unshare(md, i);
@@ -1290,8 +1320,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		 * by file_read(). */
 		/* The objects ahead are asked for first: once this READ is
 		 * answered, a RELEASE may free of (and i) on another thread. */
-		if (rc == 0)
+		if (rc == 0) {
+			read_whole_note(of, fsize, (uint64_t)off, size);
 			file_readahead(md, &of->ra, i, fsize, (uint64_t)off, size);
+		}
 		n = rc < 0 ? rc : file_read_reply(md, req, i, fsize, size, off);
 		if (n >= 0)
 			return; /* replied */

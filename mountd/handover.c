@@ -331,6 +331,7 @@ int handover_send(struct mountd *md)
 	md->handing_over = true;
 	atomic_store(&md->fuse_done, true);
 	gc_stop(md);
+	copy_build_stop(md); /* before the copies are counted */
 	write_back_stop(md);
 	rclient_stop(md); /* jobs in flight commit first */
 	staging_pool_free(md);

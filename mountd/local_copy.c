@@ -174,6 +174,32 @@ static void copy_unref_all(struct mountd *md, struct inode **gone, size_t n)
 		inode_unref(md, gone[k], 0, 1);
 }
 
+/* Room for a copy of size bytes of self, evicting older unread ones:
+ * true and the bytes counted in kept_bytes (a reservation the copy's
+ * record keeps, or local_copy_unreserve() gives back), or false. Caller
+ * holds self->lock, not kept_lock. */
+static bool copy_reserve(struct mountd *md, struct inode *self, uint64_t size)
+{
+	struct inode *gone[EVICT_MAX];
+	size_t ngone = 0;
+	bool room;
+
+	pthread_mutex_lock(&md->kept_lock);
+	room = room_make(md, self, size, gone, &ngone);
+	if (room)
+		md->kept_bytes += size;
+	pthread_mutex_unlock(&md->kept_lock);
+	copy_unref_all(md, gone, ngone);
+	return room;
+}
+
+void local_copy_unreserve(struct mountd *md, uint64_t size)
+{
+	pthread_mutex_lock(&md->kept_lock);
+	md->kept_bytes -= size;
+	pthread_mutex_unlock(&md->kept_lock);
+}
+
 bool local_copy_room_check(struct mountd *md, struct inode *self)
 {
 	struct inode *gone[EVICT_MAX];
@@ -214,15 +240,7 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max ||
 	    wstate_lease_unknown())
 		return;
-	struct inode *gone[EVICT_MAX];
-	size_t ngone = 0;
-
-	pthread_mutex_lock(&md->kept_lock);
-	room = room_make(md, i, i->inflight_size, gone, &ngone);
-	if (room)
-		md->kept_bytes += i->inflight_size; /* reserved while the link is made */
-	pthread_mutex_unlock(&md->kept_lock);
-	copy_unref_all(md, gone, ngone);
+	room = copy_reserve(md, i, i->inflight_size); /* while the link is made */
 	if (!room) {
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
@@ -237,9 +255,7 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 			log_warn("cannot keep staging file %s as a local copy", i->inflight_name);
 		if (linked)
 			unlinkat(md->staging_dirfd, name, 0);
-		pthread_mutex_lock(&md->kept_lock);
-		md->kept_bytes -= i->inflight_size;
-		pthread_mutex_unlock(&md->kept_lock);
+		local_copy_unreserve(md, i->inflight_size);
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
 	}
@@ -271,15 +287,7 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	    wstate_lease_unknown() || staging_room_low(md))
 		return false;
 	size = w->size;
-	struct inode *gone[EVICT_MAX];
-	size_t ngone = 0;
-
-	pthread_mutex_lock(&md->kept_lock);
-	room = room_make(md, i, size, gone, &ngone);
-	if (room)
-		md->kept_bytes += size;
-	pthread_mutex_unlock(&md->kept_lock);
-	copy_unref_all(md, gone, ngone);
+	room = copy_reserve(md, i, size);
 	if (!room) {
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return false;
@@ -292,9 +300,7 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 		if (i->kept_name == NULL && faccessat(md->staging_dirfd, name, F_OK,
 						      AT_SYMLINK_NOFOLLOW) == 0)
 			(void)renameat(md->staging_dirfd, name, md->staging_dirfd, from);
-		pthread_mutex_lock(&md->kept_lock);
-		md->kept_bytes -= size;
-		pthread_mutex_unlock(&md->kept_lock);
+		local_copy_unreserve(md, size);
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return false;
 	}
@@ -303,6 +309,41 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	wstate_forget(md, i); /* the file is the copy now */
 	atomic_fetch_add(&md->stats.local_copies_made, 1);
 	return true;
+}
+
+bool local_copy_install(struct mountd *md, struct inode *i, const char *name, uint64_t size,
+			uint64_t gen)
+{
+	char *own;
+
+	/* Nothing changed the file since gen, and nothing is changing it:
+	 * no write state, no job in flight (each moves layout_gen when it
+	 * commits), no name gone. */
+	if (i->kept_name || i->w || i->inflight_seq || inode_is_unlinked(md, i) ||
+	    !atomic_load(&md->layout_ready) || !(own = strdup(name)))
+		return false;
+	pthread_mutex_lock(&i->layout_lock);
+	if (i->layout_gen != gen) {
+		pthread_mutex_unlock(&i->layout_lock);
+		free(own);
+		return false;
+	}
+	i->kept_gen = gen;
+	pthread_mutex_unlock(&i->layout_lock);
+	i->kept_name = own;
+	i->kept_seq = 0;
+	i->kept_size = size;
+	i->kept_committed = true;
+	inode_ref(md, i->ino, 0, 1); /* the copy's: it outlives the kernel's FORGET */
+	pthread_mutex_lock(&md->kept_lock);
+	order_append(md, i);
+	pthread_mutex_unlock(&md->kept_lock);
+	return true;
+}
+
+bool local_copy_reserve(struct mountd *md, struct inode *i, uint64_t size)
+{
+	return copy_reserve(md, i, size);
 }
 
 enum copy_state {
@@ -579,10 +620,9 @@ static bool name_of_live_other(struct mountd *md, const char *name)
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
 		      struct timespec ctime)
 {
-	struct inode *i, *gone[EVICT_MAX];
+	struct inode *i;
 	struct meta_attr a;
 	struct stat st;
-	size_t ngone = 0;
 	char mine[64];
 	bool room = false;
 
@@ -614,11 +654,7 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		inode_unref(md, i, 0, 1);
 		goto drop;
 	}
-	pthread_mutex_lock(&md->kept_lock);
-	room = room_make(md, i, size, gone, &ngone);
-	if (room)
-		md->kept_bytes += size;
-	pthread_mutex_unlock(&md->kept_lock);
+	room = copy_reserve(md, i, size);
 	/* Renamed as this daemon's: its own names cannot meet it (after a
 	 * re-exec the pid is the same, the serial starts again). */
 	snprintf(mine, sizeof(mine), ".kept-%d-%llu-h%llu", (int)md->pid, (unsigned long long)ino,
@@ -628,9 +664,7 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		log_warn("cannot keep local copy %s", name);
 		if (faccessat(md->staging_dirfd, mine, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
 			(void)renameat(md->staging_dirfd, mine, md->staging_dirfd, name);
-		pthread_mutex_lock(&md->kept_lock);
-		md->kept_bytes -= size;
-		pthread_mutex_unlock(&md->kept_lock);
+		local_copy_unreserve(md, size);
 		room = false;
 	}
 	if (room) {
@@ -640,7 +674,6 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		atomic_fetch_add(&md->stats.local_copies_handed_over, 1);
 	}
 	pthread_mutex_unlock(&i->lock);
-	copy_unref_all(md, gone, ngone);
 	if (room)
 		return;
 	inode_unref(md, i, 0, 1);

@@ -1040,6 +1040,11 @@ int main(int argc, char **argv)
 		log_errno(rc, "cannot start the gc thread");
 		goto out;
 	}
+	if (!md->follower && md->local_copy_max && md->pt_mode != PT_OFF &&
+	    (rc = copy_build_start(md)) < 0) {
+		log_errno(rc, "cannot start the local copy thread");
+		goto out;
+	}
 	log_info("serving volume %s (%s) at %s", md->vol.uuid, md->vol.storage_url,
 		 md->cfg.mountpoint);
 	if (!md->cfg.foreground) {
@@ -1085,6 +1090,7 @@ int main(int argc, char **argv)
 out:
 	atomic_store(&md->fuse_done, true);
 	gc_stop(md);
+	copy_build_stop(md); /* before the copies go */
 	write_back_stop(md);
 	staging_pool_free(md); /* no request runs now (their ids go with the connection) */
 	local_copy_drop_all(md);
@@ -1109,6 +1115,7 @@ out:
 	fuse_opt_free_args(&fargs);
 	if (md->handles)
 		mountd_handles_drop(md);
+	copy_build_free(md); /* after the last release (copy_build_later()) */
 	handle_table_free(md->handles);
 	inode_table_free(md->inodes);
 	prefetch_stop(md->prefetch);

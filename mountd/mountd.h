@@ -85,6 +85,7 @@ struct stats {
 	_Atomic uint64_t local_copy_opens, local_copy_takeovers;
 	_Atomic uint64_t local_copies_made, local_copies_dropped, local_copies_skipped;
 	_Atomic uint64_t local_copies_handed_over; /* taken from the daemon before (upgrade) */
+	_Atomic uint64_t local_copies_built; /* of files read whole (copy_build.c) */
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
 	_Atomic uint64_t reconciler_restarts;
@@ -351,6 +352,11 @@ int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen)
 void broker_link_umount(struct mountd *md);
 void broker_link_close(struct mountd *md); /* accepts a mount without a broker */
 
+/* Writes all of buf at off; false with errno set otherwise (write_back.c). */
+bool pwrite_all(int fd, const void *buf, size_t len, off_t off);
+/* Whether len bytes at p are all zero (write_back.c). */
+bool is_zero(const char *p, size_t len);
+
 /* ---- local_copy.c: committed staging files kept as the files' local copies ---- */
 /* A passthrough staging file holds the whole file. Once the reconciler has
  * committed it, it is the committed file byte for byte until the next
@@ -431,6 +437,36 @@ void local_copy_drop(struct mountd *md, struct inode *i);
 void local_copy_forget(struct mountd *md, struct inode *i);
 /* At stop: removes every copy nobody reads. */
 void local_copy_drop_all(struct mountd *md);
+/* For copy_build.c: room for a copy of size bytes of i (true: counted in
+ * the copies' bytes until recorded or given back), evicting older unread
+ * copies. Caller holds i->lock. */
+bool local_copy_reserve(struct mountd *md, struct inode *i, uint64_t size);
+void local_copy_unreserve(struct mountd *md, uint64_t size);
+/* Records name (size bytes, reserved, in the staging directory) as i's
+ * copy if i's committed data is still at layout generation gen and
+ * nothing is changing it; false: nothing recorded (the file and the
+ * reservation stay the caller's). Caller holds i->lock. */
+bool local_copy_install(struct mountd *md, struct inode *i, const char *name, uint64_t size,
+			uint64_t gen);
+
+/* ---- copy_build.c: local copies of files read whole from the store ---- */
+/* A file this node did not write has no local copy, so every open reads it
+ * through FUSE READs. Once one handle has read such a file whole, in order
+ * (what a sequential reader does), a thread of its own writes the file
+ * into a new local copy through the read path, and the next opens read it
+ * in passthrough mode. At most COPY_BUILD_QUEUE files wait; more are not
+ * built. Owned by struct mountd (md->copy_build). */
+#define COPY_BUILD_QUEUE 16
+int copy_build_start(struct mountd *md);
+/* Ends the thread (a build in flight is given up, its file removed) and
+ * gives back the queued inodes; later calls of copy_build_later() queue
+ * nothing. Nothing if not started or stopped already. */
+void copy_build_stop(struct mountd *md);
+/* Stops, then frees md->copy_build; once no request runs. */
+void copy_build_free(struct mountd *md);
+/* The last of a handle that read the file whole (size bytes, committed)
+ * closed: queues a copy's build if i may have one. Caller holds i->lock. */
+void copy_build_later(struct mountd *md, struct inode *i, uint64_t size);
 
 /* ---- staging_pool.c: passthrough staging files made ahead of opens ---- */
 struct staging_pool;
@@ -701,6 +737,10 @@ ssize_t file_read(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t s
  * errno (nothing replied). */
 ssize_t file_read_reply(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t size,
 			size_t len, off_t off);
+/* How far a READ may land from where the last one ended and still count
+ * as sequential: the kernel's readahead sends several READs at once, and
+ * they arrive in any order. */
+#define RA_SLACK (2u << 20)
 /* Where one handle's reads stand, to tell a sequential reader; updated
  * without a lock by concurrent READs (readahead sends several at once):
  * a wrong guess costs a prefetch, never a wrong byte. */
@@ -791,6 +831,7 @@ struct inode {
 	bool kept_committed;
 	uint64_t kept_gen;
 	uint32_t nkept;
+	bool kept_building;       /* queued or being built (copy_build.c) */
 	/* Guarded by md->kept_lock: the least recently used order of copies. */
 	struct inode *kprev, *knext;
 	/* Guarded by md->pending_lock: */
@@ -891,6 +932,7 @@ struct mountd {
 	_Atomic bool layout_ready;
 	_Atomic uint64_t layout_bytes; /* memory the kept layouts take */
 	struct prefetch *prefetch;   /* owned; NULL: no read-ahead */
+	struct copy_build *copy_build; /* owned; NULL: not running */
 	uint64_t readahead_budget;   /* -o readahead: bytes queued or being fetched */
 	uint64_t readahead_window;   /* bytes ahead of a sequential reader */
 	struct inode_table *inodes;

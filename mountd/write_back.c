@@ -649,8 +649,7 @@ static int upload_slice(struct mountd *md, struct wstate *w, uint64_t id, uint64
 	return 0;
 }
 
-/* Writes all of buf at off; false with errno set otherwise. */
-static bool pwrite_all(int fd, const void *buf, size_t len, off_t off)
+bool pwrite_all(int fd, const void *buf, size_t len, off_t off)
 {
 	while (len) {
 		ssize_t n = pwrite(fd, buf, len, off);
@@ -668,7 +667,7 @@ static bool pwrite_all(int fd, const void *buf, size_t len, off_t off)
 	return true;
 }
 
-static bool is_zero(const char *p, size_t len)
+bool is_zero(const char *p, size_t len)
 {
 	static const char zeros[4096];
 

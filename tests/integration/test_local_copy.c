@@ -960,3 +960,124 @@ Test(local_copy, an_upgrade_keeps_the_eviction_order)
 	free(b);
 	free(c);
 }
+
+/* Waits (at most 60 s) until local_copies_built reaches n. */
+static void wait_built(uint64_t n)
+{
+	for (int t = 0; t < 1200 && fm_stat("local_copies_built") < n; t++)
+		usleep(50 * 1000);
+	cr_assert_geq(fm_stat("local_copies_built"), n, "local_copies_built %llu, not %llu, 60 s on",
+		      (unsigned long long)fm_stat("local_copies_built"), (unsigned long long)n);
+}
+
+/* A file only in the store (written, committed, then remounted with an
+ * empty read cache) read whole by one handle gets a copy built after the
+ * close; the next reader gets passthrough on it, and a writer takes it
+ * over. Its middle megabyte is zeros: the copy reads them as such. */
+Test(local_copy, a_file_read_whole_from_the_store_gets_a_copy)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *data = pattern(len, 0xb111d);
+	const char patch[] = "changed after the build";
+	int fd;
+
+	need_passthrough();
+	memset(data + MiB, 0, MiB);
+	write_new("f", data, len);
+	drain(0);
+	fm_remount_cold();
+	cr_assert_eq(kept_files(), 0);
+	cr_assert_eq(fm_stat("local_copies_built"), 0);
+	fm_expect_content(mp("f"), data, len); /* open, READs, close */
+	wait_built(1);
+	cr_assert_eq(kept_files(), 1, "%d .kept- files after a build, not 1", kept_files());
+	cr_assert_eq(fm_stat("local_copy_bytes"), len);
+	fd = open_copy("f");
+	expect_fd_unread(fd, data, len, "f through the copy built from the store");
+	OK(close(fd));
+
+	/* The built copy is the file's as any other: a writer takes it over. */
+	fd = OK(open(mp("f"), O_WRONLY));
+	fm_pwrite_all(fd, patch, sizeof(patch), (off_t)(MiB + 77));
+	OK(close(fd));
+	memcpy(data + MiB + 77, patch, sizeof(patch));
+	cr_assert_eq(fm_stat("local_copy_takeovers"), 1, "the writer did not take the copy over");
+	drain(0);
+	fm_expect_content(mp("f"), data, len);
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+/* A handle that read only part of the file, or jumped about in it, asks
+ * for no copy; nor does a file under 1 MiB. The builds go one after the
+ * other in the order asked: once the whole read of "last" is built, a
+ * build of any of them asked for before would be too. */
+Test(local_copy, only_a_whole_in_order_read_builds_a_copy)
+{
+	const size_t len = 8 * MiB, small = MiB - 1;
+	unsigned char *data = pattern(len, 0xa11), *got = malloc(len);
+	int fd;
+
+	need_passthrough();
+	cr_assert(got);
+	write_new("part", data, len);
+	write_new("jump", data, len);
+	write_new("small", data, small);
+	write_new("last", data, 2 * MiB);
+	drain(0);
+	fm_remount_cold();
+
+	fd = OK(open(mp("part"), O_RDONLY));
+	fm_pread_all(fd, got, len / 2, 0);
+	OK(close(fd));
+	/* The second half first, then the first: every byte, out of order. */
+	fd = OK(open(mp("jump"), O_RDONLY));
+	fm_pread_all(fd, got + len / 2, len / 2, (off_t)(len / 2));
+	fm_pread_all(fd, got, len / 2, 0);
+	OK(close(fd));
+	cr_assert(memcmp(got, data, len) == 0, "jump: wrong bytes");
+	fm_expect_content(mp("small"), data, small);
+	fm_wait_released(0);
+	fm_expect_content(mp("last"), data, 2 * MiB);
+	wait_built(1);
+	fm_wait_released(0);
+	cr_assert_eq(fm_stat("local_copies_built"), 1);
+	cr_assert_eq(kept_files(), 1, "%d .kept- files, not 1 (only last's)", kept_files());
+	fd = open_copy("last");
+	expect_fd_unread(fd, data, 2 * MiB, "last through its copy");
+	OK(close(fd));
+	free(got);
+	free(data);
+}
+
+/* A writer right after a whole read: the build either finished (the
+ * writer takes the copy over) or meets the change and gives up; either
+ * way every later reader reads the writer's bytes. */
+Test(local_copy, a_change_racing_the_build_is_never_lost)
+{
+	const size_t len = 16 * MiB;
+	unsigned char *data = pattern(len, 0x4ace);
+	int fd;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	for (int round = 0; round < 3; round++) {
+		fm_remount_cold();
+		fm_expect_content(mp("f"), data, len);
+		fd = OK(open(mp("f"), O_WRONLY));
+		for (size_t at = (size_t)round * 4096; at < len; at += 3 * MiB) {
+			data[at] ^= 0xff;
+			fm_pwrite_all(fd, data + at, 1, (off_t)at);
+		}
+		OK(close(fd));
+		fm_expect_content(mp("f"), data, len);
+		drain(0);
+		fm_wait_released(0);
+		fm_expect_content(mp("f"), data, len);
+	}
+	fm_remount_cold();
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
