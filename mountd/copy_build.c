@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -77,9 +78,27 @@ void copy_build_later(struct mountd *md, struct inode *i, uint64_t size)
 	pthread_mutex_unlock(&b->lock);
 }
 
+/* Whether the build must stop before the next block: the mount stops,
+ * the file changed (-ESTALE), another mount took the volume, or the
+ * staging filesystem runs low (writers need the space more). */
+static int build_interrupted(struct copy_build *b, struct inode *i, uint64_t gen)
+{
+	struct mountd *md = b->md;
+	bool moved;
+
+	if (atomic_load(&b->stop))
+		return -EINTR;
+	pthread_mutex_lock(&i->layout_lock);
+	moved = i->layout_gen != gen;
+	pthread_mutex_unlock(&i->layout_lock);
+	if (moved || atomic_load(&md->lease_fenced))
+		return -ESTALE;
+	return staging_room_low(md) ? -ENOSPC : 0;
+}
+
 /* Writes i's committed content (size bytes, as of generation gen) into fd
  * through the read path; zeros stay holes. 0, or a negative errno
- * (-ESTALE: the file changed under the build). */
+ * (-ESTALE: the file changed under the build; see build_interrupted()). */
 static int build_write(struct copy_build *b, struct inode *i, int fd, uint64_t size, uint64_t gen)
 {
 	struct mountd *md = b->md;
@@ -96,27 +115,14 @@ static int build_write(struct copy_build *b, struct inode *i, int fd, uint64_t s
 	for (uint64_t at = 0; at < size; at += bs) {
 		uint32_t len = size - at < bs ? (uint32_t)(size - at) : bs;
 		ssize_t n;
-		bool moved;
 
-		if (atomic_load(&b->stop)) {
-			rc = -EINTR;
-			goto out;
-		}
 		/* A change gives the build up at once rather than at its end. */
-		pthread_mutex_lock(&i->layout_lock);
-		moved = i->layout_gen != gen;
-		pthread_mutex_unlock(&i->layout_lock);
-		if (moved) {
-			rc = -ESTALE;
+		if ((rc = build_interrupted(b, i, gen)) < 0)
 			goto out;
-		}
+		/* (at most len: the size given, not the file's, bounds it) */
 		n = file_read(md, NULL, i, size, buf, len, (off_t)at);
 		if (n < 0) {
 			rc = (int)n;
-			goto out;
-		}
-		if ((uint32_t)n != len) {
-			rc = -ESTALE; /* shorter than its size: cut meanwhile */
 			goto out;
 		}
 		if (!is_zero(buf, len) && !pwrite_all(fd, buf, len, (off_t)at)) {
@@ -127,6 +133,17 @@ static int build_write(struct copy_build *b, struct inode *i, int fd, uint64_t s
 out:
 	free(buf);
 	return rc;
+}
+
+/* Whether the staging filesystem has room for size more bytes and still
+ * --staging-min-free left: a build adds bytes, where every other copy is
+ * a file that exists already. */
+static bool staging_has_room(struct mountd *md, uint64_t size)
+{
+	struct statvfs sv;
+
+	return fstatvfs(md->staging_dirfd, &sv) == 0 &&
+	       (uint64_t)sv.f_bavail * sv.f_frsize >= size + md->staging_min_free;
 }
 
 static void build_one(struct copy_build *b, struct inode *i)
@@ -145,6 +162,10 @@ static void build_one(struct copy_build *b, struct inode *i)
 	pthread_mutex_unlock(&i->layout_lock);
 	if (meta_getattr(md->meta, i->ino, &a) < 0 || !S_ISREG(a.mode) || a.nlink == 0)
 		goto out;
+	/* Only what the read cache still holds: a build that fetched the
+	 * file again would double what a pass over many files costs. */
+	if (!staging_has_room(md, a.size) || !file_cached(md, i, a.size))
+		goto out;
 	pthread_mutex_lock(&i->lock);
 	if (build_wanted(md, i, a.size))
 		reserved = local_copy_reserve(md, i, a.size);
@@ -160,12 +181,13 @@ static void build_one(struct copy_build *b, struct inode *i)
 		goto out;
 	}
 	rc = build_write(b, i, fd, a.size, gen);
-	if (rc < 0) {
-		if (rc != -ESTALE && rc != -EINTR)
-			log_errno(rc, "inode %llu: cannot build a local copy; its reads go on "
-				  "through the daemon", (unsigned long long)i->ino);
+	/* A failure that a change explains (the file cut under the read) is
+	 * the change's, not worth a line. */
+	if (rc < 0 && rc != -EINTR && rc != -ENOSPC && build_interrupted(b, i, gen) == 0)
+		log_errno(rc, "inode %llu: cannot build a local copy; its reads go on "
+			  "through the daemon", (unsigned long long)i->ino);
+	if (rc < 0)
 		goto out;
-	}
 	pthread_mutex_lock(&i->lock);
 	installed = local_copy_install(md, i, name, a.size, gen);
 	pthread_mutex_unlock(&i->lock);
@@ -176,8 +198,8 @@ out:
 		log_warn("cannot remove local copy %s", name);
 	if (reserved && !installed)
 		local_copy_unreserve(md, a.size);
-	atomic_fetch_add(installed ? &md->stats.local_copies_built : &md->stats.local_copies_skipped,
-			 1);
+	atomic_fetch_add(installed ? &md->stats.local_copies_built :
+				    &md->stats.local_copy_builds_given_up, 1);
 }
 
 static void *build_main(void *arg)

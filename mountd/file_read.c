@@ -151,10 +151,13 @@ ssize_t file_read(struct mountd *md, fuse_req_t req, struct inode *i, uint64_t s
 		return 0;
 	end = (uint64_t)off + len < size ? (uint64_t)off + len : size;
 	/* A fetch from the store this read waits for may stop early if its
-	 * caller is being killed (caller.c). */
-	objstore_set_cancel(req ? read_given_up : NULL, &w);
+	 * caller is being killed (caller.c). Without a request the thread's
+	 * own hook stays (copy_build.c stops with the mount). */
+	if (req)
+		objstore_set_cancel(read_given_up, &w);
 	rc = layout_walk(md, req, i, (uint64_t)off, end, copy_extent, &a);
-	objstore_set_cancel(NULL, NULL);
+	if (req)
+		objstore_set_cancel(NULL, NULL);
 	if (rc < 0)
 		return rc;
 	atomic_fetch_add(&md->stats.bytes_read, end - (uint64_t)off);
@@ -334,6 +337,31 @@ void file_readahead(struct mountd *md, struct readahead *ra, struct inode *i, ui
 	atomic_store(&ra->end, to);
 	/* A layout that cannot be resolved: the reads themselves say so. */
 	(void)layout_walk(md, NULL, i, from, to, prefetch_extent, NULL);
+}
+
+/* ---- file_cached: whether every object of a file is in the read cache ---- */
+
+static int cached_piece(const char *key, uint32_t osize, uint32_t in, uint32_t n, uint32_t done,
+			void *arg)
+{
+	struct mountd *md = arg;
+
+	(void)in;
+	(void)n;
+	(void)done;
+	return read_cache_has(md->cache, key, osize) ? 0 : -ENOENT;
+}
+
+static int cached_extent(struct mountd *md, uint64_t at, const struct slice_extent *x, void *arg)
+{
+	(void)at;
+	(void)arg;
+	return x->id == 0 ? 0 : extent_objects(md, x, cached_piece, md);
+}
+
+bool file_cached(struct mountd *md, struct inode *i, uint64_t size)
+{
+	return layout_walk(md, NULL, i, 0, size, cached_extent, NULL) == 0;
 }
 
 /* ---- file_seek_data ---- */

@@ -34,30 +34,42 @@ struct open_file {
 	/* Its READs of committed data (read_whole_note()): a reader that read
 	 * the file whole, in order, asks at release for a local copy
 	 * (copy_build_later()). Updated without a lock, as ra is. */
-	_Atomic uint64_t whole_next, whole_bytes, whole_size;
-	_Atomic bool whole_jumped;
+	_Atomic uint64_t whole_next;  /* where the last READ ended */
+	_Atomic uint64_t whole_end;   /* the furthest any READ reached */
+	_Atomic uint64_t whole_bytes; /* bytes READ */
+	_Atomic uint64_t whole_size;  /* the file's, at the last READ */
+	_Atomic bool whole_jumped;    /* a READ landed away from the last one */
 };
 
 /* Notes a READ of [off, off+len) of a file of committed size fsize. */
 static void read_whole_note(struct open_file *of, uint64_t fsize, uint64_t off, size_t len)
 {
-	uint64_t end = len < fsize - off ? off + len : fsize, next;
+	uint64_t end = len < fsize - off ? off + len : fsize, next, far;
 
 	if (off >= fsize)
 		return;
+	/* From offset 0 on (whole_next starts there), each READ near where
+	 * the one before ended. */
 	next = atomic_exchange(&of->whole_next, end);
 	if (off + RA_SLACK < next || off > next + RA_SLACK)
 		atomic_store(&of->whole_jumped, true);
+	far = atomic_load(&of->whole_end);
+	while (far < end && !atomic_compare_exchange_weak(&of->whole_end, &far, end))
+		;
 	atomic_fetch_add(&of->whole_bytes, end - off);
 	atomic_store(&of->whole_size, fsize);
 }
 
-/* Whether of read its file whole, in order: *size is the file's. */
+/* Whether of read its file whole, in order, once (a reader that read the
+ * same part again and again reached the end with bytes to spare): *size
+ * is the file's. */
 static bool read_whole(struct open_file *of, uint64_t *size)
 {
+	uint64_t bytes = atomic_load(&of->whole_bytes);
+
 	*size = atomic_load(&of->whole_size);
 	return !of->writer && !of->passthrough && *size > 0 && !atomic_load(&of->whole_jumped) &&
-	       atomic_load(&of->whole_bytes) >= *size;
+	       atomic_load(&of->whole_end) >= *size && bytes >= *size && bytes / 2 <= *size;
 }
 
 static inline struct mountd *MD(fuse_req_t req)

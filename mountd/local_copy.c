@@ -79,6 +79,15 @@ static void copy_record_current(struct mountd *md, struct inode *i, uint64_t siz
 	pthread_mutex_unlock(&md->kept_lock);
 }
 
+/* Forgets the copy's record (not its place in the order, nor its bytes). */
+static void copy_record_clear(struct inode *i)
+{
+	free(i->kept_name);
+	i->kept_name = NULL;
+	i->kept_seq = i->kept_size = 0;
+	i->kept_shared = i->kept_committed = i->kept_built = false;
+}
+
 /* Removes the copy's file and record. Caller holds i->lock and kept_lock;
  * nobody reads the copy (i->nkept == 0). */
 static void copy_remove(struct mountd *md, struct inode *i)
@@ -87,10 +96,7 @@ static void copy_remove(struct mountd *md, struct inode *i)
 		log_warn("cannot remove local copy %s", i->kept_name);
 	order_unlink(md, i);
 	md->kept_bytes -= i->kept_size;
-	free(i->kept_name);
-	i->kept_name = NULL;
-	i->kept_seq = i->kept_size = 0;
-	i->kept_shared = i->kept_committed = false;
+	copy_record_clear(i);
 	atomic_fetch_add(&md->stats.local_copies_dropped, 1);
 }
 
@@ -142,11 +148,11 @@ static bool copy_mapped(struct mountd *md, struct inode *i, int tries)
  * copies per hand-off. */
 #define EVICT_MAX 64
 
-/* Evicts unread copies, oldest first, until need more bytes fit under the
- * limit (at most EVICT_MAX); each one's inode goes in gone[], whose
+/* Evicts unread copies (built_only: only copies built from reads), oldest
+ * first, until need more bytes fit under the limit (at most EVICT_MAX); each one's inode goes in gone[], whose
  * reference the caller gives back (copy_unref_all()) once it has let
  * kept_lock go: it may be the last. Caller holds kept_lock and self->lock. */
-static bool room_make(struct mountd *md, struct inode *self, uint64_t need,
+static bool room_make(struct mountd *md, struct inode *self, uint64_t need, bool built_only,
 		      struct inode **gone, size_t *ngone)
 {
 	struct inode *v = md->kept_oldest, *next;
@@ -158,7 +164,8 @@ static bool room_make(struct mountd *md, struct inode *self, uint64_t need,
 		if (v == self || pthread_mutex_trylock(&v->lock) != 0)
 			continue;
 		/* A mapped copy stays: the next change must go through it. */
-		if (v->nkept == 0 && v->kept_name && !copy_mapped(md, v, 1)) {
+		if (v->nkept == 0 && v->kept_name && (v->kept_built || !built_only) &&
+		    !copy_mapped(md, v, 1)) {
 			copy_remove(md, v);
 			gone[(*ngone)++] = v;
 		}
@@ -178,14 +185,14 @@ static void copy_unref_all(struct mountd *md, struct inode **gone, size_t n)
  * true and the bytes counted in kept_bytes (a reservation the copy's
  * record keeps, or local_copy_unreserve() gives back), or false. Caller
  * holds self->lock, not kept_lock. */
-static bool copy_reserve(struct mountd *md, struct inode *self, uint64_t size)
+static bool copy_reserve(struct mountd *md, struct inode *self, uint64_t size, bool built_only)
 {
 	struct inode *gone[EVICT_MAX];
 	size_t ngone = 0;
 	bool room;
 
 	pthread_mutex_lock(&md->kept_lock);
-	room = room_make(md, self, size, gone, &ngone);
+	room = room_make(md, self, size, built_only, gone, &ngone);
 	if (room)
 		md->kept_bytes += size;
 	pthread_mutex_unlock(&md->kept_lock);
@@ -212,7 +219,7 @@ bool local_copy_room_check(struct mountd *md, struct inode *self)
 		ngone = 0;
 		pthread_mutex_lock(&md->kept_lock);
 		if (md->kept_oldest)
-			(void)room_make(md, self, md->local_copy_max, gone, &ngone);
+			(void)room_make(md, self, md->local_copy_max, false, gone, &ngone);
 		pthread_mutex_unlock(&md->kept_lock);
 		copy_unref_all(md, gone, ngone);
 	} while (ngone == EVICT_MAX);
@@ -240,7 +247,7 @@ void local_copy_keep(struct mountd *md, struct inode *i)
 	    i->inflight_size < LOCAL_COPY_MIN || i->inflight_size > md->pt_copy_max ||
 	    wstate_lease_unknown())
 		return;
-	room = copy_reserve(md, i, i->inflight_size); /* while the link is made */
+	room = copy_reserve(md, i, i->inflight_size, false); /* while the link is made */
 	if (!room) {
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return;
@@ -287,7 +294,7 @@ bool local_copy_keep_unchanged(struct mountd *md, struct inode *i)
 	    wstate_lease_unknown() || staging_room_low(md))
 		return false;
 	size = w->size;
-	room = copy_reserve(md, i, size);
+	room = copy_reserve(md, i, size, false);
 	if (!room) {
 		atomic_fetch_add(&md->stats.local_copies_skipped, 1);
 		return false;
@@ -320,7 +327,8 @@ bool local_copy_install(struct mountd *md, struct inode *i, const char *name, ui
 	 * no write state, no job in flight (each moves layout_gen when it
 	 * commits), no name gone. */
 	if (i->kept_name || i->w || i->inflight_seq || inode_is_unlinked(md, i) ||
-	    !atomic_load(&md->layout_ready) || !(own = strdup(name)))
+	    !atomic_load(&md->layout_ready) || atomic_load(&md->lease_fenced) ||
+	    !(own = strdup(name)))
 		return false;
 	pthread_mutex_lock(&i->layout_lock);
 	if (i->layout_gen != gen) {
@@ -334,6 +342,7 @@ bool local_copy_install(struct mountd *md, struct inode *i, const char *name, ui
 	i->kept_seq = 0;
 	i->kept_size = size;
 	i->kept_committed = true;
+	i->kept_built = true;
 	inode_ref(md, i->ino, 0, 1); /* the copy's: it outlives the kernel's FORGET */
 	pthread_mutex_lock(&md->kept_lock);
 	order_append(md, i);
@@ -343,7 +352,7 @@ bool local_copy_install(struct mountd *md, struct inode *i, const char *name, ui
 
 bool local_copy_reserve(struct mountd *md, struct inode *i, uint64_t size)
 {
-	return copy_reserve(md, i, size);
+	return copy_reserve(md, i, size, true);
 }
 
 enum copy_state {
@@ -471,10 +480,7 @@ forget:
 	order_unlink(md, i);
 	md->kept_bytes -= i->kept_size;
 	pthread_mutex_unlock(&md->kept_lock);
-	free(name);
-	i->kept_name = NULL;
-	i->kept_seq = i->kept_size = 0;
-	i->kept_shared = i->kept_committed = false;
+	copy_record_clear(i); /* frees name */
 	inode_unref(md, i, 0, 1); /* the copy's; never the last (see mountd.h) */
 	return 0;
 }
@@ -584,9 +590,8 @@ size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, si
 				n++;
 				order_unlink(md, v);
 				md->kept_bytes -= v->kept_size;
-				v->kept_name = NULL;
-				v->kept_seq = v->kept_size = 0;
-				v->kept_shared = v->kept_committed = false;
+				v->kept_name = NULL; /* out's now */
+				copy_record_clear(v);
 				gone[ngone++] = v;
 			}
 			pthread_mutex_unlock(&v->lock);
@@ -654,7 +659,7 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		inode_unref(md, i, 0, 1);
 		goto drop;
 	}
-	room = copy_reserve(md, i, size);
+	room = copy_reserve(md, i, size, false);
 	/* Renamed as this daemon's: its own names cannot meet it (after a
 	 * re-exec the pid is the same, the serial starts again). */
 	snprintf(mine, sizeof(mine), ".kept-%d-%llu-h%llu", (int)md->pid, (unsigned long long)ino,

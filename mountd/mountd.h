@@ -86,6 +86,7 @@ struct stats {
 	_Atomic uint64_t local_copies_made, local_copies_dropped, local_copies_skipped;
 	_Atomic uint64_t local_copies_handed_over; /* taken from the daemon before (upgrade) */
 	_Atomic uint64_t local_copies_built; /* of files read whole (copy_build.c) */
+	_Atomic uint64_t local_copy_builds_given_up; /* changed meanwhile, no room, an error */
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
 	_Atomic uint64_t reconciler_restarts;
@@ -438,8 +439,9 @@ void local_copy_forget(struct mountd *md, struct inode *i);
 /* At stop: removes every copy nobody reads. */
 void local_copy_drop_all(struct mountd *md);
 /* For copy_build.c: room for a copy of size bytes of i (true: counted in
- * the copies' bytes until recorded or given back), evicting older unread
- * copies. Caller holds i->lock. */
+ * the copies' bytes until recorded or given back), evicting only unread
+ * copies built the same way: a pass that reads many files once (a backup)
+ * never takes the copies writers left. Caller holds i->lock. */
 bool local_copy_reserve(struct mountd *md, struct inode *i, uint64_t size);
 void local_copy_unreserve(struct mountd *md, uint64_t size);
 /* Records name (size bytes, reserved, in the staging directory) as i's
@@ -753,6 +755,9 @@ struct readahead {
  * size: a sequential reader gets the objects ahead of it prefetched. */
 void file_readahead(struct mountd *md, struct readahead *ra, struct inode *i, uint64_t size,
 		    uint64_t off, size_t len);
+/* Whether every object of i's committed data (size bytes) is in the read
+ * cache now: reading it costs no fetch. */
+bool file_cached(struct mountd *md, struct inode *i, uint64_t size);
 /* SEEK_DATA / SEEK_HOLE over the committed slices. */
 off_t file_seek_data(struct mountd *md, struct inode *i, uint64_t size, off_t off, int whence);
 
@@ -832,6 +837,7 @@ struct inode {
 	uint64_t kept_gen;
 	uint32_t nkept;
 	bool kept_building;       /* queued or being built (copy_build.c) */
+	bool kept_built;          /* the copy was built from a read (copy_build.c) */
 	/* Guarded by md->kept_lock: the least recently used order of copies. */
 	struct inode *kprev, *knext;
 	/* Guarded by md->pending_lock: */

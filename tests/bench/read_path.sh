@@ -20,8 +20,11 @@
 # read per target in a row measured the disk's mood more than the target.
 #
 # ferryfs writes the file through the mount (passthrough), waits until the
-# reconciler has committed it, then remounts, so every read goes through the
-# read path rather than the staging file. A second column, "local", is
+# reconciler has committed it, then remounts, so every cold read goes
+# through the read path rather than the staging file. A whole sequential
+# read (the seq cold job, the cat before the warm rows) has a local copy of
+# the file built after its close, which the next opens read in passthrough
+# mode: the warm rows read it; the script waits for each build. A second column, "local", is
 # ferryfs with -o local_copies, without the remount: the committed staging
 # file stays as the file's local copy and reads get passthrough on it. Prints MB/s or IOPS per target and
 # ferryfs's ratio to each other column, then ferryfs's FUSE READ requests.
@@ -136,11 +139,23 @@ stat_of() { awk -v k="$1" '$1 == k { print $2 }' "$mnt/.stats"; }
 declare -A S
 stats_keep() {
   local k
-  for k in fuse_requests_read spliced_reads cache_misses; do
+  for k in fuse_requests_read spliced_reads cache_misses local_copies_built local_copy_opens; do
     S[$k]=$(( ${S[$k]:-0} + $(stat_of "$k") ))
   done
 }
 remount() { stats_keep; "$ferry" umount "$mnt" >/dev/null; mnt_ferry; }
+# A whole sequential read of a file with no local copy has one built after
+# its close (off the reader's path): waited for, so that the next reads
+# find it and the build does not run under another target's job.
+wait_built() {
+  local _
+  for _ in $(seq 600); do
+    [[ $(stat_of local_copies_built) -ge 1 ]] && return 0
+    sleep 0.1
+  done
+  echo "read_path.sh: no local copy was built 60 s after a whole read" >&2
+  return 1
+}
 mnt_ferry
 dd if=/dev/urandom of="$mnt/f" bs=1M count="$size_mib" conv=fsync status=none
 until [[ $(stat_of reconcile_inflight) == 0 && $(stat_of reconcile_handed_inflight) == 0 ]]; do
@@ -178,6 +193,7 @@ for kind in seq rand; do
     for t in "${targets[@]}"; do
       cold "$t"
       fio_job "$t" "$kind cold" "${FILE[$t]}" "$kind"
+      if [[ $t == ferryfs && $kind == seq ]]; then wait_built; fi
     done
   done
 done
@@ -188,17 +204,21 @@ resident_of() {
     ext4) resident "${FILE[ext4]}" ;;
     pthp) echo $(( $(resident "${FILE[pthp]}") + $(resident "$scratch/pthp-src/f") )) ;;
     # shellcheck disable=SC2046
-    ferryfs) echo $(( $(resident "$mnt/f") + $(resident $(find "$scratch/cache" -type f)) )) ;;
+    ferryfs) echo $(( $(resident "$mnt/f") + $(resident $(find "$scratch/cache" -type f) \
+                        $(find "$scratch/staging" -name '.kept-*')) )) ;;
     # shellcheck disable=SC2046
     local) echo $(( $(resident "$lc_mnt/f") + $(resident $(find "$scratch/staging2" -name '.kept-*')) )) ;;
   esac
 }
 for t in "${targets[@]}"; do
   cat "${FILE[$t]}" > /dev/null
+  if [[ $t == ferryfs ]]; then wait_built; fi
   fio_job "$t" "seq warm" "${FILE[$t]}" seq
   fio_job "$t" "rand warm" "${FILE[$t]}" rand
   cold "$t"
-  cat "${FILE[$t]}" > /dev/null; cat "${FILE[$t]}" > /dev/null
+  cat "${FILE[$t]}" > /dev/null
+  if [[ $t == ferryfs ]]; then wait_built; fi
+  cat "${FILE[$t]}" > /dev/null
   R[$t.resident]=$(resident_of "$t")
 done
 stats_keep
@@ -233,4 +253,5 @@ echo "  ${R[pthp.seq cold]:--} / ${R[ferryfs.seq cold]} MB/s and ${R[ext4.rand c
 echo "  ${R[ferryfs.rand cold]} IOPS; ferryfs's first cold read, from the file:// store into an empty"
 echo "  read cache: ${R[ferryfs.seq store]} MB/s; read cache afterwards ${cache_mib} MiB; during its other"
 echo "  jobs: ${S[fuse_requests_read]} READ requests, ${S[spliced_reads]} of them spliced from the read"
-echo "  cache, ${S[cache_misses]} objects fetched from the store)"
+echo "  cache, ${S[cache_misses]} objects fetched from the store; ${S[local_copies_built]} local copies"
+echo "  built after whole reads, ${S[local_copy_opens]} opens read one in passthrough mode)"

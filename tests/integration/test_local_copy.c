@@ -134,6 +134,15 @@ static void expect_fd_unread(int fd, const unsigned char *want, size_t len, cons
 		      "%llu)", what, (unsigned long long)reads, (unsigned long long)per_stats);
 }
 
+/* Waits (at most 60 s) until local_copies_built reaches n. */
+static void wait_built(uint64_t n)
+{
+	for (int t = 0; t < 1200 && fm_stat("local_copies_built") < n; t++)
+		usleep(50 * 1000);
+	cr_assert_geq(fm_stat("local_copies_built"), n, "local_copies_built %llu, not %llu, 60 s on",
+		      (unsigned long long)fm_stat("local_copies_built"), (unsigned long long)n);
+}
+
 /* Writes a new file of len bytes through one passthrough open and closes
  * it. */
 static void write_new(const char *name, const unsigned char *buf, size_t len)
@@ -412,11 +421,12 @@ Test(local_copy, a_killed_daemons_copies_are_removed_at_start)
 	cr_assert_eq(kept_files(), 1, "the killed daemon's copy is already gone");
 	fm_mount();
 	cr_assert_eq(kept_files(), 0, "the start left a dead daemon's local copy");
-	/* No copy of an earlier run is used: this read takes the usual path. */
+	/* No copy of an earlier run is used: this read takes the usual path
+	 * (and, having read the file whole, has one built anew). */
+	cr_assert_eq(fm_stat("local_copy_bytes"), 0);
 	opens0 = fm_stat("local_copy_opens");
 	fm_expect_content(mp("f"), data, len);
 	cr_assert_eq(fm_stat("local_copy_opens"), opens0);
-	cr_assert_eq(fm_stat("local_copy_bytes"), 0);
 	fm_remount_cold();
 	fm_expect_content(mp("f"), data, len);
 	free(data);
@@ -780,8 +790,15 @@ Test(local_copy, a_truncate_without_readers_makes_the_copy_stale)
 	expect_fd(r, data, cut, "f after the truncate");
 	OK(close(r));
 	fm_wait_released(0);
-	cr_assert_eq(kept_files(), 0, "the stale copy is still there");
-	cr_assert_eq(fm_stat("local_copy_bytes"), 0);
+	/* The stale copy went; the whole read has one of the cut file built
+	 * (the only copy made since). */
+	wait_built(1);
+	cr_assert_eq(kept_files(), 1, "%d copies: the stale one is still there", kept_files());
+	cr_assert_eq(fm_stat("local_copy_bytes"), cut);
+	cr_assert_eq(fm_stat("local_copies_made"), 1);
+	r = open_copy("f");
+	expect_fd_unread(r, data, cut, "f through the copy built after the truncate");
+	OK(close(r));
 	fm_remount_cold();
 	fm_expect_content(mp("f"), data, cut);
 	free(data);
@@ -961,14 +978,6 @@ Test(local_copy, an_upgrade_keeps_the_eviction_order)
 	free(c);
 }
 
-/* Waits (at most 60 s) until local_copies_built reaches n. */
-static void wait_built(uint64_t n)
-{
-	for (int t = 0; t < 1200 && fm_stat("local_copies_built") < n; t++)
-		usleep(50 * 1000);
-	cr_assert_geq(fm_stat("local_copies_built"), n, "local_copies_built %llu, not %llu, 60 s on",
-		      (unsigned long long)fm_stat("local_copies_built"), (unsigned long long)n);
-}
 
 /* A file only in the store (written, committed, then remounted with an
  * empty read cache) read whole by one handle gets a copy built after the
@@ -1043,6 +1052,7 @@ Test(local_copy, only_a_whole_in_order_read_builds_a_copy)
 	wait_built(1);
 	fm_wait_released(0);
 	cr_assert_eq(fm_stat("local_copies_built"), 1);
+	cr_assert_eq(fm_stat("local_copy_builds_given_up"), 0, "a build was asked for and given up");
 	cr_assert_eq(kept_files(), 1, "%d .kept- files, not 1 (only last's)", kept_files());
 	fd = open_copy("last");
 	expect_fd_unread(fd, data, 2 * MiB, "last through its copy");
@@ -1064,8 +1074,11 @@ Test(local_copy, a_change_racing_the_build_is_never_lost)
 	write_new("f", data, len);
 	drain(0);
 	for (int round = 0; round < 3; round++) {
+		uint64_t ended;
+
 		fm_remount_cold();
 		fm_expect_content(mp("f"), data, len);
+		fm_wait_released(0); /* the build is asked for */
 		fd = OK(open(mp("f"), O_WRONLY));
 		for (size_t at = (size_t)round * 4096; at < len; at += 3 * MiB) {
 			data[at] ^= 0xff;
@@ -1076,8 +1089,47 @@ Test(local_copy, a_change_racing_the_build_is_never_lost)
 		drain(0);
 		fm_wait_released(0);
 		fm_expect_content(mp("f"), data, len);
+		/* The build ran, one way or the other. */
+		for (int t = 0; t < 1200; t++) {
+			ended = fm_stat("local_copies_built") + fm_stat("local_copy_builds_given_up");
+			if (ended >= 1)
+				break;
+			usleep(50 * 1000);
+		}
+		cr_assert_geq(ended, 1, "round %d: no build ended in 60 s", round);
+		fm_expect_content(mp("f"), data, len);
 	}
 	fm_remount_cold();
 	fm_expect_content(mp("f"), data, len);
 	free(data);
+}
+
+/* A build makes room only by evicting copies built the same way: a pass
+ * that reads many files once does not take the copy a writer left. */
+Test(local_copy, a_build_never_evicts_a_writers_copy)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *w = pattern(len, 0x3e1), *r = pattern(len, 0x3e2);
+	int fd;
+
+	need_passthrough();
+	write_new("r", r, len);
+	drain(0);
+	fm_umount();
+	fm_mount_with("local_copies=6m");
+	write_new("w", w, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 1, "the writer's file has no copy");
+	fm_expect_content(mp("r"), r, len);
+	fm_wait_released(0);
+	for (int t = 0; t < 1200 && fm_stat("local_copy_builds_given_up") == 0; t++)
+		usleep(50 * 1000);
+	cr_assert_eq(fm_stat("local_copy_builds_given_up"), 1, "the build was not given up");
+	cr_assert_eq(fm_stat("local_copies_built"), 0);
+	cr_assert_eq(kept_files(), 1);
+	fd = open_copy("w");
+	expect_fd_unread(fd, w, len, "w through the copy its writer left");
+	OK(close(fd));
+	free(w);
+	free(r);
 }
