@@ -191,6 +191,10 @@ static void build_one(struct copy_build *b, struct inode *i)
 	pthread_mutex_lock(&i->lock);
 	installed = local_copy_install(md, i, name, a.size, gen);
 	pthread_mutex_unlock(&i->lock);
+	/* The copy's pages serve its readers now: the cache files' would be
+	 * a second copy in memory (they stay on disk). */
+	if (installed)
+		file_cache_dontneed(md, i, a.size);
 out:
 	if (fd >= 0)
 		close(fd); /* the copy is opened again when a reader comes */

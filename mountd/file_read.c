@@ -364,6 +364,31 @@ bool file_cached(struct mountd *md, struct inode *i, uint64_t size)
 	return layout_walk(md, NULL, i, 0, size, cached_extent, NULL) == 0;
 }
 
+static int dontneed_piece(const char *key, uint32_t osize, uint32_t in, uint32_t n,
+			  uint32_t done, void *arg)
+{
+	struct mountd *md = arg;
+
+	(void)in;
+	(void)n;
+	(void)done;
+	read_cache_dontneed(md->cache, &md->stats, key, osize);
+	return 0;
+}
+
+static int dontneed_extent(struct mountd *md, uint64_t at, const struct slice_extent *x,
+			   void *arg)
+{
+	(void)at;
+	(void)arg;
+	return x->id == 0 ? 0 : extent_objects(md, x, dontneed_piece, md);
+}
+
+void file_cache_dontneed(struct mountd *md, struct inode *i, uint64_t size)
+{
+	(void)layout_walk(md, NULL, i, 0, size, dontneed_extent, NULL);
+}
+
 /* ---- file_seek_data ---- */
 
 struct seek_arg {

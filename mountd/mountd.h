@@ -131,6 +131,10 @@ bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize);
  * a sequential reader about to reach it); false if it is not cached. */
 bool read_cache_willneed(struct read_cache *c, struct stats *st, const char *key,
 			 uint32_t objsize);
+/* Lets the page cache go of key's cache file (its bytes are read from
+ * elsewhere now: a local copy); nothing if it is not cached. */
+void read_cache_dontneed(struct read_cache *c, struct stats *st, const char *key,
+			 uint32_t objsize);
 /* Fetches key into the cache unless it is cached or being fetched (by a
  * reader or another prefetch: this one then returns at once). 1 fetched,
  * 0 nothing to do, or the fetch's negative errno. */
@@ -758,6 +762,9 @@ void file_readahead(struct mountd *md, struct readahead *ra, struct inode *i, ui
 /* Whether every object of i's committed data (size bytes) is in the read
  * cache now: reading it costs no fetch. */
 bool file_cached(struct mountd *md, struct inode *i, uint64_t size);
+/* Lets the page cache go of the cache files of i's committed data (size
+ * bytes): a local copy holds them now, and holds the pages its readers use. */
+void file_cache_dontneed(struct mountd *md, struct inode *i, uint64_t size);
 /* SEEK_DATA / SEEK_HOLE over the committed slices. */
 off_t file_seek_data(struct mountd *md, struct inode *i, uint64_t size, off_t off, int whence);
 

@@ -956,6 +956,17 @@ bool read_cache_willneed(struct read_cache *c, struct stats *st, const char *key
 	return true;
 }
 
+void read_cache_dontneed(struct read_cache *c, struct stats *st, const char *key,
+			 uint32_t objsize)
+{
+	int fd = c ? cache_open(c, st, key, objsize, false) : -ENOENT;
+
+	if (fd < 0)
+		return;
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	close(fd);
+}
+
 bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize)
 {
 	struct cache_entry *e;
