@@ -152,7 +152,7 @@ static void build_one(struct copy_build *b, struct inode *i)
 	struct meta_attr a;
 	char name[64];
 	uint64_t gen;
-	bool reserved = false, installed = false;
+	bool wanted, reserved = false, installed = false;
 	int fd = -1, rc;
 
 	/* The generation first: a commit after it moves it, so a size read
@@ -162,9 +162,13 @@ static void build_one(struct copy_build *b, struct inode *i)
 	pthread_mutex_unlock(&i->layout_lock);
 	if (meta_getattr(md->meta, i->ino, &a) < 0 || !S_ISREG(a.mode) || a.nlink == 0)
 		goto out;
+	pthread_mutex_lock(&i->lock);
+	wanted = build_wanted(md, i, a.size);
+	pthread_mutex_unlock(&i->lock);
 	/* Only what the read cache still holds: a build that fetched the
-	 * file again would double what a pass over many files costs. */
-	if (!staging_has_room(md, a.size) || !file_cached(md, i, a.size))
+	 * file again would double what a pass over many files costs (an
+	 * object evicted during the build is still fetched). */
+	if (!wanted || !staging_has_room(md, a.size) || !file_cached(md, i, a.size))
 		goto out;
 	pthread_mutex_lock(&i->lock);
 	if (build_wanted(md, i, a.size))

@@ -372,7 +372,7 @@ static int dontneed_piece(const char *key, uint32_t osize, uint32_t in, uint32_t
 	(void)in;
 	(void)n;
 	(void)done;
-	read_cache_dontneed(md->cache, &md->stats, key, osize);
+	read_cache_dontneed(md->cache, key, osize);
 	return 0;
 }
 

@@ -48,8 +48,9 @@ static void read_whole_note(struct open_file *of, uint64_t fsize, uint64_t off, 
 
 	if (off >= fsize)
 		return;
-	/* From offset 0 on (whole_next starts there), each READ near where
-	 * the one before ended. */
+	/* Each READ near where the one before ended, the first near offset
+	 * 0 (whole_next starts there): within RA_SLACK, as read-ahead sees a
+	 * sequential reader. */
 	next = atomic_exchange(&of->whole_next, end);
 	if (off + RA_SLACK < next || off > next + RA_SLACK)
 		atomic_store(&of->whole_jumped, true);

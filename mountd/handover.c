@@ -363,6 +363,8 @@ int handover_send(struct mountd *md)
 		kmsg[nsent].has_ctime_sec = kmsg[nsent].has_ctime_nsec = true;
 		kmsg[nsent].ctime_sec = kept[k].ctime.tv_sec;
 		kmsg[nsent].ctime_nsec = (uint32_t)kept[k].ctime.tv_nsec;
+		kmsg[nsent].has_built = true;
+		kmsg[nsent].built = kept[k].built;
 		kp[nsent] = &kmsg[nsent];
 		nsent++;
 	}
@@ -665,7 +667,8 @@ int handover_restore(struct mountd *md)
 
 		local_copy_adopt(md, c->ino, c->name, c->has_ctime_sec ? c->size : 0,
 				 (struct timespec){ .tv_sec = c->ctime_sec,
-						    .tv_nsec = c->ctime_nsec });
+						    .tv_nsec = c->ctime_nsec },
+				 c->has_built && c->built);
 	}
 	if (rc == 0)
 		log_info("took the mount over: %zu open handles, %zu passthrough staging files, %zu "

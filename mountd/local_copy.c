@@ -586,7 +586,8 @@ size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, si
 			if (v->nkept == 0 && v->kept_name && copy_state(md, v) == COPY_CURRENT) {
 				/* The record goes, the file stays: the name is out's. */
 				out[n] = (struct local_copy_handed){ .ino = v->ino, .name = v->kept_name,
-								     .size = v->kept_size };
+								     .size = v->kept_size,
+								     .built = v->kept_built };
 				n++;
 				order_unlink(md, v);
 				md->kept_bytes -= v->kept_size;
@@ -623,7 +624,7 @@ static bool name_of_live_other(struct mountd *md, const char *name)
 }
 
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
-		      struct timespec ctime)
+		      struct timespec ctime, bool built)
 {
 	struct inode *i;
 	struct meta_attr a;
@@ -676,6 +677,7 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		copy_record_current(md, i, size);
 		/* A reader of the old daemon may have mapped it: probed. */
 		i->kept_shared = true;
+		i->kept_built = built;
 		atomic_fetch_add(&md->stats.local_copies_handed_over, 1);
 	}
 	pthread_mutex_unlock(&i->lock);

@@ -132,9 +132,9 @@ bool read_cache_has(struct read_cache *c, const char *key, uint32_t objsize);
 bool read_cache_willneed(struct read_cache *c, struct stats *st, const char *key,
 			 uint32_t objsize);
 /* Lets the page cache go of key's cache file (its bytes are read from
- * elsewhere now: a local copy); nothing if it is not cached. */
-void read_cache_dontneed(struct read_cache *c, struct stats *st, const char *key,
-			 uint32_t objsize);
+ * elsewhere now: a local copy), if its fd is kept open; not a use of it
+ * (the LRU order stays). */
+void read_cache_dontneed(struct read_cache *c, const char *key, uint32_t objsize);
 /* Fetches key into the cache unless it is cached or being fetched (by a
  * reader or another prefetch: this one then returns at once). 1 fetched,
  * 0 nothing to do, or the fetch's negative errno. */
@@ -389,6 +389,7 @@ struct local_copy_handed {
 	char *name;
 	uint64_t size;          /* 0: not to be sent */
 	struct timespec ctime;  /* the file's, committed */
+	bool built;             /* built from a read (kept_built) */
 };
 size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max);
 /* The new daemon's side: keeps the copy name (as sent, checked) of inode
@@ -397,7 +398,7 @@ size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, si
  * not to be kept) removes it, unless another live daemon's name is
  * given. */
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
-		      struct timespec ctime);
+		      struct timespec ctime, bool built);
 /* When the staging filesystem runs low, removes the unread copies (not
  * self's, whose lock the caller may hold; NULL: none) and returns true.
  * Called at every hand-off and every gc round: passthrough writes fill

@@ -956,11 +956,20 @@ bool read_cache_willneed(struct read_cache *c, struct stats *st, const char *key
 	return true;
 }
 
-void read_cache_dontneed(struct read_cache *c, struct stats *st, const char *key,
-			 uint32_t objsize)
+void read_cache_dontneed(struct read_cache *c, const char *key, uint32_t objsize)
 {
-	int fd = c ? cache_open(c, st, key, objsize, false) : -ENOENT;
+	struct cache_entry *e;
+	int fd = -1;
 
+	if (!c)
+		return;
+	/* Through the fd kept open only: not a use (the LRU order stays), and
+	 * a file not verified yet is not read to verify it. */
+	pthread_mutex_lock(&c->lock);
+	e = index_find(c, key);
+	if (e && e->size == objsize && e->verified && e->fd >= 0)
+		fd = fcntl(e->fd, F_DUPFD_CLOEXEC, 0);
+	pthread_mutex_unlock(&c->lock);
 	if (fd < 0)
 		return;
 	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);

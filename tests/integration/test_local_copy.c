@@ -1110,6 +1110,7 @@ Test(local_copy, a_build_never_evicts_a_writers_copy)
 {
 	const size_t len = 4 * MiB;
 	unsigned char *w = pattern(len, 0x3e1), *r = pattern(len, 0x3e2);
+	uint64_t dropped0;
 	int fd;
 
 	need_passthrough();
@@ -1120,16 +1121,77 @@ Test(local_copy, a_build_never_evicts_a_writers_copy)
 	write_new("w", w, len);
 	drain(0);
 	cr_assert_eq(kept_files(), 1, "the writer's file has no copy");
+	dropped0 = fm_stat("local_copies_dropped");
 	fm_expect_content(mp("r"), r, len);
 	fm_wait_released(0);
 	for (int t = 0; t < 1200 && fm_stat("local_copy_builds_given_up") == 0; t++)
 		usleep(50 * 1000);
 	cr_assert_eq(fm_stat("local_copy_builds_given_up"), 1, "the build was not given up");
 	cr_assert_eq(fm_stat("local_copies_built"), 0);
+	cr_assert_eq(fm_stat("local_copies_dropped"), dropped0, "a copy was evicted for the build");
 	cr_assert_eq(kept_files(), 1);
 	fd = open_copy("w");
 	expect_fd_unread(fd, w, len, "w through the copy its writer left");
 	OK(close(fd));
 	free(w);
 	free(r);
+}
+
+/* ... and does evict an older copy built from a read, least recently
+ * used first: the space holds one, the newest read's. */
+Test(local_copy, a_build_evicts_an_older_built_copy)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *a = pattern(len, 0x3e3), *b = pattern(len, 0x3e4);
+	int fd;
+
+	need_passthrough();
+	write_new("a", a, len);
+	write_new("b", b, len);
+	drain(0);
+	fm_umount();
+	fm_mount_with("local_copies=6m");
+	cr_assert_eq(kept_files(), 0);
+	fm_expect_content(mp("a"), a, len);
+	wait_built(1);
+	fm_expect_content(mp("b"), b, len);
+	wait_built(2);
+	cr_assert_eq(fm_stat("local_copies_dropped"), 1, "a's copy was not evicted for b's");
+	cr_assert_eq(kept_files(), 1);
+	cr_assert_eq(fm_stat("local_copy_bytes"), len);
+	fd = open_copy("b");
+	expect_fd_unread(fd, b, len, "b through its built copy");
+	OK(close(fd));
+	fm_expect_content(mp("a"), a, len); /* read again: a builds anew, evicting b's */
+	free(a);
+	free(b);
+}
+
+/* A built copy stays one across an upgrade: the new daemon's builds may
+ * evict it, as the old one's could. */
+Test(local_copy, a_built_copy_goes_over_an_upgrade_as_built)
+{
+	const size_t len = 4 * MiB;
+	unsigned char *a = pattern(len, 0x3e5), *b = pattern(len, 0x3e6);
+	int fd;
+
+	need_passthrough();
+	write_new("a", a, len);
+	write_new("b", b, len);
+	drain(0);
+	fm_umount();
+	fm_mount_with("local_copies=6m");
+	fm_expect_content(mp("a"), a, len);
+	wait_built(1);
+	fm_upgrade();
+	cr_assert_eq(fm_stat("local_copies_handed_over"), 1, "a's copy did not go over");
+	fm_expect_content(mp("b"), b, len);
+	wait_built(1);
+	cr_assert_eq(fm_stat("local_copies_dropped"), 1, "a's copy was not evicted for b's");
+	cr_assert_eq(kept_files(), 1);
+	fd = open_copy("b");
+	expect_fd_unread(fd, b, len, "b through its built copy");
+	OK(close(fd));
+	free(a);
+	free(b);
 }
