@@ -1104,6 +1104,31 @@ Test(local_copy, a_change_racing_the_build_is_never_lost)
 	free(data);
 }
 
+/* Writes a and b (len bytes each), has both committed, and mounts again
+ * (no copies, a cold read cache) with room for one copy only. */
+static void two_files_room_for_one(const unsigned char *a, const unsigned char *b, size_t len)
+{
+	need_passthrough();
+	write_new("a", a, len);
+	write_new("b", b, len);
+	drain(0);
+	fm_umount();
+	fm_mount_with("local_copies=6m");
+	cr_assert_eq(kept_files(), 0);
+}
+
+/* The staging directory holds one copy, name's, which a reader's open
+ * gets (no READ reaches the daemon). */
+static void expect_only_copy(const char *name, const unsigned char *want, size_t len)
+{
+	int fd;
+
+	cr_assert_eq(kept_files(), 1, "%d copies, not 1", kept_files());
+	fd = open_copy(name);
+	expect_fd_unread(fd, want, len, name);
+	OK(close(fd));
+}
+
 /* A build makes room only by evicting copies built the same way: a pass
  * that reads many files once does not take the copy a writer left. */
 Test(local_copy, a_build_never_evicts_a_writers_copy)
@@ -1111,28 +1136,22 @@ Test(local_copy, a_build_never_evicts_a_writers_copy)
 	const size_t len = 4 * MiB;
 	unsigned char *w = pattern(len, 0x3e1), *r = pattern(len, 0x3e2);
 	uint64_t dropped0;
-	int fd;
 
-	need_passthrough();
-	write_new("r", r, len);
-	drain(0);
-	fm_umount();
-	fm_mount_with("local_copies=6m");
-	write_new("w", w, len);
+	two_files_room_for_one(r, w, len);
+	/* w written again here: its copy is a writer's */
+	w[0] ^= 1;
+	write_new("b", w, len);
 	drain(0);
 	cr_assert_eq(kept_files(), 1, "the writer's file has no copy");
 	dropped0 = fm_stat("local_copies_dropped");
-	fm_expect_content(mp("r"), r, len);
+	fm_expect_content(mp("a"), r, len);
 	fm_wait_released(0);
 	for (int t = 0; t < 1200 && fm_stat("local_copy_builds_given_up") == 0; t++)
 		usleep(50 * 1000);
 	cr_assert_eq(fm_stat("local_copy_builds_given_up"), 1, "the build was not given up");
 	cr_assert_eq(fm_stat("local_copies_built"), 0);
 	cr_assert_eq(fm_stat("local_copies_dropped"), dropped0, "a copy was evicted for the build");
-	cr_assert_eq(kept_files(), 1);
-	fd = open_copy("w");
-	expect_fd_unread(fd, w, len, "w through the copy its writer left");
-	OK(close(fd));
+	expect_only_copy("b", w, len);
 	free(w);
 	free(r);
 }
@@ -1143,25 +1162,15 @@ Test(local_copy, a_build_evicts_an_older_built_copy)
 {
 	const size_t len = 4 * MiB;
 	unsigned char *a = pattern(len, 0x3e3), *b = pattern(len, 0x3e4);
-	int fd;
 
-	need_passthrough();
-	write_new("a", a, len);
-	write_new("b", b, len);
-	drain(0);
-	fm_umount();
-	fm_mount_with("local_copies=6m");
-	cr_assert_eq(kept_files(), 0);
+	two_files_room_for_one(a, b, len);
 	fm_expect_content(mp("a"), a, len);
 	wait_built(1);
 	fm_expect_content(mp("b"), b, len);
 	wait_built(2);
 	cr_assert_eq(fm_stat("local_copies_dropped"), 1, "a's copy was not evicted for b's");
-	cr_assert_eq(kept_files(), 1);
 	cr_assert_eq(fm_stat("local_copy_bytes"), len);
-	fd = open_copy("b");
-	expect_fd_unread(fd, b, len, "b through its built copy");
-	OK(close(fd));
+	expect_only_copy("b", b, len);
 	fm_expect_content(mp("a"), a, len); /* read again: a builds anew, evicting b's */
 	free(a);
 	free(b);
@@ -1173,14 +1182,8 @@ Test(local_copy, a_built_copy_goes_over_an_upgrade_as_built)
 {
 	const size_t len = 4 * MiB;
 	unsigned char *a = pattern(len, 0x3e5), *b = pattern(len, 0x3e6);
-	int fd;
 
-	need_passthrough();
-	write_new("a", a, len);
-	write_new("b", b, len);
-	drain(0);
-	fm_umount();
-	fm_mount_with("local_copies=6m");
+	two_files_room_for_one(a, b, len);
 	fm_expect_content(mp("a"), a, len);
 	wait_built(1);
 	fm_upgrade();
@@ -1188,10 +1191,7 @@ Test(local_copy, a_built_copy_goes_over_an_upgrade_as_built)
 	fm_expect_content(mp("b"), b, len);
 	wait_built(1);
 	cr_assert_eq(fm_stat("local_copies_dropped"), 1, "a's copy was not evicted for b's");
-	cr_assert_eq(kept_files(), 1);
-	fd = open_copy("b");
-	expect_fd_unread(fd, b, len, "b through its built copy");
-	OK(close(fd));
+	expect_only_copy("b", b, len);
 	free(a);
 	free(b);
 }
