@@ -61,16 +61,19 @@ static void read_whole_note(struct open_file *of, uint64_t fsize, uint64_t off, 
 	atomic_store(&of->whole_size, fsize);
 }
 
-/* Whether of read its file whole, in order, once (a reader that read the
- * same part again and again reached the end with bytes to spare): *size
- * is the file's. */
+/* Whether of read its file whole, in order, once: its READs went from the
+ * start to the end (within RA_SLACK of each) with no jump, and carried at
+ * least half of the file (the kernel serves the pages it still caches
+ * without a READ: a file read at random before has gaps) and at most twice
+ * it (not one part again and again). *size is the file's. */
 static bool read_whole(struct open_file *of, uint64_t *size)
 {
 	uint64_t bytes = atomic_load(&of->whole_bytes);
 
 	*size = atomic_load(&of->whole_size);
 	return !of->writer && !of->passthrough && *size > 0 && !atomic_load(&of->whole_jumped) &&
-	       atomic_load(&of->whole_end) >= *size && bytes >= *size && bytes / 2 <= *size;
+	       atomic_load(&of->whole_end) + RA_SLACK >= *size && bytes >= *size / 2 &&
+	       bytes / 2 <= *size;
 }
 
 static inline struct mountd *MD(fuse_req_t req)

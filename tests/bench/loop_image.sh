@@ -3,9 +3,10 @@
 # writes (the plain copy, ferryfs's staging, metadata and file:// objects),
 # and is unmounted and removed when the script exits, whatever happened.
 #
-#   loop_image WORKDIR NAME FILES
+#   loop_image WORKDIR NAME FILES [GIB]
 #
-# makes WORKDIR/NAME.XXXXXX (8 GiB image, inodes for 3 x FILES and room:
+# makes WORKDIR/NAME.XXXXXX (a GIB GiB image, default 8, sparse; inodes for
+# 3 x FILES and room:
 # the default, one per 16 KiB, runs out near 500,000 files) and sets root,
 # img, scratch (the mounted file system) and mnt (an empty directory for a
 # FUSE mount, unmounted with $ferry at exit).
@@ -14,7 +15,7 @@ loop_image() {
   root=$(mktemp -d "$1/$2.XXXXXX")
   img=$root/scratch.img scratch=$root/scratch mnt=$root/mnt
   trap loop_image_cleanup EXIT
-  truncate -s 8G "$img"
+  truncate -s "${4:-8}G" "$img"
   mkfs.ext4 -q -F -N $(($3 * 3 + 65536)) "$img"
   mkdir -p "$scratch" "$mnt"
   mount -o loop "$img" "$scratch"

@@ -11,7 +11,9 @@
 #   seq warm     1 MiB sequential reads of a file read once before
 #   rand warm    4 KiB random reads of it, for --seconds
 #   resident     page cache the file takes after two full reads: the file's
-#                own pages (fincore), plus ferryfs's read-cache files
+#                own pages (fincore), plus ferryfs's read-cache files; a file
+#                read in passthrough mode (passthrough_hp, a local copy) has
+#                its backing file's pages only, counted once
 #
 # The cold rows are --rounds rounds (default 3), the three targets taking
 # turns within each round, and show the median: a cold read here is a read
@@ -57,7 +59,9 @@ command -v fio >/dev/null || { echo "read_path.sh: needs fio (scripts/bootstrap)
 
 # shellcheck source=tests/bench/loop_image.sh
 . "$top/tests/bench/loop_image.sh"
-loop_image "$workdir" ferry-readpath 1000
+# Room for seven copies of the file (ext4, passthrough_hp, two stores, the
+# read cache, two local copies) and a spare.
+loop_image "$workdir" ferry-readpath 1000 $(( (size_mib * 8 + 1023) / 1024 + 4 ))
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 declare -A R
@@ -152,7 +156,9 @@ remount() { stats_keep; "$ferry" umount "$mnt" >/dev/null; mnt_ferry; }
 wait_built() {
   local _
   for _ in $(seq 600); do
-    [[ $(stat_of local_copies_built) -ge 1 ]] && return 0
+    # The copy's pages are written back before the next job, as the
+    # other targets' files were (dd conv=fsync).
+    if [[ $(stat_of local_copies_built) -ge 1 ]]; then sync; return 0; fi
     if [[ $(stat_of local_copy_builds_given_up) -ge 1 ]]; then
       echo "  (the local copy's build was given up: see the daemon's log)"
       return 0
@@ -206,15 +212,20 @@ for kind in seq rand; do
 done
 # Warm: after one full read; then the residency after two (each target's
 # right away: the next one's cold start drops it).
+# A file open in passthrough mode shows its backing file's pages (mincore
+# of a mapping, which maps the backing file): those are counted once.
 resident_of() {
+  local kept
   case $1 in
     ext4) resident "${FILE[ext4]}" ;;
-    pthp) echo $(( $(resident "${FILE[pthp]}") + $(resident "$scratch/pthp-src/f") )) ;;
-    # shellcheck disable=SC2046
-    ferryfs) echo $(( $(resident "$mnt/f") + $(resident $(find "$scratch/cache" -type f) \
-                        $(find "$scratch/staging" -name '.kept-*')) )) ;;
-    # shellcheck disable=SC2046
-    local) echo $(( $(resident "$lc_mnt/f") + $(resident $(find "$scratch/staging2" -name '.kept-*')) )) ;;
+    pthp) local a b; a=$(resident "${FILE[pthp]}") b=$(resident "$scratch/pthp-src/f")
+          echo $(( a > b ? a : b )) ;;
+    ferryfs|local)
+      local dir=$scratch/staging cache=$scratch/cache
+      [[ $1 == local ]] && dir=$scratch/staging2 cache=$scratch/cache2
+      kept=$(find "$dir" -name '.kept-*')
+      # shellcheck disable=SC2046,SC2086
+      echo $(( $(resident ${kept:-"${FILE[$1]}"}) + $(resident /dev/null $(find "$cache" -type f 2>/dev/null)) )) ;;
   esac
 }
 for t in "${targets[@]}"; do
