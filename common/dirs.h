@@ -10,6 +10,9 @@
 /* Makes path and any missing parent with mode (existing ones are left as
  * they are). Returns 0 or a negative errno. */
 int dirs_make(const char *path, mode_t mode);
+/* Makes the missing parent directories of path, relative to dfd, with
+ * mode (path's last component is left alone). 0 or a negative errno. */
+int dirs_make_parents_at(int dfd, const char *path, mode_t mode);
 /* Removes everything under the directory open as dfd that is on its own
  * filesystem (what is mounted inside stays, and so does its mount point),
  * leaving the directory itself and its entry named keep (NULL: none).

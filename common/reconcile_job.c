@@ -23,6 +23,7 @@
 
 #include "reconcile.pb-c.h"
 #include "rpc_frame.h"
+#include "slice.h"
 
 #define V RECONCILE_PROTO_VERSION
 
@@ -660,6 +661,7 @@ static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *
 	Ferry__Reconcile__Stats s;
 	Ferry__Reconcile__Error e;
 	Ferry__Reconcile__Retrying t;
+	Ferry__Reconcile__CacheSeed seed[RECONCILE_SEEDS_MAX], *seedp[RECONCILE_SEEDS_MAX];
 
 	ferry__reconcile__reply__init(&rep);
 	rep.version = V;
@@ -671,6 +673,17 @@ static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *
 		c.ino = r->ino;
 		c.error = r->error;
 		c.message = r->message[0] ? (char *)r->message : NULL;
+		if (r->nseeds > RECONCILE_SEEDS_MAX || (r->nseeds && r->error))
+			return -EINVAL;
+		for (uint32_t k = 0; k < r->nseeds; k++) {
+			ferry__reconcile__cache_seed__init(&seed[k]);
+			seed[k].slice_id = r->seeds[k].slice_id;
+			seed[k].index = r->seeds[k].index;
+			seed[k].slice_size = r->seeds[k].slice_size;
+			seedp[k] = &seed[k];
+		}
+		c.n_seeds = r->nseeds;
+		c.seeds = r->nseeds ? seedp : NULL;
 		rep.body_case = FERRY__RECONCILE__REPLY__BODY_COMMITTED;
 		rep.committed = &c;
 		break;
@@ -731,6 +744,23 @@ static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *
 	return 0;
 }
 
+bool reconcile_seed_names(const struct reconcile_seed *s, uint32_t block_size, char *key,
+			  size_t keycap, char *tmp, size_t tmpcap)
+{
+	if (s->slice_id == 0 || s->slice_size == 0 || block_size == 0 ||
+	    (uint64_t)s->index * block_size >= s->slice_size || keycap < SLICE_KEY_MAX)
+		return false;
+	slice_object_key(s->slice_id, s->index, s->slice_size, block_size, key, keycap);
+	return reconcile_seed_tmp_name(key, tmp, tmpcap);
+}
+
+bool reconcile_seed_tmp_name(const char *key, char *tmp, size_t tmpcap)
+{
+	int n = snprintf(tmp, tmpcap, "%s%s", key, RECONCILE_SEED_SUFFIX);
+
+	return n > 0 && (size_t)n < tmpcap;
+}
+
 int reconcile_reply_encode(const struct reconcile_reply *r, uint8_t **buf, size_t *len)
 {
 	return reply_pack(r, buf, NULL, 0, len);
@@ -774,6 +804,23 @@ int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_repl
 		if (out->error > 0 || out->error < -4095)
 			rc = fail(-EBADMSG, err, errlen, "committed error %d", out->error);
 		copy_msg(out->message, rep->committed->message);
+		if (rc == 0 && (rep->committed->n_seeds > RECONCILE_SEEDS_MAX ||
+				(rep->committed->n_seeds && out->error))) {
+			rc = fail(-EBADMSG, err, errlen, "%zu cache seeds with error %d",
+				  rep->committed->n_seeds, out->error);
+			break;
+		}
+		for (size_t k = 0; rc == 0 && k < rep->committed->n_seeds; k++) {
+			const Ferry__Reconcile__CacheSeed *cs = rep->committed->seeds[k];
+			if (cs->slice_id == 0 || cs->slice_size == 0) {
+				rc = fail(-EBADMSG, err, errlen, "cache seed %zu names no slice", k);
+				break;
+			}
+			out->seeds[k] = (struct reconcile_seed){ .slice_id = cs->slice_id,
+								 .index = cs->index,
+								 .slice_size = cs->slice_size };
+			out->nseeds = (uint32_t)k + 1;
+		}
 		break;
 	case FERRY__RECONCILE__REPLY__BODY_DRAINED:
 		out->type = RECONCILE_REPLY_DRAINED;

@@ -168,11 +168,46 @@ struct reconcile_stats {
 	uint64_t waiting;          /* jobs not started yet (deferred or no slot) */
 };
 
+/*
+ * Cache seeds. A file written here is often read again soon (git status
+ * re-reads files whose mtime is as new as its index, a build reads what
+ * the step before wrote), and once its upload is committed its staging
+ * file is gone: the read would fetch the object back from the store. So
+ * for a small job (RECONCILE_SEED_JOB_MAX bytes or less, at most
+ * RECONCILE_SEEDS_MAX objects) the reconciler also writes each stored
+ * object's sealed bytes into ferry-mountd's read cache directory under
+ * reconcile_seed_names()'s temporary name, and its Committed reply lists
+ * them; ferry-mountd then moves each into its cache (counted against its
+ * limit) or removes it. Temporary names contain ".tmp.", which the cache's
+ * scan at start removes, so a seed whose reply was lost goes at the next
+ * start. Larger files are read through their local copy instead.
+ */
+#define RECONCILE_SEEDS_MAX 8
+#define RECONCILE_SEED_JOB_MAX (1u << 20)
+
+struct reconcile_seed {
+	uint64_t slice_id;
+	uint32_t index, slice_size;
+};
+
+#define RECONCILE_SEED_SUFFIX ".tmp.seed"
+
+/* The name the seed of object key has until ferry-mountd takes it: key
+ * and RECONCILE_SEED_SUFFIX. false if tmp is too small. */
+bool reconcile_seed_tmp_name(const char *key, char *tmp, size_t tmpcap);
+/* The cache key of s (volume block size block_size) and its seed's name.
+ * false if s names no object of a slice (index past its last object, id
+ * or size 0) or a buffer is too small. */
+bool reconcile_seed_names(const struct reconcile_seed *s, uint32_t block_size, char *key,
+			  size_t keycap, char *tmp, size_t tmpcap);
+
 struct reconcile_reply {
 	enum reconcile_reply_type type;
 	uint64_t seq, ino;            /* COMMITTED, RETRYING */
 	int error;                    /* COMMITTED: 0 or -errno; ERROR, RETRYING: -errno */
 	char message[RECONCILE_MSG_MAX]; /* COMMITTED, RETRYING (may be ""), ERROR */
+	struct reconcile_seed seeds[RECONCILE_SEEDS_MAX]; /* COMMITTED with error 0 */
+	uint32_t nseeds;
 	uint64_t upto_seq, failed;    /* DRAINED */
 	struct reconcile_stats stats; /* STATS */
 };
@@ -180,7 +215,7 @@ struct reconcile_reply {
 int reconcile_reply_encode(const struct reconcile_reply *r, uint8_t **buf, size_t *len);
 /* Into buf[0..cap) without allocating (RECONCILE_REPLY_MAX always does):
  * for a sender short of memory. -EMSGSIZE if it does not fit. */
-#define RECONCILE_REPLY_MAX (RECONCILE_MSG_MAX + 512)
+#define RECONCILE_REPLY_MAX (RECONCILE_MSG_MAX + 512 + RECONCILE_SEEDS_MAX * 32)
 int reconcile_reply_encode_to(const struct reconcile_reply *r, uint8_t *buf, size_t cap,
 			      size_t *len);
 int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_reply *out,

@@ -65,6 +65,7 @@ struct stats {
 	_Atomic uint64_t objects_put, objects_get, bytes_uploaded, bytes_downloaded;
 	_Atomic uint64_t cache_hits, cache_misses;
 	_Atomic uint64_t cache_dropped; /* cache files found damaged, fetched again */
+	_Atomic uint64_t cache_seeded;  /* objects the reconciler's uploads put in the cache */
 	_Atomic uint64_t commits, commit_failures;
 	_Atomic uint64_t io_errors;
 	_Atomic uint64_t passthrough_opens, backing_open, backing_close;
@@ -146,6 +147,13 @@ int read_cache_fd(struct read_cache *c, struct stats *st, const char *key, uint3
 /* Adds an object just uploaded or fetched, so reads need not fetch it:
  * buf holds len bytes of data and their trailer (block_seal). */
 void read_cache_insert(struct read_cache *c, const char *key, const void *buf, uint32_t len);
+/* Takes the file tmp (a name under the cache directory, written whole by
+ * the reconciler: data and trailer) as key's cache file, of len data
+ * bytes, if it is a regular file of that size and fits the limit; else
+ * removes it. true: cached. */
+bool read_cache_adopt(struct read_cache *c, const char *key, const char *tmp, uint32_t len);
+/* The cache directory (owned by c); NULL when nothing can be cached. */
+const char *read_cache_dir(struct read_cache *c);
 uint64_t read_cache_bytes(struct read_cache *c);
 
 /* ---- prefetch.c: read-ahead from the object store ---- */

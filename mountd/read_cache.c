@@ -30,6 +30,7 @@
 
 #include "block.h"
 #include "boot.h"
+#include "dirs.h"
 #include "mountd.h"
 
 struct cache_entry {
@@ -130,24 +131,6 @@ static int state_write(struct read_cache *c, int synced)
 	return rc;
 }
 
-static int mkdirs_at(int dirfd, const char *path)
-{
-	char buf[PATH_MAX];
-	size_t n = strlen(path);
-
-	if (n >= sizeof(buf))
-		return -ENAMETOOLONG;
-	memcpy(buf, path, n + 1);
-	for (char *p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdirat(dirfd, buf, 0700) < 0 && errno != EEXIST)
-			return -errno;
-		*p = '/';
-	}
-	return 0;
-}
 
 static size_t key_hash(const char *key)
 {
@@ -417,18 +400,19 @@ uint64_t read_cache_bytes(struct read_cache *c)
 	return c ? atomic_load(&c->bytes) : 0;
 }
 
-/* Puts the whole, verified file tmp (inode fino, len bytes of data) in
- * place as key's cache file and indexes it; otherwise removes it. Objects
+/* Puts the whole file tmp (inode fino, len bytes of data; its trailer
+ * checked already if verified) in place as key's cache file and indexes it
+ * (true); otherwise removes it. Objects
  * are immutable: one already cached stays as it is (and is not counted
  * twice). */
-static void file_install(struct read_cache *c, const char *tmp, const char *key, uint32_t len,
-			 ino_t fino)
+static bool file_install(struct read_cache *c, const char *tmp, const char *key, uint32_t len,
+			 ino_t fino, bool verified)
 {
-	struct cache_entry *e = entry_new(key, len, fino, true), *old;
+	struct cache_entry *e = entry_new(key, len, fino, verified), *old;
 
 	if (!e) {
 		unlinkat(c->dirfd, tmp, 0);
-		return;
+		return false;
 	}
 	pthread_mutex_lock(&c->lock);
 	old = index_find(c, key);
@@ -443,11 +427,34 @@ static void file_install(struct read_cache *c, const char *tmp, const char *key,
 		unlinkat(c->dirfd, tmp, 0);
 		free(e->key);
 		free(e);
-		return;
+		return false;
 	}
 	index_add(c, e);
 	evict_locked(c);
 	pthread_mutex_unlock(&c->lock);
+	return true;
+}
+
+bool read_cache_adopt(struct read_cache *c, const char *key, const char *tmp, uint32_t len)
+{
+	size_t stored = (size_t)len + BLOCK_TRAILER;
+	struct stat st;
+
+	if (!c)
+		return false;
+	if (c->limit < stored || fstatat(c->dirfd, tmp, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    !S_ISREG(st.st_mode) || (uint64_t)st.st_size != stored) {
+		unlinkat(c->dirfd, tmp, 0);
+		return false;
+	}
+	/* Written by another process: its trailer is checked at its first
+	 * use, as for a file found at start. */
+	return file_install(c, tmp, key, len, st.st_ino, false);
+}
+
+const char *read_cache_dir(struct read_cache *c)
+{
+	return c && c->limit > 0 ? c->dir : NULL;
 }
 
 void read_cache_insert(struct read_cache *c, const char *key, const void *buf, uint32_t len)
@@ -459,7 +466,7 @@ void read_cache_insert(struct read_cache *c, const char *key, const void *buf, u
 
 	if (!c || c->limit < stored)
 		return;
-	if (mkdirs_at(c->dirfd, key) < 0)
+	if (dirs_make_parents_at(c->dirfd, key, 0700) < 0)
 		return;
 	snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%llu", key, (int)getpid(),
 		 (unsigned long long)atomic_fetch_add(&c->tmp_seq, 1));
@@ -473,7 +480,7 @@ void read_cache_insert(struct read_cache *c, const char *key, const void *buf, u
 		return;
 	}
 	close(fd);
-	file_install(c, tmp, key, len, sb.st_ino);
+	file_install(c, tmp, key, len, sb.st_ino, true);
 }
 
 /* Drops the cache file of key found wrong (fino: the file found), unless
@@ -837,7 +844,7 @@ static int object_stream(struct read_cache *c, struct objstore *s, struct stats 
 	struct stat sb;
 	ssize_t n;
 
-	if (mkdirs_at(c->dirfd, key) < 0)
+	if (dirs_make_parents_at(c->dirfd, key, 0700) < 0)
 		return -EIO;
 	snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%llu", key, (int)getpid(),
 		 (unsigned long long)atomic_fetch_add(&c->tmp_seq, 1));
@@ -877,7 +884,7 @@ static int object_stream(struct read_cache *c, struct objstore *s, struct stats 
 	 * dirty range back first, on the READ's thread). No fsync: after a
 	 * crash its trailer is checked before it is used. */
 	(void)sync_file_range(w.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-	file_install(c, tmp, key, objsize, sb.st_ino);
+	file_install(c, tmp, key, objsize, sb.st_ino, true);
 	return 0;
 fail:
 	if (w.fd >= 0) {

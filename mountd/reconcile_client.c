@@ -40,6 +40,7 @@
 #include "mountd.h"
 #include "url.h"
 #include "reconcile_job.h"
+#include "slice.h"
 
 /* How long a close waits for the reconciler to read hand-offs again before
  * it commits its file itself; once one has given up, the next ones do not
@@ -129,11 +130,36 @@ static bool rclient_lock_with_room(struct mountd *md, int timeout_ms)
 
 /* seen: the reconciler said so; else a restart found the job's files gone
  * and takes it as finished, maybe without its commit. */
+/* The objects of a committed job the reconciler also wrote into the read
+ * cache directory (see reconcile_job.h): into the cache before the
+ * commit is known here, so that a reader of the committed file finds
+ * them there instead of fetching them back. */
+static void seeds_take(struct mountd *md, const struct reconcile_reply *r)
+{
+	char key[SLICE_KEY_MAX], tmp[SLICE_KEY_MAX + 16];
+	uint32_t bs = md->vol.block_size;
+
+	for (uint32_t k = 0; k < r->nseeds; k++) {
+		const struct reconcile_seed *s = &r->seeds[k];
+
+		if (!reconcile_seed_names(s, bs, key, sizeof(key), tmp, sizeof(tmp))) {
+			log_warnx("inode %llu: the reconciler names a cache seed of no object "
+				  "(slice %llu of %u bytes, object %u); ignored",
+				  (unsigned long long)r->ino, (unsigned long long)s->slice_id,
+				  s->slice_size, s->index);
+			continue;
+		}
+		if (read_cache_adopt(md->cache, key, tmp, slice_object_size(s->index, s->slice_size, bs)))
+			atomic_fetch_add(&md->stats.cache_seeded, 1);
+	}
+}
+
 static void job_committed(struct mountd *md, const struct reconcile_reply *r, bool seen)
 {
 	struct inode *i = inode_ref_existing(md, r->ino);
 	bool ours = false, keep = false;
 
+	seeds_take(md, r);
 	if (r->error)
 		log_warnx("inode %llu: the reconciler could not commit job %llu (%s): %s; its "
 			  "staging file is kept as .orphan",
@@ -714,7 +740,7 @@ static int spawn_reconciler(struct mountd *md)
 		snprintf(vol, sizeof(vol), "%s%s", meta_url_is_pg(md->cfg.db_path) ? "" : "sqlite://",
 			 md->cfg.db_path);
 		char val[RC_NOPTS][16], stop_s[16];
-		const char *argv[16 + 2 * RC_NOPTS];
+		const char *argv[20 + 2 * RC_NOPTS];
 		int n = 0;
 
 		argv[n++] = exe;
@@ -734,6 +760,10 @@ static int spawn_reconciler(struct mountd *md)
 		if (md->cfg.metrics) {
 			argv[n++] = "--metrics";
 			argv[n++] = md->cfg.metrics;
+		}
+		if (read_cache_dir(md->cache)) {
+			argv[n++] = "--cache-dir";
+			argv[n++] = read_cache_dir(md->cache);
 		}
 		for (int k = 0; k < RC_NOPTS; k++) {
 			if (md->rc_opt[k] < 0)

@@ -101,6 +101,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(bytes_downloaded);
 	FIG(cache_hits);
 	FIG(cache_dropped);
+	FIG(cache_seeded);
 	FIG(cache_misses);
 	FIG(commits);
 	FIG(commit_failures);

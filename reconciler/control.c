@@ -150,35 +150,35 @@ static bool waiting_flush(struct conn *c)
 	return true;
 }
 
-void conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep)
+bool conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep)
 {
 	int rc = 0;
 
 	if (!c || c->dead)
-		return;
+		return false;
 	/* Behind replies that wait for memory, in order. */
 	if (!waiting_flush(c) || (rc = reply_queue(c, rep)) == -ENOMEM) {
 		if (c->nwaiting == CONN_WAITING_MAX) {
 			log_warnx("out of memory for replies to pid %d (%u waiting); closing its "
 				  "connection", (int)c->pid, c->nwaiting);
 			conn_close(c);
-			return;
+			return false;
 		}
 		c->waiting[(c->waiting_first + c->nwaiting) % CONN_WAITING_MAX] = *rep;
 		c->nwaiting++;
 		conn_short(c);
-		return;
+		return true;
 	}
 	if (rc < 0) {
 		log_warnx("cannot encode a reply to pid %d: %s; closing its connection", (int)c->pid,
 			  strerror(-rc));
 		conn_close(c);
-		return;
+		return false;
 	}
 	if (evbuffer_get_length(c->out) > CONN_OUT_MAX) {
 		log_warnx("peer pid %d does not read its replies; closing its connection", (int)c->pid);
 		conn_close(c);
-		return;
+		return false;
 	}
 	/* Most replies fit the socket right away. A failed write closes the
 	 * connection, which drops the references its drains held: hold one
@@ -187,7 +187,9 @@ void conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep
 	write_cb(c->fd, EV_WRITE, c);
 	if (!c->dead && evbuffer_get_length(c->out))
 		event_add(c->wev, NULL);
+	bool queued = !c->dead;
 	conn_unref(c);
+	return queued;
 }
 
 /* A request we refuse: one Error, one log line, then the connection ends. */

@@ -239,6 +239,8 @@ static void job_free(struct job *j)
 		event_free(j->timer);
 	if (j->fd >= 0)
 		close(j->fd);
+	if (j->r)
+		seeds_remove(j->r, j);
 	reconcile_plan_free(&j->plan);
 	reconcile_job_clear(&j->rj);
 	free(j->done);
@@ -427,7 +429,14 @@ static void job_finish(struct rec *r, struct job *j, int err, const char *msg, e
 		struct reconcile_reply rep = { .type = RECONCILE_REPLY_COMMITTED, .seq = j->rj.seq,
 					       .ino = j->rj.ino, .error = err };
 		snprintf(rep.message, sizeof(rep.message), "%s", msg ? msg : "");
-		conn_reply(r, j->conn, &rep);
+		bool hand = k == FIN_COMMITTED && err == 0 && j->seeded;
+
+		if (hand)
+			seeds_list(j, &rep);
+		/* Named in a reply on its way, the seeds are the receiver's;
+		 * otherwise job_free removes them. */
+		if (conn_reply(r, j->conn, &rep) && hand)
+			j->seeded = 0;
 	}
 	if (k == FIN_ORPHANED) {
 		/* Still only on local disk: it stays in the staging gauges. */

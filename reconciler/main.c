@@ -56,6 +56,9 @@ static void usage(FILE *f)
 		"  --metrics ADDR:PORT     Prometheus text at http://ADDR:PORT/metrics; ADDR is an\n"
 		"                          IP address (e.g. 127.0.0.1:9464, [::1]:9464); port 0 picks\n"
 		"                          one and logs it\n"
+		"  --cache-dir DIR         ferry-mountd's read cache directory: the objects of files\n"
+		"                          of 1 MiB or less are also written there as they are\n"
+		"                          stored, for ferry-mountd to take at the commit\n"
 		"  --retries N             attempts before a job is kept as .orphan (default 5)\n"
 		"  --retry-delay MS        wait after the first failed attempt; each next wait is\n"
 		"                          4 times longer, at most 300 s (default 1000)\n"
@@ -286,6 +289,7 @@ int main(int argc, char **argv)
 		{ "retry-delay", required_argument, NULL, 'R' },
 		{ "shutdown-timeout", required_argument, NULL, 't' },
 		{ "lease-epoch", required_argument, NULL, 'E' },
+		{ "cache-dir", required_argument, NULL, 'c' },
 		{ "foreground", no_argument, NULL, 'f' },
 		{ "debug", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
@@ -303,7 +307,7 @@ int main(int argc, char **argv)
 	uint64_t lease_epoch = 0;
 	int opt, rc, pid_fd;
 
-	r->staging_fd = r->lock_fd = r->listen_fd = -1;
+	r->staging_fd = r->lock_fd = r->listen_fd = r->cache_fd = -1;
 	TAILQ_INIT(&r->all);
 	TAILQ_INIT(&r->ready);
 	TAILQ_INIT(&r->feed);
@@ -336,6 +340,7 @@ int main(int argc, char **argv)
 		case 'q': cfg->upload_quiet_ms = (unsigned)parse_num("--upload-quiet-ms", optarg, 0, 600000); break;
 		case 'D': cfg->upload_delay_max_ms = (unsigned)parse_num("--upload-delay-max-ms", optarg, 0, 3600000); break;
 		case 't': cfg->shutdown_timeout_s = (unsigned)parse_num("--shutdown-timeout", optarg, 1, 86400); break;
+		case 'c': free(cfg->cache_dir); cfg->cache_dir = abs_path(optarg); break;
 		case 'E': lease_epoch = (uint64_t)parse_num("--lease-epoch", optarg, 1, INT64_MAX); break;
 		case 'f': cfg->foreground = true; break;
 		case 'd': log_set_level(LOG_LVL_DEBUG); break;
@@ -398,6 +403,11 @@ int main(int argc, char **argv)
 		start_failed("staging directory %s: %s", cfg->staging_dir, strerror(errno));
 	if (fstatfs(r->staging_fd, &sfs) == 0 && sfs.f_type == 0x65735546 /* FUSE */)
 		start_failed("staging directory %s is on a FUSE filesystem", cfg->staging_dir);
+	/* Seeds are a help, not a duty: without the directory there are none. */
+	if (cfg->cache_dir &&
+	    (r->cache_fd = open(cfg->cache_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		log_warnx("read cache directory %s: %s; small files are not put in the read cache "
+			  "as they are uploaded", cfg->cache_dir, strerror(errno));
 	/* Before any job in it is looked at: another volume's are not ours to
 	 * commit (staging_owner.h). */
 	char other[64];
@@ -437,6 +447,9 @@ int main(int argc, char **argv)
 		dprintf(pid_fd, "%d\n", (int)getpid());
 		close(pid_fd);
 	}
+	/* Ours alone now (the lock): no seed an earlier reconciler left is
+	 * anybody's. */
+	seeds_sweep(r);
 
 	/* The machinery. */
 	if (evthread_use_pthreads() < 0)
@@ -512,11 +525,14 @@ int main(int argc, char **argv)
 	meta_volume_free(&r->vol);
 	meta_close(r->meta);
 	close(r->staging_fd);
+	if (r->cache_fd >= 0)
+		close(r->cache_fd);
 	close(r->lock_fd);
 	log_info("stopped%s", r->exit_code ? " with jobs unfinished (journaled)" : "");
 	free(cfg->db_path);
 	free(cfg->vol_dir);
 	free(cfg->staging_dir);
+	free(cfg->cache_dir);
 	free(cfg->socket_path);
 	free(cfg->metrics_addr);
 	libevent_global_shutdown();

@@ -103,6 +103,10 @@ struct job {
 	struct event *timer;           /* backoff */
 	uint64_t blocks, bytes;        /* what it adds to the staging gauges */
 	bool feeding;                  /* on r->feed */
+	/* Objects (by plan index, all below RECONCILE_SEEDS_MAX) whose seed
+	 * file is in the cache directory and still ours: the Committed reply
+	 * hands them to ferry-mountd, job_free removes the rest. */
+	uint8_t seeded;
 	struct inode_q *iq;
 	TAILQ_ENTRY(job) iq_link;
 	TAILQ_ENTRY(job) all_link;     /* r->all: every unfinished job, by seq */
@@ -112,6 +116,21 @@ struct job {
 	struct job *hnext;             /* r->by_name chain */
 };
 TAILQ_HEAD(job_list, job);
+
+/* ---- seeds.c: cache seeds (reconcile_job.h) ---- */
+/* Removes the seeds an earlier reconciler left (at start, before any job). */
+void seeds_sweep(struct rec *r);
+/* Object obj of j (key: its key) gets a seed: j is small, has a sender to
+ * tell, and the object has none yet. Fills tmp with the seed's name. */
+bool seeds_wanted(const struct rec *r, const struct job *j, uint64_t obj, const char *key,
+		  char *tmp, size_t tmpcap);
+/* On a worker: writes the sealed bytes (data and trailer) of the object
+ * key as its seed tmp. false: no seed (a failure costs only the seed). */
+bool seeds_write(struct rec *r, const char *key, const char *tmp, const void *sealed, size_t len);
+/* Lists j's seeds in rep (a Committed reply with error 0). */
+void seeds_list(const struct job *j, struct reconcile_reply *rep);
+/* Removes the seed files still j's. */
+void seeds_remove(struct rec *r, struct job *j);
 
 /* Adds a job (from a handoff, conn set, or from the journal). Takes rj's
  * contents and fd. rec_xattr: its record is the staging file's xattr, not
@@ -154,8 +173,9 @@ void control_stop_listening(struct rec *r);
 void control_close_all(struct rec *r);
 void conn_ref(struct conn *c);
 void conn_unref(struct conn *c);
-/* Sends a reply if the connection is still open. */
-void conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep);
+/* Sends a reply if the connection is still open. true: it is queued (or
+ * waits for memory to be), false: it is dropped. */
+bool conn_reply(struct rec *r, struct conn *c, const struct reconcile_reply *rep);
 /* Stops/resumes reading requests (too many jobs known). */
 void control_throttle(struct rec *r, bool on);
 
@@ -190,6 +210,7 @@ struct rec_config {
 	 * or upload_delay_max_ms after its own handoff; 0: no waiting. */
 	unsigned upload_quiet_ms;
 	unsigned upload_delay_max_ms;
+	char *cache_dir;             /* ferry-mountd's read cache (seeds); NULL: none */
 };
 
 struct rec_counters {
@@ -223,6 +244,7 @@ struct rec {
 	struct objstore *store;
 	bool async_store;            /* s3: puts on the curl multi */
 	int staging_fd;
+	int cache_fd;                /* cfg.cache_dir, -1: no seeds */
 	char boot_tag[BOOT_TAG_LEN + 1]; /* this boot's, read at start; "" unknown */
 	int lock_fd;
 

@@ -31,6 +31,9 @@ struct obj_task {
 	uint8_t *buf;
 	size_t cap;
 	struct objstore_aput *aput;
+	bool seed;       /* write its seed (decided on the loop: seeds_wanted) */
+	bool seeded;     /* its seed file was written: the job must know */
+	char seed_tmp[SLICE_KEY_MAX + sizeof(RECONCILE_SEED_SUFFIX)];
 	uint64_t t0_us, lat_us;
 	int rc;
 	char why[256];
@@ -51,6 +54,10 @@ static void obj_free(struct obj_task *ot)
 {
 	struct rec *r = ot->r;
 
+	/* Whatever became of the put, the file is there: the job removes or
+	 * hands it (a cancelled task's job outlives it too). */
+	if (ot->seeded)
+		ot->j->seeded |= (uint8_t)(1u << ot->obj);
 	r->buffer_used -= ot->cap;
 	r->uploads_in_flight--;
 	objstore_aput_free(ot->aput);
@@ -106,6 +113,8 @@ static void obj_run(struct task *t)
 		got += (size_t)n;
 	}
 	size_t sealed = block_seal(ot->buf, ot->o.size);
+	if (ot->seed)
+		ot->seeded = seeds_write(r, ot->key, ot->seed_tmp, ot->buf, sealed);
 	if (r->async_store) {
 		ot->rc = objstore_aput_new(r->store, ot->key, ot->buf, sealed, &ot->aput);
 	} else {
@@ -189,6 +198,8 @@ void upload_feed(struct rec *r)
 		cs = &j->plan.slices[o.slice];
 		slice_object_key(cs->s.id, o.index, cs->s.size, j->plan.block_size, ot->key,
 				 sizeof(ot->key));
+		ot->seed = seeds_wanted(r, j, j->next_obj, ot->key, ot->seed_tmp,
+					sizeof(ot->seed_tmp));
 		j->next_obj++;
 		j->in_flight++;
 		r->uploads_in_flight++;

@@ -4,6 +4,7 @@
  * fetches each object once even though readahead asks for it many times.
  */
 #include "mount_util.h"
+#include "reconcile_job.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -170,6 +172,111 @@ Test(cache, a_warm_cache_serves_without_the_store)
 	cr_assert_eq(fm_stats_need(&s, "objects_get"), 0);
 	cr_assert_geq(fm_stats_need(&s, "cache_hits"), 4);
 	free(data);
+}
+
+/* Runs `ferry drain` on the mount: every upload handed to the reconciler
+ * is committed when it returns. */
+static void drain_uploads(void)
+{
+	const char *argv[] = { fm_bin("ferry"), "drain", fm.mnt, NULL };
+
+	cr_assert_eq(fm_run(argv, NULL, NULL, 60), 0, "ferry drain failed");
+}
+
+/* How many files under the cache directory have a temporary name. */
+static int cache_tmp_files(void)
+{
+	char *cmd = NULL, line[64] = "";
+	FILE *p;
+
+	cr_assert(asprintf(&cmd, "find '%s' -name '*.tmp.*' | wc -l", fm.cache) > 0);
+	p = popen(cmd, "r");
+	cr_assert(p && fgets(line, sizeof(line), p));
+	pclose(p);
+	free(cmd);
+	return atoi(line);
+}
+
+/* A file of 1 MiB or less read soon after its upload is committed finds
+ * its bytes in the read cache: the reconciler wrote them there as it
+ * stored them (cache seeds), so the read makes no GET. A larger file is
+ * not seeded and is fetched. No seed is left under a temporary name, and
+ * a new mount over the same cache directory finds the seeded objects. */
+Test(cache, small_files_read_after_their_commit_need_no_get)
+{
+	size_t big_len = 2 * MiB + 5;
+	unsigned char small[3000], *edge = malloc(MiB), *big = malloc(big_len);
+	uint64_t seed = 31;
+	struct fm_stats s;
+
+	fm_fill_random(&seed, small, sizeof(small));
+	fm_fill_random(&seed, edge, MiB);
+	fm_fill_random(&seed, big, big_len);
+	mount_with_cache("64");
+	fm_write_file(mp("small"), small, sizeof(small));
+	fm_write_file(mp("edge"), edge, MiB);
+	fm_write_file(mp("big"), big, big_len);
+	drain_uploads();
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "cache_seeded"), 2, "%llu objects seeded, want small's and edge's",
+		     (unsigned long long)fm_stats_need(&s, "cache_seeded"));
+	cr_assert_eq(cache_tmp_files(), 0, "seeds left under temporary names");
+	read_all_and_check(mp("small"), small, sizeof(small));
+	read_all_and_check(mp("edge"), edge, MiB);
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), 0, "reads of seeded files made %llu GETs",
+		     (unsigned long long)fm_stats_need(&s, "objects_get"));
+	read_all_and_check(mp("big"), big, big_len);
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), 3, "the 3 objects of big took %llu GETs",
+		     (unsigned long long)fm_stats_need(&s, "objects_get"));
+	fm_umount();
+
+	mount_again_with_cache("64");
+	read_all_and_check(mp("small"), small, sizeof(small));
+	read_all_and_check(mp("edge"), edge, MiB);
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), 0);
+	cr_assert_eq(fm_stats_need(&s, "cache_dropped"), 0);
+	free(edge);
+	free(big);
+}
+
+/* A reconciler killed with seeds on disk (written, never named in a
+ * reply) leaves them under temporary names; the one ferry-mountd starts
+ * next removes them before it takes any job, and seeds as before. */
+Test(cache, seeds_a_killed_reconciler_left_go_with_the_next_one)
+{
+	unsigned char small[5000];
+	uint64_t seed = 32;
+	char *cmd = NULL;
+	struct fm_stats s;
+
+	fm_fill_random(&seed, small, sizeof(small));
+	mount_with_cache("64");
+	pid_t old = fm_reconciler_pid();
+	cr_assert(asprintf(&cmd, "set -e; d=$(find '%s' -mindepth 1 -maxdepth 1 -type d); "
+			   "[ -n \"$d\" ]; mkdir -p \"$d/chunks/0/0\"; "
+			   "echo left > \"$d/chunks/0/0/77_0_5%s\"",
+			   fm.cache, RECONCILE_SEED_SUFFIX) > 0);
+	cr_assert_eq(system(cmd), 0, "could not leave a seed in the cache directory");
+	free(cmd);
+	cr_assert_eq(cache_tmp_files(), 1);
+	OK(kill(old, SIGKILL));
+	fm_write_file(mp("after"), small, sizeof(small));
+	drain_uploads();
+	cr_assert_neq(fm_reconciler_pid(), old, "the reconciler was not started again");
+	cr_assert_eq(cache_tmp_files(), 0, "the left seed is still there");
+	/* (That file went by whichever way the restart left it; one closed
+	 * now goes through the new reconciler.) */
+	fm_write_file(mp("later"), small, sizeof(small));
+	drain_uploads();
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "cache_seeded"), 1);
+	read_all_and_check(mp("after"), small, sizeof(small));
+	read_all_and_check(mp("later"), small, sizeof(small));
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), 0);
 }
 
 /* Reads of cached objects are spliced from the cache files (no copy through

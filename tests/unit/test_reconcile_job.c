@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 #include "reconcile_job.h"
+#include "reconcile.pb-c.h"
 #include "rpc_frame.h"
+#include "slice.h"
 
 static void job_init(struct reconcile_job *j, const char *name)
 {
@@ -450,4 +452,80 @@ Test(reconcile_job, xattr_records)
 	close(dfd);
 	rmdir(dir);
 	reconcile_job_clear(&j);
+}
+
+/* A Committed reply carries the objects whose cache seeds the reconciler
+ * wrote; the decoder takes at most RECONCILE_SEEDS_MAX of them, none with
+ * an error, none naming no slice. */
+static int decode_committed(size_t nseeds, int error, uint64_t slice_id, struct reconcile_reply *got)
+{
+	Ferry__Reconcile__Reply rep;
+	Ferry__Reconcile__Committed c;
+	Ferry__Reconcile__CacheSeed seed[RECONCILE_SEEDS_MAX + 2], *seedp[RECONCILE_SEEDS_MAX + 2];
+	uint8_t buf[4096];
+	char err[256];
+
+	cr_assert_leq(nseeds, RECONCILE_SEEDS_MAX + 2);
+	ferry__reconcile__reply__init(&rep);
+	ferry__reconcile__committed__init(&c);
+	rep.version = c.version = 1;
+	c.seq = 3;
+	c.ino = 4;
+	c.error = error;
+	for (size_t k = 0; k < nseeds; k++) {
+		ferry__reconcile__cache_seed__init(&seed[k]);
+		seed[k].slice_id = slice_id + k;
+		seed[k].index = 0;
+		seed[k].slice_size = 2048;
+		seedp[k] = &seed[k];
+	}
+	c.n_seeds = nseeds;
+	c.seeds = seedp;
+	rep.body_case = FERRY__RECONCILE__REPLY__BODY_COMMITTED;
+	rep.committed = &c;
+	cr_assert_leq(ferry__reconcile__reply__get_packed_size(&rep), sizeof(buf));
+	size_t len = ferry__reconcile__reply__pack(&rep, buf);
+	return reconcile_reply_decode(buf, len, got, err, sizeof(err));
+}
+
+Test(reconcile_job, committed_replies_carry_cache_seeds_within_bounds)
+{
+	struct reconcile_reply r = { .type = RECONCILE_REPLY_COMMITTED, .seq = 7, .ino = 8 }, got;
+	char key[SLICE_KEY_MAX], tmp[SLICE_KEY_MAX + 16];
+	uint8_t *buf;
+	size_t len;
+
+	r.nseeds = 2;
+	r.seeds[0] = (struct reconcile_seed){ .slice_id = 41, .index = 0, .slice_size = 3000 };
+	r.seeds[1] = (struct reconcile_seed){ .slice_id = 42, .index = 1, .slice_size = 300000 };
+	cr_assert_eq(reconcile_reply_encode(&r, &buf, &len), 0);
+	cr_assert_eq(reconcile_reply_decode(buf, len, &got, tmp, sizeof(tmp)), 0);
+	free(buf);
+	cr_assert_eq(got.nseeds, 2);
+	cr_assert(got.seeds[1].slice_id == 42 && got.seeds[1].index == 1 &&
+		  got.seeds[1].slice_size == 300000);
+	/* The encoder refuses what the decoder would. */
+	r.error = -EIO;
+	cr_assert_eq(reconcile_reply_encode(&r, &buf, &len), -EINVAL);
+	r.error = 0;
+	r.nseeds = RECONCILE_SEEDS_MAX + 1;
+	cr_assert_eq(reconcile_reply_encode(&r, &buf, &len), -EINVAL);
+
+	cr_assert_eq(decode_committed(RECONCILE_SEEDS_MAX, 0, 1, &got), 0);
+	cr_assert_eq(got.nseeds, RECONCILE_SEEDS_MAX);
+	cr_assert_eq(decode_committed(RECONCILE_SEEDS_MAX + 1, 0, 1, &got), -EBADMSG);
+	cr_assert_eq(decode_committed(1, -EIO, 1, &got), -EBADMSG);
+	cr_assert_eq(decode_committed(1, 0, 0, &got), -EBADMSG);
+
+	/* Names: the object's key, and a temporary name the cache's scan at
+	 * start removes; none for an object past the slice's last. */
+	struct reconcile_seed s = { .slice_id = 42, .index = 1, .slice_size = 300000 };
+	cr_assert(reconcile_seed_names(&s, 262144, key, sizeof(key), tmp, sizeof(tmp)));
+	cr_assert_str_eq(key, "chunks/0/0/42_1_37856");
+	cr_assert(strstr(tmp, key) == tmp && strstr(tmp, ".tmp."));
+	s.index = 2;
+	cr_assert_not(reconcile_seed_names(&s, 262144, key, sizeof(key), tmp, sizeof(tmp)));
+	s.index = 0;
+	cr_assert_not(reconcile_seed_names(&s, 0, key, sizeof(key), tmp, sizeof(tmp)));
+	cr_assert_not(reconcile_seed_names(&s, 262144, key, 8, tmp, sizeof(tmp)));
 }
