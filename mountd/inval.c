@@ -69,15 +69,10 @@ int inval_start(struct mountd *md)
 	return 0;
 }
 
-void inval_inode(struct mountd *md, uint64_t ino)
+static void queue_or_send(struct mountd *md, struct inval *q, uint64_t ino, bool send_if_full)
 {
-	struct inval *q = md->inval;
 	bool queued = false;
 
-	if (!q) {
-		send_one(md, ino);
-		return;
-	}
 	pthread_mutex_lock(&q->lock);
 	/* An inode already waiting needs no second one. */
 	for (size_t k = 0; k < q->n && !queued; k++)
@@ -97,12 +92,28 @@ void inval_inode(struct mountd *md, uint64_t ino)
 		pthread_cond_signal(&q->cond);
 	}
 	pthread_mutex_unlock(&q->lock);
-	if (!queued) {
+	if (!queued && send_if_full) {
 		/* No memory for the queue: better a wait than a stale cache. */
 		log_warnx("inval: out of memory for the queue; invalidating inode %llu at once",
 			  (unsigned long long)ino);
 		send_one(md, ino);
 	}
+}
+
+void inval_inode(struct mountd *md, uint64_t ino)
+{
+	/* Through /dev/fuse another worker answers a READ holding the pages:
+	 * at once, before the commit is known. */
+	if (!md->inval || !md->uring_asked)
+		send_one(md, ino);
+	else
+		queue_or_send(md, md->inval, ino, true);
+}
+
+void inval_inode_later(struct mountd *md, uint64_t ino)
+{
+	if (md->inval)
+		queue_or_send(md, md->inval, ino, false);
 }
 
 void inval_stop(struct mountd *md)

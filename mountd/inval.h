@@ -10,6 +10,11 @@
  * upload, a drain) — the thread that would be stuck in the notification.
  * So there the reader thread only queues the inode, and this thread sends.
  *
+ * A local copy's build (copy_build.c) queues here too, on every mount: its
+ * thread must stop before the mount goes, when a READ left unanswered
+ * could hold it in the kernel for good, while this thread stops after the
+ * unmount, which ends such a READ.
+ *
  * Owned by struct mountd (md->inval, inval_start/inval_stop); the queue's
  * array is the thread's.
  */
@@ -26,6 +31,11 @@ int inval_start(struct mountd *md);
  * blocks on the kernel. Without the thread (not started, or out of memory
  * for the queue) it is sent at once. */
 void inval_inode(struct mountd *md, uint64_t ino);
+/* Queues an invalidation of inode ino's cached pages and attributes for the
+ * thread on every mount (a commit's, through inval_inode, is sent at once
+ * through /dev/fuse); without the thread, sends nothing: a later open
+ * drops the pages anyway. */
+void inval_inode_later(struct mountd *md, uint64_t ino);
 /* Sends nothing more and ends the thread (what is queued is dropped: the
  * mount is gone by then). */
 void inval_stop(struct mountd *md);

@@ -1027,7 +1027,8 @@ int main(int argc, char **argv)
 		start_failed(md, "cannot serve the mount: %s", strerror(-rc));
 	}
 	mounted = true;
-	if (md->uring_asked && (rc = inval_start(md)) < 0)
+	bool builds = !md->follower && md->local_copy_max && md->pt_mode != PT_OFF;
+	if ((md->uring_asked || builds) && (rc = inval_start(md)) < 0)
 		start_failed(md, "cannot start the invalidation thread: %s", strerror(-rc));
 	if ((rc = write_back_start(md)) < 0) {
 		log_errno(rc, "cannot start the write-back thread");
@@ -1040,8 +1041,7 @@ int main(int argc, char **argv)
 		log_errno(rc, "cannot start the gc thread");
 		goto out;
 	}
-	if (!md->follower && md->local_copy_max && md->pt_mode != PT_OFF &&
-	    (rc = copy_build_start(md)) < 0) {
+	if (builds && (rc = copy_build_start(md)) < 0) {
 		log_errno(rc, "cannot start the local copy thread");
 		goto out;
 	}
