@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "brokerd.h"
+#include "dirs.h"
 #include "log.h"
 
 struct options {
@@ -216,26 +217,6 @@ static int ping(const char *socket)
 	return 0;
 }
 
-/* mkdir -p for the directory that will hold path (the socket's parent). */
-static int mkdir_parents(const char *path, mode_t mode)
-{
-	char buf[PATH_MAX];
-	size_t len = strlen(path);
-
-	if (len >= sizeof(buf))
-		return -ENAMETOOLONG;
-	memcpy(buf, path, len + 1);
-	for (char *p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(buf, mode) < 0 && errno != EEXIST)
-			return -errno;
-		*p = '/';
-	}
-	return 0;
-}
-
 static int open_state_dir(const char *dir)
 {
 	char probe[PATH_MAX];
@@ -243,7 +224,7 @@ static int open_state_dir(const char *dir)
 	int fd, rc;
 
 	snprintf(probe, sizeof(probe), "%s/", dir);
-	rc = mkdir_parents(probe, 0700);
+	rc = dirs_make_parents_at(AT_FDCWD, probe, 0700);
 	if (rc < 0)
 		return rc;
 	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
@@ -374,7 +355,7 @@ int main(int argc, char **argv)
 		log_warnx("cannot make the event loop");
 		goto out;
 	}
-	rc = mkdir_parents(o.socket, 0755);
+	rc = dirs_make_parents_at(AT_FDCWD, o.socket, 0755);
 	if (rc == 0)
 		rc = server_listen(&b, o.socket, o.socket_mode, group);
 	if (rc < 0) {
