@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "reconcile_plan.h"
+#include "slice.h"
 
 #define RECONCILE_PROTO_VERSION 1u
 /* Longest staging name: leaves room for ".orphan.job" and the temp prefix. */
@@ -191,6 +192,7 @@ struct reconcile_seed {
 };
 
 #define RECONCILE_SEED_SUFFIX ".tmp.seed"
+#define RECONCILE_SEED_NAME_MAX (SLICE_KEY_MAX + sizeof(RECONCILE_SEED_SUFFIX))
 
 /* The name the seed of object key has until ferry-mountd takes it: key
  * and RECONCILE_SEED_SUFFIX. false if tmp is too small. */

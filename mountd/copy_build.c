@@ -199,7 +199,7 @@ static void build_one(struct copy_build *b, struct inode *i)
 	/* The copy's pages serve its readers now: the cache files' would be
 	 * a second copy in memory (they stay on disk), and so would the FUSE
 	 * file's, which the next open would otherwise drop (a passthrough
-	 * open keeps no cache): 90 ms for 1 GiB, paid by that reader. */
+	 * open keeps no cache): 95 ms for 1 GiB, paid by that reader. */
 	if (installed) {
 		file_cache_dontneed(md, i, a.size);
 		inval_inode_later(md, i->ino);

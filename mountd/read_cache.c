@@ -131,7 +131,6 @@ static int state_write(struct read_cache *c, int synced)
 	return rc;
 }
 
-
 static size_t key_hash(const char *key)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -402,9 +401,8 @@ uint64_t read_cache_bytes(struct read_cache *c)
 
 /* Puts the whole file tmp (inode fino, len bytes of data; its trailer
  * checked already if verified) in place as key's cache file and indexes it
- * (true); otherwise removes it. Objects
- * are immutable: one already cached stays as it is (and is not counted
- * twice). */
+ * (true); otherwise removes it. Objects are immutable: one already cached
+ * stays as it is (and is not counted twice). */
 static bool file_install(struct read_cache *c, const char *tmp, const char *key, uint32_t len,
 			 ino_t fino, bool verified)
 {

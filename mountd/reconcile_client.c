@@ -128,15 +128,13 @@ static bool rclient_lock_with_room(struct mountd *md, int timeout_ms)
 	return false;
 }
 
-/* seen: the reconciler said so; else a restart found the job's files gone
- * and takes it as finished, maybe without its commit. */
 /* The objects of a committed job the reconciler also wrote into the read
  * cache directory (see reconcile_job.h): into the cache before the
  * commit is known here, so that a reader of the committed file finds
  * them there instead of fetching them back. */
 static void seeds_take(struct mountd *md, const struct reconcile_reply *r)
 {
-	char key[SLICE_KEY_MAX], tmp[SLICE_KEY_MAX + 16];
+	char key[SLICE_KEY_MAX], tmp[RECONCILE_SEED_NAME_MAX];
 	uint32_t bs = md->vol.block_size;
 
 	for (uint32_t k = 0; k < r->nseeds; k++) {
@@ -154,6 +152,8 @@ static void seeds_take(struct mountd *md, const struct reconcile_reply *r)
 	}
 }
 
+/* seen: the reconciler said so; else a restart found the job's files gone
+ * and takes it as finished, maybe without its commit. */
 static void job_committed(struct mountd *md, const struct reconcile_reply *r, bool seen)
 {
 	struct inode *i = inode_ref_existing(md, r->ino);

@@ -92,7 +92,7 @@ void seeds_list(const struct job *j, struct reconcile_reply *rep)
 void seeds_remove(struct rec *r, struct job *j)
 {
 	struct reconcile_seed s;
-	char key[SLICE_KEY_MAX], tmp[SLICE_KEY_MAX + sizeof(RECONCILE_SEED_SUFFIX)];
+	char key[SLICE_KEY_MAX], tmp[RECONCILE_SEED_NAME_MAX];
 
 	for (uint64_t k = 0; j->seeded && k < RECONCILE_SEEDS_MAX; k++) {
 		if ((j->seeded & (1u << k)) && seed_of(j, k, &s) &&

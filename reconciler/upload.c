@@ -33,7 +33,7 @@ struct obj_task {
 	struct objstore_aput *aput;
 	bool seed;       /* write its seed (decided on the loop: seeds_wanted) */
 	bool seeded;     /* its seed file was written: the job must know */
-	char seed_tmp[SLICE_KEY_MAX + sizeof(RECONCILE_SEED_SUFFIX)];
+	char seed_tmp[RECONCILE_SEED_NAME_MAX];
 	uint64_t t0_us, lat_us;
 	int rc;
 	char why[256];

@@ -491,7 +491,7 @@ static int decode_committed(size_t nseeds, int error, uint64_t slice_id, struct 
 Test(reconcile_job, committed_replies_carry_cache_seeds_within_bounds)
 {
 	struct reconcile_reply r = { .type = RECONCILE_REPLY_COMMITTED, .seq = 7, .ino = 8 }, got;
-	char key[SLICE_KEY_MAX], tmp[SLICE_KEY_MAX + 16];
+	char key[SLICE_KEY_MAX], tmp[RECONCILE_SEED_NAME_MAX];
 	uint8_t *buf;
 	size_t len;
 
