@@ -9,6 +9,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdarg.h>
@@ -636,6 +637,16 @@ int reconcile_request_decode(const uint8_t *buf, size_t len, size_t nfds,
 			rc = fail(-EPROTONOSUPPORT, err, errlen, "stats query version %u",
 				  q->stats_query->version);
 		break;
+	case FERRY__RECONCILE__REQUEST__BODY_DROP:
+		out->type = RECONCILE_REQ_DROP;
+		if (q->drop->version != V)
+			rc = fail(-EPROTONOSUPPORT, err, errlen, "drop version %u", q->drop->version);
+		else if (q->drop->ino == 0 || q->drop->upto_seq == 0)
+			rc = fail(-EINVAL, err, errlen, "a drop names inode %" PRIu64 " up to seq %" PRIu64
+				  " (neither may be 0)", q->drop->ino, q->drop->upto_seq);
+		out->ino = q->drop->ino;
+		out->upto_seq = q->drop->upto_seq;
+		break;
 	default:
 		rc = fail(-EOPNOTSUPP, err, errlen, "unknown request type");
 		goto out;
@@ -712,6 +723,8 @@ static int reply_pack(const struct reconcile_reply *r, uint8_t **heap, uint8_t *
 		s.buffer_bytes = r->stats.buffer_bytes;
 		s.has_waiting = true;
 		s.waiting = r->stats.waiting;
+		s.has_dropped_total = true;
+		s.dropped_total = r->stats.dropped_total;
 		rep.body_case = FERRY__RECONCILE__REPLY__BODY_STATS;
 		rep.stats = &s;
 		break;
@@ -844,6 +857,7 @@ int reconcile_reply_decode(const uint8_t *buf, size_t len, struct reconcile_repl
 			.upload_bytes_total = s->upload_bytes_total,
 			.buffer_bytes = s->buffer_bytes,
 			.waiting = s->has_waiting ? s->waiting : 0,
+			.dropped_total = s->has_dropped_total ? s->dropped_total : 0,
 		};
 		break;
 	}
@@ -955,6 +969,22 @@ int reconcile_drain(int sock, uint64_t upto_seq)
 	q.version = V;
 	q.body_case = FERRY__RECONCILE__REQUEST__BODY_DRAIN;
 	q.drain = &d;
+	return send_request(sock, &q);
+}
+
+int reconcile_drop(int sock, uint64_t ino, uint64_t upto_seq)
+{
+	Ferry__Reconcile__Request q;
+	Ferry__Reconcile__Drop d;
+
+	ferry__reconcile__request__init(&q);
+	ferry__reconcile__drop__init(&d);
+	d.version = V;
+	d.ino = ino;
+	d.upto_seq = upto_seq;
+	q.version = V;
+	q.body_case = FERRY__RECONCILE__REQUEST__BODY_DROP;
+	q.drop = &d;
 	return send_request(sock, &q);
 }
 

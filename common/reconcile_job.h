@@ -125,12 +125,14 @@ enum reconcile_req_type {
 	RECONCILE_REQ_HANDOFF = 1,  /* job; exactly one fd (the staging file) rides with it */
 	RECONCILE_REQ_DRAIN,        /* upto_seq */
 	RECONCILE_REQ_STATS,
+	RECONCILE_REQ_DROP,         /* ino, upto_seq: the inode is gone (reconcile.proto's Drop) */
 };
 
 struct reconcile_request {
 	enum reconcile_req_type type;
 	struct reconcile_job job;
 	uint64_t upto_seq;
+	uint64_t ino;               /* RECONCILE_REQ_DROP */
 };
 
 /*
@@ -167,6 +169,7 @@ struct reconcile_stats {
 	uint64_t upload_bytes_total;
 	uint64_t buffer_bytes;
 	uint64_t waiting;          /* jobs not started yet (deferred or no slot) */
+	uint64_t dropped_total;    /* jobs dropped unstarted (RECONCILE_REQ_DROP) */
 };
 
 /*
@@ -231,6 +234,9 @@ int reconcile_connect(const char *path, int *sock);
  * journal record first (reconcile_job_write). */
 int reconcile_handoff(int sock, const struct reconcile_job *j, int fd);
 int reconcile_drain(int sock, uint64_t upto_seq);
+/* Asks that ino's jobs up to upto_seq not yet started be dropped: its last
+ * link is gone and nothing holds it open (reconcile.proto's Drop). */
+int reconcile_drop(int sock, uint64_t ino, uint64_t upto_seq);
 int reconcile_stats_query(int sock);
 /* Receives the next reply (any kind: replies come in completion order).
  * -EPIPE when the reconciler closed the connection, -EBADMSG for a reply

@@ -140,12 +140,26 @@ struct inode *inode_find(struct mountd *md, uint64_t ino)
 void inode_unref(struct mountd *md, struct inode *i, uint64_t nlookup, uint32_t nopen)
 {
 	struct inode_table *t = md->inodes;
-	uint32_t b = bucket_of(i->ino);
-	bool gone = false;
+	uint64_t ino = i->ino; /* i may be gone by the drop below */
+	uint32_t b = bucket_of(ino);
+	bool gone = false, drop = false;
 
 	pthread_mutex_lock(stripe_of(t, b));
 	i->nlookup = nlookup > i->nlookup ? 0 : i->nlookup - nlookup;
 	i->nopen = nopen > i->nopen ? 0 : i->nopen - nopen;
+	/*
+	 * Unlinked and forgotten by the kernel, so no OPEN can come for it
+	 * again, and one reference left: if that is its job's (a job holds
+	 * exactly one), the upload would store, commit and then free data
+	 * nobody can read (a checkout removed, a temporary file, a file
+	 * renamed over). The reconciler is asked to drop it; if the one left
+	 * is something else's, no job of i is in flight and the ask finds
+	 * nothing. Not on fsync=local mounts (rclient_drop).
+	 */
+	if (i->unlinked && i->nlookup == 0 && i->nopen == 1 && !i->drop_asked) {
+		i->drop_asked = true;
+		drop = true;
+	}
 	if (i->nlookup == 0 && i->nopen == 0) {
 		struct inode **pp = &t->bucket[b];
 		while (*pp && *pp != i)
@@ -157,6 +171,8 @@ void inode_unref(struct mountd *md, struct inode *i, uint64_t nlookup, uint32_t 
 		}
 	}
 	pthread_mutex_unlock(stripe_of(t, b));
+	if (drop)
+		rclient_drop(md, ino);
 	if (!gone)
 		return;
 

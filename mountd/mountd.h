@@ -66,6 +66,7 @@ struct stats {
 	_Atomic uint64_t cache_hits, cache_misses;
 	_Atomic uint64_t cache_dropped; /* cache files found damaged, fetched again */
 	_Atomic uint64_t cache_seeded;  /* objects the reconciler's uploads put in the cache */
+	_Atomic uint64_t uploads_drop_asked; /* drops sent (rclient_drop) */
 	_Atomic uint64_t commits, commit_failures;
 	_Atomic uint64_t io_errors;
 	_Atomic uint64_t passthrough_opens, backing_open, backing_close;
@@ -567,6 +568,17 @@ void rclient_inflight_name(struct mountd *md, struct inode *i, char *buf, size_t
  * idle_timeout_ms without progress (-ETIMEDOUT). */
 int rclient_drain(struct mountd *md, int idle_timeout_ms);
 int rclient_stats(struct mountd *md, struct reconcile_stats *out);
+/* ino is deleted and nothing can reach it but its job (inode_unref):
+ * asks the reconciler to drop its jobs not yet started. Best effort: with
+ * no room on the socket, or a reconciler this daemon did not start (it
+ * may not know the request), nothing is sent and the jobs run as before.
+ * Never on an fsync=local mount: there a job may hold bytes an fsync made
+ * durable only in its staging file, which the drop removes at once, while
+ * the unlink is durable only once the metadata batch holding it is
+ * synced; a power loss in between would bring the file back without
+ * them. Elsewhere a job holds nothing promised durable: after such a loss
+ * the file is back as last committed, as with any change not synced. */
+void rclient_drop(struct mountd *md, uint64_t ino);
 /* Writes a journal record for the daemon-path writes staged so far, so they
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */
 int rclient_journal(struct mountd *md, struct inode *ino, unsigned flags);
@@ -784,6 +796,9 @@ struct inode {
 	uint64_t nlookup;         /* kernel lookups not yet forgotten */
 	uint32_t nopen;           /* open handles and internal references */
 	bool unlinked;            /* nlink reached 0: free the metadata at the end */
+	/* Unlinked, forgotten by the kernel, one reference left: its job
+	 * was asked dropped, once (inode_unref). Under the stripe lock. */
+	bool drop_asked;
 	/* This daemon made the inode and set no xattr on it since: GETXATTR
 	 * (the kernel asks security.capability of every new file before its
 	 * first write) and LISTXATTR answer without the database. */

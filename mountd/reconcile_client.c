@@ -159,13 +159,16 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r, bo
 	struct inode *i = inode_ref_existing(md, r->ino);
 	bool ours = false, keep = false;
 
+	/* Dropped at our asking (rclient_drop): the file was deleted. */
+	bool dropped = r->error == -ECANCELED;
+
 	seeds_take(md, r);
-	if (r->error)
+	if (r->error && !dropped)
 		log_warnx("inode %llu: the reconciler could not commit job %llu (%s): %s; its "
 			  "staging file is kept as .orphan",
 			  (unsigned long long)r->ino, (unsigned long long)r->seq, strerror(-r->error),
 			  r->message);
-	if (r->error) {
+	if (r->error && !dropped) {
 		pthread_mutex_lock(&md->rc_lock);
 		struct rc_failure *f = &md->rc_failures[md->rc_nfailures++ % RC_FAILURES_KEPT];
 		f->seq = r->seq;
@@ -206,7 +209,7 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r, bo
 		}
 		ours = true;
 		inflight_remove(md, i);
-		if (r->error)
+		if (r->error && !dropped)
 			i->inflight_error = r->error;
 		pthread_cond_broadcast(&i->committed);
 	}
@@ -1175,6 +1178,21 @@ int rclient_wait(struct mountd *md, struct inode *i, int timeout_ms)
 		pthread_cond_timedwait(&i->committed, &i->lock, &slice);
 	}
 	return 0;
+}
+
+void rclient_drop(struct mountd *md, uint64_t ino)
+{
+	/* Every job of ino handed over so far: no new one can come. */
+	uint64_t upto_seq = atomic_load(&md->rc_next_seq);
+	int rc;
+
+	if (!rclient_up(md) || md->cfg.reconciler || md->fsync_local || upto_seq == 0)
+		return;
+	pthread_mutex_lock(&md->rc_lock);
+	rc = rclient_room_fd(md->rc_sock, 0) ? reconcile_drop(md->rc_sock, ino, upto_seq) : -EAGAIN;
+	pthread_mutex_unlock(&md->rc_lock);
+	if (rc == 0)
+		atomic_fetch_add(&md->stats.uploads_drop_asked, 1);
 }
 
 int rclient_stats(struct mountd *md, struct reconcile_stats *out)

@@ -102,6 +102,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(cache_hits);
 	FIG(cache_dropped);
 	FIG(cache_seeded);
+	FIG(uploads_drop_asked);
 	FIG(cache_misses);
 	FIG(commits);
 	FIG(commit_failures);
@@ -173,6 +174,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 		fprintf(f, "reconcile_waiting %llu\n", (unsigned long long)rs.waiting);
 		fprintf(f, "reconcile_failures_total %llu\n", (unsigned long long)rs.failures_total);
 		fprintf(f, "reconcile_committed_total %llu\n", (unsigned long long)rs.committed_total);
+		fprintf(f, "reconcile_dropped_total %llu\n", (unsigned long long)rs.dropped_total);
 		fprintf(f, "reconcile_orphans %llu\n", (unsigned long long)rs.orphans);
 		fprintf(f, "reconcile_uploads_total %llu\n", (unsigned long long)rs.uploads_total);
 		fprintf(f, "reconcile_upload_bytes_total %llu\n",

@@ -340,6 +340,9 @@ static int handle_frame(struct rec *r, struct conn *c, const uint8_t *buf, size_
 	case RECONCILE_REQ_DRAIN:
 		rc = jobs_drain_add(r, c, q.upto_seq);
 		break;
+	case RECONCILE_REQ_DROP:
+		jobs_drop(r, c, q.ino, q.upto_seq);
+		break;
 	case RECONCILE_REQ_STATS:
 		rep.type = RECONCILE_REPLY_STATS;
 		metrics_snapshot(r, &rep.stats);

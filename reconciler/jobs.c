@@ -476,6 +476,49 @@ static void job_finish(struct rec *r, struct job *j, int err, const char *msg, e
 	rec_check_done(r);
 }
 
+/* ---- drops ---- */
+
+/* A job may be dropped while nothing of it has gone anywhere: not started
+ * (no object stored, no seed written, no task holds it). Only by the peer
+ * that handed it over. */
+static struct job *droppable(struct rec *r, struct conn *c, uint64_t ino, uint64_t upto_seq)
+{
+	struct inode_q *q = iq_get(r, ino, false);
+	struct job *j;
+
+	if (!q)
+		return NULL;
+	TAILQ_FOREACH(j, &q->jobs, iq_link)
+		if (j->rj.seq <= upto_seq && !j->started && j->on_ready && j->conn == c)
+			return j;
+	return NULL;
+}
+
+void jobs_drop(struct rec *r, struct conn *c, uint64_t ino, uint64_t upto_seq)
+{
+	struct job *j;
+
+	/* job_finish() may free the inode's queue: looked up again each time. */
+	while ((j = droppable(r, c, ino, upto_seq))) {
+		/* The staging file first (its xattr record goes with it), as
+		 * after a commit: a record left alone is dropped at the next
+		 * start for want of its file. */
+		if (unlinkat(r->staging_fd, j->file, 0) < 0 && errno != ENOENT) {
+			log_errno(errno, "job %s: cannot remove the staging file of deleted inode "
+				  "%" PRIu64 "; it is uploaded as usual", j->file, ino);
+			return;
+		}
+		if (!j->rec_xattr && unlinkat(r->staging_fd, j->jobfile, 0) < 0 && errno != ENOENT)
+			log_errno(errno, "job %s: cannot remove its record %s", j->file, j->jobfile);
+		log_debug("job %s (inode %" PRIu64 ", seq %" PRIu64 "): dropped, its inode is "
+			  "deleted", j->file, ino, j->rj.seq);
+		r->c.dropped_total++;
+		/* -ECANCELED in a Committed reply means this, and only this. */
+		job_finish(r, j, -ECANCELED, "dropped before its upload: the file was deleted",
+			   FIN_DROPPED);
+	}
+}
+
 /* ---- orphans ---- */
 
 /*

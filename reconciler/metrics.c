@@ -50,6 +50,7 @@ void metrics_snapshot(struct rec *r, struct reconcile_stats *s)
 	s->upload_latency_max_us = r->c.lat_max_us;
 	s->orphans = r->c.orphans;
 	s->committed_total = r->c.committed_total;
+	s->dropped_total = r->c.dropped_total;
 	s->upload_bytes_total = r->c.upload_bytes_total;
 	s->buffer_bytes = r->buffer_used;
 	s->waiting = r->nready;
@@ -99,6 +100,8 @@ static void http_cb(struct evhttp_request *req, void *arg)
 	metric(b, "reconcile_orphans", "gauge",
 	       "Jobs given up this run, kept as .orphan until the next start", s.orphans);
 	metric(b, "reconcile_committed_total", "counter", "Jobs committed", s.committed_total);
+	metric(b, "reconcile_dropped_total", "counter",
+	       "Jobs dropped before their upload began: their file was deleted", s.dropped_total);
 	metric(b, "uploads_total", "counter", "Objects stored", s.uploads_total);
 	metric(b, "upload_bytes_total", "counter", "Data bytes stored", s.upload_bytes_total);
 	metric(b, "upload_buffer_bytes", "gauge", "Memory in upload buffers", s.buffer_bytes);

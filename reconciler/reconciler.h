@@ -138,6 +138,11 @@ void seeds_remove(struct rec *r, struct job *j);
 int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, bool orphan,
 	     bool rec_xattr, struct conn *conn);
 struct job *jobs_find_name(struct rec *r, const char *name);
+/* ino was deleted (RECONCILE_REQ_DROP from c): its jobs with seq <=
+ * upto_seq that c handed over and that have not started end now,
+ * -ECANCELED, their files removed; the others go on (the deletion frees
+ * what they store once they commit). */
+void jobs_drop(struct rec *r, struct conn *c, uint64_t ino, uint64_t upto_seq);
 /* A job that finished recently (name and seq): its result, or false. */
 bool jobs_recent(struct rec *r, const char *name, uint64_t seq, int *err);
 /* Scans the staging directory for records not yet known; at_start: also
@@ -218,6 +223,7 @@ struct rec_counters {
 	uint64_t failures_total;
 	uint64_t uploads_total, upload_bytes_total;
 	uint64_t committed_total;
+	uint64_t dropped_total;        /* jobs_drop() */
 	uint64_t orphans;
 	uint64_t lat_count, lat_sum_us, lat_max_us;
 	uint64_t lat_bucket[REC_LAT_BUCKETS + 1];

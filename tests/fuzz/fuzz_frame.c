@@ -122,6 +122,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				check_job(&q.job);
 			} else if (n != 0) {
 				abort();
+			} else if (q.type == RECONCILE_REQ_DROP && (q.ino == 0 || q.upto_seq == 0)) {
+				abort();
 			}
 			reconcile_request_clear(&q);
 		}

@@ -475,6 +475,134 @@ Test(passthrough, deferred_uploads_end_when_someone_waits)
 	fm_expect_content(mp("c"), c, strlen(c));
 }
 
+/* A file deleted before its upload began is not uploaded: once the kernel
+ * forgets the unlinked inode, ferry-mountd asks the reconciler to drop
+ * the job (its staging file and record go, nothing is stored or
+ * committed). A file with another link left is uploaded as ever, and one
+ * unlinked while open is never handed over (d4 reads its bytes after the
+ * unlink, until its close). Uploads are held back here
+ * (-o upload_quiet_ms) so that none begins on its own. */
+Test(passthrough, deleted_files_are_not_uploaded)
+{
+	static const char body[] = "deleted before its upload began\n";
+	const char *drain[] = { fm_bin("ferry"), "drain", fm.mnt, NULL };
+	char name[16], got[sizeof(body)];
+	struct stat st[6];
+	uint64_t h0, up0, d0, ask0;
+	int held;
+
+	remount_with("upload_quiet_ms=600000,upload_delay_max_ms=600000");
+	h0 = stat_of("handoffs");
+	d0 = stat_of("reconcile_dropped_total");
+	ask0 = stat_of("uploads_drop_asked");
+	up0 = stat_of("reconcile_uploads_total");
+	/* d4 stays open (a reader opened now would wait for its commit on
+	 * the daemon path, and that wait starts every upload). */
+	held = OK(open(mp("d4"), O_CREAT | O_RDWR, 0644));
+	fm_pwrite_all(held, body, strlen(body), 0);
+	for (int k = 0; k < 6; k++) {
+		if (k == 4)
+			continue;
+		snprintf(name, sizeof(name), "d%d", k);
+		fm_write_file(mp("%s", name), body, strlen(body));
+		OK(stat(mp("%s", name), &st[k]));
+	}
+	for (int i = 0; i < 60000 && stat_of("handoffs") < h0 + 5; i++)
+		usleep(1000);
+	cr_assert_eq(stat_of("handoffs"), h0 + 5);
+	cr_assert_eq(stat_of("reconcile_waiting"), 5);
+
+	OK(unlink(mp("d0")));
+	OK(unlink(mp("d1")));
+	OK(rename(mp("d3"), mp("d2"))); /* the old d2 goes */
+	OK(unlink(mp("d4")));
+	OK(link(mp("d5"), mp("d5.link")));
+	OK(unlink(mp("d5")));
+
+	/* The drops follow the kernel's FORGETs, which it sends on its own
+	 * time; the stats query follows them on the same connection. */
+	for (int i = 0; i < 10000 && stat_of("reconcile_dropped_total") < d0 + 3; i++)
+		usleep(1000);
+	cr_assert_eq(stat_of("uploads_drop_asked"), ask0 + 3);
+	cr_assert_eq(stat_of("reconcile_dropped_total"), d0 + 3);
+	cr_assert_eq(stat_of("reconcile_uploads_total"), up0);
+	for (int k = 0; k < 3; k++)
+		cr_assert_eq(fm_staging_files_of(st[k].st_ino), 0,
+			     "the staging file of deleted d%d is still there", k);
+	cr_assert_eq(stat_of("reconcile_waiting"), 2);
+	cr_assert_eq(pread(held, got, sizeof(got), 0), (ssize_t)strlen(body));
+	OK(close(held));
+
+	cr_assert_eq(fm_run(drain, NULL, NULL, 120), 0);
+	/* d3 and d5; d4's last close came after its unlink: nothing to keep. */
+	cr_assert_eq(stat_of("reconcile_uploads_total"), up0 + 2);
+	cr_assert_eq(stat_of("reconcile_dropped_total"), d0 + 3);
+	cr_assert_eq(stat_of("reconcile_orphans"), 0);
+	cr_assert(memcmp(got, body, strlen(body)) == 0, "the open, unlinked d4 lost its bytes");
+	fm_expect_content(mp("d2"), body, strlen(body));
+	fm_expect_content(mp("d5.link"), body, strlen(body));
+
+	fm_remount_cold();
+	fm_expect_content(mp("d2"), body, strlen(body));
+	fm_expect_content(mp("d5.link"), body, strlen(body));
+	for (int k = 0; k < 6; k++) {
+		snprintf(name, sizeof(name), "d%d", k);
+		bool there = access(mp("%s", name), F_OK) == 0;
+
+		cr_assert_eq(there, k == 2, "%s", name);
+		cr_assert(there || errno == ENOENT, "%s: %s", name, strerror(errno));
+	}
+}
+
+/* A reader holding a file open when its last link goes keeps the file's
+ * upload: it reads what was written, before and after the commit. So does
+ * a descriptor that holds the inode without opening it (O_PATH), through
+ * which the file can be opened again after the unlink. */
+Test(passthrough, a_deleted_file_held_open_keeps_its_upload)
+{
+	static const char body[] = "read after the unlink\n";
+	const char *drain[] = { fm_bin("ferry"), "drain", fm.mnt, NULL };
+	char got[sizeof(body)];
+	uint64_t h0, ask0, d0;
+	int r;
+
+	remount_with("upload_quiet_ms=600000,upload_delay_max_ms=600000");
+	h0 = stat_of("handoffs");
+	ask0 = stat_of("uploads_drop_asked");
+	d0 = stat_of("reconcile_dropped_total");
+	fm_write_file(mp("h"), body, strlen(body));
+	for (int i = 0; i < 60000 && stat_of("handoffs") <= h0; i++)
+		usleep(1000);
+	cr_assert_eq(stat_of("handoffs"), h0 + 1);
+	r = OK(open(mp("h"), O_RDONLY));
+	OK(unlink(mp("h")));
+	cr_assert_eq(pread(r, got, sizeof(got), 0), (ssize_t)strlen(body));
+	cr_assert(memcmp(got, body, strlen(body)) == 0);
+
+	h0 = stat_of("handoffs");
+	fm_write_file(mp("p"), body, strlen(body));
+	for (int i = 0; i < 60000 && stat_of("handoffs") <= h0; i++)
+		usleep(1000);
+	int path = OK(open(mp("p"), O_PATH));
+	OK(unlink(mp("p")));
+	char proc[64];
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", path);
+	int again = OK(open(proc, O_RDONLY));
+	memset(got, 0, sizeof(got));
+	cr_assert_eq(pread(again, got, sizeof(got), 0), (ssize_t)strlen(body));
+	cr_assert(memcmp(got, body, strlen(body)) == 0, "reopened through O_PATH");
+	OK(close(again));
+	cr_assert_eq(stat_of("uploads_drop_asked"), ask0);
+	OK(close(path)); /* now p may go: forgotten, nothing can reach it */
+	cr_assert_eq(fm_run(drain, NULL, NULL, 120), 0);
+	cr_assert_leq(stat_of("reconcile_dropped_total"), d0 + 1, "only p's upload may go");
+	cr_assert_eq(stat_of("reconcile_orphans"), 0);
+	memset(got, 0, sizeof(got));
+	cr_assert_eq(pread(r, got, sizeof(got), 0), (ssize_t)strlen(body));
+	cr_assert(memcmp(got, body, strlen(body)) == 0, "the committed bytes differ");
+	OK(close(r));
+}
+
 /* A file created (or opened for writing while empty) and closed without a
  * change has nothing to upload or commit: no handoff, no staging file
  * left; what the metadata says (size 0, the creation's times) stays. A

@@ -209,6 +209,8 @@ Test(reconcile_job, client_calls_over_a_socket)
 	cr_assert_eq(reconcile_handoff(sv[0], &j, f), 0);
 	cr_assert_eq(reconcile_drain(sv[0], 99), 0);
 	cr_assert_eq(reconcile_stats_query(sv[0]), 0);
+	cr_assert_eq(reconcile_drop(sv[0], 77, 98), 0);
+	cr_assert_eq(reconcile_drop(sv[0], 0, 98), 0); /* sent; refused at decode */
 	cr_assert_eq(reconcile_handoff(sv[0], &j, -1), -EBADF);
 
 	cr_assert_eq(rpc_frame_recv(sv[1], RECONCILE_FRAME_MAX, 1, &buf, &len, fds, &n), 0);
@@ -230,6 +232,16 @@ Test(reconcile_job, client_calls_over_a_socket)
 	cr_assert_eq(rpc_frame_recv(sv[1], RECONCILE_FRAME_MAX, 1, &buf, &len, fds, &n), 0);
 	cr_assert_eq(reconcile_request_decode(buf, len, n, &q, err, sizeof(err)), 0);
 	cr_assert(q.type == RECONCILE_REQ_STATS);
+	free(buf);
+	cr_assert_eq(rpc_frame_recv(sv[1], RECONCILE_FRAME_MAX, 1, &buf, &len, fds, &n), 0);
+	cr_assert_eq(reconcile_request_decode(buf, len, n, &q, err, sizeof(err)), 0, "%s", err);
+	cr_assert(q.type == RECONCILE_REQ_DROP && q.ino == 77 && q.upto_seq == 98);
+	/* A drop carries no fd. */
+	cr_assert_eq(reconcile_request_decode(buf, len, 1, &q, err, sizeof(err)), -EBADF);
+	free(buf);
+	cr_assert_eq(rpc_frame_recv(sv[1], RECONCILE_FRAME_MAX, 1, &buf, &len, fds, &n), 0);
+	cr_assert_eq(reconcile_request_decode(buf, len, n, &q, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "inode 0"), "%s", err);
 	free(buf);
 
 	/* Every reply type comes back as sent. */
