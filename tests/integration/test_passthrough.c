@@ -487,7 +487,7 @@ Test(passthrough, deleted_files_are_not_uploaded)
 	static const char body[] = "deleted before its upload began\n";
 	const char *drain[] = { fm_bin("ferry"), "drain", fm.mnt, NULL };
 	char name[16], got[sizeof(body)];
-	struct stat st[6];
+	struct stat st[7];
 	uint64_t h0, up0, d0, ask0;
 	int held;
 
@@ -500,17 +500,17 @@ Test(passthrough, deleted_files_are_not_uploaded)
 	 * the daemon path, and that wait starts every upload). */
 	held = OK(open(mp("d4"), O_CREAT | O_RDWR, 0644));
 	fm_pwrite_all(held, body, strlen(body), 0);
-	for (int k = 0; k < 6; k++) {
+	for (int k = 0; k < 7; k++) {
 		if (k == 4)
 			continue;
 		snprintf(name, sizeof(name), "d%d", k);
 		fm_write_file(mp("%s", name), body, strlen(body));
 		OK(stat(mp("%s", name), &st[k]));
 	}
-	for (int i = 0; i < 60000 && stat_of("handoffs") < h0 + 5; i++)
+	for (int i = 0; i < 60000 && stat_of("handoffs") < h0 + 6; i++)
 		usleep(1000);
-	cr_assert_eq(stat_of("handoffs"), h0 + 5);
-	cr_assert_eq(stat_of("reconcile_waiting"), 5);
+	cr_assert_eq(stat_of("handoffs"), h0 + 6);
+	cr_assert_eq(stat_of("reconcile_waiting"), 6);
 
 	OK(unlink(mp("d0")));
 	OK(unlink(mp("d1")));
@@ -518,17 +518,21 @@ Test(passthrough, deleted_files_are_not_uploaded)
 	OK(unlink(mp("d4")));
 	OK(link(mp("d5"), mp("d5.link")));
 	OK(unlink(mp("d5")));
+	OK(link(mp("d6"), mp("d6.link"))); /* d6: both links go */
+	OK(unlink(mp("d6")));
+	OK(unlink(mp("d6.link")));
 
 	/* The drops follow the kernel's FORGETs, which it sends on its own
 	 * time; the stats query follows them on the same connection. */
-	for (int i = 0; i < 10000 && stat_of("reconcile_dropped_total") < d0 + 3; i++)
+	for (int i = 0; i < 10000 && stat_of("reconcile_dropped_total") < d0 + 4; i++)
 		usleep(1000);
-	cr_assert_eq(stat_of("uploads_drop_asked"), ask0 + 3);
-	cr_assert_eq(stat_of("reconcile_dropped_total"), d0 + 3);
+	cr_assert_eq(stat_of("uploads_drop_asked"), ask0 + 4);
+	cr_assert_eq(stat_of("reconcile_dropped_total"), d0 + 4);
 	cr_assert_eq(stat_of("reconcile_uploads_total"), up0);
-	for (int k = 0; k < 3; k++)
-		cr_assert_eq(fm_staging_files_of(st[k].st_ino), 0,
-			     "the staging file of deleted d%d is still there", k);
+	for (int k = 0; k < 7; k++)
+		if (k <= 2 || k == 6)
+			cr_assert_eq(fm_staging_files_of(st[k].st_ino), 0,
+				     "the staging file of deleted d%d is still there", k);
 	cr_assert_eq(stat_of("reconcile_waiting"), 2);
 	cr_assert_eq(pread(held, got, sizeof(got), 0), (ssize_t)strlen(body));
 	OK(close(held));
@@ -536,7 +540,7 @@ Test(passthrough, deleted_files_are_not_uploaded)
 	cr_assert_eq(fm_run(drain, NULL, NULL, 120), 0);
 	/* d3 and d5; d4's last close came after its unlink: nothing to keep. */
 	cr_assert_eq(stat_of("reconcile_uploads_total"), up0 + 2);
-	cr_assert_eq(stat_of("reconcile_dropped_total"), d0 + 3);
+	cr_assert_eq(stat_of("reconcile_dropped_total"), d0 + 4);
 	cr_assert_eq(stat_of("reconcile_orphans"), 0);
 	cr_assert(memcmp(got, body, strlen(body)) == 0, "the open, unlinked d4 lost its bytes");
 	fm_expect_content(mp("d2"), body, strlen(body));
@@ -545,7 +549,8 @@ Test(passthrough, deleted_files_are_not_uploaded)
 	fm_remount_cold();
 	fm_expect_content(mp("d2"), body, strlen(body));
 	fm_expect_content(mp("d5.link"), body, strlen(body));
-	for (int k = 0; k < 6; k++) {
+	cr_assert(access(mp("d6.link"), F_OK) < 0 && errno == ENOENT);
+	for (int k = 0; k < 7; k++) {
 		snprintf(name, sizeof(name), "d%d", k);
 		bool there = access(mp("%s", name), F_OK) == 0;
 
