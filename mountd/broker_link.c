@@ -125,6 +125,7 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
 	if (rc == 0) {
 		linked(md, name, id);
 		md->reattached = true;
+		md->lookups_unknown = true;
 		log_info("ferry-brokerd at %s handed over the FUSE connection of %s (mount id "
 			 "%llu), whose ferry-mountd is gone", md->cfg.broker, md->cfg.mountpoint,
 			 (unsigned long long)id);

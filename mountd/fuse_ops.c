@@ -1174,6 +1174,10 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 		rc = open_mode_locked(md, i, of, writer && empty, copy, src, created, fi);
 	if (rc == 0 && writer)
 		i->nwriters++;
+	/* Its writes may reach the staging file durably without this daemon
+	 * hearing of them: the upload must not be dropped (inode_unref). */
+	if (rc == 0 && writer && (fi->flags & O_DSYNC))
+		inode_keep_upload(md, i);
 	/* A copy this open took over and no open shares: the retry list hands
 	 * it off (or drops it, unchanged) once no mapping holds it. */
 	if (rc < 0 && took_copy && i->w && i->w->npt == 0 && i->nwriters == 0 && !i->pending)

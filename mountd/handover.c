@@ -474,8 +474,10 @@ int handover_load(struct mountd *md, const char *arg, char *err, size_t errlen)
 		goto out;
 	}
 	rc = handover_blob_decode(buf, (size_t)st.st_size, &md->ho, err, errlen);
-	if (rc == 0)
+	if (rc == 0) {
 		md->ho_fuse_fd = fuse_fd;
+		md->lookups_unknown = true;
+	}
 out:
 	free(buf);
 	close(blob);

@@ -156,7 +156,7 @@ void inode_unref(struct mountd *md, struct inode *i, uint64_t nlookup, uint32_t 
 	 * is something else's, no job of i is in flight and the ask finds
 	 * nothing. Not on fsync=local mounts (rclient_drop).
 	 */
-	if (i->unlinked && i->nlookup == 0 && i->nopen == 1 && !i->drop_asked) {
+	if (i->unlinked && i->nlookup == 0 && i->nopen == 1 && !i->drop_asked && !i->keep_upload) {
 		i->drop_asked = true;
 		drop = true;
 	}
@@ -237,6 +237,16 @@ bool inode_is_unlinked(struct mountd *md, struct inode *i)
 	u = i->unlinked;
 	pthread_mutex_unlock(stripe_of(t, b));
 	return u;
+}
+
+void inode_keep_upload(struct mountd *md, struct inode *i)
+{
+	struct inode_table *t = md->inodes;
+	uint32_t b = bucket_of(i->ino);
+
+	pthread_mutex_lock(stripe_of(t, b));
+	i->keep_upload = true;
+	pthread_mutex_unlock(stripe_of(t, b));
 }
 
 int inode_table_held_open(struct mountd *md, struct inode ***out, size_t *nout)

@@ -576,8 +576,10 @@ int rclient_stats(struct mountd *md, struct reconcile_stats *out);
  * durable only in its staging file, which the drop removes at once, while
  * the unlink is durable only once the metadata batch holding it is
  * synced; a power loss in between would bring the file back without
- * them. Elsewhere a job holds nothing promised durable: after such a loss
- * the file is back as last committed, as with any change not synced. */
+ * them. Nor for a file an O_SYNC/O_DSYNC writer had open (keep_upload),
+ * for the same reason. Elsewhere a job holds nothing promised durable:
+ * after such a loss the file is back as last committed, as with any
+ * change not synced. Nor after taking a connection over (lookups_unknown). */
 void rclient_drop(struct mountd *md, uint64_t ino);
 /* Writes a journal record for the daemon-path writes staged so far, so they
  * outlive a killed daemon once close() returned. Caller holds ino->lock. */
@@ -799,6 +801,10 @@ struct inode {
 	/* Unlinked, forgotten by the kernel, one reference left: its job
 	 * was asked dropped, once (inode_unref). Under the stripe lock. */
 	bool drop_asked;
+	/* Written through an O_SYNC/O_DSYNC open: what it staged was promised
+	 * durable, so its upload is never dropped (inode_keep_upload()).
+	 * Under the stripe lock. */
+	bool keep_upload;
 	/* This daemon made the inode and set no xattr on it since: GETXATTR
 	 * (the kernel asks security.capability of every new file before its
 	 * first write) and LISTXATTR answer without the database. */
@@ -901,6 +907,8 @@ bool inode_mark_unlinked(struct mountd *md, uint64_t ino);
  * as are the references (inode_unref each). */
 int inode_table_held_open(struct mountd *md, struct inode ***out, size_t *nout);
 bool inode_is_unlinked(struct mountd *md, struct inode *ino);
+/* An O_SYNC/O_DSYNC writer opened i: its uploads are never dropped. */
+void inode_keep_upload(struct mountd *md, struct inode *i);
 
 /* ---- fuse_ops.c ---- */
 extern const struct fuse_lowlevel_ops mountd_ops;
@@ -1113,6 +1121,10 @@ struct mountd {
 	uint64_t rc_nfailures;
 	struct fuse_io fio;
 	bool reattached;              /* took over a dead daemon's FUSE connection */
+	/* Took a FUSE connection over (an upgrade's hand-over, a reattach):
+	 * the kernel's lookups of the inodes it knew before were not counted
+	 * here, so nlookup 0 does not mean it forgot them (no drops). */
+	bool lookups_unknown;
 	/* Passthrough staging files a dead daemon's opens still hold
 	 * (staging_recover), adopted once serving (staging_adopt); owned. */
 	char **adopt;

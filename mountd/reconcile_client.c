@@ -1186,7 +1186,8 @@ void rclient_drop(struct mountd *md, uint64_t ino)
 	uint64_t upto_seq = atomic_load(&md->rc_next_seq);
 	int rc;
 
-	if (!rclient_up(md) || md->cfg.reconciler || md->fsync_local || upto_seq == 0)
+	if (!rclient_up(md) || md->cfg.reconciler || md->fsync_local || md->lookups_unknown ||
+	    upto_seq == 0)
 		return;
 	pthread_mutex_lock(&md->rc_lock);
 	rc = rclient_room_fd(md->rc_sock, 0) ? reconcile_drop(md->rc_sock, ino, upto_seq) : -EAGAIN;

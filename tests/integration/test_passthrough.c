@@ -480,7 +480,8 @@ Test(passthrough, deferred_uploads_end_when_someone_waits)
  * the job (its staging file and record go, nothing is stored or
  * committed). A file with another link left is uploaded as ever, and one
  * unlinked while open is never handed over (d4 reads its bytes after the
- * unlink, until its close). Uploads are held back here
+ * unlink, until its close). Nor is one whose writer asked for O_DSYNC.
+ * Uploads are held back here
  * (-o upload_quiet_ms) so that none begins on its own. */
 Test(passthrough, deleted_files_are_not_uploaded)
 {
@@ -510,7 +511,17 @@ Test(passthrough, deleted_files_are_not_uploaded)
 	for (int i = 0; i < 60000 && stat_of("handoffs") < h0 + 6; i++)
 		usleep(1000);
 	cr_assert_eq(stat_of("handoffs"), h0 + 6);
-	cr_assert_eq(stat_of("reconcile_waiting"), 6);
+	/* d7: written through O_DSYNC, its bytes promised durable: kept. (On
+	 * the daemon path each such write commits before it returns: no
+	 * handoff.) */
+	uint64_t pt = stat_of("passthrough_active");
+	int sync_fd = OK(open(mp("d7"), O_CREAT | O_WRONLY | O_DSYNC, 0644));
+	fm_pwrite_all(sync_fd, body, strlen(body), 0);
+	OK(close(sync_fd));
+	for (int i = 0; i < 60000 && stat_of("handoffs") < h0 + 6 + pt; i++)
+		usleep(1000);
+	cr_assert_eq(stat_of("handoffs"), h0 + 6 + pt);
+	cr_assert_eq(stat_of("reconcile_waiting"), 6 + pt);
 
 	OK(unlink(mp("d0")));
 	OK(unlink(mp("d1")));
@@ -521,6 +532,7 @@ Test(passthrough, deleted_files_are_not_uploaded)
 	OK(link(mp("d6"), mp("d6.link"))); /* d6: both links go */
 	OK(unlink(mp("d6")));
 	OK(unlink(mp("d6.link")));
+	OK(unlink(mp("d7")));
 
 	/* The drops follow the kernel's FORGETs, which it sends on its own
 	 * time; the stats query follows them on the same connection. */
@@ -533,13 +545,14 @@ Test(passthrough, deleted_files_are_not_uploaded)
 		if (k <= 2 || k == 6)
 			cr_assert_eq(fm_staging_files_of(st[k].st_ino), 0,
 				     "the staging file of deleted d%d is still there", k);
-	cr_assert_eq(stat_of("reconcile_waiting"), 2);
+	cr_assert_eq(stat_of("reconcile_waiting"), 2 + pt);
 	cr_assert_eq(pread(held, got, sizeof(got), 0), (ssize_t)strlen(body));
 	OK(close(held));
 
 	cr_assert_eq(fm_run(drain, NULL, NULL, 120), 0);
-	/* d3 and d5; d4's last close came after its unlink: nothing to keep. */
-	cr_assert_eq(stat_of("reconcile_uploads_total"), up0 + 2);
+	/* d3, d5 and (handed over) d7; d4's last close came after its
+	 * unlink: nothing to keep. */
+	cr_assert_eq(stat_of("reconcile_uploads_total"), up0 + 2 + pt);
 	cr_assert_eq(stat_of("reconcile_dropped_total"), d0 + 4);
 	cr_assert_eq(stat_of("reconcile_orphans"), 0);
 	cr_assert(memcmp(got, body, strlen(body)) == 0, "the open, unlinked d4 lost its bytes");
