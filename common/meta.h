@@ -147,7 +147,8 @@ int meta_sync(struct meta *m);
  * ids, data commits, ...), which therefore never returns before the changes
  * that came ahead of it are committed. This meta's reads see the batch at
  * once; other connections and processes see it at its commit, and their
- * writes wait for it (never more than flush_ms and a commit).
+ * writes wait for it: it commits as soon as this meta's next change sees
+ * one waiting, or within a few milliseconds when no change comes.
  *
  * A killed process loses nothing that returned: the next meta_journal_open()
  * replays the records past the last one the database holds (*replayed: how

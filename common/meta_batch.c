@@ -773,27 +773,42 @@ out:
 	return rc;
 }
 
-/* The flusher: commits a batch flush_ms after it opened. */
+static int64_t ts_ns(const struct timespec *t)
+{
+	return (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec;
+}
+
+/*
+ * The flusher: commits a batch flush_ms after it opened, or sooner when
+ * another process waits to write (the reconciler's commit, a CLI). While
+ * changes come, meta_batch_run() looks for such a writer; between them
+ * this thread looks every INTENT_TICK_MS, so a long flush_ms (fewer
+ * commits: each writes every page the batch touched, and every read and
+ * change waits for it) does not make that writer wait longer.
+ */
+#define INTENT_TICK_MS 5
 static void *flush_main(void *arg)
 {
 	struct meta *m = arg;
 
 	pthread_mutex_lock(&m->write_lock);
 	while (!m->flush_stop) {
-		struct timespec until, now;
+		struct timespec now, wake;
+		int64_t due, tick;
 
 		if (!m->batch_open) {
 			pthread_cond_wait(&m->flush_cond, &m->write_lock);
 			continue;
 		}
-		until = m->batch_since;
-		until.tv_nsec += (long)m->flush_ms * 1000000L;
-		until.tv_sec += until.tv_nsec / 1000000000L;
-		until.tv_nsec %= 1000000000L;
+		due = ts_ns(&m->batch_since) + (int64_t)m->flush_ms * 1000000LL;
 		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (now.tv_sec < until.tv_sec ||
-		    (now.tv_sec == until.tv_sec && now.tv_nsec < until.tv_nsec)) {
-			pthread_cond_timedwait(&m->flush_cond, &m->write_lock, &until);
+		if (ts_ns(&now) < due && !intent_wanted(m)) {
+			tick = ts_ns(&now) + INTENT_TICK_MS * 1000000LL;
+			if (tick > due)
+				tick = due;
+			wake.tv_sec = (time_t)(tick / 1000000000LL);
+			wake.tv_nsec = (long)(tick % 1000000000LL);
+			pthread_cond_timedwait(&m->flush_cond, &m->write_lock, &wake);
 			continue;
 		}
 		if (batch_commit(m) != 0) {

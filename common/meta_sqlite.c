@@ -119,6 +119,31 @@ static const char commit_seq_sql[] =
 	" base INTEGER NOT NULL)";
 
 /*
+ * Whether commit_seq_sql has anything left to do. Its INSERTs and DELETE
+ * take the write lock even when they change nothing, so running it at
+ * every open would make each connection opened while ferry-mountd's batch
+ * is open (a reconciler starting, a CLI) wait for that batch's commit; a
+ * read answers instead. Any doubt (a table missing) says yes.
+ */
+static bool schema_needs_update(sqlite3 *db)
+{
+	static const char probe_sql[] =
+		"SELECT (SELECT COUNT(*) FROM sqlite_master WHERE name IN ('commit_seq',"
+		" 'times_seq', 'seq_epoch', 'gc_slice', 'gc_slice_since', 'journal', 'lease',"
+		" 'checkpoint', 'checkpoint_slice', 'checkpoint_slice_id', 'slice_range')) = 11"
+		" AND NOT EXISTS (SELECT 1 FROM delslice) AND EXISTS (SELECT 1 FROM journal)"
+		" AND EXISTS (SELECT 1 FROM lease)";
+	sqlite3_stmt *probe = NULL;
+	bool current = false;
+
+	if (sqlite3_prepare_v2(db, probe_sql, -1, &probe, NULL) == SQLITE_OK &&
+	    sqlite3_step(probe) == SQLITE_ROW)
+		current = sqlite3_column_int(probe, 0) == 1;
+	sqlite3_finalize(probe);
+	return !current;
+}
+
+/*
  * gc_slice.seen came after gc_slice: added when missing (meta_open). Both
  * daemons of a mount open the volume at once; one of them adds it.
  */
@@ -745,7 +770,8 @@ static int sq_open(struct meta *m)
 	if (rc == 0)
 		rc = check_volume(sq(c));
 	/* Tables added since version 1 shipped. */
-	if (rc == 0 && sqlite3_exec(sq(c)->db, commit_seq_sql, NULL, NULL, NULL) != SQLITE_OK)
+	if (rc == 0 && schema_needs_update(sq(c)->db) &&
+	    sqlite3_exec(sq(c)->db, commit_seq_sql, NULL, NULL, NULL) != SQLITE_OK)
 		rc = -EIO;
 	if (rc == 0)
 		rc = gc_seen_column(sq(c)->db);

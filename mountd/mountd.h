@@ -594,7 +594,7 @@ void staging_superseded(struct mountd *md, uint64_t ino);
 
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
-#define META_BATCH_MS_DEFAULT 5
+#define META_BATCH_MS_DEFAULT 50
 #define NAMES_MAX_DEFAULT 1000000
 #define ATTR_TIMEOUT_DEFAULT_S 3600.0
 /* A read-only follower's (md->follower) bound on how stale a name, an
