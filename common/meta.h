@@ -147,8 +147,9 @@ int meta_sync(struct meta *m);
  * ids, data commits, ...), which therefore never returns before the changes
  * that came ahead of it are committed. This meta's reads see the batch at
  * once; other connections and processes see it at its commit, and their
- * writes wait for it: it commits as soon as this meta's next change sees
- * one waiting, or within a few milliseconds when no change comes.
+ * writes wait for it: on SQLite it commits as soon as this meta's next
+ * change sees one waiting (the intent lock), or within a few milliseconds
+ * when no change comes; on PostgreSQL (no such signal) at flush_ms.
  *
  * A killed process loses nothing that returned: the next meta_journal_open()
  * replays the records past the last one the database holds (*replayed: how

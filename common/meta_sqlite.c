@@ -85,7 +85,8 @@ static const char schema_sql[] =
 	"CREATE TABLE orphan(ino INTEGER PRIMARY KEY);"
 	"CREATE TABLE delslice(id INTEGER PRIMARY KEY, size INTEGER NOT NULL);";
 
-/* Added after schema version 1 shipped: created when missing (meta_open). */
+/* Added after schema version 1 shipped: created when missing (meta_open).
+ * A table or index added here goes into schema_needs_update() too. */
 static const char commit_seq_sql[] =
 	"CREATE TABLE IF NOT EXISTS commit_seq(ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL);"
 	/* The journal seq of the last explicit mtime change per inode (a
@@ -127,16 +128,26 @@ static const char commit_seq_sql[] =
  */
 static bool schema_needs_update(sqlite3 *db)
 {
-	static const char probe_sql[] =
-		"SELECT (SELECT COUNT(*) FROM sqlite_master WHERE name IN ('commit_seq',"
-		" 'times_seq', 'seq_epoch', 'gc_slice', 'gc_slice_since', 'journal', 'lease',"
-		" 'checkpoint', 'checkpoint_slice', 'checkpoint_slice_id', 'slice_range')) = 11"
-		" AND NOT EXISTS (SELECT 1 FROM delslice) AND EXISTS (SELECT 1 FROM journal)"
-		" AND EXISTS (SELECT 1 FROM lease)";
+	/* Every table and index commit_seq_sql creates: add there, add here. */
+	static const char *const added[] = { "commit_seq",  "times_seq",	    "seq_epoch",
+					     "gc_slice",    "gc_slice_since",	    "journal",
+					     "lease",	    "checkpoint",	    "checkpoint_slice",
+					     "checkpoint_slice_id", "slice_range" };
+	char sql[1024];
+	size_t n = (size_t)snprintf(sql, sizeof(sql),
+				    "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE name IN (");
 	sqlite3_stmt *probe = NULL;
 	bool current = false;
 
-	if (sqlite3_prepare_v2(db, probe_sql, -1, &probe, NULL) == SQLITE_OK &&
+	for (size_t i = 0; i < sizeof(added) / sizeof(added[0]) && n < sizeof(sql); i++)
+		n += (size_t)snprintf(sql + n, sizeof(sql) - n, "%s'%s'", i ? ", " : "", added[i]);
+	if (n < sizeof(sql))
+		n += (size_t)snprintf(sql + n, sizeof(sql) - n,
+				      ")) = %zu AND NOT EXISTS (SELECT 1 FROM delslice)"
+				      " AND EXISTS (SELECT 1 FROM journal)"
+				      " AND EXISTS (SELECT 1 FROM lease)",
+				      sizeof(added) / sizeof(added[0]));
+	if (n < sizeof(sql) && sqlite3_prepare_v2(db, sql, -1, &probe, NULL) == SQLITE_OK &&
 	    sqlite3_step(probe) == SQLITE_ROW)
 		current = sqlite3_column_int(probe, 0) == 1;
 	sqlite3_finalize(probe);

@@ -105,10 +105,11 @@ static void usage(FILE *f)
 		"that it keeps to answer lookups of absent names without the metadata\n"
 		"database, 16-64 bytes each; past N it forgets them and starts over;\n"
 		"0: none);\n"
-		"meta_batch_ms=MS (default 50: namespace changes are journaled on local\n"
-		"disk as they are made and committed to the metadata database in batches\n"
-		"this far apart, and at every fsync, fsyncdir and unmount, and within 5 ms\n"
-		"when another process waits to write; 0 commits each change on its own);\n"
+		"meta_batch_ms=MS (default 50, 5 on PostgreSQL: namespace changes are\n"
+		"journaled on local disk as they are made and committed to the metadata\n"
+		"database in batches this far apart, at every fsync, fsyncdir and unmount,\n"
+		"and on SQLite within a few ms when another process waits to write; 0\n"
+		"commits each change on its own);\n"
 		"commit_window_ms=MS (default 50: a file the reconciler finished\n"
 		"uploading waits this long for others to commit with it, unless an\n"
 		"fsync, truncate or unmount waits for it; 0 commits at once);\n"
@@ -689,7 +690,7 @@ int main(int argc, char **argv)
 	md->staging_min_free = 256ull << 20;
 	md->gc_grace_s = GC_GRACE_DEFAULT_S;
 	md->stop_timeout_s = 60;
-	md->meta_batch_ms = META_BATCH_MS_DEFAULT;
+	md->meta_batch_ms = -1; /* the engine's default, once the volume is known */
 	md->names_max = NAMES_MAX_DEFAULT;
 	md->readahead_budget = READAHEAD_DEFAULT_MIB << 20;
 	md->lease_ms = LEASE_MS_DEFAULT;
@@ -807,6 +808,9 @@ int main(int argc, char **argv)
 	/* A read-only mount of a shared volume follows whichever node writes
 	 * it: no lease, and the kernel asks again within the bound. */
 	md->follower = meta_url_is_pg(md->cfg.db_path) && md->ro_asked;
+	if (md->meta_batch_ms < 0)
+		md->meta_batch_ms = meta_url_is_pg(md->cfg.db_path) ? META_BATCH_MS_PG_DEFAULT :
+								       META_BATCH_MS_DEFAULT;
 	if (md->follower && !md->attr_timeout_set)
 		md->cfg.attr_timeout = md->cfg.entry_timeout = FOLLOW_TIMEOUT_S;
 	if (md->follower && md->cfg.reconciler)

@@ -594,7 +594,11 @@ void staging_superseded(struct mountd *md, uint64_t ino);
 
 /* ---- gc.c: deleting what no file refers to ---- */
 #define GC_GRACE_DEFAULT_S 300
+/* SQLite: other writers (the reconciler) signal that they wait (the intent
+ * lock), so batches can be long. PostgreSQL has no such signal, and every
+ * other writer waits for the whole open batch (its advisory lock). */
 #define META_BATCH_MS_DEFAULT 50
+#define META_BATCH_MS_PG_DEFAULT 5
 #define NAMES_MAX_DEFAULT 1000000
 #define ATTR_TIMEOUT_DEFAULT_S 3600.0
 /* A read-only follower's (md->follower) bound on how stale a name, an
@@ -1051,7 +1055,8 @@ struct mountd {
 	 * names them); -1: its default. */
 	int rc_opt[RC_NOPTS];
 	/* -o meta_batch_ms: namespace changes commit in batches this far apart
-	 * (meta_journal_open); 0: each on its own. */
+	 * (meta_journal_open); 0: each on its own; -1 until the volume's
+	 * engine gives the default. */
 	/* -o names_max: names of directories made here kept for lookups of
 	 * absent names (meta_names_keep); 0: none. */
 	size_t names_max;

@@ -2568,8 +2568,8 @@ Test(meta_journal, batches_do_not_starve_other_writers, .init = setup_nodefer,
  * look for one (a few ms), not when flush_ms ends: a burst's last close
  * must not wait that long for the reconciler's commit. The window here is
  * 600 s, so without the look the writer would never get in in time.
- * SQLite only: PostgreSQL has no intent lock, and a writer there waits
- * only for rows the batch changed, until flush_ms ends. */
+ * SQLite only: PostgreSQL has no intent lock, and every writer there
+ * waits for the whole batch (its advisory lock), until flush_ms ends. */
 Test(meta_journal, an_idle_batch_lets_another_writer_in, .init = setup_nodefer,
      .fini = teardown, .timeout = 60)
 {
@@ -2590,6 +2590,25 @@ Test(meta_journal, an_idle_batch_lets_another_writer_in, .init = setup_nodefer,
 	cr_assert_eq(w.failures, 0);
 	cr_assert_lt(s, 30.0, "3 creates of another writer took %.1f s behind an idle batch", s);
 	cr_log_info("3 creates of another writer behind an idle batch: %.1f ms", s * 1000);
+}
+
+/* meta_open skips the schema additions' writes when nothing is missing
+ * (they would wait for another process's open batch); anything missing is
+ * still made: a table, a seeded row, slices freed the old way. */
+Test(meta, open_makes_what_the_schema_lacks)
+{
+	raw_sql("DROP TABLE slice_range");
+	raw_sql("DROP INDEX checkpoint_slice_id");
+	raw_sql("DELETE FROM journal");
+	raw_sql("INSERT INTO delslice(id, size) VALUES (4242, 10)");
+	meta_close(m);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE name = 'slice_range'"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE name = 'checkpoint_slice_id'"),
+		     1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM journal"), 1);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM delslice"), 0);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM gc_slice WHERE id = 4242"), 1);
 }
 #endif
 
