@@ -567,6 +567,27 @@ void local_copy_drop_all(struct mountd *md)
 	} while (ngone == EVICT_MAX);
 }
 
+void local_copy_exit(struct mountd *md)
+{
+	struct inode *v;
+
+	/* No lock of v: nothing else runs. Their backing ids went with the
+	 * FUSE connection, their inode references with the inode table. */
+	pthread_mutex_lock(&md->kept_lock);
+	for (v = md->kept_oldest; v; v = v->knext) {
+		if (!v->kept_name)
+			continue;
+		if (unlinkat(md->staging_dirfd, v->kept_name, 0) < 0 && errno != ENOENT)
+			log_warn("cannot remove local copy %s", v->kept_name);
+		md->kept_bytes -= v->kept_size;
+		copy_record_clear(v);
+		if (v->kept_fd >= 0)
+			close(v->kept_fd);
+		v->kept_fd = -1;
+	}
+	pthread_mutex_unlock(&md->kept_lock);
+}
+
 size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max)
 {
 	struct inode *v, *prev, *gone[EVICT_MAX];

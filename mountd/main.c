@@ -1121,6 +1121,8 @@ out:
 		mountd_handles_drop(md);
 	copy_build_free(md); /* after the last release (copy_build_later()) */
 	handle_table_free(md->handles);
+	if (!md->handing_over)
+		local_copy_exit(md); /* a failed hand-over's copies are the next run's */
 	inode_table_free(md->inodes);
 	prefetch_stop(md->prefetch);
 	read_cache_close(md->cache);

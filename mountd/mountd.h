@@ -452,6 +452,10 @@ void local_copy_drop(struct mountd *md, struct inode *i);
 void local_copy_forget(struct mountd *md, struct inode *i);
 /* At stop: removes every copy nobody reads. */
 void local_copy_drop_all(struct mountd *md);
+/* At exit, once no thread runs and every handle is dropped: removes the
+ * copies local_copy_drop_all() left (made or read meanwhile, or locked by
+ * a thread then) and frees their names. */
+void local_copy_exit(struct mountd *md);
 /* For copy_build.c: room for a copy of size bytes of i (true: counted in
  * the copies' bytes until recorded or given back), evicting only unread
  * copies built the same way: a pass that reads many files once (a backup)
