@@ -273,10 +273,13 @@ Test(cache, seeds_a_killed_reconciler_left_go_with_the_next_one)
 	drain_uploads();
 	fm_stats_read(&s);
 	cr_assert_eq(fm_stats_need(&s, "cache_seeded"), 1);
-	read_all_and_check(mp("after"), small, sizeof(small));
+	uint64_t gets0 = fm_stats_need(&s, "objects_get");
 	read_all_and_check(mp("later"), small, sizeof(small));
 	fm_stats_read(&s);
-	cr_assert_eq(fm_stats_need(&s, "objects_get"), 0);
+	cr_assert_eq(fm_stats_need(&s, "objects_get"), gets0, "later was not read from its seed");
+	/* after's bytes may be cached or not: a handoff the killed reconciler
+	 * took is uploaded again from its journal record, with no seed. */
+	read_all_and_check(mp("after"), small, sizeof(small));
 }
 
 /* Reads of cached objects are spliced from the cache files (no copy through
