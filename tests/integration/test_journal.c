@@ -456,6 +456,10 @@ static void kill_inside_batch(bool both)
 	t0 = now_s();
 	build_tree(fm.mnt);
 	cr_log_info("built the tree on the mount in %.2f s", now_s() - t0);
+	/* The uploads committed first: a reconciler waiting to commit one has
+	 * the batch commit within a few ms (the flusher looks for it), which
+	 * could come between the look at the batch below and the kill. */
+	fm_wait_committed("the tree's uploads", 60);
 	walk(fm.mnt, &before);
 	/* The kill must land inside an open batch: if the flusher just
 	 * committed, make one more change (on both sides). */
