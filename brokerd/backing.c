@@ -1,6 +1,7 @@
 /*
- * backing: BACKING_OPEN and BACKING_CLOSE, the confused-deputy end of the
- * broker.
+ * backing: BACKING_OPEN and BACKING_CLOSE (one file or id each, or up to
+ * BROKER_FDS_MAX files / BROKER_CLOSE_MANY_MAX ids with _MANY), the
+ * confused-deputy end of the broker.
  *
  * The kernel keeps the credentials of whoever issues
  * FUSE_DEV_IOC_BACKING_OPEN and, for every passthrough open, opens the
@@ -37,6 +38,9 @@
 #include "brokerd.h"
 #include "fuse_backing.h"
 #include "log.h"
+
+/* broker_rep.fds_safe has a bit per fd of a request. */
+_Static_assert(BROKER_FDS_MAX <= 32, "fds_safe is a 32-bit mask");
 
 
 #ifndef STATX_MNT_ID_UNIQUE
@@ -147,39 +151,15 @@ static int peer_mount(struct broker *b, const struct peer *p, uint64_t id, struc
 	return 0;
 }
 
-int handle_backing_open(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-			struct broker_rep *rep)
+/* Counts a backing id the kernel gave for m, or closes it again if it
+ * cannot be kept track of: 0 or a refusal with why. */
+static int backing_keep(struct broker *b, const struct peer *p, struct bmount *m, int id,
+			char *err, size_t errlen)
 {
-	const struct peer *p = conn_peer(c);
-	char *err = rep->message;
-	const size_t errlen = sizeof(rep->message);
-	struct ferry_backing_map map = { .fd = fd };
-	struct bmount *m;
-	int id, rc, e;
+	int rc;
 
-	rc = peer_mount(b, p, q->mount_id, &m, err, errlen);
-	if (rc < 0)
-		return rc;
-	if (p->owner->nbacking >= p->rule->max_backing) {
-		snprintf(err, errlen, "uid %d has %u live backing ids, its limit (policy line %u)",
-			 (int)p->uid, p->owner->nbacking, p->rule->line);
-		return -EDQUOT;
-	}
-	rc = backing_fd_check(b, p, fd, err, errlen);
-	if (rc < 0)
-		return rc;
-	rep->fd_safe = true; /* a regular file on neither FUSE nor overlayfs */
-	rc = privs_become(p->uid, p->gid);
-	if (rc < 0) {
-		snprintf(err, errlen, "cannot take the peer's file-system identity: %s",
-			 strerror(-rc));
-		return rc;
-	}
-	id = ioctl(m->fuse_fd, FERRY_DEV_IOC_BACKING_OPEN, &map);
-	e = errno;
-	privs_restore();
 	if (id <= 0) {
-		rc = id == 0 ? -EIO : -e;
+		rc = id == 0 ? -EIO : id;
 		snprintf(err, errlen, "FUSE_DEV_IOC_BACKING_OPEN: %s%s", strerror(-rc),
 			 rc == -EPERM ? " (did the FUSE server enable passthrough at INIT?)" : "");
 		return rc;
@@ -197,26 +177,129 @@ int handle_backing_open(struct broker *b, struct conn *c, const struct broker_re
 	}
 	p->owner->nbacking++;
 	b->nbacking++;
-	rep->backing_id = (uint32_t)id;
 	return 0;
 }
 
-int handle_backing_close(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-			 struct broker_rep *rep)
+/* The ioctl, with the peer's file-system identity: its id, or -errno. */
+static int backing_ioctl(const struct bmount *m, int fd)
+{
+	struct ferry_backing_map map = { .fd = fd };
+	int id = ioctl(m->fuse_fd, FERRY_DEV_IOC_BACKING_OPEN, &map);
+
+	return id < 0 ? -errno : id;
+}
+
+static int quota_check(const struct peer *p, unsigned more, char *err, size_t errlen)
+{
+	if (p->owner->nbacking + more >= p->rule->max_backing) {
+		snprintf(err, errlen, "uid %d has %u live backing ids, its limit (policy line %u)",
+			 (int)p->uid, p->owner->nbacking + more, p->rule->line);
+		return -EDQUOT;
+	}
+	return 0;
+}
+
+int handle_backing_open(struct broker *b, struct conn *c, const struct broker_req *q,
+			const int *fds, size_t nfds, struct broker_rep *rep)
 {
 	const struct peer *p = conn_peer(c);
 	char *err = rep->message;
 	const size_t errlen = sizeof(rep->message);
-	uint32_t bid = q->backing_id;
 	struct bmount *m;
-	bool known;
-	int rc;
+	int id, rc;
 
-	(void)fd;
+	(void)nfds; /* 1: broker_request_parse() */
 	rc = peer_mount(b, p, q->mount_id, &m, err, errlen);
 	if (rc < 0)
 		return rc;
-	known = idset_has(&m->ids, bid);
+	rc = quota_check(p, 0, err, errlen);
+	if (rc < 0)
+		return rc;
+	rc = backing_fd_check(b, p, fds[0], err, errlen);
+	if (rc < 0)
+		return rc;
+	rep->fds_safe = 1; /* a regular file on neither FUSE nor overlayfs */
+	rc = privs_become(p->uid, p->gid);
+	if (rc < 0) {
+		snprintf(err, errlen, "cannot take the peer's file-system identity: %s",
+			 strerror(-rc));
+		return rc;
+	}
+	id = backing_ioctl(m, fds[0]);
+	privs_restore();
+	rc = backing_keep(b, p, m, id, err, errlen);
+	if (rc < 0)
+		return rc;
+	rep->backing_id = (uint32_t)id;
+	return 0;
+}
+
+/*
+ * BACKING_OPEN_MANY: every fd checked by itself, as BACKING_OPEN does, and
+ * a refusal of one is its own result, not the others'. The checks run
+ * first, then one switch of identity covers the ioctls of all that passed:
+ * the switch (two capsets, four setfs*id calls) and the frame round trip
+ * are what one file at a time paid for each.
+ */
+int handle_backing_open_many(struct broker *b, struct conn *c, const struct broker_req *q,
+			     const int *fds, size_t nfds, struct broker_rep *rep)
+{
+	const struct peer *p = conn_peer(c);
+	char why[BROKER_MSG_MAX];
+	int ids[BROKER_FDS_MAX] = { 0 };
+	unsigned passed = 0;
+	struct bmount *m;
+	int rc;
+
+	rc = peer_mount(b, p, q->mount_id, &m, rep->message, sizeof(rep->message));
+	if (rc < 0)
+		return rc;
+	rep->nmany = nfds;
+	for (size_t k = 0; k < nfds; k++) {
+		rc = quota_check(p, passed, why, sizeof(why));
+		if (rc == 0)
+			rc = backing_fd_check(b, p, fds[k], why, sizeof(why));
+		if (rc == 0) {
+			rep->fds_safe |= 1u << k;
+			passed++;
+		} else if (!rep->message[0]) {
+			snprintf(rep->message, sizeof(rep->message), "fd %zu: %.200s", k, why);
+		}
+		rep->many_errors[k] = rc;
+	}
+	if (passed == 0)
+		return 0;
+	rc = privs_become(p->uid, p->gid);
+	for (size_t k = 0; k < nfds; k++)
+		if (rep->many_errors[k] == 0)
+			ids[k] = rc < 0 ? rc : backing_ioctl(m, fds[k]);
+	if (rc == 0)
+		privs_restore();
+	else
+		snprintf(why, sizeof(why), "cannot take the peer's file-system identity: %s",
+			 strerror(-rc));
+	for (size_t k = 0; k < nfds; k++) {
+		if (rep->many_errors[k] < 0)
+			continue;
+		if (rc == 0)
+			rep->many_errors[k] = backing_keep(b, p, m, ids[k], why, sizeof(why));
+		else
+			rep->many_errors[k] = rc;
+		if (rep->many_errors[k] == 0)
+			rep->many_ids[k] = (uint32_t)ids[k];
+		else if (!rep->message[0])
+			snprintf(rep->message, sizeof(rep->message), "fd %zu: %.200s", k, why);
+	}
+	return 0;
+}
+
+/* Closes bid of m for the peer: 0 or a refusal with why. */
+static int backing_unregister(struct broker *b, struct bmount *m, uint32_t bid, char *err,
+			      size_t errlen)
+{
+	bool known = idset_has(&m->ids, bid);
+	int rc = 0;
+
 	if (!known && !m->adopted) {
 		snprintf(err, errlen, "backing id %" PRIu32 " was not registered by this peer on "
 			 "mount %" PRIu64, bid, m->id);
@@ -239,4 +322,39 @@ int handle_backing_close(struct broker *b, struct conn *c, const struct broker_r
 		b->nbacking--;
 	}
 	return rc;
+}
+
+int handle_backing_close(struct broker *b, struct conn *c, const struct broker_req *q,
+			 const int *fds, size_t nfds, struct broker_rep *rep)
+{
+	struct bmount *m;
+	int rc;
+
+	(void)fds;
+	(void)nfds;
+	rc = peer_mount(b, conn_peer(c), q->mount_id, &m, rep->message, sizeof(rep->message));
+	if (rc < 0)
+		return rc;
+	return backing_unregister(b, m, q->backing_id, rep->message, sizeof(rep->message));
+}
+
+int handle_backing_close_many(struct broker *b, struct conn *c, const struct broker_req *q,
+			      const int *fds, size_t nfds, struct broker_rep *rep)
+{
+	char why[BROKER_MSG_MAX];
+	struct bmount *m;
+	int rc;
+
+	(void)fds;
+	(void)nfds;
+	rc = peer_mount(b, conn_peer(c), q->mount_id, &m, rep->message, sizeof(rep->message));
+	if (rc < 0)
+		return rc;
+	rep->nmany = q->nids;
+	for (size_t k = 0; k < q->nids; k++) {
+		rep->many_errors[k] = backing_unregister(b, m, q->backing_ids[k], why, sizeof(why));
+		if (rep->many_errors[k] < 0 && !rep->message[0])
+			snprintf(rep->message, sizeof(rep->message), "id %zu: %.200s", k, why);
+	}
+	return 0;
 }

@@ -24,7 +24,7 @@
  *   peer.c        a peer's identity when it connects; owners
  *   mount.c       MOUNT, UMOUNT, ATTACH: resolution beneath the root, the
  *                 new mount API
- *   backing.c     BACKING_OPEN, BACKING_CLOSE: the checks of the file fd and
+ *   backing.c     BACKING_OPEN, BACKING_CLOSE (and _MANY): the checks of the file fd and
  *                 the ioctls
  *   mount_table.c the mounts in memory and on disk (--state-dir), rebuilt
  *                 against /proc/self/mountinfo at start and from time to time
@@ -116,6 +116,8 @@ struct broker_req {
 	struct mount_opts opts;         /* MOUNT */
 	uint64_t mount_id;              /* UMOUNT (if !has_name), BACKING_* */
 	uint32_t backing_id;            /* BACKING_CLOSE */
+	uint32_t backing_ids[BROKER_CLOSE_MANY_MAX]; /* BACKING_CLOSE_MANY */
+	size_t nids;
 };
 
 /* 0 if name is a valid mount name (see proto Mount.name); else -EINVAL and
@@ -149,10 +151,16 @@ struct broker_rep {
 	enum broker_msg type;          /* which body, if error == 0 */
 	uint64_t mount_id;             /* MOUNT, ATTACH */
 	uint32_t backing_id;           /* BACKING_OPEN */
+	/* BACKING_OPEN_MANY (ids and errors, one per fd) and
+	 * BACKING_CLOSE_MANY (errors, one per id): 0 or -errno each. */
+	uint32_t many_ids[BROKER_CLOSE_MANY_MAX];
+	int many_errors[BROKER_CLOSE_MANY_MAX];
+	size_t nmany;
 	struct broker_status status;   /* STATUS */
 	int fd;                        /* MOUNT: rides with the reply; owned; -1 */
-	bool fd_safe;                  /* the handler showed the request's fd cannot
-	                                  reach a FUSE server: close it in place */
+	uint32_t fds_safe;             /* bit k: the handler showed the request's
+	                                  fd k cannot reach a FUSE server, so it
+	                                  is closed in place */
 };
 
 /* Encodes rep (without its fd) as a frame payload into buf (room for
@@ -366,22 +374,28 @@ int mount_follow(struct broker *b, struct bmount *m);
 
 /* ---- the handlers (mount.c, backing.c, server.c) ---- */
 
+/* fds[0..nfds) came with the request (as many as broker_request_parse()
+ * allowed for its type): the handler's to use, never to keep or close. */
 typedef int (*broker_handler)(struct broker *b, struct conn *c, const struct broker_req *q,
-			      int fd, struct broker_rep *rep);
-int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		 struct broker_rep *rep);
-int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		  struct broker_rep *rep);
-int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		    struct broker_rep *rep);
-int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		  struct broker_rep *rep);
-int handle_backing_open(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-			struct broker_rep *rep);
-int handle_backing_close(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-			 struct broker_rep *rep);
-int handle_status(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		  struct broker_rep *rep);
+			      const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q,
+		 const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q,
+		  const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q,
+		    const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q,
+		  const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_backing_open(struct broker *b, struct conn *c, const struct broker_req *q,
+			const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_backing_close(struct broker *b, struct conn *c, const struct broker_req *q,
+			 const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_backing_open_many(struct broker *b, struct conn *c, const struct broker_req *q,
+			     const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_backing_close_many(struct broker *b, struct conn *c, const struct broker_req *q,
+			      const int *fds, size_t nfds, struct broker_rep *rep);
+int handle_status(struct broker *b, struct conn *c, const struct broker_req *q,
+		  const int *fds, size_t nfds, struct broker_rep *rep);
 
 /* ---- server.c ---- */
 

@@ -289,8 +289,8 @@ static int detach(int fd)
 	return umount2(path, MNT_DETACH) < 0 ? -errno : 0;
 }
 
-int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		 struct broker_rep *rep)
+int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q,
+		 const int *fds, size_t nfds, struct broker_rep *rep)
 {
 	const struct peer *p = conn_peer(c);
 	char *err = rep->message;
@@ -300,7 +300,8 @@ int handle_mount(struct broker *b, struct conn *c, const struct broker_req *q, i
 	struct statx sx;
 	int target = -1, fuse_fd = -1, reply_fd = -1, mfd = -1, root = -1, rc;
 
-	(void)fd;
+	(void)fds;
+	(void)nfds;
 	if ((m = mount_find_name(p->owner, q->name))) {
 		if (mount_is_live(m) != 0) {
 			snprintf(err, errlen, "%.128s is mount %" PRIu64 " of this broker already",
@@ -416,8 +417,8 @@ out:
 	return rc;
 }
 
-int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		  struct broker_rep *rep)
+int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q,
+		  const int *fds, size_t nfds, struct broker_rep *rep)
 {
 	const struct peer *p = conn_peer(c);
 	char *err = rep->message;
@@ -425,7 +426,8 @@ int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, 
 	struct bmount *m;
 	int root = -1, rc;
 
-	(void)fd;
+	(void)fds;
+	(void)nfds;
 	m = q->has_name ? mount_find_name(p->owner, q->name) : mount_find_id(b, q->mount_id);
 	/* Another tenant's mount is, to this peer, no mount at all. */
 	if (!m || m->owner != p->owner) {
@@ -461,8 +463,8 @@ int handle_umount(struct broker *b, struct conn *c, const struct broker_req *q, 
 	return 0;
 }
 
-int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		    struct broker_rep *rep)
+int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q,
+		    const int *fds, size_t nfds, struct broker_rep *rep)
 {
 	const struct peer *p = conn_peer(c);
 	char *err = rep->message;
@@ -471,7 +473,8 @@ int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q
 	int root = -1, dup_fd, rc;
 
 	(void)b;
-	(void)fd;
+	(void)fds;
+	(void)nfds;
 	if (!m) {
 		snprintf(err, errlen, "no mount of this peer's at %.128s", q->name);
 		return -ENOENT;
@@ -504,8 +507,8 @@ int handle_reattach(struct broker *b, struct conn *c, const struct broker_req *q
 	return 0;
 }
 
-int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		  struct broker_rep *rep)
+int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q,
+		  const int *fds, size_t nfds, struct broker_rep *rep)
 {
 	const struct peer *p = conn_peer(c);
 	char *err = rep->message;
@@ -516,8 +519,9 @@ int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, 
 	struct bmount *m;
 	struct statx sx;
 	size_t nmi;
-	int root = -1, dup_fd = -1, fl, rc;
+	int root = -1, dup_fd = -1, fl, rc, fd = fds[0];
 
+	(void)nfds; /* 1: broker_request_parse() */
 	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) < 0 ||
 	    !S_ISCHR(sx.stx_mode) || sx.stx_rdev_major != FUSE_DEV_MAJOR ||
 	    sx.stx_rdev_minor != FUSE_DEV_MINOR) {
@@ -529,7 +533,7 @@ int handle_attach(struct broker *b, struct conn *c, const struct broker_req *q, 
 		snprintf(err, errlen, "the /dev/fuse fd sent is not open read-write");
 		return -EINVAL;
 	}
-	rep->fd_safe = true; /* the FUSE device: no flush to wait for */
+	rep->fds_safe = 1; /* the FUSE device: no flush to wait for */
 	m = mount_find_name(p->owner, q->name);
 	if (m) {
 		/* Ours (made before a restart, or attached before): is it still

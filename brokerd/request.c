@@ -31,6 +31,8 @@ const char *broker_msg_name(enum broker_msg t)
 	case BROKER_MSG_BACKING_OPEN: return "BACKING_OPEN";
 	case BROKER_MSG_BACKING_CLOSE: return "BACKING_CLOSE";
 	case BROKER_MSG_STATUS: return "STATUS";
+	case BROKER_MSG_BACKING_OPEN_MANY: return "BACKING_OPEN_MANY";
+	case BROKER_MSG_BACKING_CLOSE_MANY: return "BACKING_CLOSE_MANY";
 	default: return "?";
 	}
 }
@@ -313,6 +315,41 @@ int broker_request_parse(const uint8_t *buf, size_t len, size_t nfds, struct bro
 			rc = fail(-EINVAL, err, errlen, "backing id %" PRIu32 " out of range",
 				  out->backing_id);
 		break;
+	case FERRY__BROKER__REQUEST__BODY_BACKING_OPEN_MANY:
+		out->type = BROKER_MSG_BACKING_OPEN_MANY;
+		out->mount_id = q->backing_open_many->mount_id;
+		want_fds = nfds;
+		if (!out->mount_id)
+			rc = fail(-EINVAL, err, errlen, "mount id 0");
+		else if (nfds == 0 || nfds > BROKER_FDS_MAX)
+			rc = fail(-EBADF, err, errlen, "BACKING_OPEN_MANY takes 1 to %u fds, %zu came "
+				  "with it", BROKER_FDS_MAX, nfds);
+		break;
+	case FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE_MANY: {
+		const Ferry__Broker__BackingCloseMany *m = q->backing_close_many;
+
+		out->type = BROKER_MSG_BACKING_CLOSE_MANY;
+		out->mount_id = m->mount_id;
+		if (!out->mount_id) {
+			rc = fail(-EINVAL, err, errlen, "mount id 0");
+			break;
+		}
+		if (m->n_backing_ids == 0 || m->n_backing_ids > BROKER_CLOSE_MANY_MAX) {
+			rc = fail(-EINVAL, err, errlen, "%zu backing ids, not 1 to %u",
+				  m->n_backing_ids, BROKER_CLOSE_MANY_MAX);
+			break;
+		}
+		for (size_t k = 0; k < m->n_backing_ids; k++) {
+			if (m->backing_ids[k] == 0 || m->backing_ids[k] > INT32_MAX) {
+				rc = fail(-EINVAL, err, errlen, "backing id %" PRIu32 " out of range",
+					  m->backing_ids[k]);
+				break;
+			}
+			out->backing_ids[k] = m->backing_ids[k];
+		}
+		out->nids = m->n_backing_ids;
+		break;
+	}
 	case FERRY__BROKER__REQUEST__BODY_STATUS:
 		out->type = BROKER_MSG_STATUS;
 		break;
@@ -354,7 +391,18 @@ int broker_reply_encode(const struct broker_rep *rep, uint8_t *buf, size_t *len)
 	Ferry__Broker__Attached a = FERRY__BROKER__ATTACHED__INIT;
 	Ferry__Broker__BackingOpened bo = FERRY__BROKER__BACKING_OPENED__INIT;
 	Ferry__Broker__Status s = FERRY__BROKER__STATUS__INIT;
+	Ferry__Broker__BackingOpenedMany bom = FERRY__BROKER__BACKING_OPENED_MANY__INIT;
+	Ferry__Broker__BackingClosedMany bcm = FERRY__BROKER__BACKING_CLOSED_MANY__INIT;
+	uint32_t errs[BROKER_CLOSE_MANY_MAX];
+	uint32_t ids[BROKER_CLOSE_MANY_MAX];
 	size_t n;
+
+	if (rep->nmany > BROKER_CLOSE_MANY_MAX)
+		return -EINVAL;
+	for (size_t k = 0; k < rep->nmany; k++) {
+		errs[k] = (uint32_t)(rep->many_errors[k] < 0 ? -rep->many_errors[k] : 0);
+		ids[k] = errs[k] ? 0 : rep->many_ids[k];
+	}
 
 	r.version = V;
 	r.id = rep->id;
@@ -383,6 +431,19 @@ int broker_reply_encode(const struct broker_rep *rep, uint8_t *buf, size_t *len)
 			r.body_case = FERRY__BROKER__REPLY__BODY_BACKING_OPENED;
 			r.backing_opened = &bo;
 			break;
+		case BROKER_MSG_BACKING_OPEN_MANY:
+			bom.n_backing_ids = bom.n_errors = rep->nmany;
+			bom.backing_ids = ids;
+			bom.errors = errs;
+			r.body_case = FERRY__BROKER__REPLY__BODY_BACKING_OPENED_MANY;
+			r.backing_opened_many = &bom;
+			break;
+		case BROKER_MSG_BACKING_CLOSE_MANY:
+			bcm.n_errors = rep->nmany;
+			bcm.errors = errs;
+			r.body_case = FERRY__BROKER__REPLY__BODY_BACKING_CLOSED_MANY;
+			r.backing_closed_many = &bcm;
+			break;
 		case BROKER_MSG_STATUS:
 			s.connections = rep->status.connections;
 			s.peers = rep->status.peers;
@@ -393,6 +454,10 @@ int broker_reply_encode(const struct broker_rep *rep, uint8_t *buf, size_t *len)
 			s.refusals = rep->status.refusals;
 			if (rep->status.root[0])
 				s.root = (char *)rep->status.root;
+			if (rep->status.features) {
+				s.has_features = 1;
+				s.features = rep->status.features;
+			}
 			r.body_case = FERRY__BROKER__REPLY__BODY_STATUS;
 			r.status = &s;
 			break;

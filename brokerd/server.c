@@ -71,6 +71,8 @@ static const struct {
 	[BROKER_MSG_REATTACH] = { REQ_RULE, handle_reattach },
 	[BROKER_MSG_BACKING_OPEN] = { REQ_RULE | REQ_QUIET, handle_backing_open },
 	[BROKER_MSG_BACKING_CLOSE] = { REQ_RULE | REQ_QUIET, handle_backing_close },
+	[BROKER_MSG_BACKING_OPEN_MANY] = { REQ_RULE | REQ_QUIET, handle_backing_open_many },
+	[BROKER_MSG_BACKING_CLOSE_MANY] = { REQ_RULE | REQ_QUIET, handle_backing_close_many },
 	[BROKER_MSG_STATUS] = { REQ_QUIET, handle_status },
 };
 
@@ -104,15 +106,16 @@ static time_t now_s(void)
 
 /* Root sees the broker's figures; a tenant sees only its own owner's, so
  * one tenant learns nothing of another. */
-int handle_status(struct broker *b, struct conn *c, const struct broker_req *q, int fd,
-		  struct broker_rep *rep)
+int handle_status(struct broker *b, struct conn *c, const struct broker_req *q,
+		  const int *fds, size_t nfds, struct broker_rep *rep)
 {
 	const struct owner *self = c->peer.owner;
 	struct owner *o;
 	uint64_t peers = 0;
 
 	(void)q;
-	(void)fd;
+	(void)fds;
+	(void)nfds;
 	if (!self) {
 		TAILQ_FOREACH(o, &b->owners, link)
 			if (o->nconns)
@@ -134,6 +137,7 @@ int handle_status(struct broker *b, struct conn *c, const struct broker_req *q, 
 			.backing_ids = self->nbacking,
 		};
 	}
+	rep->status.features = BROKER_FEATURE_MANY;
 	/* Names are relative to it: a peer asks this first. */
 	if (c->peer.rule && strlen(c->peer.rule->root) <= BROKER_ROOT_MAX)
 		snprintf(rep->status.root, sizeof(rep->status.root), "%s", c->peer.rule->root);
@@ -449,7 +453,7 @@ static void handle_frame(struct conn *c, const uint8_t *buf, size_t len, int *fd
 	struct broker *b = c->b;
 	struct broker_req q;
 	struct broker_rep rep = { .fd = -1 };
-	bool fd_safe = false;
+	uint32_t fds_safe = 0;
 	char why[BROKER_MSG_MAX];
 	size_t i;
 	int rc;
@@ -476,9 +480,9 @@ static void handle_frame(struct conn *c, const uint8_t *buf, size_t len, int *fd
 	rep.type = q.type;
 	rc = broker_request_permitted(c->peer.rule, &q, rep.message, sizeof(rep.message));
 	if (rc == 0)
-		rc = dispatch[i].handler(b, c, &q, nfds ? fds[0] : -1, &rep);
+		rc = dispatch[i].handler(b, c, &q, fds, nfds, &rep);
 	rep.error = rc;
-	fd_safe = rep.fd_safe;
+	fds_safe = rep.fds_safe;
 	if (rc == 0 && (q.type == BROKER_MSG_MOUNT || q.type == BROKER_MSG_ATTACH ||
 			q.type == BROKER_MSG_REATTACH))
 		c->session = true; /* ferry-mountd's own: it stays while the mount does */
@@ -494,6 +498,28 @@ static void handle_frame(struct conn *c, const uint8_t *buf, size_t len, int *fd
 		if (rep.fd >= 0)
 			close(rep.fd);
 		rep.fd = -1;
+	} else if (rep.nmany) {
+		/* Each item of a _MANY request is a request of its own for the
+		 * counters and the log. */
+		for (size_t k = 0; k < rep.nmany; k++) {
+			uint32_t bid = q.type == BROKER_MSG_BACKING_OPEN_MANY ? rep.many_ids[k]
+									      : q.backing_ids[k];
+
+			if (rep.many_errors[k] < 0) {
+				b->refusals++;
+				log_warnx("peer pid %d uid %d: %s item %zu%s%" PRIu32 ": refused: %s",
+					  (int)c->peer.pid, (int)c->peer.uid,
+					  broker_msg_name(q.type), k, bid ? ", backing id " : "",
+					  bid, strerror(-rep.many_errors[k]));
+			} else if (log_get_level() >= LOG_LVL_DEBUG) {
+				log_debug("peer pid %d uid %d: %s mount %" PRIu64 " backing id %"
+					  PRIu32 ": ok", (int)c->peer.pid, (int)c->peer.uid,
+					  broker_msg_name(q.type), q.mount_id, bid);
+			}
+		}
+		if (rep.message[0])
+			log_warnx("peer pid %d uid %d: %s: the first refusal: %s", (int)c->peer.pid,
+				  (int)c->peer.uid, broker_msg_name(q.type), rep.message);
 	} else if (dispatch[i].flags & REQ_QUIET) {
 		uint32_t bid = rep.backing_id ? rep.backing_id : q.backing_id;
 
@@ -510,11 +536,18 @@ static void handle_frame(struct conn *c, const uint8_t *buf, size_t len, int *fd
 	}
 	conn_reply(c, &rep);
 out:
-	/* The request's fds are the handler's to use, never to keep. */
-	if (fd_safe)
-		rpc_fds_close(fds, nfds);
-	else
-		peer_fds_drop(b, c->peer.owner, fds, nfds);
+	/* The request's fds are the handler's to use, never to keep. Those
+	 * it showed cannot reach a FUSE server close here; the others go
+	 * the careful way. */
+	for (size_t k = 0; k < nfds; k++) {
+		if (fds[k] < 0)
+			continue;
+		if (fds_safe & (1u << k))
+			close(fds[k]);
+		else
+			peer_fds_drop(b, c->peer.owner, &fds[k], 1);
+		fds[k] = -1;
+	}
 }
 
 /* Room in our fd table for what one more frame may bring (up to SCM_MAX_FD

@@ -31,6 +31,11 @@ struct reply {
 	uint64_t mount_id;
 	uint32_t backing_id;
 	struct broker_status status;
+	/* BACKING_OPENED_MANY: ids and errors (0 or -errno), one per fd;
+	 * BACKING_CLOSED_MANY: errors, one per id. */
+	uint32_t many_ids[BROKER_CLOSE_MANY_MAX];
+	int many_errors[BROKER_CLOSE_MANY_MAX];
+	size_t nmany;
 	int body;                   /* Ferry__Broker__Reply__BodyCase */
 	char message[BROKER_MSG_MAX];
 };
@@ -39,7 +44,8 @@ struct waiter {
 	uint64_t id;
 	bool done;
 	bool detached;              /* nobody waits: the reader frees it */
-	int close_id;               /* a BACKING_CLOSE's backing id, else 0 */
+	int close_ids[BROKER_CLOSE_MANY_MAX]; /* a BACKING_CLOSE(_MANY)'s backing ids */
+	size_t nclose;
 	int err;                    /* transport error, or 0 when rep is there */
 	struct reply rep;
 	int fd;                     /* an fd that came with the reply, or -1 */
@@ -63,6 +69,7 @@ struct broker_conn {
 	int *lost_closes;           /* of those, BACKING_CLOSEs lost with the connection */
 	size_t nlost, caplost;
 	int timeout_ms;
+	uint32_t features;          /* BROKER_FEATURE_*, from the broker's last Status */
 	struct rpc_reader rd;
 };
 
@@ -94,15 +101,20 @@ static int apply_timeout(int sock, int ms)
  * accept fds on the connection (SO_PASSRIGHTS), so a request with an fd
  * must not go out earlier. A broker that refuses us closes the socket.
  */
-static int hello(int sock)
+static int reply_decode(const uint8_t *buf, size_t len, uint64_t *id, struct reply *out);
+
+static int hello(int sock, uint32_t *features)
 {
 	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
 	Ferry__Broker__StatusQuery s = FERRY__BROKER__STATUS_QUERY__INIT;
 	uint8_t buf[BROKER_FRAME_MAX], *rbuf = NULL;
-	int fds[BROKER_FDS_MAX];
+	int fds[RPC_FDS_MAX];
 	size_t len, nfds = 0;
+	struct reply *rep = NULL; /* big: not on the stack */
+	uint64_t id;
 	int rc;
 
+	*features = 0;
 	q.version = V;
 	q.id = 0; /* before any id of the connection's calls (they start at 1) */
 	q.body_case = FERRY__BROKER__REQUEST__BODY_STATUS;
@@ -113,8 +125,15 @@ static int hello(int sock)
 	ferry__broker__request__pack(&q, buf);
 	rc = rpc_frame_send(sock, buf, len, NULL, 0);
 	if (rc == 0)
-		rc = rpc_frame_recv(sock, BROKER_FRAME_MAX, BROKER_FDS_MAX, &rbuf, &len, fds, &nfds);
+		rc = rpc_frame_recv(sock, BROKER_FRAME_MAX, BROKER_REPLY_FDS_MAX, &rbuf, &len, fds,
+				    &nfds);
 	rpc_fds_close(fds, nfds);
+	/* What it can do; a reply that does not say (or does not decode:
+	 * the calls will find out) leaves the first requests only. */
+	if (rc == 0 && (rep = malloc(sizeof(*rep))) && reply_decode(rbuf, len, &id, rep) == 0 &&
+	    rep->error == 0 && rep->body == FERRY__BROKER__REPLY__BODY_STATUS)
+		*features = rep->status.features;
+	free(rep);
 	free(rbuf);
 	if (rc == -EPIPE || rc == -EPROTO || rc == -ECONNRESET) {
 		set_msg("the broker closed the connection at once: no policy rule admits this "
@@ -124,7 +143,7 @@ static int hello(int sock)
 	return rc;
 }
 
-static int open_socket(const char *path, int timeout_ms, int *out)
+static int open_socket(const char *path, int timeout_ms, int *out, uint32_t *features)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd, rc;
@@ -142,7 +161,7 @@ static int open_socket(const char *path, int timeout_ms, int *out)
 	rc = apply_timeout(fd, timeout_ms);
 	if (rc < 0)
 		goto fail;
-	rc = hello(fd);
+	rc = hello(fd, features);
 	if (rc < 0)
 		goto fail;
 	*out = fd;
@@ -152,7 +171,7 @@ fail:
 	return rc;
 }
 
-static int conn_new(int sock, const char *path, struct broker_conn **out)
+static int conn_new(int sock, const char *path, uint32_t features, struct broker_conn **out)
 {
 	struct broker_conn *c = calloc(1, sizeof(*c));
 
@@ -167,22 +186,24 @@ static int conn_new(int sock, const char *path, struct broker_conn **out)
 	pthread_cond_init(&c->idle, NULL);
 	c->sock = sock;
 	c->timeout_ms = BROKER_TIMEOUT_MS_DEFAULT;
-	rpc_reader_init(&c->rd, BROKER_FRAME_MAX, BROKER_FDS_MAX);
+	c->features = features;
+	rpc_reader_init(&c->rd, BROKER_FRAME_MAX, BROKER_REPLY_FDS_MAX);
 	*out = c;
 	return 0;
 }
 
 int broker_connect(const char *path, struct broker_conn **out)
 {
+	uint32_t features;
 	int sock, rc;
 
 	*out = NULL;
 	if (!path)
 		return -EINVAL;
-	rc = open_socket(path, BROKER_TIMEOUT_MS_DEFAULT, &sock);
+	rc = open_socket(path, BROKER_TIMEOUT_MS_DEFAULT, &sock, &features);
 	if (rc < 0)
 		return rc;
-	rc = conn_new(sock, path, out);
+	rc = conn_new(sock, path, features, out);
 	if (rc < 0)
 		close(sock);
 	return rc;
@@ -198,7 +219,7 @@ int broker_adopt(int sock, struct broker_conn **out)
 	rc = apply_timeout(sock, BROKER_TIMEOUT_MS_DEFAULT);
 	if (rc < 0)
 		return rc;
-	return conn_new(sock, NULL, out);
+	return conn_new(sock, NULL, 0, out); /* features: from its first broker_status() */
 }
 
 static void waiter_unlink(struct broker_conn *c, struct waiter *w)
@@ -210,13 +231,15 @@ static void waiter_unlink(struct broker_conn *c, struct waiter *w)
 	*pp = w->next;
 }
 
-/* With c->lock held: a reply nobody waits for came (or never will). */
-static void detached_done(struct broker_conn *c, struct waiter *w, bool failed)
+/* With c->lock held: a reply nobody waits for came (w->done: with
+ * failures refusals in it) or never will (!w->done). */
+static void detached_done(struct broker_conn *c, struct waiter *w, unsigned failures)
 {
+	bool failed = failures > 0;
+
 	waiter_unlink(c, w);
-	if (failed)
-		c->async_failures++;
-	if (failed && w->close_id > 0 && !w->done) {
+	c->async_failures += failures;
+	for (size_t k = 0; failed && !w->done && k < w->nclose; k++) {
 		/* No reply will come: the broker may have died before it
 		 * closed the id. Kept for broker_lost_closes(); out of memory,
 		 * it stays registered until the unmount. */
@@ -230,7 +253,7 @@ static void detached_done(struct broker_conn *c, struct waiter *w, bool failed)
 			}
 		}
 		if (c->nlost < c->caplost)
-			c->lost_closes[c->nlost++] = w->close_id;
+			c->lost_closes[c->nlost++] = w->close_ids[k];
 	}
 	if (w->fd >= 0)
 		close(w->fd);
@@ -288,7 +311,7 @@ static void conn_fail(struct broker_conn *c, int err)
 	for (w = c->waiters; w; w = next) {
 		next = w->next;
 		if (w->detached) {
-			detached_done(c, w, true);
+			detached_done(c, w, w->nclose ? (unsigned)w->nclose : 1);
 			continue;
 		}
 		if (w->done)
@@ -301,6 +324,7 @@ static void conn_fail(struct broker_conn *c, int err)
 
 int broker_reconnect(struct broker_conn *c)
 {
+	uint32_t features;
 	int sock, rc = 0;
 
 	pthread_mutex_lock(&c->lock);
@@ -315,11 +339,12 @@ int broker_reconnect(struct broker_conn *c)
 		pthread_cond_wait(&c->idle, &c->lock);
 	if (!c->dead)
 		goto out; /* another thread reconnected meanwhile */
-	rc = open_socket(c->path, c->timeout_ms, &sock);
+	rc = open_socket(c->path, c->timeout_ms, &sock, &features);
 	if (rc < 0)
 		goto out;
 	close(c->sock);
 	c->sock = sock;
+	c->features = features; /* it may be another broker now */
 	rpc_reader_reset(&c->rd);
 	c->dead = 0;
 out:
@@ -359,12 +384,44 @@ static int reply_decode(const uint8_t *buf, size_t len, uint64_t *id, struct rep
 		if (out->backing_id == 0 || out->backing_id > INT32_MAX)
 			rc = -EBADMSG;
 		break;
+	case FERRY__BROKER__REPLY__BODY_BACKING_OPENED_MANY: {
+		const Ferry__Broker__BackingOpenedMany *m = r->backing_opened_many;
+
+		if (m->n_backing_ids != m->n_errors || m->n_errors > BROKER_FDS_MAX) {
+			rc = -EBADMSG;
+			break;
+		}
+		for (size_t k = 0; k < m->n_errors && rc == 0; k++) {
+			if (m->errors[k] > 4095 ||
+			    (!m->errors[k] && (!m->backing_ids[k] || m->backing_ids[k] > INT32_MAX)))
+				rc = -EBADMSG;
+			out->many_ids[k] = m->errors[k] ? 0 : m->backing_ids[k];
+			out->many_errors[k] = -(int)m->errors[k];
+		}
+		out->nmany = m->n_errors;
+		break;
+	}
+	case FERRY__BROKER__REPLY__BODY_BACKING_CLOSED_MANY: {
+		const Ferry__Broker__BackingClosedMany *m = r->backing_closed_many;
+
+		if (m->n_errors > BROKER_CLOSE_MANY_MAX) {
+			rc = -EBADMSG;
+			break;
+		}
+		for (size_t k = 0; k < m->n_errors && rc == 0; k++) {
+			if (m->errors[k] > 4095)
+				rc = -EBADMSG;
+			out->many_errors[k] = -(int)m->errors[k];
+		}
+		out->nmany = m->n_errors;
+		break;
+	}
 	case FERRY__BROKER__REPLY__BODY_STATUS: {
 		const Ferry__Broker__Status *s = r->status;
 		out->status = (struct broker_status){
 			.connections = s->connections, .peers = s->peers, .mounts = s->mounts,
 			.backing_ids = s->backing_ids, .fds = s->fds, .requests = s->requests,
-			.refusals = s->refusals,
+			.refusals = s->refusals, .features = s->has_features ? s->features : 0,
 		};
 		if (s->root) {
 			if (strlen(s->root) > BROKER_ROOT_MAX || s->root[0] != '/')
@@ -417,7 +474,12 @@ static void read_one(struct broker_conn *c)
 		if (w->id == id && !w->done)
 			break;
 	if (w && w->detached) {
-		detached_done(c, w, rep.error != 0);
+		unsigned failures = rep.error != 0;
+
+		for (size_t k = 0; !rep.error && k < rep.nmany; k++)
+			failures += rep.many_errors[k] < 0;
+		w->done = true; /* answered: refused or not, not lost */
+		detached_done(c, w, failures);
 	} else if (w) {
 		w->rep = rep;
 		w->done = true;
@@ -434,15 +496,15 @@ static void read_one(struct broker_conn *c)
 }
 
 /*
- * One request/reply: q is filled but for its id. send_fd (-1: none) rides
- * along and stays the caller's; *recv_fd (if not NULL) gets the reply's fd
+ * One request/reply: q is filled but for its id. send_fds[0..nsend) ride
+ * along and stay the caller's; *recv_fd (if not NULL) gets the reply's fd
  * or -1. Returns 0 with *rep, or a negative errno (transport or refusal).
  * nowait: return once the frame is sent (0, *rep untouched), leaving the
  * reply to whichever thread reads next -- unless BROKER_NOWAIT_MAX replies
  * are unread already; then it waits after all.
  */
-static int call(struct broker_conn *c, Ferry__Broker__Request *q, int send_fd, bool nowait,
-		struct reply *rep, int *recv_fd)
+static int call(struct broker_conn *c, Ferry__Broker__Request *q, const int *send_fds,
+		size_t nsend, bool nowait, struct reply *rep, int *recv_fd)
 {
 	uint8_t buf[BROKER_FRAME_MAX];
 	struct waiter stack_w = { .fd = -1 }, *w = &stack_w;
@@ -463,8 +525,16 @@ static int call(struct broker_conn *c, Ferry__Broker__Request *q, int send_fd, b
 	else
 		w = &stack_w, nowait = false;
 	w->id = ++c->next_id;
-	if (q->body_case == FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE)
-		w->close_id = (int)q->backing_close->backing_id;
+	if (q->body_case == FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE) {
+		w->close_ids[0] = (int)q->backing_close->backing_id;
+		w->nclose = 1;
+	} else if (q->body_case == FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE_MANY) {
+		for (size_t k = 0; k < q->backing_close_many->n_backing_ids &&
+				   k < BROKER_CLOSE_MANY_MAX; k++)
+			w->close_ids[k] = (int)q->backing_close_many->backing_ids[k];
+		w->nclose = q->backing_close_many->n_backing_ids < BROKER_CLOSE_MANY_MAX
+				    ? q->backing_close_many->n_backing_ids : BROKER_CLOSE_MANY_MAX;
+	}
 	pthread_cond_init(&w->cv, NULL);
 	w->next = c->waiters;
 	c->waiters = w;
@@ -479,7 +549,7 @@ static int call(struct broker_conn *c, Ferry__Broker__Request *q, int send_fd, b
 	} else {
 		ferry__broker__request__pack(q, buf);
 		pthread_mutex_lock(&c->send_lock);
-		rc = rpc_frame_send(c->sock, buf, len, &send_fd, send_fd >= 0 ? 1 : 0);
+		rc = rpc_frame_send(c->sock, buf, len, send_fds, nsend);
 		pthread_mutex_unlock(&c->send_lock);
 		if (rc == -EAGAIN)
 			rc = -ETIMEDOUT;
@@ -563,7 +633,7 @@ int broker_mount(struct broker_conn *c, const char *name, const char *const *opt
 	m.options = (char **)options;
 	q.body_case = FERRY__BROKER__REQUEST__BODY_MOUNT;
 	q.mount = &m;
-	rc = call(c, &q, -1, false, &rep, &fd);
+	rc = call(c, &q, NULL, 0, false, &rep, &fd);
 	if (rc < 0)
 		return rc;
 	if (rep.body != FERRY__BROKER__REPLY__BODY_MOUNTED || fd < 0) {
@@ -591,7 +661,7 @@ int broker_reattach(struct broker_conn *c, const char *name, int *fuse_fd, uint6
 	a.name = (char *)name;
 	q.body_case = FERRY__BROKER__REQUEST__BODY_REATTACH;
 	q.reattach = &a;
-	rc = call(c, &q, -1, false, &rep, &fd);
+	rc = call(c, &q, NULL, 0, false, &rep, &fd);
 	if (rc < 0)
 		return rc;
 	if (rep.body != FERRY__BROKER__REPLY__BODY_ATTACHED || fd < 0) {
@@ -618,7 +688,7 @@ int broker_attach(struct broker_conn *c, const char *name, int fuse_fd, uint64_t
 	a.name = (char *)name;
 	q.body_case = FERRY__BROKER__REQUEST__BODY_ATTACH;
 	q.attach = &a;
-	rc = call(c, &q, fuse_fd, false, &rep, NULL);
+	rc = call(c, &q, &fuse_fd, 1, false, &rep, NULL);
 	if (rc < 0)
 		return rc;
 	if (rep.body != FERRY__BROKER__REPLY__BODY_ATTACHED)
@@ -642,7 +712,7 @@ int broker_umount(struct broker_conn *c, const char *name, uint64_t mount_id)
 	}
 	q.body_case = FERRY__BROKER__REQUEST__BODY_UMOUNT;
 	q.umount = &u;
-	return call(c, &q, -1, false, &rep, NULL);
+	return call(c, &q, NULL, 0, false, &rep, NULL);
 }
 
 int broker_backing_open(struct broker_conn *c, uint64_t mount_id, int fd)
@@ -657,7 +727,7 @@ int broker_backing_open(struct broker_conn *c, uint64_t mount_id, int fd)
 	b.mount_id = mount_id;
 	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN;
 	q.backing_open = &b;
-	rc = call(c, &q, fd, false, &rep, NULL);
+	rc = call(c, &q, &fd, 1, false, &rep, NULL);
 	if (rc < 0)
 		return rc;
 	if (rep.body != FERRY__BROKER__REPLY__BODY_BACKING_OPENED)
@@ -677,7 +747,7 @@ static int backing_close(struct broker_conn *c, uint64_t mount_id, int backing_i
 	b.backing_id = (uint32_t)backing_id;
 	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE;
 	q.backing_close = &b;
-	return call(c, &q, -1, nowait, &rep, NULL);
+	return call(c, &q, NULL, 0, nowait, &rep, NULL);
 }
 
 int broker_backing_close(struct broker_conn *c, uint64_t mount_id, int backing_id)
@@ -688,6 +758,108 @@ int broker_backing_close(struct broker_conn *c, uint64_t mount_id, int backing_i
 int broker_backing_close_nowait(struct broker_conn *c, uint64_t mount_id, int backing_id)
 {
 	return backing_close(c, mount_id, backing_id, true);
+}
+
+int broker_backing_open_many(struct broker_conn *c, uint64_t mount_id, const int *fds, size_t n,
+			     int *ids)
+{
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__BackingOpenMany b = FERRY__BROKER__BACKING_OPEN_MANY__INIT;
+	struct reply *rep = malloc(sizeof(*rep)); /* big: not on a FUSE worker's stack */
+	int rc;
+
+	if (!rep)
+		return -ENOMEM;
+	rc = n == 0 || n > BROKER_FDS_MAX ? -EINVAL : 0;
+	for (size_t k = 0; k < n && rc == 0; k++)
+		if (fds[k] < 0)
+			rc = -EBADF;
+	if (rc == 0 && !(broker_features(c) & BROKER_FEATURE_MANY)) {
+		set_msg("this broker has no BACKING_OPEN_MANY");
+		rc = -EOPNOTSUPP;
+	}
+	if (rc < 0)
+		goto out;
+	b.mount_id = mount_id;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN_MANY;
+	q.backing_open_many = &b;
+	rc = call(c, &q, fds, n, false, rep, NULL);
+	if (rc < 0)
+		goto out;
+	if (rep->body != FERRY__BROKER__REPLY__BODY_BACKING_OPENED_MANY || rep->nmany != n) {
+		rc = -EBADMSG;
+		goto out;
+	}
+	for (size_t k = 0; k < n; k++)
+		ids[k] = rep->many_errors[k] < 0 ? rep->many_errors[k] : (int)rep->many_ids[k];
+	if (rep->message[0])
+		set_msg(rep->message);
+out:
+	free(rep);
+	return rc;
+}
+
+static int backing_close_many(struct broker_conn *c, uint64_t mount_id, const int *ids, size_t n,
+			      bool nowait, int *errs)
+{
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__BackingCloseMany b = FERRY__BROKER__BACKING_CLOSE_MANY__INIT;
+	uint32_t bids[BROKER_CLOSE_MANY_MAX];
+	struct reply *rep;
+	int rc;
+
+	if (n == 0 || n > BROKER_CLOSE_MANY_MAX)
+		return -EINVAL;
+	for (size_t k = 0; k < n; k++) {
+		if (ids[k] <= 0)
+			return -EINVAL;
+		bids[k] = (uint32_t)ids[k];
+	}
+	if (!(broker_features(c) & BROKER_FEATURE_MANY)) {
+		set_msg("this broker has no BACKING_CLOSE_MANY");
+		return -EOPNOTSUPP;
+	}
+	rep = malloc(sizeof(*rep));
+	if (!rep)
+		return -ENOMEM;
+	b.mount_id = mount_id;
+	b.n_backing_ids = n;
+	b.backing_ids = bids;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE_MANY;
+	q.backing_close_many = &b;
+	rc = call(c, &q, NULL, 0, nowait, rep, NULL);
+	/* nowait: sent (and rep untouched), or waited after all (then rep
+	 * has the reply, checked the same way). */
+	if (rc == 0 && errs) {
+		if (rep->body != FERRY__BROKER__REPLY__BODY_BACKING_CLOSED_MANY || rep->nmany != n)
+			rc = -EBADMSG;
+		else
+			memcpy(errs, rep->many_errors, n * sizeof(*errs));
+	}
+	free(rep);
+	return rc;
+}
+
+int broker_backing_close_many(struct broker_conn *c, uint64_t mount_id, const int *ids, size_t n,
+			      int *errs)
+{
+	return backing_close_many(c, mount_id, ids, n, false, errs);
+}
+
+int broker_backing_close_many_nowait(struct broker_conn *c, uint64_t mount_id, const int *ids,
+				     size_t n)
+{
+	return backing_close_many(c, mount_id, ids, n, true, NULL);
+}
+
+uint32_t broker_features(struct broker_conn *c)
+{
+	uint32_t f;
+
+	pthread_mutex_lock(&c->lock);
+	f = c->features;
+	pthread_mutex_unlock(&c->lock);
+	return f;
 }
 
 size_t broker_lost_closes(struct broker_conn *c, int *ids, size_t max)
@@ -775,12 +947,15 @@ int broker_status(struct broker_conn *c, struct broker_status *st)
 
 	q.body_case = FERRY__BROKER__REQUEST__BODY_STATUS;
 	q.status = &s;
-	rc = call(c, &q, -1, false, &rep, NULL);
+	rc = call(c, &q, NULL, 0, false, &rep, NULL);
 	if (rc < 0)
 		return rc;
 	if (rep.body != FERRY__BROKER__REPLY__BODY_STATUS)
 		return -EBADMSG;
 	*st = rep.status;
+	pthread_mutex_lock(&c->lock);
+	c->features = rep.status.features; /* an adopted connection learns it here */
+	pthread_mutex_unlock(&c->lock);
 	return 0;
 }
 

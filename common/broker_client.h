@@ -34,9 +34,15 @@
 
 #define BROKER_PROTO_VERSION 1u
 #define BROKER_DEFAULT_SOCKET "/run/ferryfs/broker.sock"
-/* The largest frame either side sends or accepts, and at most one fd. */
+/* The largest frame either side sends or accepts; the most fds a request
+ * carries (BACKING_OPEN_MANY), and a reply. */
 #define BROKER_FRAME_MAX 4096u
-#define BROKER_FDS_MAX 1u
+#define BROKER_FDS_MAX 16u
+#define BROKER_REPLY_FDS_MAX 1u
+/* The most backing ids one BACKING_CLOSE_MANY closes. */
+#define BROKER_CLOSE_MANY_MAX 64u
+/* Status.features bits (proto Feature). */
+#define BROKER_FEATURE_MANY 0x1u
 /* A mount name (relative to the policy root) and the options of a Mount. */
 #define BROKER_NAME_MAX 1024u
 #define BROKER_OPTIONS_MAX 16u
@@ -58,6 +64,8 @@ enum broker_msg {
 	BROKER_MSG_BACKING_CLOSE,
 	BROKER_MSG_STATUS,
 	BROKER_MSG_REATTACH,
+	BROKER_MSG_BACKING_OPEN_MANY,
+	BROKER_MSG_BACKING_CLOSE_MANY,
 	BROKER_MSG_COUNT            /* one past the last */
 };
 
@@ -70,6 +78,7 @@ struct broker_status {
 	uint64_t fds;
 	uint64_t requests;
 	uint64_t refusals;
+	uint32_t features;          /* BROKER_FEATURE_* this broker understands */
 	char root[BROKER_ROOT_MAX + 1]; /* the caller's policy root; "" if no rule matches */
 };
 
@@ -125,6 +134,29 @@ int broker_backing_close(struct broker_conn *c, uint64_t mount_id, int backing_i
  * So a passthrough open through the broker costs one round trip.
  */
 int broker_backing_close_nowait(struct broker_conn *c, uint64_t mount_id, int backing_id);
+/*
+ * Registers fds[0..n) (1 <= n <= BROKER_FDS_MAX) in one request, each as
+ * broker_backing_open() would: 0 with ids[k] the backing id (> 0) of
+ * fds[k] or a negative errno (the first refusal's message is in
+ * broker_last_message()), or a negative errno for all of them:
+ * -EOPNOTSUPP (without a request) if the broker does not list
+ * BROKER_FEATURE_MANY. The fds stay the caller's.
+ */
+int broker_backing_open_many(struct broker_conn *c, uint64_t mount_id, const int *fds, size_t n,
+			     int *ids);
+/* Closes ids[0..n) (1 <= n <= BROKER_CLOSE_MANY_MAX) in one request: 0
+ * with errs[k] (0 or a negative errno) for each, or a negative errno for
+ * all; -EOPNOTSUPP as above. The nowait form is broker_backing_close_nowait()'s
+ * for many: each refusal counts in broker_async_failures(), each id lost
+ * with the connection in broker_lost_closes(). */
+int broker_backing_close_many(struct broker_conn *c, uint64_t mount_id, const int *ids, size_t n,
+			      int *errs);
+int broker_backing_close_many_nowait(struct broker_conn *c, uint64_t mount_id, const int *ids,
+				     size_t n);
+/* BROKER_FEATURE_* of the broker at the other end, as its Status said at
+ * the last connect (or the last broker_status(); 0 until then on a
+ * connection from broker_adopt()). */
+uint32_t broker_features(struct broker_conn *c);
 /* Replies to nowait calls that were refusals, or lost with the connection. */
 uint64_t broker_async_failures(struct broker_conn *c);
 /*

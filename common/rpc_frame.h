@@ -33,7 +33,7 @@
 
 #define RPC_FRAME_HDR 4u
 #define RPC_FRAME_MAX_DEFAULT (64u << 10)
-#define RPC_FDS_MAX 4u
+#define RPC_FDS_MAX 16u /* ferry-brokerd's BACKING_OPEN_MANY */
 
 /* Writes the 4-byte header for a message of len bytes. */
 void rpc_frame_header(uint8_t hdr[RPC_FRAME_HDR], uint32_t len);

@@ -53,20 +53,17 @@ void passthrough_unavailable(struct mountd *md, uint64_t ino, int err)
 			  "while this lasts: they take the daemon path)", (unsigned long long)ino);
 }
 
-int backing_open(struct mountd *md, int fd)
+static int backing_ioctl(struct mountd *md, int fd)
 {
 	struct ferry_backing_map map = { .fd = fd };
-	int id;
+	int id = ioctl(fuse_session_fd(md->se), FERRY_DEV_IOC_BACKING_OPEN, &map);
 
-	if (md->cfg.broker) {
-		id = broker_link_backing_open(md, fd);
-	} else {
-		id = ioctl(fuse_session_fd(md->se), FERRY_DEV_IOC_BACKING_OPEN, &map);
-		if (id < 0)
-			id = -errno;
-		else if (id == 0)
-			id = -EIO;
-	}
+	return id < 0 ? -errno : id == 0 ? -EIO : id;
+}
+
+/* Counts what a registration gave, and latches passthrough off on EPERM. */
+static int backing_result(struct mountd *md, int id)
+{
 	if (id > 0) {
 		atomic_fetch_add(&md->stats.backing_open, 1);
 		/* Passthrough works again: the next failure is news. */
@@ -86,6 +83,25 @@ int backing_open(struct mountd *md, int fd)
 					      "ferry-brokerd)");
 	}
 	return id;
+}
+
+int backing_open(struct mountd *md, int fd)
+{
+	return backing_result(md, md->cfg.broker ? broker_link_backing_open(md, fd)
+						  : backing_ioctl(md, fd));
+}
+
+void backing_open_many(struct mountd *md, const int *fds, size_t n, int *ids)
+{
+	int rc = 0;
+
+	if (md->cfg.broker)
+		rc = broker_link_backing_open_many(md, fds, n, ids);
+	else
+		for (size_t k = 0; k < n; k++)
+			ids[k] = backing_ioctl(md, fds[k]);
+	for (size_t k = 0; k < n; k++)
+		ids[k] = backing_result(md, rc < 0 ? rc : ids[k]);
 }
 
 void backing_close(struct mountd *md, int id)

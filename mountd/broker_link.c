@@ -13,6 +13,13 @@
  * registered before stay valid in the kernel; one whose close could not be
  * sent meanwhile is closed after the relink (else the kernel would hold its
  * staging file, and its disk space, until the unmount).
+ *
+ * A broker that lists BROKER_FEATURE_MANY takes the staging pool's rounds
+ * of registrations in one request (broker_link_backing_open_many), and the
+ * closes of RELEASE in batches: each close is queued, and a thread of its
+ * own sends what came within CLOSE_BATCH_WAIT_MS as one BACKING_CLOSE_MANY
+ * (a full batch goes at once). A registration lives that much longer, no
+ * more; the unmount and a hand-over flush the queue first.
  */
 #include <errno.h>
 #include <limits.h>
@@ -26,6 +33,9 @@
 #include "broker_client.h"
 #include "log.h"
 #include "mountd.h"
+
+/* How long a queued close waits for others to go with it. */
+#define CLOSE_BATCH_WAIT_MS 5
 
 /* What the broker says when it cannot be reached or lost our connection. */
 static bool broker_gone(int rc)
@@ -75,12 +85,21 @@ static int broker_link_connect(struct mountd *md, char **name, char *err, size_t
 	return 0;
 }
 
+static void *close_main(void *arg);
+
 /* The broker answered for our mount: md keeps name and the mount id. */
 static void linked(struct mountd *md, char *name, uint64_t id)
 {
 	md->broker_name = name; /* owned by md, freed in broker_link_close() */
 	atomic_store(&md->broker_mount_id, id);
 	atomic_store(&md->broker_up, true);
+	if (md->broker_close_live)
+		return;
+	pthread_mutex_init(&md->broker_close_lock, NULL);
+	pthread_cond_init(&md->broker_close_cv, NULL);
+	/* Without the thread every close goes by itself, as to a broker
+	 * without BACKING_CLOSE_MANY. */
+	md->broker_close_live = pthread_create(&md->broker_close_thread, NULL, close_main, md) == 0;
 }
 
 int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen)
@@ -280,11 +299,149 @@ int broker_link_backing_open(struct mountd *md, int fd)
 	return rc;
 }
 
+int broker_link_backing_open_many(struct mountd *md, const int *fds, size_t n, int *ids)
+{
+	int rc;
+
+	if (!atomic_load(&md->broker_up) && relink(md) < 0)
+		return -ENOTCONN;
+	rc = broker_backing_open_many(md->broker, atomic_load(&md->broker_mount_id), fds, n, ids);
+	if (broker_gone(rc)) {
+		link_lost(md, rc);
+		if (relink(md) < 0)
+			return -ENOTCONN;
+		rc = broker_backing_open_many(md->broker, atomic_load(&md->broker_mount_id), fds,
+					      n, ids);
+	}
+	if (rc == -EOPNOTSUPP) {
+		/* A broker without it (or one restarted into an older one). */
+		for (size_t k = 0; k < n; k++)
+			ids[k] = broker_link_backing_open(md, fds[k]);
+		return 0;
+	}
+	if (broker_gone(rc)) {
+		link_lost(md, rc);
+		return -ENOTCONN;
+	}
+	return rc;
+}
+
+static int close_one(struct mountd *md, int id);
+
+/* Sends ids[0..n) as one BACKING_CLOSE_MANY, without waiting for the reply
+ * (refusals are the broker's to log); what cannot be sent waits for the
+ * relink. Counted in stats.backing_close once sent. */
+static void closes_send(struct mountd *md, const int *ids, size_t n)
+{
+	int rc = broker_backing_close_many_nowait(md->broker, atomic_load(&md->broker_mount_id),
+						  ids, n);
+
+	if (broker_gone(rc)) {
+		link_lost(md, rc);
+		if (relink(md) == 0)
+			rc = broker_backing_close_many_nowait(md->broker,
+							      atomic_load(&md->broker_mount_id),
+							      ids, n);
+	}
+	if (rc == -EOPNOTSUPP) {
+		for (size_t k = 0; k < n; k++) {
+			rc = close_one(md, ids[k]);
+			if (rc < 0)
+				log_errno(rc, "cannot close backing id %d through ferry-brokerd",
+					  ids[k]);
+			else if (rc == 0)
+				atomic_fetch_add(&md->stats.backing_close, 1);
+		}
+		return;
+	}
+	if (broker_gone(rc)) {
+		pthread_mutex_lock(&md->broker_lock);
+		for (size_t k = 0; k < n; k++)
+			unclosed_add(md, ids[k]);
+		pthread_mutex_unlock(&md->broker_lock);
+	} else if (rc < 0) {
+		log_errno(rc, "cannot close %zu backing ids through ferry-brokerd", n);
+	} else {
+		atomic_fetch_add(&md->stats.backing_close, n);
+	}
+}
+
+/* Takes the queue (broker_close_lock held) and sends it unlocked. */
+static void closes_take_and_send(struct mountd *md)
+{
+	int ids[BROKER_CLOSE_MANY_MAX];
+	size_t n = md->broker_nclosing;
+
+	if (n == 0)
+		return;
+	memcpy(ids, md->broker_closing, n * sizeof(*ids));
+	md->broker_nclosing = 0;
+	pthread_mutex_unlock(&md->broker_close_lock);
+	closes_send(md, ids, n);
+	pthread_mutex_lock(&md->broker_close_lock);
+}
+
+static void *close_main(void *arg)
+{
+	struct mountd *md = arg;
+
+	pthread_mutex_lock(&md->broker_close_lock);
+	while (!md->broker_close_stop) {
+		struct timespec until;
+
+		if (md->broker_nclosing == 0) {
+			pthread_cond_wait(&md->broker_close_cv, &md->broker_close_lock);
+			continue;
+		}
+		/* A batch began: others of the same burst join it. */
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += CLOSE_BATCH_WAIT_MS * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		while (!md->broker_close_stop && md->broker_nclosing < BROKER_CLOSE_MANY_MAX &&
+		       md->broker_nclosing > 0)
+			if (pthread_cond_timedwait(&md->broker_close_cv, &md->broker_close_lock,
+						   &until) == ETIMEDOUT)
+				break;
+		closes_take_and_send(md);
+	}
+	closes_take_and_send(md);
+	pthread_mutex_unlock(&md->broker_close_lock);
+	return NULL;
+}
+
+void broker_link_flush_closes(struct mountd *md)
+{
+	if (!md->broker || !md->broker_close_live)
+		return;
+	pthread_mutex_lock(&md->broker_close_lock);
+	closes_take_and_send(md);
+	pthread_mutex_unlock(&md->broker_close_lock);
+}
+
+/* Queues id for the next BACKING_CLOSE_MANY: 1. With a broker that has no
+ * such request, or no thread to send it, closes it now (close_one). */
+int broker_link_backing_close(struct mountd *md, int id)
+{
+	if (!md->broker_close_live || !(broker_features(md->broker) & BROKER_FEATURE_MANY))
+		return close_one(md, id);
+	pthread_mutex_lock(&md->broker_close_lock);
+	if (md->broker_nclosing == BROKER_CLOSE_MANY_MAX)
+		closes_take_and_send(md); /* the thread is sending the last one still */
+	md->broker_closing[md->broker_nclosing++] = id;
+	if (md->broker_nclosing == 1 || md->broker_nclosing == BROKER_CLOSE_MANY_MAX)
+		pthread_cond_signal(&md->broker_close_cv);
+	pthread_mutex_unlock(&md->broker_close_lock);
+	return 1;
+}
+
 /* Sent without waiting for the reply (a refusal is only logged by the
  * broker): a passthrough file then costs one round trip, at its open. A
  * close that cannot be sent (the broker is away) waits for the relink:
  * returns 1 then. */
-int broker_link_backing_close(struct mountd *md, int id)
+static int close_one(struct mountd *md, int id)
 {
 	int rc = broker_backing_close_nowait(md->broker, atomic_load(&md->broker_mount_id), id);
 
@@ -311,6 +468,7 @@ void broker_link_umount(struct mountd *md)
 
 	if (!md->broker || !atomic_load(&md->broker_mount_id))
 		return;
+	broker_link_flush_closes(md); /* ids that go with the mount anyway, but now */
 	rc = broker_umount(md->broker, NULL, atomic_load(&md->broker_mount_id));
 	if (broker_gone(rc) && relink(md) == 0)
 		rc = broker_umount(md->broker, NULL, atomic_load(&md->broker_mount_id));
@@ -323,6 +481,16 @@ void broker_link_umount(struct mountd *md)
 
 void broker_link_close(struct mountd *md)
 {
+	if (md->broker_close_live) {
+		pthread_mutex_lock(&md->broker_close_lock);
+		md->broker_close_stop = true; /* it sends what is queued, then ends */
+		pthread_cond_signal(&md->broker_close_cv);
+		pthread_mutex_unlock(&md->broker_close_lock);
+		pthread_join(md->broker_close_thread, NULL);
+		md->broker_close_live = false;
+		pthread_mutex_destroy(&md->broker_close_lock);
+		pthread_cond_destroy(&md->broker_close_cv);
+	}
 	broker_close(md->broker);
 	md->broker = NULL;
 	free(md->broker_unclosed); /* the unmount let go of every id */

@@ -335,6 +335,7 @@ int handover_send(struct mountd *md)
 	write_back_stop(md);
 	rclient_stop(md); /* jobs in flight commit first */
 	staging_pool_free(md);
+	broker_link_flush_closes(md); /* sent by us: a re-exec would lose them */
 	/* The copies readers share went over as staging files (settle_one);
 	 * the current ones go over by name, the rest go. */
 	kept = calloc(HANDOVER_KEPT_MAX, sizeof(*kept));

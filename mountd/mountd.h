@@ -26,6 +26,7 @@
 #include <fuse_lowlevel.h>
 
 #include "boot.h"
+#include "broker_client.h"
 #include "clock.h"
 #include "handle_table.h"
 #include "handover_blob.h"
@@ -358,7 +359,15 @@ int broker_link_mount(struct mountd *md, const char *const *options, int *fuse_f
  * broker restart; -ENOTCONN while the broker is away (a close is then kept
  * for after the relink: 1). */
 int broker_link_backing_open(struct mountd *md, int fd);
+/* fds[0..n) in as few requests as the broker takes (BACKING_OPEN_MANY, or
+ * one by one from a broker without it): ids[k] the id or -errno of fds[k].
+ * 0, or -ENOTCONN for all while the broker is away. */
+int broker_link_backing_open_many(struct mountd *md, const int *fds, size_t n, int *ids);
+/* 0: sent; 1: queued, to go with others (or after a relink), counted in
+ * stats.backing_close when sent; < 0: not sent. */
 int broker_link_backing_close(struct mountd *md, int id);
+/* Sends the closes queued so far, now. */
+void broker_link_flush_closes(struct mountd *md);
 /* Connects and tells the broker that fuse_fd (handed over by the daemon
  * before) serves our mount there (ATTACH). As broker_link_mount(). */
 int broker_link_attach(struct mountd *md, int fuse_fd, char *err, size_t errlen);
@@ -512,6 +521,10 @@ void staging_pool_sweep(struct mountd *md);
 /* Registers fd as a backing file; returns the id (> 0) or a negative errno.
  * EPERM latches passthrough off for the mount. */
 int backing_open(struct mountd *md, int fd);
+/* Registers fds[0..n) (n <= BROKER_FDS_MAX) at once: ids[k] the id of
+ * fds[k] or a negative errno (each as backing_open() returns it). Through
+ * ferry-brokerd one request instead of n. */
+void backing_open_many(struct mountd *md, const int *fds, size_t n, int *ids);
 void backing_close(struct mountd *md, int id); /* ignores id <= 0 */
 /* Turns passthrough off for the rest of the mount, logging why once. code
  * is a short token for .stats (passthrough_off_reason), why the log line. */
@@ -1098,6 +1111,14 @@ struct mountd {
 	 * closed once it is back (under broker_lock); owned. */
 	int *broker_unclosed;
 	size_t broker_nunclosed, broker_unclosed_cap;
+	/* Closes waiting to go as one BACKING_CLOSE_MANY (broker_link.c): a
+	 * thread of their own sends what came within CLOSE_BATCH_WAIT_MS. */
+	pthread_mutex_t broker_close_lock;
+	pthread_cond_t broker_close_cv;  /* the sender waits on it */
+	int broker_closing[BROKER_CLOSE_MANY_MAX];
+	size_t broker_nclosing;
+	bool broker_close_live, broker_close_stop;
+	pthread_t broker_close_thread;
 	/* reconciler client (reconcile_client.c) */
 	char *rc_path;                /* owned */
 	int rc_sock;

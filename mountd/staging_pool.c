@@ -3,7 +3,9 @@
  * take them. A create's reply needs a backing id, and making one costs a
  * file creation on the staging file system, a BACKING_OPEN (an RPC to
  * ferry-brokerd on a broker mount) and a stamp: done here by a thread of
- * its own, in rounds, while the FUSE workers answer requests. An open
+ * its own, in rounds, while the FUSE workers answer requests. A round
+ * registers its files together (backing_open_many): one request to
+ * ferry-brokerd per POOL_BATCH files. An open
  * takes a file with one rename that gives it its real name.
  *
  * Pool files are named ".pool-<pid>-<serial>": the leading dot keeps them
@@ -36,6 +38,9 @@
  * path as much as the filler keeps up, never more than this many fds. */
 #define POOL_TARGET 32u
 #define POOL_LOW (POOL_TARGET / 2)
+/* Files made, then registered together, per step of a round. */
+#define POOL_BATCH (BROKER_FDS_MAX < POOL_TARGET - POOL_LOW ? BROKER_FDS_MAX \
+							      : POOL_TARGET - POOL_LOW)
 /* After a failure (no space, no fds, a broker away), the filler rests. */
 #define POOL_REST_MS 1000
 /* A pool nobody took from for this long is emptied, until the next open. */
@@ -83,7 +88,7 @@ static void pool_file_drop(struct mountd *md, struct pool_file *pf, bool unregis
 		log_warn("cannot remove pool staging file %s", name);
 }
 
-/* Makes one pool file; 0 or a negative errno. */
+/* Makes one pool file, not registered yet; 0 or a negative errno. */
 static int pool_file_make(struct mountd *md, uint64_t serial, struct pool_file *pf)
 {
 	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, { 0 } };
@@ -102,15 +107,44 @@ static int pool_file_make(struct mountd *md, uint64_t serial, struct pool_file *
 		goto fail;
 	}
 	pf->exact = st.st_mtim.tv_sec == ts[1].tv_sec && st.st_mtim.tv_nsec == ts[1].tv_nsec;
-	pf->backing_id = backing_open(md, pf->fd);
-	if (pf->backing_id < 0) {
-		rc = pf->backing_id;
-		goto fail;
-	}
+	pf->backing_id = 0;
 	return 0;
 fail:
 	close(pf->fd);
 	unlinkat(md->staging_dirfd, name, 0);
+	return rc;
+}
+
+/*
+ * Makes n pool files with serials from first on and registers them
+ * together: out[0..*made) are ready. 0, or the first failure (out still
+ * holds what was made before it, or registered apart from it).
+ */
+static int pool_files_make(struct mountd *md, uint64_t first, size_t n, struct pool_file *out,
+			   size_t *made)
+{
+	int fds[POOL_BATCH], ids[POOL_BATCH];
+	size_t k, got = 0;
+	int rc = 0;
+
+	for (k = 0; k < n && rc == 0; k++) {
+		rc = pool_file_make(md, first + k, &out[k]);
+		if (rc == 0)
+			fds[got++] = out[k].fd;
+	}
+	if (got)
+		backing_open_many(md, fds, got, ids);
+	*made = 0;
+	for (k = 0; k < got; k++) {
+		if (ids[k] < 0) {
+			if (rc == 0)
+				rc = ids[k];
+			pool_file_drop(md, &out[k], false);
+			continue;
+		}
+		out[k].backing_id = ids[k];
+		out[(*made)++] = out[k];
+	}
 	return rc;
 }
 
@@ -147,7 +181,6 @@ static void *pool_main(void *arg)
 
 	pthread_mutex_lock(&p->lock);
 	while (!p->stop) {
-		struct pool_file pf;
 		uint64_t serial;
 		int rc;
 
@@ -175,10 +208,31 @@ static void *pool_main(void *arg)
 		/* Fills up to the target in one round: one wake-up per
 		 * POOL_TARGET - POOL_LOW opens, not one per open. */
 		while (!p->stop && p->n < POOL_TARGET && !atomic_load(&md->pt_off)) {
-			serial = ++p->serial;
+			struct pool_file batch[POOL_BATCH];
+			size_t want = POOL_TARGET - p->n, made = 0;
+
+			if (want > POOL_BATCH)
+				want = POOL_BATCH;
+			serial = p->serial + 1;
+			p->serial += want;
 			pthread_mutex_unlock(&p->lock);
-			rc = pool_file_make(md, serial, &pf);
+			rc = pool_files_make(md, serial, want, batch, &made);
 			pthread_mutex_lock(&p->lock);
+			for (size_t k = 0; k < made; k++) {
+				if (p->stop || p->n >= POOL_TARGET) {
+					/* Stopping, or closes gave files back
+					 * meanwhile and the pool is full: not
+					 * needed. */
+					bool stop = p->stop;
+
+					pthread_mutex_unlock(&p->lock);
+					pool_file_drop(md, &batch[k], !stop);
+					pthread_mutex_lock(&p->lock);
+					continue;
+				}
+				p->exact = batch[k].exact;
+				p->f[p->n++] = batch[k];
+			}
 			if (rc < 0) {
 				struct timespec until = mono_after_ms(POOL_REST_MS);
 
@@ -197,18 +251,6 @@ static void *pool_main(void *arg)
 				}
 				break;
 			}
-			if (p->stop || p->n >= POOL_TARGET) {
-				/* Stopping, or closes gave files back meanwhile
-				 * and the pool is full: this one is not needed. */
-				bool stop = p->stop;
-
-				pthread_mutex_unlock(&p->lock);
-				pool_file_drop(md, &pf, !stop);
-				pthread_mutex_lock(&p->lock);
-				break;
-			}
-			p->exact = pf.exact;
-			p->f[p->n++] = pf;
 		}
 	}
 	pthread_mutex_unlock(&p->lock);

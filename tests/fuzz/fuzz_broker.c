@@ -2,7 +2,8 @@
  * libFuzzer target: what a peer of ferry-brokerd can put in a frame. The
  * input is one frame's payload; it goes through broker_request_parse() --
  * the function the server runs on every frame before any handler, with no
- * fds and with one (as if an fd had come with it) -- and, for a request that
+ * fds, with one, with two and with the most a frame carries (as if they
+ * had come with it) -- and, for a request that
  * passes, broker_request_permitted() against a rule with and without
  * allow_other and against no rule (a peer the policy does not know), then
  * the encoding of its reply. Nothing here mounts, opens or ioctls: the
@@ -32,8 +33,20 @@ static void check_passed(const struct broker_req *q, size_t nfds)
 
 	if (q->type < BROKER_MSG_MOUNT || q->type >= BROKER_MSG_COUNT)
 		abort();
-	if ((q->type == BROKER_MSG_ATTACH || q->type == BROKER_MSG_BACKING_OPEN) != (nfds == 1))
+	if (q->type == BROKER_MSG_BACKING_OPEN_MANY) {
+		if (nfds < 1 || nfds > BROKER_FDS_MAX)
+			abort();
+	} else if ((q->type == BROKER_MSG_ATTACH || q->type == BROKER_MSG_BACKING_OPEN) !=
+		   (nfds == 1)) {
 		abort();
+	}
+	if (q->type == BROKER_MSG_BACKING_CLOSE_MANY) {
+		if (q->nids < 1 || q->nids > BROKER_CLOSE_MANY_MAX)
+			abort();
+		for (size_t k = 0; k < q->nids; k++)
+			if (q->backing_ids[k] == 0 || q->backing_ids[k] > INT32_MAX)
+				abort();
+	}
 	if (q->has_name && broker_name_check(q->name, NULL, 0) != 0)
 		abort();
 	if ((q->type == BROKER_MSG_MOUNT || q->type == BROKER_MSG_ATTACH) && !q->has_name)
@@ -62,6 +75,15 @@ static void check_passed(const struct broker_req *q, size_t nfds)
 	/* Its replies: success and refusal both fit a frame. */
 	rep.mount_id = q->mount_id;
 	rep.backing_id = q->backing_id ? q->backing_id : 1;
+	/* The largest _MANY reply: every item a refusal or an id near the top. */
+	if (q->type == BROKER_MSG_BACKING_OPEN_MANY || q->type == BROKER_MSG_BACKING_CLOSE_MANY) {
+		rep.nmany = q->type == BROKER_MSG_BACKING_OPEN_MANY ? nfds : q->nids;
+		for (size_t k = 0; k < rep.nmany; k++) {
+			rep.many_ids[k] = INT32_MAX;
+			rep.many_errors[k] = k % 2 ? -EDQUOT : 0;
+		}
+		memset(rep.message, 'y', sizeof(rep.message) - 1);
+	}
 	if (broker_reply_encode(&rep, out, &len) != 0 || len > BROKER_FRAME_MAX)
 		abort();
 	rep.error = -EPERM;
@@ -73,7 +95,10 @@ static void check_passed(const struct broker_req *q, size_t nfds)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	for (size_t nfds = 0; nfds <= 1; nfds++) {
+	static const size_t counts[] = { 0, 1, 2, BROKER_FDS_MAX, BROKER_FDS_MAX + 1 };
+
+	for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+		size_t nfds = counts[c];
 		struct broker_req q;
 		char err[BROKER_MSG_MAX];
 		int rc;

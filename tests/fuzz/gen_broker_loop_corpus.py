@@ -86,6 +86,15 @@ def backing_close(rid, mount_id, backing_id):
     return frame(request(rid, 7, f_varint(1, mount_id) + f_varint(2, backing_id)))
 
 
+def backing_open_many(rid, mount_id):
+    return frame(request(rid, 10, f_varint(1, mount_id)))
+
+
+def backing_close_many(rid, mount_id, ids):
+    packed = b"".join(varint(i) for i in ids)
+    return frame(request(rid, 11, f_varint(1, mount_id) + f_bytes(2, packed)))
+
+
 def send(data, kinds=(), op=OP_SEND, to_b=False):
     ctl = op << 5 | len(kinds) | (CTL_TO_B if to_b else 0)
     return bytes([ctl]) + bytes(kinds) + len(data).to_bytes(2, "big") + data
@@ -132,6 +141,14 @@ SEEDS = {
                                   send(backing_close(3, 1, 9)),
                                   plant(1 | P_ADOPTED | P_FUSE), send(backing_close(4, 2, 5)),
                                   plant(2 | 0x20), send(backing_close(5, 3, 1))),
+    # Batches: good and bad fds in one frame, ids known and not.
+    "planted-backing-many": seed(0, plant(P_MADE | P_FUSE | 0x20),
+                                 send(backing_open_many(1, 1), [K_FILE, K_FILE_RDONLY, K_TMPFILE]),
+                                 send(backing_open_many(2, 1), [K_FUSE, K_SOCK, K_FILE]),
+                                 send(backing_close_many(3, 1, [1, 2, 3, 99])),
+                                 send(backing_open_many(4, 9), [K_FILE]),
+                                 send(backing_close_many(5, 1, [])),
+                                 send(backing_open_many(6, 1))),
     "planted-quota": seed(0, plant(P_MADE | P_FUSE | 0x60), plant(1 | P_FUSE | 0x60),
                           plant(2 | P_FUSE | 0x60), send(backing_open(1, 1), [K_FILE]),
                           send(mount(2, "m3"))),

@@ -664,3 +664,32 @@ void expect_eof(int sock)
 	cr_assert(n == 0 || (n < 0 && errno == ECONNRESET), "the connection stayed open (%zd, %s)",
 		  n, n < 0 ? strerror(errno) : "-");
 }
+
+int send_frame_fds(int sock, const void *buf, size_t len, const int *fds, size_t n)
+{
+	union {
+		struct cmsghdr align;
+		char buf[CMSG_SPACE(sizeof(int) * 64)];
+	} ctl;
+	uint8_t hdr[RPC_FRAME_HDR];
+	struct iovec iov[2] = { { hdr, sizeof(hdr) }, { (void *)buf, len } };
+	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = 2 };
+	struct cmsghdr *cm;
+	ssize_t got;
+
+	if (n == 0 || n > 64)
+		return -EINVAL;
+	rpc_frame_header(hdr, (uint32_t)len);
+	memset(&ctl, 0, sizeof(ctl));
+	msg.msg_control = ctl.buf;
+	msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+	cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
+	got = sendmsg(sock, &msg, MSG_NOSIGNAL);
+	if (got < 0)
+		return -errno;
+	return (size_t)got == sizeof(hdr) + len ? 0 : -EIO;
+}

@@ -486,6 +486,126 @@ Test(broker, backing_open_and_close)
 	assert_no_leaks(0);
 }
 
+/*
+ * BACKING_OPEN_MANY checks every fd by itself: the good ones get ids, each
+ * bad one its own refusal (and the reply names the first), and the
+ * connection goes on. BACKING_CLOSE_MANY closes each id by itself too.
+ */
+Test(broker, backing_open_many_checks_each_fd)
+{
+	struct broker_conn *c = connect_as(PEER, PEER);
+	struct broker_status st;
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "m1", PEER, NULL, &rf, NULL);
+	int fds[6], ids[6], errs[4], more[2], fd;
+
+	/* An adopted connection learns what the broker can do from its first
+	 * STATUS; one that connects by path, at once (the connect asks). */
+	cr_assert_eq(broker_features(c), 0);
+	cr_assert_eq(broker_status(c, &st), 0);
+	cr_assert(broker_features(c) & BROKER_FEATURE_MANY, "features %#x",
+		  broker_features(c));
+	{
+		struct broker_conn *byname;
+
+		cr_assert_eq(broker_connect(bk.sock, &byname), 0);
+		cr_assert(broker_features(byname) & BROKER_FEATURE_MANY);
+		broker_close(byname);
+	}
+	write_text(bp("peerfile"), "x", PEER, 0600);
+	write_text(bp("rootfile"), "x", 0, 0600);
+	fds[0] = open(bp("peerfile"), O_RDWR | O_CLOEXEC);
+	fds[1] = open(bp("rootfile"), O_RDWR | O_CLOEXEC);
+	fds[2] = open("/dev/null", O_RDWR | O_CLOEXEC);
+	fds[3] = open(bp("peerfile"), O_RDONLY | O_CLOEXEC);
+	fds[4] = open(bk.outside, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fds[5] = open(bp("peerfile"), O_RDWR | O_CLOEXEC);
+	for (int k = 0; k < 6; k++)
+		cr_assert(fds[k] >= 0);
+	cr_assert_eq(broker_backing_open_many(c, mid, fds, 6, ids), 0, "%s",
+		     broker_last_message());
+	cr_assert(ids[0] > 0 && ids[5] > 0 && ids[0] != ids[5], "ids %d, %d", ids[0], ids[5]);
+	cr_assert_eq(ids[1], -EPERM, "root's file: %d", ids[1]);
+	cr_assert_eq(ids[2], -EINVAL, "/dev/null: %d", ids[2]);
+	cr_assert_eq(ids[3], -EBADF, "a read-only fd: %d", ids[3]);
+	cr_assert_eq(ids[4], -EINVAL, "a directory: %d", ids[4]);
+	cr_assert(strstr(broker_last_message(), "fd 1: ") &&
+		  strstr(broker_last_message(), "owned by uid 0"), "%s", broker_last_message());
+	bk_status(&st);
+	cr_assert_eq(st.backing_ids, 2);
+
+	{
+		const int cl[4] = { ids[0], ids[5], ids[0], 9999 };
+
+		cr_assert_eq(broker_backing_close_many(c, mid, cl, 4, errs), 0, "%s",
+			     broker_last_message());
+		cr_assert(errs[0] == 0 && errs[1] == 0, "closes: %d %d", errs[0], errs[1]);
+		cr_assert_eq(errs[2], -ENOENT, "a second close of one id: %d", errs[2]);
+		cr_assert_eq(errs[3], -ENOENT, "an id never given: %d", errs[3]);
+		bk_status(&st);
+		cr_assert_eq(st.backing_ids, 0);
+		/* Refused whole: a mount that is not the peer's. */
+		REFUSED(broker_backing_open_many(c, mid + 1000, fds, 1, ids), ENOENT);
+		REFUSED(broker_backing_close_many(c, mid + 1000, cl, 1, errs), ENOENT);
+		/* Refused by the client before anything is sent. */
+		REFUSED(broker_backing_open_many(c, mid, fds, 0, ids), EINVAL);
+		REFUSED(broker_backing_open_many(c, mid, fds, BROKER_FDS_MAX + 1, ids), EINVAL);
+		REFUSED(broker_backing_close_many(c, mid, cl, BROKER_CLOSE_MANY_MAX + 1, errs),
+			EINVAL);
+	}
+	for (int k = 0; k < 6; k++)
+		close(fds[k]);
+
+	/* Without waiting: the refusal of one id is counted, the rest close. */
+	fd = open(bp("peerfile"), O_RDWR | O_CLOEXEC);
+	more[0] = more[1] = fd;
+	cr_assert_eq(broker_backing_open_many(c, mid, more, 2, ids), 0);
+	close(fd);
+	cr_assert(ids[0] > 0 && ids[1] > 0);
+	{
+		const int cl[3] = { ids[0], ids[1], ids[0] };
+
+		cr_assert_eq(broker_backing_close_many_nowait(c, mid, cl, 3), 0);
+	}
+	cr_assert_eq(broker_status(c, &st), 0);
+	cr_assert_eq(st.backing_ids, 0);
+	cr_assert_eq(broker_async_failures(c), 1);
+	cr_assert(!is_dead(c));
+
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
+/* The peer's limit counts inside one batch: what is over it is refused,
+ * what is under it registered. */
+Test(broker, backing_open_many_keeps_the_limit)
+{
+	struct broker_conn *c = connect_as(PEER2, PEER2);
+	struct broker_status st;
+	struct rawfuse rf;
+	uint64_t mid = served_mount(c, "n1", PEER2, NULL, &rf, NULL);
+	int fds[3], ids[3];
+
+	cr_assert_eq(broker_status(c, &st), 0); /* what it can do: BROKER_FEATURE_MANY */
+	write_text(bp("p2file"), "", PEER2, 0600);
+	fds[0] = fds[1] = fds[2] = open(bp("p2file"), O_RDWR | O_CLOEXEC);
+	cr_assert(fds[0] >= 0);
+	cr_assert_eq(broker_backing_open_many(c, mid, fds, 3, ids), 0, "%s",
+		     broker_last_message());
+	close(fds[0]);
+	cr_assert(ids[0] > 0 && ids[1] > 0, "%d %d: %s", ids[0], ids[1], broker_last_message());
+	cr_assert_eq(ids[2], -EDQUOT, "the third of a limit of 2: %d", ids[2]);
+	bk_status(&st);
+	cr_assert_eq(st.backing_ids, 2);
+	/* Unmounting takes the mount's ids with it. */
+	cr_assert_eq(broker_umount(c, NULL, mid), 0);
+	rawfuse_stop(&rf);
+	broker_close(c);
+	assert_no_leaks(0);
+}
+
 Test(broker, refuses_backing_fds_of_the_wrong_kind)
 {
 	struct broker_conn *c = connect_as(PEER, PEER);
@@ -979,14 +1099,56 @@ Test(broker, malformed_frames)
 	s = connect_raw(PEER, PEER);
 	cr_assert_eq(rpc_frame_send(s, buf, len, fds, 1), 0);
 	expect_fatal(s, EBADF, 10);
-	/* Two fds with a BACKING_OPEN: more than a frame may carry. */
+	/* Two fds with a BACKING_OPEN: one too many for it. */
 	q.id = 11;
 	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN;
 	q.backing_open = &bo;
 	len = pack_request(&q, buf);
 	s = connect_raw(PEER, PEER);
 	cr_assert_eq(rpc_frame_send(s, buf, len, fds, 2), 0);
-	expect_fatal(s, ETOOMANYREFS, 0);
+	expect_fatal(s, EBADF, 11);
+	/* BACKING_OPEN_MANY with no fd, and with more than a frame may carry
+	 * (the surplus is never read into the frame). */
+	{
+		Ferry__Broker__BackingOpenMany bm = FERRY__BROKER__BACKING_OPEN_MANY__INIT;
+		int many[BROKER_FDS_MAX + 1];
+
+		bm.mount_id = 1;
+		q.id = 12;
+		q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN_MANY;
+		q.backing_open_many = &bm;
+		len = pack_request(&q, buf);
+		s = connect_raw(PEER, PEER);
+		cr_assert_eq(rpc_frame_send(s, buf, len, NULL, 0), 0);
+		expect_fatal(s, EBADF, 12);
+		for (size_t k = 0; k < BROKER_FDS_MAX + 1; k++)
+			many[k] = fds[k % 2];
+		s = connect_raw(PEER, PEER);
+		cr_assert_eq(send_frame_fds(s, buf, len, many, BROKER_FDS_MAX + 1), 0);
+		expect_fatal(s, ETOOMANYREFS, 0);
+	}
+	/* BACKING_CLOSE_MANY with no id, with too many, and with id 0. */
+	{
+		Ferry__Broker__BackingCloseMany cm = FERRY__BROKER__BACKING_CLOSE_MANY__INIT;
+		uint32_t ids[BROKER_CLOSE_MANY_MAX + 1];
+
+		for (size_t k = 0; k < BROKER_CLOSE_MANY_MAX + 1; k++)
+			ids[k] = (uint32_t)k + 1;
+		cm.mount_id = 1;
+		cm.backing_ids = ids;
+		q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE_MANY;
+		q.backing_close_many = &cm;
+		for (int t = 0; t < 3; t++) {
+			cm.n_backing_ids = t == 0 ? 0 : t == 1 ? BROKER_CLOSE_MANY_MAX + 1 : 3;
+			if (t == 2)
+				ids[1] = 0;
+			q.id = 13 + (uint64_t)t;
+			len = pack_request(&q, buf);
+			s = connect_raw(PEER, PEER);
+			cr_assert_eq(rpc_frame_send(s, buf, len, NULL, 0), 0);
+			expect_fatal(s, EINVAL, 13 + (uint64_t)t);
+		}
+	}
 	/* Root's well-formed MOUNT: not permitted at all (root is in no rule;
 	 * a stranger would not even be read, refuses_peer_not_in_policy). */
 	{

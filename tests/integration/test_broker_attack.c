@@ -86,6 +86,7 @@
 #define ANSWER_MS 1000      /* the longest any request of B's may take */
 #define B_TIMEOUT_MS 3000   /* B's client gives up then: the test cannot hang */
 #define LINGER_S 20         /* how long a lingering close can block its task */
+#define CLOSE_STALL_S 5     /* brokerd.h's BROKER_CLOSE_STALL_S: a stuck owner is cut off */
 
 /* A failed check is recorded and the test goes to its cleanup (out:),
  * which a cr_assert would skip. */
@@ -308,6 +309,23 @@ static int send_backing_open(int sock, uint64_t mount_id, const int *fds, size_t
 	return rpc_frame_send(sock, buf, len, fds, nfds);
 }
 
+/* BACKING_OPEN_MANY with fds[0..nfds) in one SCM_RIGHTS, however many. */
+static int send_backing_open_many(int sock, uint64_t mount_id, const int *fds, size_t nfds)
+{
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__BackingOpenMany bo = FERRY__BROKER__BACKING_OPEN_MANY__INIT;
+	uint8_t buf[128];
+	size_t len;
+
+	q.version = BROKER_PROTO_VERSION;
+	q.id = 1;
+	bo.mount_id = mount_id;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN_MANY;
+	q.backing_open_many = &bo;
+	len = ferry__broker__request__pack(&q, buf);
+	return send_frame_fds(sock, buf, len, fds, nfds);
+}
+
 /* ---- B, the tenant that must not notice ---- */
 
 /* B's STATUS (and with_mount: MOUNT n1, UMOUNT) each answered without
@@ -479,29 +497,34 @@ Test(broker_attack, fds_beyond_the_control_buffer_stall_no_one)
 {
 	struct broker_conn *a = connect_as(UID_A, UID_A), *b = victim(), *a2 = NULL;
 	uint64_t ma = mount_ok(a, "m1", NULL, NULL), rid;
-	int s = -1, fds[3] = { -1, -1, -1 }, rc = 0;
+	/* One more than a frame may carry: the last is the lingering one. */
+	enum { NFDS = BROKER_FDS_MAX + 1 };
+	int s = -1, fds[NFDS], rc = 0;
 	struct timespec t0;
 	uint32_t err = 0;
 	bool closing = false, dead = false, hit = false;
 
 	broker_set_timeout(a, 2000);
-	/* One frame, three fds in one SCM_RIGHTS; ours are closed right
-	 * after, so the third's last reference rides in the message (tried
-	 * again if ours was the last after all: close_was_quick). */
+	/* One frame, BROKER_FDS_MAX + 1 fds in one SCM_RIGHTS; ours are
+	 * closed right after, so the last one's last reference rides in the
+	 * message (tried again if ours was the last after all:
+	 * close_was_quick). */
 	for (int tries = 0; tries < ATTEMPTS && !hit; tries++) {
+		bool made = true;
+
 		if (s >= 0)
 			close(s);
 		s = connect_raw(UID_A, UID_A);
-		fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-		fds[1] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-		fds[2] = lingering_tcp(LINGER_S);
-		CHECK(fds[0] >= 0 && fds[1] >= 0 && fds[2] >= 0, "cannot make the fds: %s",
-		      strerror(errno));
-		rc = send_backing_open(s, ma, fds, 3);
-		hit = close_was_quick(fds[2], 300);
-		close(fds[0]);
-		close(fds[1]);
-		CHECK(rc == 0, "sending A's BACKING_OPEN with three fds: %s", strerror(-rc));
+		for (int k = 0; k < NFDS - 1; k++)
+			made &= (fds[k] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;
+		fds[NFDS - 1] = lingering_tcp(LINGER_S);
+		CHECK(made && fds[NFDS - 1] >= 0, "cannot make the fds: %s", strerror(errno));
+		rc = send_backing_open_many(s, ma, fds, NFDS);
+		hit = close_was_quick(fds[NFDS - 1], 300);
+		for (int k = 0; k < NFDS - 1; k++)
+			close(fds[k]);
+		CHECK(rc == 0, "sending A's BACKING_OPEN_MANY with %d fds: %s", NFDS,
+		      strerror(-rc));
 		if (!hit)
 			release_lingers();
 	}
@@ -509,18 +532,21 @@ Test(broker_attack, fds_beyond_the_control_buffer_stall_no_one)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	usleep(100000);
 
-	CHECK(victim_served(b, "after A sent three fds with one frame", true),
+	CHECK(victim_served(b, "after A sent too many fds with one frame", true),
 	      "B was held up by A's surplus fds");
 	/* A: ETOOMANYREFS and closing, or the connection just ends. */
 	rc = read_reply_within(s, ANSWER_MS, &err, &closing, &rid);
 	CHECK((rc == 0 && err == ETOOMANYREFS && closing) || rc == -EPIPE ||
-	      rc == -ECONNRESET, "A's frame with three fds: %s (error %u%s), expected "
+	      rc == -ECONNRESET, "A's frame with too many fds: %s (error %u%s), expected "
 	      "ETOOMANYREFS and closing, or EOF, within %d ms", rc ? strerror(-rc) : "a reply",
 	      err, closing ? ", closing" : "", ANSWER_MS);
 
 	/* The close of the TCP socket stays stuck (20 s): after 5 s A is cut
-	 * off, its established connection closed, while B goes on. */
-	while (!dead && ms_since(&t0) < 9000) {
+	 * off, its established connection closed, while B goes on. (A is
+	 * not read from before that, either: more than
+	 * BROKER_CLOSE_PENDING_MAX of its fds wait behind the stuck one.) */
+	while ((!dead || ms_since(&t0) < (CLOSE_STALL_S + 1) * 1000.0) &&
+	       ms_since(&t0) < 9000) {
 		CHECK(victim_served(b, "while A's close is stuck", false), "B was held up");
 		dead = is_dead(a);
 		if (!dead)
@@ -1115,7 +1141,7 @@ out:
 
 /*
  * A, in a child of its own uid: every 50 ms one of a socket holding a
- * lingering TCP socket as a backing fd (1a), three fds with a frame (1b),
+ * lingering TCP socket as a backing fd (1a), three fds with a BACKING_OPEN (1b),
  * a connection opened and dropped, a connection dropped half-way through a
  * frame header. The TCP peers it keeps (the last 64) make each close
  * linger ATTACK_LINGER_S. Never returns.

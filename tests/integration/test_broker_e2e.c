@@ -16,6 +16,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker_client.h"
 #include "mount_util.h"
 
 static char top[64];
@@ -391,6 +393,59 @@ Test(broker_e2e, unprivileged_mount_with_passthrough_survives_remount)
 	do_mount();
 	AS_NOBODY(check_files, &j, "reading back after remount");
 	do_umount();
+}
+
+/* The broker's own figures (root sees them all). */
+static void broker_totals(struct broker_status *st)
+{
+	struct broker_conn *c;
+
+	cr_assert_eq(broker_connect(tp("broker.sock"), &c), 0);
+	cr_assert_eq(broker_status(c, st), 0);
+	broker_close(c);
+}
+
+/*
+ * ferry-mountd registers its staging pool's files in batches
+ * (BACKING_OPEN_MANY) and sends the closes of RELEASE in batches
+ * (BACKING_CLOSE_MANY): far fewer requests than two per file, every id
+ * still closed (the broker holds only the pool's afterwards, none after
+ * the unmount), and every file intact.
+ */
+Test(broker_e2e, registrations_and_closes_go_in_batches)
+{
+	struct job j = { .nfiles = 400, .big = 4096, .seed = 5 }; /* big > 2048 + nfiles */
+	struct broker_status s0, s1;
+	uint64_t opens0, closes0, opens, closes, requests;
+
+	snprintf(j.dir, sizeof(j.dir), "%s", tp("pods/m"));
+	do_mount();
+	broker_totals(&s0);
+	opens0 = stat_of("backing_open");
+	closes0 = stat_of("backing_close");
+	AS_NOBODY(write_files, &j, "writing");
+	/* A queued close goes within a few ms; under a loaded ASan run, give
+	 * it seconds. */
+	for (int i = 0; i < 100 && stat_of("backing_close") - closes0 < (uint64_t)j.nfiles; i++)
+		usleep(50 * 1000);
+	opens = stat_of("backing_open") - opens0;
+	closes = stat_of("backing_close") - closes0;
+	broker_totals(&s1);
+	requests = s1.requests - s0.requests - 1; /* less our own STATUS */
+	cr_assert_geq(opens, (uint64_t)j.nfiles, "registrations: %" PRIu64, opens);
+	cr_assert_geq(closes, (uint64_t)j.nfiles, "closes sent: %" PRIu64, closes);
+	cr_assert_lt(requests, (opens + closes) / 2, "%" PRIu64 " requests reached the broker "
+		     "for %" PRIu64 " registrations and %" PRIu64 " closes: not batched",
+		     requests, opens, closes);
+	/* What is left registered is the pool's (BROKER_FDS_MAX-sized
+	 * rounds up to 32 files), no file's. */
+	cr_assert_leq(s1.backing_ids, 48, "%" PRIu64 " backing ids live after every file closed",
+		      s1.backing_ids);
+	AS_NOBODY(check_files, &j, "reading back");
+	do_umount();
+	broker_totals(&s1);
+	cr_assert_eq(s1.backing_ids, 0, "%" PRIu64 " backing ids live after the unmount",
+		     s1.backing_ids);
 }
 
 Test(broker_e2e, broker_restart_under_a_live_mount)

@@ -316,6 +316,98 @@ Test(broker_request, refusals)
 	}
 }
 
+/* The _MANY requests: BACKING_OPEN_MANY takes 1 to BROKER_FDS_MAX fds,
+ * BACKING_CLOSE_MANY 1 to BROKER_CLOSE_MANY_MAX ids, each in range; their
+ * replies carry one result per item and fit a frame at their largest. */
+Test(broker_request, many)
+{
+	uint8_t buf[BROKER_FRAME_MAX];
+	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
+	Ferry__Broker__BackingOpenMany bo = FERRY__BROKER__BACKING_OPEN_MANY__INIT;
+	Ferry__Broker__BackingCloseMany bc = FERRY__BROKER__BACKING_CLOSE_MANY__INIT;
+	uint32_t ids[BROKER_CLOSE_MANY_MAX + 1];
+	struct broker_req r;
+	struct broker_rep rep;
+	Ferry__Broker__Reply *dec;
+	char err[BROKER_MSG_MAX];
+	size_t len;
+
+	q.version = BROKER_PROTO_VERSION;
+	q.id = 5;
+	bo.mount_id = 9;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN_MANY;
+	q.backing_open_many = &bo;
+	len = pack(&q, buf);
+	for (size_t n = 1; n <= BROKER_FDS_MAX; n++) {
+		cr_assert_eq(broker_request_parse(buf, len, n, &r, err, sizeof(err)), 0, "%s", err);
+		cr_assert(r.type == BROKER_MSG_BACKING_OPEN_MANY && r.mount_id == 9);
+	}
+	cr_assert_eq(broker_request_parse(buf, len, 0, &r, err, sizeof(err)), -EBADF);
+	cr_assert_eq(broker_request_parse(buf, len, BROKER_FDS_MAX + 1, &r, err, sizeof(err)),
+		     -EBADF);
+	cr_assert_eq(r.id, 5, "the refusal answers the request's id");
+	bo.mount_id = 0;
+	len = pack(&q, buf);
+	cr_assert_eq(broker_request_parse(buf, len, 1, &r, err, sizeof(err)), -EINVAL);
+
+	for (size_t k = 0; k <= BROKER_CLOSE_MANY_MAX; k++)
+		ids[k] = (uint32_t)k + 1;
+	bc.mount_id = 9;
+	bc.backing_ids = ids;
+	bc.n_backing_ids = BROKER_CLOSE_MANY_MAX;
+	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_CLOSE_MANY;
+	q.backing_close_many = &bc;
+	len = pack(&q, buf);
+	cr_assert_eq(broker_request_parse(buf, len, 0, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert(r.type == BROKER_MSG_BACKING_CLOSE_MANY && r.nids == BROKER_CLOSE_MANY_MAX);
+	cr_assert(r.backing_ids[0] == 1 && r.backing_ids[BROKER_CLOSE_MANY_MAX - 1] ==
+		  BROKER_CLOSE_MANY_MAX);
+	cr_assert_eq(broker_request_parse(buf, len, 1, &r, err, sizeof(err)), -EBADF,
+		     "an fd with BACKING_CLOSE_MANY");
+	bc.n_backing_ids = BROKER_CLOSE_MANY_MAX + 1;
+	len = pack(&q, buf);
+	cr_assert_eq(broker_request_parse(buf, len, 0, &r, err, sizeof(err)), -EINVAL);
+	bc.n_backing_ids = 0;
+	len = pack(&q, buf);
+	cr_assert_eq(broker_request_parse(buf, len, 0, &r, err, sizeof(err)), -EINVAL);
+	bc.n_backing_ids = 3;
+	ids[2] = (uint32_t)INT32_MAX + 1;
+	len = pack(&q, buf);
+	cr_assert_eq(broker_request_parse(buf, len, 0, &r, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "out of range"), "%s", err);
+
+	/* The replies, at their largest. */
+	rep = (struct broker_rep){ .id = 7, .type = BROKER_MSG_BACKING_OPEN_MANY, .fd = -1,
+				   .nmany = BROKER_FDS_MAX };
+	for (size_t k = 0; k < BROKER_FDS_MAX; k++) {
+		rep.many_ids[k] = INT32_MAX;
+		rep.many_errors[k] = k == 3 ? -EPERM : 0;
+	}
+	memset(rep.message, 'm', BROKER_MSG_MAX - 1);
+	cr_assert_eq(broker_reply_encode(&rep, buf, &len), 0);
+	dec = ferry__broker__reply__unpack(NULL, len, buf);
+	cr_assert(dec && dec->body_case == FERRY__BROKER__REPLY__BODY_BACKING_OPENED_MANY);
+	cr_assert(dec->backing_opened_many->n_backing_ids == BROKER_FDS_MAX &&
+		  dec->backing_opened_many->n_errors == BROKER_FDS_MAX);
+	cr_assert(dec->backing_opened_many->errors[3] == EPERM &&
+		  dec->backing_opened_many->backing_ids[3] == 0, "a refused fd has no id");
+	cr_assert_eq(dec->backing_opened_many->backing_ids[0], INT32_MAX);
+	ferry__broker__reply__free_unpacked(dec, NULL);
+	rep.type = BROKER_MSG_BACKING_CLOSE_MANY;
+	rep.nmany = BROKER_CLOSE_MANY_MAX;
+	for (size_t k = 0; k < BROKER_CLOSE_MANY_MAX; k++)
+		rep.many_errors[k] = -ENOENT;
+	cr_assert_eq(broker_reply_encode(&rep, buf, &len), 0);
+	cr_assert(len <= BROKER_FRAME_MAX);
+	dec = ferry__broker__reply__unpack(NULL, len, buf);
+	cr_assert(dec && dec->body_case == FERRY__BROKER__REPLY__BODY_BACKING_CLOSED_MANY);
+	cr_assert(dec->backing_closed_many->n_errors == BROKER_CLOSE_MANY_MAX &&
+		  dec->backing_closed_many->errors[BROKER_CLOSE_MANY_MAX - 1] == ENOENT);
+	ferry__broker__reply__free_unpacked(dec, NULL);
+	rep.nmany = BROKER_CLOSE_MANY_MAX + 1;
+	cr_assert_eq(broker_reply_encode(&rep, buf, &len), -EINVAL);
+}
+
 Test(broker_request, permission)
 {
 	struct policy_rule rule = { .uid = 1, .root = "/r", .max_mounts = 1, .line = 3 };
@@ -363,7 +455,8 @@ Test(broker_reply, encodes_every_body_and_errors)
 	/* The largest Status fits a frame. */
 	rep = (struct broker_rep){ .id = UINT64_MAX, .type = BROKER_MSG_STATUS, .fd = -1 };
 	rep.status = (struct broker_status){ UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX,
-					     UINT64_MAX, UINT64_MAX, UINT64_MAX, "" };
+					     UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT32_MAX,
+					     "" };
 	memset(rep.status.root, 'r', BROKER_ROOT_MAX);
 	rep.status.root[0] = '/';
 	memset(rep.message, 'm', BROKER_MSG_MAX - 1);
