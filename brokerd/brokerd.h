@@ -73,6 +73,10 @@
 #define BROKER_MOUNT_HASH 64u
 #define BROKER_CLOSE_STALL_S 5       /* a close stuck this long: its owner is cut off */
 #define BROKER_CLOSE_PENDING_MAX 8u  /* fds in an owner's closer before its peers are paused */
+/* fds an owner's connections may hold in frames not read whole yet before
+ * its peers are paused: a frame comes whole from a well-behaved peer, so
+ * this is four BACKING_OPEN_MANY frames caught half-way at once. */
+#define BROKER_OWNER_FRAME_FDS_MAX (4u * BROKER_FDS_MAX)
 
 #define FUSE_SUPER_MAGIC_ 0x65735546u
 #define OVERLAYFS_SUPER_MAGIC_ 0x794c7630u
@@ -198,6 +202,7 @@ struct owner {
 	unsigned nconns;
 	unsigned nmounts;
 	unsigned nbacking;             /* live ids over its mounts */
+	unsigned frame_fds;            /* fds its connections hold in partial frames */
 	struct closer *closer;         /* closes what its peers sent; owned */
 	bool wedged;                   /* a close has been stuck: cut off */
 	uint64_t aborted_seq;          /* the stuck close whose mount we aborted */
@@ -472,6 +477,7 @@ struct broker {
 	struct event *listen_ev;
 	TAILQ_HEAD(, conn) conns;
 	unsigned nconns;
+	unsigned frame_fds;            /* fds held in partial frames, all connections */
 	TAILQ_HEAD(, owner) owners;
 	TAILQ_HEAD(, bmount) mounts;
 	unsigned nmounts;

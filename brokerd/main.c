@@ -323,8 +323,10 @@ int main(int argc, char **argv)
 	b.state_dir = o.state_dir;
 	b.idle_timeout_s = o.idle_timeout;
 	b.nofile = nofile_raise();
-	/* Each connection may take two fds (its socket, one in a frame) and
-	 * a frame may bring BROKER_RECV_FDS_ROOM: what the limit leaves. */
+	/* Sized for three fds a connection (its socket, a frame's fds) and
+	 * BROKER_RECV_FDS_ROOM for a frame being read: what the limit leaves.
+	 * The fds actually held are counted as they come (server.c's
+	 * fd_headroom), and reading pauses before the table runs short. */
 	b.conn_max = BROKER_CONN_MAX;
 	if (b.nofile < BROKER_FDS_RESERVED + 2 * BROKER_RECV_FDS_ROOM + 3 * BROKER_CONN_MAX) {
 		unsigned room = b.nofile > BROKER_FDS_RESERVED + 2 * BROKER_RECV_FDS_ROOM ?

@@ -2,7 +2,7 @@
  * server: ferry-brokerd's Unix socket. One connection per peer, its
  * identity recorded once at accept (peer.c). Each connection reads frames
  * in rpc_frame.h's format, bounded before anything is allocated
- * (BROKER_FRAME_MAX bytes, BROKER_FDS_MAX fd); unlike rpc_reader, it keeps
+ * (BROKER_FRAME_MAX bytes, BROKER_FDS_MAX fds); unlike rpc_reader, it keeps
  * custody of every fd that comes, so that none is ever closed on the loop
  * unless it cannot reach a FUSE server (closer.c). Each request runs through
  * broker_request_parse() and then the dispatch table below, after OpenSSH's
@@ -144,12 +144,22 @@ int handle_status(struct broker *b, struct conn *c, const struct broker_req *q,
 	return 0;
 }
 
+/* The fds c holds in its frame changed by delta: the owner's and the
+ * broker's counts follow (fd_headroom, conn_throttle). */
+static void frame_fds_count(struct conn *c, int delta)
+{
+	c->b->frame_fds = (unsigned)((int)c->b->frame_fds + delta);
+	if (c->peer.owner)
+		c->peer.owner->frame_fds = (unsigned)((int)c->peer.owner->frame_fds + delta);
+}
+
 /* Drops a partial frame; its fds go the careful way. */
 static void frame_reset(struct conn *c)
 {
 	struct frame_in *in = &c->in;
 
 	peer_fds_drop(c->b, c->peer.owner, in->fds, in->nfds);
+	frame_fds_count(c, -(int)in->nfds);
 	in->nfds = 0;
 	free(in->buf);
 	in->buf = NULL;
@@ -175,6 +185,7 @@ static int take_fds(struct conn *c, struct msghdr *msg)
 			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
 			if (rc == 0 && in->nfds < BROKER_FDS_MAX) {
 				in->fds[in->nfds++] = fd;
+				frame_fds_count(c, 1);
 			} else {
 				peer_fd_drop(c->b, c->peer.owner, fd);
 				if (rc == 0)
@@ -551,13 +562,21 @@ out:
 }
 
 /* Room in our fd table for what one more frame may bring (up to SCM_MAX_FD
- * fds): short of it, the kernel would drop fds inside our recvmsg. */
+ * fds): short of it, the kernel would drop fds inside our recvmsg. Counted:
+ * every connection's socket, the fds held in partial frames, those of the
+ * frame being handled, the mounts' and the closers'. */
 static bool fd_headroom(struct broker *b)
 {
-	unsigned used = closer_pending_total() + 2 * b->nconns + 2 * b->nmounts +
-			BROKER_FDS_RESERVED;
+	unsigned used = closer_pending_total() + b->nconns + b->frame_fds + BROKER_FDS_MAX +
+			2 * b->nmounts + BROKER_FDS_RESERVED;
 
 	return used + BROKER_RECV_FDS_ROOM < b->nofile;
+}
+
+/* Its owner's fds in partial frames are over the bound. */
+static bool owner_frames_full(const struct conn *c)
+{
+	return c->peer.owner && c->peer.owner->frame_fds > BROKER_OWNER_FRAME_FDS_MAX;
 }
 
 /* Should c wait for its owner's fds to be closed? */
@@ -565,7 +584,7 @@ static bool conn_throttle(struct conn *c)
 {
 	if (closer_pending(c->peer.owner ? c->peer.owner->closer : NULL) <
 		    BROKER_CLOSE_PENDING_MAX &&
-	    fd_headroom(c->b))
+	    !owner_frames_full(c) && fd_headroom(c->b))
 		return false;
 	if (!c->throttled) {
 		c->throttled = true;
@@ -623,7 +642,7 @@ void server_tick(struct broker *b)
 			conn_close(c);
 			continue;
 		}
-		if (!c->throttled || !fd_headroom(b) ||
+		if (!c->throttled || !fd_headroom(b) || owner_frames_full(c) ||
 		    closer_pending(c->peer.owner ? c->peer.owner->closer : NULL) >=
 			    BROKER_CLOSE_PENDING_MAX / 2)
 			continue;
@@ -668,7 +687,7 @@ static void read_cb(evutil_socket_t fd, short what, void *arg)
 			if (rc == -EMSGSIZE)
 				conn_fatal(c, 0, rc, "frame", "frame larger than 4096 bytes");
 			else if (rc == -ETOOMANYREFS)
-				conn_fatal(c, 0, rc, "frame", "more than one fd with a frame");
+				conn_fatal(c, 0, rc, "frame", "more than 16 fds with a frame");
 			else if (rc == -EBADMSG)
 				conn_fatal(c, 0, rc, "frame", "ancillary data other than fds");
 			else if (rc == -EPROTO)
@@ -685,6 +704,7 @@ static void read_cb(evutil_socket_t fd, short what, void *arg)
 		len = c->in.len;
 		nfds = c->in.nfds;
 		memcpy(fds, c->in.fds, sizeof(fds));
+		frame_fds_count(c, -(int)nfds);
 		c->in.buf = NULL;
 		c->in.nfds = 0;
 		c->in.hdr_got = 0;

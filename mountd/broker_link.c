@@ -97,6 +97,7 @@ static void linked(struct mountd *md, char *name, uint64_t id)
 		return;
 	pthread_mutex_init(&md->broker_close_lock, NULL);
 	pthread_cond_init(&md->broker_close_cv, NULL);
+	pthread_cond_init(&md->broker_close_sent, NULL);
 	/* Without the thread every close goes by itself, as to a broker
 	 * without BACKING_CLOSE_MANY. */
 	md->broker_close_live = pthread_create(&md->broker_close_thread, NULL, close_main, md) == 0;
@@ -333,8 +334,12 @@ static int close_one(struct mountd *md, int id);
  * relink. Counted in stats.backing_close once sent. */
 static void closes_send(struct mountd *md, const int *ids, size_t n)
 {
-	int rc = broker_backing_close_many_nowait(md->broker, atomic_load(&md->broker_mount_id),
-						  ids, n);
+	int rc;
+
+	if (atomic_load(&md->broker_mount_id) == 0)
+		return; /* unmounted: its ids went with it */
+	rc = broker_backing_close_many_nowait(md->broker, atomic_load(&md->broker_mount_id), ids,
+					      n);
 
 	if (broker_gone(rc)) {
 		link_lost(md, rc);
@@ -366,7 +371,8 @@ static void closes_send(struct mountd *md, const int *ids, size_t n)
 	}
 }
 
-/* Takes the queue (broker_close_lock held) and sends it unlocked. */
+/* Takes the queue (broker_close_lock held) and sends it unlocked; a flush
+ * waits for every batch taken so (broker_close_sending). */
 static void closes_take_and_send(struct mountd *md)
 {
 	int ids[BROKER_CLOSE_MANY_MAX];
@@ -376,9 +382,12 @@ static void closes_take_and_send(struct mountd *md)
 		return;
 	memcpy(ids, md->broker_closing, n * sizeof(*ids));
 	md->broker_nclosing = 0;
+	md->broker_close_sending++;
 	pthread_mutex_unlock(&md->broker_close_lock);
 	closes_send(md, ids, n);
 	pthread_mutex_lock(&md->broker_close_lock);
+	if (--md->broker_close_sending == 0)
+		pthread_cond_broadcast(&md->broker_close_sent);
 }
 
 static void *close_main(void *arg)
@@ -418,6 +427,10 @@ void broker_link_flush_closes(struct mountd *md)
 		return;
 	pthread_mutex_lock(&md->broker_close_lock);
 	closes_take_and_send(md);
+	/* And what another thread took before us: sent (or kept for the
+	 * relink) when this returns. */
+	while (md->broker_close_sending > 0)
+		pthread_cond_wait(&md->broker_close_sent, &md->broker_close_lock);
 	pthread_mutex_unlock(&md->broker_close_lock);
 }
 
@@ -428,8 +441,10 @@ int broker_link_backing_close(struct mountd *md, int id)
 	if (!md->broker_close_live || !(broker_features(md->broker) & BROKER_FEATURE_MANY))
 		return close_one(md, id);
 	pthread_mutex_lock(&md->broker_close_lock);
-	if (md->broker_nclosing == BROKER_CLOSE_MANY_MAX)
-		closes_take_and_send(md); /* the thread is sending the last one still */
+	/* Full: the thread has not taken it yet. Others may fill it again
+	 * while this one is sent unlocked, hence the loop. */
+	while (md->broker_nclosing == BROKER_CLOSE_MANY_MAX)
+		closes_take_and_send(md);
 	md->broker_closing[md->broker_nclosing++] = id;
 	if (md->broker_nclosing == 1 || md->broker_nclosing == BROKER_CLOSE_MANY_MAX)
 		pthread_cond_signal(&md->broker_close_cv);
@@ -490,6 +505,7 @@ void broker_link_close(struct mountd *md)
 		md->broker_close_live = false;
 		pthread_mutex_destroy(&md->broker_close_lock);
 		pthread_cond_destroy(&md->broker_close_cv);
+		pthread_cond_destroy(&md->broker_close_sent);
 	}
 	broker_close(md->broker);
 	md->broker = NULL;

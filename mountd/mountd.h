@@ -1118,6 +1118,8 @@ struct mountd {
 	int broker_closing[BROKER_CLOSE_MANY_MAX];
 	size_t broker_nclosing;
 	bool broker_close_live, broker_close_stop;
+	unsigned broker_close_sending; /* batches taken and not sent yet */
+	pthread_cond_t broker_close_sent; /* a flush waits on it for them */
 	pthread_t broker_close_thread;
 	/* reconciler client (reconcile_client.c) */
 	char *rc_path;                /* owned */

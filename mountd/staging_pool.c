@@ -222,11 +222,13 @@ static void *pool_main(void *arg)
 				if (p->stop || p->n >= POOL_TARGET) {
 					/* Stopping, or closes gave files back
 					 * meanwhile and the pool is full: not
-					 * needed. */
-					bool stop = p->stop;
+					 * needed. Its id goes with the
+					 * connection at a stop, but not at a
+					 * hand-over (staging_pool_free). */
+					bool unregister = !p->stop || md->handing_over;
 
 					pthread_mutex_unlock(&p->lock);
-					pool_file_drop(md, &batch[k], !stop);
+					pool_file_drop(md, &batch[k], unregister);
 					pthread_mutex_lock(&p->lock);
 					continue;
 				}

@@ -621,6 +621,80 @@ static int send_fatal_then_fd(int sock, const uint8_t *junk, size_t len1, int fd
 	return n < 0 ? -errno : n;
 }
 
+/* One byte of a frame's header, with fds[0..n) on it: a frame begun and
+ * never finished. 0 or -errno. */
+static int send_frame_start(int sock, const int *fds, size_t n)
+{
+	union {
+		struct cmsghdr align;
+		char buf[CMSG_SPACE(sizeof(int) * BROKER_FDS_MAX)];
+	} ctl;
+	uint8_t first = 0;
+	struct iovec iov = { &first, 1 };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+			      .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
+	struct cmsghdr *cm;
+
+	memset(&ctl, 0, sizeof(ctl));
+	cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
+	return sendmsg(sock, &msg, MSG_NOSIGNAL) == 1 ? 0 : -errno;
+}
+
+/*
+ * A frame may carry BROKER_FDS_MAX fds, and the broker holds them from the
+ * frame's first byte until its last. A tenant that begins frames on many
+ * connections and never finishes them holds 16 fds a connection: past
+ * BROKER_OWNER_FRAME_FDS_MAX (64) of them its connections are not read,
+ * so it cannot fill the broker's fd table, and another tenant does not
+ * notice. Once the frames time out (10 s) the fds go and A is served again.
+ */
+Test(broker_attack, fds_held_in_unfinished_frames_are_bounded)
+{
+	struct broker_conn *b = victim(), *a2 = NULL;
+	enum { CONNS = 5 };
+	int socks[CONNS], fds[BROKER_FDS_MAX], rc = 0;
+	struct broker_status st;
+
+	for (int k = 0; k < CONNS; k++)
+		socks[k] = -1;
+	for (int k = 0; k < CONNS; k++) {
+		socks[k] = connect_raw(UID_A, UID_A);
+		for (int f = 0; f < (int)BROKER_FDS_MAX; f++) {
+			fds[f] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+			CHECK(fds[f] >= 0, "open /dev/null: %s", strerror(errno));
+		}
+		rc = send_frame_start(socks[k], fds, BROKER_FDS_MAX);
+		for (int f = 0; f < (int)BROKER_FDS_MAX; f++)
+			close(fds[f]);
+		CHECK(rc == 0, "sending A's frame start %d: %s", k, strerror(-rc));
+	}
+	usleep(200000); /* the broker has read them */
+	CHECK(victim_served(b, "while A holds fds in unfinished frames", true),
+	      "B was held up by A's unfinished frames");
+	/* 80 fds held: A's new connection is not read. */
+	cr_assert_eq(broker_adopt(connect_only(UID_A, UID_A), &a2), 0);
+	broker_set_timeout(a2, 1000);
+	rc = broker_status(a2, &st);
+	CHECK(rc == -ETIMEDOUT, "A was served while it held %d fds in unfinished frames: %s",
+	      CONNS * (int)BROKER_FDS_MAX, rc ? strerror(-rc) : "answered");
+	broker_close(a2);
+	a2 = NULL;
+	/* The frames time out, their fds go, and A is served again. */
+	a2 = connect_as_within(UID_A, UID_A, 15000);
+	CHECK(a2, "A is still not served 15 s after its frames timed out");
+	CHECK(victim_served(b, "after A's frames timed out", true), "B was held up");
+out:
+	for (int k = 0; k < CONNS; k++)
+		if (socks[k] >= 0)
+			close(socks[k]);
+	broker_close(a2);
+	broker_close(b);
+}
+
 /*
  * The broker never reads past the frame at hand, so fds of the frames
  * after it wait in the connection's receive queue. When the broker ends
