@@ -3768,12 +3768,13 @@ static void print_broker(struct bench *b)
 	printf("\nwhat the rows measure:\n");
 	printf("  small files: openat(O_CREAT|O_EXCL) + write() + close() per file in one new "
 	       "directory, each call timed too (the same loop as the passthrough suite's);\n"
-	       "                on ferryfs CREATE opens a staging file and registers it as the "
-	       "passthrough backing file (ferry broker: a BACKING_OPEN round trip to\n"
-	       "                ferry-brokerd inside the CREATE request), the write goes to it "
-	       "without an upcall, and RELEASE closes the backing id (ferry broker:\n"
-	       "                a BACKING_CLOSE round trip; RELEASE is asynchronous to close()) and "
-	       "hands the file to ferry-reconciler, which uploads and commits it.\n");
+	       "                on ferryfs CREATE takes a staging file from the pool, made and "
+	       "registered as a passthrough backing file ahead (ferry broker: up to 16\n"
+	       "                to a BACKING_OPEN_MANY request to ferry-brokerd), the write goes "
+	       "to it without an upcall, and RELEASE closes the backing id (ferry broker:\n"
+	       "                queued and sent with the others of the last 5 ms as one "
+	       "BACKING_CLOSE_MANY; RELEASE is asynchronous to close()) and\n"
+	       "                hands the file to ferry-reconciler, which uploads and commits it.\n");
 	printf("  ferry-brokerd requests: its own request count (`ferry-brokerd --ping`) before the "
 	       "loop and after its read-back and removal, minus the pings.\n");
 	printf("  each volume is unmounted after its turn (`ferry umount` returns once every upload "
