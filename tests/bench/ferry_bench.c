@@ -2131,6 +2131,32 @@ static int suite_pt(struct bench *b)
 
 static const char *const blabel[NW] = { "ferry direct", "ferry broker", "staging dir" };
 
+/* CPU time (user + system) process pid has used, in seconds; -1 if it
+ * cannot be read. */
+static double proc_cpu_s(pid_t pid)
+{
+	char path[64], buf[1024];
+	unsigned long ut, st;
+	const char *p;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* After the command name, which may hold anything but ends at the
+	 * last ')': state, 10 numbers, then utime and stime in ticks. */
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+			 &st) != 2)
+		return -1;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 /* ferry-brokerd's own counters (`ferry-brokerd --ping`). */
 struct bstat {
 	uint64_t connections, peers, mounts, backing_ids, fds, requests, refusals;
@@ -2308,6 +2334,8 @@ static int suite_broker(struct bench *b)
 	struct row3 *rbo = rowb_add(b, "  backing_open per file", "%.3f", false);
 	struct row3 *rbc = rowb_add(b, "  backing_close per file", "%.3f", false);
 	struct row3 *rbr = rowb_add(b, "  ferry-brokerd requests per file", "%.3f", false);
+	struct row3 *rcm = rowb_add(b, "  ferry-mountd CPU per file (us)", "%.1f", false);
+	struct row3 *rcb = rowb_add(b, "  ferry-brokerd CPU per file (us)", "%.1f", false);
 	struct row3 *rum = rowb_add(b, "  `ferry umount` after the loop (s)", "%.2f", false);
 	double n = (double)b->o.files;
 	char dir[PATH_MAX], name[64];
@@ -2316,6 +2344,8 @@ static int suite_broker(struct bench *b)
 	for (int w = 0; w < NW; w++) {
 		struct target *t = w == B_DIRECT ? &b->t[T_DIRECT] : w == B_BROKER ? &b->t[T_BROKER] : NULL;
 		struct bstat bs0 = { 0 }, bs1 = { 0 }, bsa, bsb, bsend;
+		double cm0 = -1, cm1 = -1, cb0 = -1, cb1 = -1;
+		pid_t mountd = 0;
 		uint64_t ping_cost = 0;
 		struct small_job job;
 		struct small_out r;
@@ -2359,12 +2389,29 @@ static int suite_broker(struct bench *b)
 			errf("ferry-brokerd stopped answering --ping (see %s)", b->broker_log);
 			return -1;
 		}
+		if (t) {
+			char pid[32];
+
+			tstats_str(b, t, "pid", pid, sizeof(pid));
+			mountd = (pid_t)atoi(pid);
+			cm0 = mountd > 0 ? proc_cpu_s(mountd) : -1;
+		}
+		if (w == B_BROKER)
+			cb0 = proc_cpu_s(b->brokerd);
 		if (t && t->nobody)
 			rv = as_nobody(b, small_round, &job, &r, sizeof(r));
 		else
 			rv = small_round(b, &job, &r);
 		if (rv < 0)
 			return -1;
+		if (mountd > 0)
+			cm1 = proc_cpu_s(mountd);
+		if (w == B_BROKER)
+			cb1 = proc_cpu_s(b->brokerd);
+		if (cm0 >= 0 && cm1 >= 0)
+			row3_set(rcm, w, (cm1 - cm0) * 1e6 / n);
+		if (cb0 >= 0 && cb1 >= 0)
+			row3_set(rcb, w, (cb1 - cb0) * 1e6 / n);
 		if (w == B_BROKER && brokerd_status(b, &bs1) < 0) {
 			errf("ferry-brokerd stopped answering --ping (see %s)", b->broker_log);
 			return -1;
@@ -3777,6 +3824,8 @@ static void print_broker(struct bench *b)
 	       "                hands the file to ferry-reconciler, which uploads and commits it.\n");
 	printf("  ferry-brokerd requests: its own request count (`ferry-brokerd --ping`) before the "
 	       "loop and after its read-back and removal, minus the pings.\n");
+	printf("  CPU per file: user + system time of the process (/proc/PID/stat) over the same "
+	       "span (the loop, its read-back and removal), in the clock's ticks.\n");
 	printf("  each volume is unmounted after its turn (`ferry umount` returns once every upload "
 	       "is committed), so no upload of one target runs under the next;\n"
 	       "                sync() runs (untimed) before each turn.\n");
