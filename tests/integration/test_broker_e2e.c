@@ -448,6 +448,50 @@ Test(broker_e2e, registrations_and_closes_go_in_batches)
 		     s1.backing_ids);
 }
 
+/*
+ * `ferry mount --upgrade` of a brokered mount: the new daemon serves it,
+ * every file is there, and nothing the old daemon registered stays
+ * registered (the closes it had queued, and its staging pool's, are sent
+ * before it hands the mount over: the connection to the broker goes with
+ * the old daemon, the mount does not).
+ */
+Test(broker_e2e, an_upgrade_leaves_no_backing_id_behind)
+{
+	struct job j = { .nfiles = 200, .big = 4096, .seed = 11 }; /* big > 2048 + nfiles */
+	struct broker_status st;
+	uint64_t pid0;
+	int rc;
+
+	snprintf(j.dir, sizeof(j.dir), "%s", tp("pods/m"));
+	do_mount();
+	AS_NOBODY(write_files, &j, "writing");
+	pid0 = stat_of("pid");
+	{
+		/* tp()'s buffers are a ring: the path is taken right here. */
+		const char *up[] = { fm_bin("ferry"), "mount", "--upgrade", j.dir, NULL };
+
+		rc = run_nobody(up);
+	}
+	if (rc != 0) {
+		log_tail("ferry", tp("ferry.log.err"));
+		log_tail("ferry-mountd", tp("home/vol/ferry-mountd.log"));
+	}
+	cr_assert_eq(rc, 0, "ferry mount --upgrade as nobody failed");
+	cr_assert_neq(stat_of("pid"), pid0, "the old daemon still serves the mount");
+	/* The closes went out before the hand-over; their replies may still
+	 * be on the way. */
+	for (int i = 0; i < 100; i++) {
+		broker_totals(&st);
+		if (st.backing_ids == 0)
+			break;
+		usleep(50 * 1000);
+	}
+	cr_assert_eq(st.backing_ids, 0, "%" PRIu64 " backing ids of the old daemon are still "
+		     "registered after the upgrade", st.backing_ids);
+	AS_NOBODY(check_files, &j, "reading back after the upgrade");
+	do_umount();
+}
+
 Test(broker_e2e, broker_restart_under_a_live_mount)
 {
 	struct job a = { .nfiles = 5, .big = 1u << 20, .seed = 7 };
