@@ -665,21 +665,21 @@ void expect_eof(int sock)
 		  n, n < 0 ? strerror(errno) : "-");
 }
 
-int send_frame_fds(int sock, const void *buf, size_t len, const int *fds, size_t n)
+int send_iov_fds(int sock, struct iovec *iov, int niov, const int *fds, size_t n)
 {
 	union {
 		struct cmsghdr align;
 		char buf[CMSG_SPACE(sizeof(int) * 64)];
 	} ctl;
-	uint8_t hdr[RPC_FRAME_HDR];
-	struct iovec iov[2] = { { hdr, sizeof(hdr) }, { (void *)buf, len } };
-	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = 2 };
+	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)niov };
 	struct cmsghdr *cm;
+	size_t want = 0;
 	ssize_t got;
 
 	if (n == 0 || n > 64)
 		return -EINVAL;
-	rpc_frame_header(hdr, (uint32_t)len);
+	for (int k = 0; k < niov; k++)
+		want += iov[k].iov_len;
 	memset(&ctl, 0, sizeof(ctl));
 	msg.msg_control = ctl.buf;
 	msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
@@ -691,5 +691,14 @@ int send_frame_fds(int sock, const void *buf, size_t len, const int *fds, size_t
 	got = sendmsg(sock, &msg, MSG_NOSIGNAL);
 	if (got < 0)
 		return -errno;
-	return (size_t)got == sizeof(hdr) + len ? 0 : -EIO;
+	return (size_t)got == want ? 0 : -EIO;
+}
+
+int send_frame_fds(int sock, const void *buf, size_t len, const int *fds, size_t n)
+{
+	uint8_t hdr[RPC_FRAME_HDR];
+	struct iovec iov[2] = { { hdr, sizeof(hdr) }, { (void *)buf, len } };
+
+	rpc_frame_header(hdr, (uint32_t)len);
+	return send_iov_fds(sock, iov, 2, fds, n);
 }

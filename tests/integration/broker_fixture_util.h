@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <criterion/criterion.h>
 
@@ -143,9 +144,11 @@ uint64_t served_mount(struct broker_conn *c, const char *name, uid_t uid,
 
 /* Reads one reply within timeout_ms: 0 with its error, closing flag and
  * id, or a negative errno (-EAGAIN: nothing came in time; -EPIPE: EOF). */
-/* Sends one frame (header and buf[0..len)) with fds[0..n) in one
- * SCM_RIGHTS, n up to 64: more than rpc_frame_send() (and a well-behaved
- * peer) would ever send. 0 or -errno. */
+/* Sends iov[0..niov) in one sendmsg with fds[0..n) in one SCM_RIGHTS, n
+ * up to 64: more than rpc_frame_send() (and a well-behaved peer) would ever
+ * send. 0, -EIO if not all went, or -errno. */
+int send_iov_fds(int sock, struct iovec *iov, int niov, const int *fds, size_t n);
+/* One whole frame (header and buf[0..len)) so. */
 int send_frame_fds(int sock, const void *buf, size_t len, const int *fds, size_t n);
 int read_reply_within(int sock, int timeout_ms, uint32_t *error, bool *closing, uint64_t *id);
 /* Reads one reply (5 s at most), asserting one came. */

@@ -292,38 +292,38 @@ static bool close_was_quick(int fd, int ms)
 
 /* ---- raw requests ---- */
 
-/* One BACKING_OPEN frame with fds[0..nfds) on the first byte. */
-static int send_backing_open(int sock, uint64_t mount_id, const int *fds, size_t nfds)
+/* One BACKING_OPEN (many: BACKING_OPEN_MANY) frame with fds[0..nfds) in
+ * one SCM_RIGHTS on its first byte, however many. */
+static int send_open_frame(int sock, uint64_t mount_id, bool many, const int *fds, size_t nfds)
 {
 	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
 	Ferry__Broker__BackingOpen bo = FERRY__BROKER__BACKING_OPEN__INIT;
+	Ferry__Broker__BackingOpenMany bm = FERRY__BROKER__BACKING_OPEN_MANY__INIT;
 	uint8_t buf[128];
 	size_t len;
 
 	q.version = BROKER_PROTO_VERSION;
 	q.id = 1;
-	bo.mount_id = mount_id;
-	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN;
-	q.backing_open = &bo;
-	len = ferry__broker__request__pack(&q, buf);
-	return rpc_frame_send(sock, buf, len, fds, nfds);
-}
-
-/* BACKING_OPEN_MANY with fds[0..nfds) in one SCM_RIGHTS, however many. */
-static int send_backing_open_many(int sock, uint64_t mount_id, const int *fds, size_t nfds)
-{
-	Ferry__Broker__Request q = FERRY__BROKER__REQUEST__INIT;
-	Ferry__Broker__BackingOpenMany bo = FERRY__BROKER__BACKING_OPEN_MANY__INIT;
-	uint8_t buf[128];
-	size_t len;
-
-	q.version = BROKER_PROTO_VERSION;
-	q.id = 1;
-	bo.mount_id = mount_id;
-	q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN_MANY;
-	q.backing_open_many = &bo;
+	bo.mount_id = bm.mount_id = mount_id;
+	if (many) {
+		q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN_MANY;
+		q.backing_open_many = &bm;
+	} else {
+		q.body_case = FERRY__BROKER__REQUEST__BODY_BACKING_OPEN;
+		q.backing_open = &bo;
+	}
 	len = ferry__broker__request__pack(&q, buf);
 	return send_frame_fds(sock, buf, len, fds, nfds);
+}
+
+static int send_backing_open(int sock, uint64_t mount_id, const int *fds, size_t nfds)
+{
+	return send_open_frame(sock, mount_id, false, fds, nfds);
+}
+
+static int send_backing_open_many(int sock, uint64_t mount_id, const int *fds, size_t nfds)
+{
+	return send_open_frame(sock, mount_id, true, fds, nfds);
 }
 
 /* ---- B, the tenant that must not notice ---- */
@@ -625,23 +625,10 @@ static int send_fatal_then_fd(int sock, const uint8_t *junk, size_t len1, int fd
  * never finished. 0 or -errno. */
 static int send_frame_start(int sock, const int *fds, size_t n)
 {
-	union {
-		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int) * BROKER_FDS_MAX)];
-	} ctl;
 	uint8_t first = 0;
 	struct iovec iov = { &first, 1 };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-			      .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
-	struct cmsghdr *cm;
 
-	memset(&ctl, 0, sizeof(ctl));
-	cm = CMSG_FIRSTHDR(&msg);
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
-	memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
-	return sendmsg(sock, &msg, MSG_NOSIGNAL) == 1 ? 0 : -errno;
+	return send_iov_fds(sock, &iov, 1, fds, n);
 }
 
 /*
