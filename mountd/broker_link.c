@@ -90,13 +90,20 @@ static void *close_main(void *arg);
 /* The broker answered for our mount: md keeps name and the mount id. */
 static void linked(struct mountd *md, char *name, uint64_t id)
 {
+	pthread_condattr_t ca;
+
 	md->broker_name = name; /* owned by md, freed in broker_link_close() */
 	atomic_store(&md->broker_mount_id, id);
 	atomic_store(&md->broker_up, true);
 	if (md->broker_close_live)
 		return;
 	pthread_mutex_init(&md->broker_close_lock, NULL);
-	pthread_cond_init(&md->broker_close_cv, NULL);
+	/* The batch's wait is timed on the monotonic clock: a step of the
+	 * wall clock must not hold closes (and their files' space) back. */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&md->broker_close_cv, &ca);
+	pthread_condattr_destroy(&ca);
 	pthread_cond_init(&md->broker_close_sent, NULL);
 	/* Without the thread every close goes by itself, as to a broker
 	 * without BACKING_CLOSE_MANY. */
@@ -403,7 +410,7 @@ static void *close_main(void *arg)
 			continue;
 		}
 		/* A batch began: others of the same burst join it. */
-		clock_gettime(CLOCK_REALTIME, &until);
+		clock_gettime(CLOCK_MONOTONIC, &until);
 		until.tv_nsec += CLOSE_BATCH_WAIT_MS * 1000000L;
 		if (until.tv_nsec >= 1000000000L) {
 			until.tv_sec++;
