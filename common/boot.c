@@ -1,4 +1,5 @@
 #include "boot.h"
+#include "dirs.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -112,28 +113,12 @@ int boot_set_load(int dirfd, struct boot_set *s)
 
 int boot_set_store(int dirfd, const struct boot_set *s)
 {
-	static const char tmp[] = BOOT_FLUSHED_NAME ".tmp";
 	char text[BOOT_SET_MAX * (BOOT_RUN_LEN + 1) + 1];
 	size_t len = 0;
-	int fd, rc = 0;
 
 	for (size_t k = 0; k < s->n; k++)
 		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n", s->run[k]);
-	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return -errno;
-	ssize_t put = write(fd, text, len);
-	if (put < 0 || fsync(fd) < 0)
-		rc = -errno;
-	else if ((size_t)put != len)
-		rc = -ENOSPC;
-	if (close(fd) < 0 && rc == 0)
-		rc = -errno;
-	if (rc == 0 && (renameat(dirfd, tmp, dirfd, BOOT_FLUSHED_NAME) < 0 || fsync(dirfd) < 0))
-		rc = -errno;
-	if (rc < 0)
-		unlinkat(dirfd, tmp, 0);
-	return rc;
+	return dirs_replace_file_at(dirfd, BOOT_FLUSHED_NAME, text, len);
 }
 
 bool boot_set_has(const struct boot_set *s, const char *run)

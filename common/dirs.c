@@ -119,3 +119,37 @@ int dirs_make_parents_at(int dfd, const char *path, mode_t mode)
 	}
 	return 0;
 }
+
+int dirs_replace_file_at(int dfd, const char *name, const void *buf, size_t len)
+{
+	char tmp[NAME_MAX + 1];
+	size_t done = 0;
+	int fd, rc = 0;
+
+	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", name) >= sizeof(tmp))
+		return -ENAMETOOLONG;
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	while (rc == 0 && done < len) {
+		ssize_t put = write(fd, (const char *)buf + done, len - done);
+
+		if (put < 0 && errno != EINTR)
+			rc = -errno;
+		else if (put == 0)
+			rc = -ENOSPC;
+		else if (put > 0)
+			done += (size_t)put;
+	}
+	if (rc == 0 && fsync(fd) < 0)
+		rc = -errno;
+	if (close(fd) < 0 && rc == 0)
+		rc = -errno;
+	if (rc == 0 && renameat(dfd, tmp, dfd, name) < 0)
+		rc = -errno;
+	if (rc < 0) {
+		unlinkat(dfd, tmp, 0);
+		return rc;
+	}
+	return fsync(dfd) < 0 ? -errno : 0;
+}

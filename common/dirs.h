@@ -1,6 +1,6 @@
 /*
- * dirs: making a directory with its missing parents (mkdir -p), and
- * emptying one.
+ * dirs: making a directory with its missing parents (mkdir -p), emptying
+ * one, and replacing a small file in one durably.
  */
 #ifndef FERRY_DIRS_H
 #define FERRY_DIRS_H
@@ -19,5 +19,11 @@ int dirs_make_parents_at(int dfd, const char *path, mode_t mode);
  * Nothing is followed: names are taken relative to their directory's fd.
  * 0 or the first error met (the rest is still removed where it can be). */
 int dirs_empty_at(int dfd, const char *keep);
+/* Makes name, in the directory open as dfd, hold the len bytes at buf, all
+ * or nothing across a crash or a power loss: written as name.tmp, flushed,
+ * renamed over name, the directory flushed. 0 or a negative errno (the
+ * temporary file is removed; name is as it was, or already the new file if
+ * only the directory's flush failed). */
+int dirs_replace_file_at(int dfd, const char *name, const void *buf, size_t len);
 
 #endif

@@ -671,7 +671,7 @@ int handover_restore(struct mountd *md)
 		local_copy_adopt(md, c->ino, c->name, c->has_ctime_sec ? c->size : 0,
 				 (struct timespec){ .tv_sec = c->ctime_sec,
 						    .tv_nsec = c->ctime_nsec },
-				 c->has_built && c->built);
+				 c->has_built && c->built, false);
 	}
 	if (rc == 0)
 		log_info("took the mount over: %zu open handles, %zu passthrough staging files, %zu "

@@ -645,7 +645,7 @@ static bool name_of_live_other(struct mountd *md, const char *name)
 }
 
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
-		      struct timespec ctime, bool built)
+		      struct timespec ctime, bool built, bool saved)
 {
 	struct inode *i;
 	struct meta_attr a;
@@ -653,7 +653,9 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 	char mine[64];
 	bool room = false;
 
-	if (name_of_live_other(md, name))
+	/* A saved list's names are of a run of this volume that stopped (the
+	 * pid in them may be another process's now). */
+	if (!saved && name_of_live_other(md, name))
 		return;
 	/* The file must still be what was sent, and of the file as the
 	 * volume has it now (another writer between the two daemons moved
@@ -699,7 +701,8 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 		/* A reader of the old daemon may have mapped it: probed. */
 		i->kept_shared = true;
 		i->kept_built = built;
-		atomic_fetch_add(&md->stats.local_copies_handed_over, 1);
+		atomic_fetch_add(saved ? &md->stats.local_copies_restored
+				       : &md->stats.local_copies_handed_over, 1);
 	}
 	pthread_mutex_unlock(&i->lock);
 	if (room)

@@ -553,6 +553,8 @@ static int staging_open(struct mountd *md)
 	}
 	md->staging_dirfd = fd;
 	md->max_file_size = staging_max_file_size(fd);
+	if (!md->follower)
+		local_copy_saved_load(md);
 	if (md->local_copy_auto) {
 		/* A quarter of the filesystem, and no more than half of what
 		 * is free now: it may be the host's own (the default volume
@@ -561,10 +563,12 @@ static int staging_open(struct mountd *md)
 		uint64_t total, half_free;
 
 		if (fstatvfs(fd, &sv) == 0) {
-			/* The copies a hand-over brings count as free: the
-			 * limit must not shrink at every upgrade. */
+			/* The copies a hand-over brings or the last run left
+			 * count as free: the limit must not shrink at every
+			 * upgrade or remount. */
 			total = (uint64_t)sv.f_blocks * sv.f_frsize / LOCAL_COPY_SHARE_DEFAULT;
-			half_free = ((uint64_t)sv.f_bavail * sv.f_frsize + handover_kept_bytes(md)) / 2;
+			half_free = ((uint64_t)sv.f_bavail * sv.f_frsize + handover_kept_bytes(md) +
+				     local_copy_saved_bytes(md)) / 2;
 			md->local_copy_max = total < half_free ? total : half_free;
 		}
 	}
@@ -1041,6 +1045,7 @@ int main(int argc, char **argv)
 	if ((rc = handover_restore(md)) < 0)
 		start_failed(md, "cannot take up the open handles handed over: %s", strerror(-rc));
 	staging_adopt(md);
+	local_copy_saved_adopt(md);
 	if (!md->follower && (rc = gc_start(md)) < 0) {
 		log_errno(rc, "cannot start the gc thread");
 		goto out;
@@ -1097,6 +1102,8 @@ out:
 	copy_build_stop(md); /* before the copies go */
 	write_back_stop(md);
 	staging_pool_free(md); /* no request runs now (their ids go with the connection) */
+	if (mounted && !md->follower)
+		local_copy_save(md); /* the current ones, for the next mount */
 	local_copy_drop_all(md);
 	if (mounted && md->unmount_self && !md->handing_over)
 		mount_end_handed_over(md); /* libfuse never mounted it: */
@@ -1123,6 +1130,7 @@ out:
 	handle_table_free(md->handles);
 	if (!md->handing_over)
 		local_copy_exit(md); /* a failed hand-over's copies are the next run's */
+	local_copy_saved_free(md);
 	inode_table_free(md->inodes);
 	prefetch_stop(md->prefetch);
 	read_cache_close(md->cache);

@@ -88,6 +88,7 @@ struct stats {
 	_Atomic uint64_t local_copy_opens, local_copy_takeovers;
 	_Atomic uint64_t local_copies_made, local_copies_dropped, local_copies_skipped;
 	_Atomic uint64_t local_copies_handed_over; /* taken from the daemon before (upgrade) */
+	_Atomic uint64_t local_copies_restored; /* taken up from the last run's list (unmount) */
 	_Atomic uint64_t local_copies_built; /* of files read whole (copy_build.c) */
 	_Atomic uint64_t local_copy_builds_given_up; /* changed meanwhile, no room, an error */
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
@@ -389,8 +390,8 @@ bool is_zero(const char *p, size_t len);
  * with no upcall), and a writer takes it over as its staging file instead
  * of copying the file in. A copy holds a reference of its inode, so it
  * outlives the kernel's FORGET; it goes with the last link. Copies outlive
- * a daemon only through a hand-over (`ferry mount --upgrade`), never a
- * crash or an unmount. */
+ * a daemon through a hand-over (`ferry mount --upgrade`) and a clean stop
+ * (local_copy_saved.c), never a crash. */
 /* Whether the staging filesystem is near full (fuse_ops.c; looked at every
  * ROOM_CHECK_NS at most). */
 bool staging_room_low(struct mountd *md);
@@ -413,10 +414,33 @@ size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, si
 /* The new daemon's side: keeps the copy name (as sent, checked) of inode
  * ino if the file and the volume still agree on its size and change time,
  * this daemon would have made it, and there is room; otherwise (size 0:
- * not to be kept) removes it, unless another live daemon's name is
- * given. */
+ * not to be kept) removes it, unless another live daemon's name is given
+ * and the name is not from this volume's saved list (saved). */
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
-		      struct timespec ctime, bool built);
+		      struct timespec ctime, bool built, bool saved);
+
+/* ---- local_copy_saved.c: local copies kept across a clean stop ---- */
+struct local_copy_saved_list;
+/* At a clean stop, instead of removing them: the current copies nobody
+ * reads stay, listed (with what each was committed as) in the staging
+ * directory's ".local-copies-<uuid>", written durably once they are
+ * flushed; the rest are local_copy_drop_all()'s. */
+void local_copy_save(struct mountd *md);
+/* At start, once the staging directory is open (before the sweep): reads
+ * that list into md->saved; a list that is not this volume's, or not
+ * well formed, is removed (its copies go with the sweep). */
+void local_copy_saved_load(struct mountd *md);
+/* Whether name is in the list (the sweep leaves it). */
+bool local_copy_saved_names(struct mountd *md, const char *name);
+/* The bytes the listed copies hold (free space for the default limit). */
+uint64_t local_copy_saved_bytes(struct mountd *md);
+/* Once every earlier job is committed (layout_ready) and before the
+ * first request: takes up each listed copy local_copy_adopt() keeps,
+ * removes the others and the list. */
+void local_copy_saved_adopt(struct mountd *md);
+/* At exit, if the start never got as far as adopting: forgets the list
+ * (its copies and file stay for the next start). */
+void local_copy_saved_free(struct mountd *md);
 /* When the staging filesystem runs low, removes the unread copies (not
  * self's, whose lock the caller may hold; NULL: none) and returns true.
  * Called at every hand-off and every gc round: passthrough writes fill
@@ -1167,6 +1191,7 @@ struct mountd {
 	char *handover_path;          /* asked for: the CLI's socket; owned */
 	bool handing_over;            /* the mount is the new daemon's now */
 	struct Ferry__Handover__Handover *ho; /* new side: what came; owned */
+	struct local_copy_saved_list *saved;  /* local_copy_saved.c: the last run's copies */
 	int ho_fuse_fd;
 	bool unmount_self;            /* a handed-over mount of our own to end at exit */
 	int argc;                     /* main()'s, for a foreground daemon's re-exec */

@@ -90,7 +90,6 @@ struct read_cache {
  * the one the disk will get). Otherwise each is checked at its first use.
  */
 #define STATE_NAME ".state"
-#define STATE_TMP ".state.tmp"
 
 static bool state_trusted(struct read_cache *c)
 {
@@ -116,19 +115,11 @@ static bool state_trusted(struct read_cache *c)
 static int state_write(struct read_cache *c, int synced)
 {
 	char text[128], boot[64];
-	int fd, len, rc = 0;
+	int len;
 
 	boot_id(boot, sizeof(boot));
 	len = snprintf(text, sizeof(text), "boot %s synced %d\n", boot[0] ? boot : "unknown", synced);
-	fd = openat(c->dirfd, STATE_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return -errno;
-	if (write(fd, text, (size_t)len) != len || fsync(fd) < 0)
-		rc = -EIO;
-	close(fd);
-	if (rc == 0 && (renameat(c->dirfd, STATE_TMP, c->dirfd, STATE_NAME) < 0 || fsync(c->dirfd) < 0))
-		rc = -errno;
-	return rc;
+	return dirs_replace_file_at(c->dirfd, STATE_NAME, text, (size_t)len);
 }
 
 static size_t key_hash(const char *key)

@@ -409,10 +409,11 @@ void staging_pool_sweep(struct mountd *md)
 		long pid;
 
 		/* Local copies (local_copy.c) are kept across runs only
-		 * through a hand-over (handover_restore() takes them up). */
+		 * through a hand-over (handover_restore() takes them up) or
+		 * the list a clean stop left (local_copy_saved_adopt()). */
 		if (strncmp(de->d_name, ".pool-", 6) != 0 && strncmp(de->d_name, ".kept-", 6) != 0)
 			continue;
-		if (handover_kept_names(md, de->d_name))
+		if (handover_kept_names(md, de->d_name) || local_copy_saved_names(md, de->d_name))
 			continue;
 		pid = strtol(de->d_name + 6, &end, 10);
 		if (*end != '-' || pid <= 0)

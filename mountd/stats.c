@@ -127,6 +127,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(local_copies_dropped);
 	FIG(local_copies_skipped);
 	FIG(local_copies_handed_over);
+	FIG(local_copies_restored);
 	FIG(local_copies_built);
 	FIG(local_copy_builds_given_up);
 	FIG(staging_copies_set_aside);

@@ -779,10 +779,31 @@ void fm_remount(void)
 	fm_mount();
 }
 
+int fm_forget_saved_copies(void)
+{
+	const char *dir = fm.staging[0] ? fm.staging : sp("vol/staging");
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return 0; /* never mounted yet */
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, ".local-copies-", 14) != 0)
+			continue;
+		cr_assert(unlinkat(dirfd(d), e->d_name, 0) == 0, "rm %s/%s: %s", dir, e->d_name,
+			  strerror(errno));
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
 void fm_remount_cold(void)
 {
 	if (fm.mounted) /* not after fm_crash() */
 		fm_umount();
+	fm_forget_saved_copies();
 	fm.n_cache++;
 	snprintf(fm.cache, sizeof(fm.cache), "%s/cache-%d", fm.dir, fm.n_cache);
 	cr_assert(mkdir(fm.cache, 0700) == 0, "mkdir %s: %s", fm.cache, strerror(errno));

@@ -105,9 +105,13 @@ void fm_mount_with(const char *opts);
 void fm_umount(void);
 void fm_remount(void);
 /* Unmount (unless fm_crash() left it unmounted), then mount with a new,
- * empty --cache-dir: every byte read afterwards comes from the object
- * store and the metadata DB. */
+ * empty --cache-dir and without the local copies the unmount left (their
+ * list goes, so the start removes them): every byte read afterwards comes
+ * from the object store and the metadata DB. */
 void fm_remount_cold(void);
+/* Removes the lists of local copies a clean unmount left in the staging
+ * directory (".local-copies-*"); returns how many there were. */
+int fm_forget_saved_copies(void);
 /* ferry mount --upgrade of the mount, which must report the hand-over. */
 void fm_upgrade(void);
 /* SIGKILL the fixture's ferry-mountd, wait until it is gone and lazily

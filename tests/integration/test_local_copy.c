@@ -6,8 +6,9 @@
  * truncate while readers share it takes it over as the staging file
  * (local_copy_takeovers) and the readers go on reading the new bytes,
  * -o local_copies bounds the bytes kept (local_copy_bytes, dropped,
- * skipped; 0 keeps none), copies go at unmount, and those a killed daemon
- * left are removed by the next start. Every file is read back right, after
+ * skipped; 0 keeps none), a clean unmount leaves the current copies for
+ * the next mount, which takes up those whose file has not changed, and
+ * those a killed daemon left are removed by the next start. Every file is read back right, after
  * a remount with an empty read cache where it matters.
  */
 #include "mount_util.h"
@@ -187,10 +188,190 @@ Test(local_copy, a_committed_file_is_read_through_its_local_copy)
 	fm_wait_released(0);
 	cr_assert_eq(kept_files(), 1, "the copy went with its reader's close");
 
-	/* Copies do not outlive the mount. */
+	/* The copy outlives the mount; a cold remount forgets it. */
 	fm_umount();
-	cr_assert_eq(kept_files(), 0, "a local copy outlived the unmount");
+	cr_assert_eq(kept_files(), 1, "the unmount removed the local copy");
 	fm_remount_cold();
+	cr_assert_eq(kept_files(), 0, "a cold remount kept the local copy");
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+/* The staging directory's list of the copies the last clean unmount left
+ * (".local-copies-<uuid>"): its path, or NULL if there is none. */
+static const char *saved_list(void)
+{
+	static char path[PATH_MAX];
+	DIR *d = opendir(staging_dir());
+	struct dirent *e;
+	bool found = false;
+
+	cr_assert(d, "%s: %s", staging_dir(), strerror(errno));
+	while (!found && (e = readdir(d)))
+		if (strncmp(e->d_name, ".local-copies-", 14) == 0 && !strstr(e->d_name, ".tmp")) {
+			int n = snprintf(path, sizeof(path), "%s/%s", staging_dir(), e->d_name);
+
+			cr_assert(n > 0 && (size_t)n < sizeof(path));
+			found = true;
+		}
+	closedir(d);
+	return found ? path : NULL;
+}
+
+Test(local_copy, copies_outlive_an_unmount)
+{
+	const size_t len = 3 * MiB;
+	unsigned char *a = pattern(len, 0x5a1), *b = pattern(len, 0x5b1), *c = pattern(len, 0x5c1);
+	int fd;
+
+	need_passthrough();
+	write_new("a", a, len);
+	write_new("b", b, len);
+	write_new("c", c, len);
+	drain(0);
+	cr_assert_eq(kept_files(), 3, "%d copies", kept_files());
+	OK(truncate(mp("c"), len / 2)); /* c's copy is not the file any more */
+	fm_wait_released(0);
+	fm_umount();
+	cr_assert_eq(kept_files(), 2, "%d copies after the unmount, not a's and b's", kept_files());
+	cr_assert(saved_list(), "no list of the copies in %s", staging_dir());
+
+	fm_mount();
+	cr_assert_eq(fm_stat("local_copies_restored"), 2, "%llu copies taken up",
+		     (unsigned long long)fm_stat("local_copies_restored"));
+	cr_assert_eq(fm_stat("local_copy_bytes"), 2 * len);
+	cr_assert_null(saved_list(), "the list outlived the start that took it up");
+	fd = open_copy("a");
+	expect_fd_unread(fd, a, len, "a after the remount");
+	OK(close(fd));
+	fd = open_copy("b");
+	expect_fd_unread(fd, b, len, "b after the remount");
+	OK(close(fd));
+	fm_expect_content(mp("c"), c, len / 2);
+
+	/* A writer takes a copy taken up over, as any other. */
+	fd = OK(open(mp("b"), O_WRONLY));
+	fm_pwrite_all(fd, "changed", 7, 0);
+	OK(close(fd));
+	cr_assert_eq(fm_stat("local_copy_takeovers"), 1);
+	memcpy(b, "changed", 7);
+	drain(0);
+	fm_remount_cold();
+	fm_expect_content(mp("a"), a, len);
+	fm_expect_content(mp("b"), b, len);
+	fm_expect_content(mp("c"), c, len / 2);
+	free(a);
+	free(b);
+	free(c);
+}
+
+/* Changed while this staging directory's mount was down (here by a mount
+ * with another staging directory, to the same size): the copy is not the
+ * file any more, and the next mount here must not serve it. */
+Test(local_copy, a_file_changed_between_mounts_loses_its_copy)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *old = pattern(len, 0x01d), *new = pattern(len, 0x2e3);
+	char here[PATH_MAX];
+	int fd;
+
+	need_passthrough();
+	write_new("f", old, len);
+	drain(0);
+	fm_umount();
+	cr_assert_eq(kept_files(), 1);
+	cr_assert(saved_list());
+
+	snprintf(here, sizeof(here), "%s", fm.staging);
+	snprintf(fm.staging, sizeof(fm.staging), "%s", sp("other-staging"));
+	OK(mkdir(fm.staging, 0700));
+	fm_mount();
+	fd = OK(open(mp("f"), O_WRONLY));
+	fm_pwrite_all(fd, new, len, 0);
+	OK(close(fd));
+	drain(0);
+	fm_umount();
+	snprintf(fm.staging, sizeof(fm.staging), "%s", here);
+
+	fm_mount();
+	cr_assert_eq(fm_stat("local_copies_restored"), 0, "a stale copy was taken up");
+	cr_assert_eq(kept_files(), 0, "the stale copy was not removed");
+	cr_assert_null(saved_list());
+	fm_expect_content(mp("f"), new, len);
+	free(old);
+	free(new);
+}
+
+/* A list that is damaged, of another volume, or names something outside
+ * the copies is ignored as a whole: its copies go, the files read right.
+ * fmt is the list's text, where %s is the volume's uuid. */
+static void damaged_list(const char *fmt)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0xbad);
+	char list[PATH_MAX], victim[PATH_MAX];
+	const char *uuid;
+	FILE *f;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	fm_umount();
+	cr_assert(saved_list());
+	snprintf(list, sizeof(list), "%s", saved_list());
+	uuid = strstr(list, "/.local-copies-") + 15;
+	/* What a name that escaped the check would remove. */
+	snprintf(victim, sizeof(victim), "%s/victim", fm.dir);
+	fm_write_file(victim, (const unsigned char *)"v", 1);
+	f = fopen(list, "w");
+	cr_assert(f);
+	cr_assert_gt(fprintf(f, fmt, uuid), 0);
+	fclose(f);
+
+	fm_mount();
+	cr_assert_eq(fm_stat("local_copies_restored"), 0);
+	cr_assert_eq(kept_files(), 0, "the copies of an ignored list stayed");
+	cr_assert_null(saved_list(), "the ignored list stayed");
+	cr_assert_eq(access(victim, F_OK), 0, "a name in the list reached out of the staging "
+		     "directory");
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+Test(local_copy, a_list_of_another_volume_is_ignored)
+{
+	damaged_list("ferry-local-copies 1 00000000-0000-0000-0000-000000000000%.0s\n");
+}
+
+Test(local_copy, a_list_naming_a_path_outside_is_ignored)
+{
+	damaged_list("ferry-local-copies 1 %s\n2 1 1 1 0 ../../victim\n");
+}
+
+Test(local_copy, a_damaged_list_of_copies_is_ignored)
+{
+	damaged_list("ferry-local-copies 1 %s\n2 2097152 1 x 0 .kept-1-2-3\n");
+}
+
+Test(local_copy, a_truncated_list_of_copies_is_ignored)
+{
+	damaged_list("ferry-local-copies 1 %.4s");
+}
+
+Test(local_copy, local_copies_0_removes_the_copies_the_last_mount_left)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0x1e0);
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	fm_umount();
+	cr_assert_eq(kept_files(), 1);
+	fm_mount_with("local_copies=0");
+	cr_assert_eq(fm_stat("local_copies_restored"), 0);
+	cr_assert_eq(kept_files(), 0, "local_copies=0 kept the last mount's copy");
+	cr_assert_null(saved_list());
 	fm_expect_content(mp("f"), data, len);
 	free(data);
 }
@@ -936,8 +1117,9 @@ Test(local_copy, copies_go_over_a_foreground_upgrade)
 		usleep(50000);
 	cr_assert_eq(got, child, "ferry mount -f did not exit within 30 s of the unmount");
 	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %#x", status);
-	cr_assert_eq(kept_files(), 0, "a copy outlived the unmount");
+	cr_assert_eq(kept_files(), 1, "the copy did not outlive the unmount");
 	fm_mount();
+	cr_assert_eq(fm_stat("local_copies_restored"), 1, "the next mount did not take it up");
 	fm_expect_content(mp("a"), a, len);
 	free(a);
 }
@@ -1113,6 +1295,7 @@ static void two_files_room_for_one(const unsigned char *a, const unsigned char *
 	write_new("b", b, len);
 	drain(0);
 	fm_umount();
+	cr_assert_eq(fm_forget_saved_copies(), 1); /* the start removes the copies */
 	fm_mount_with("local_copies=6m");
 	cr_assert_eq(kept_files(), 0);
 }
