@@ -48,11 +48,13 @@ now() { date +%s.%N; }
 mbs() { awk -v a="$1" -v b="$2" -v m="$size_mib" 'BEGIN { printf "%.0f", m * 1.048576 / (b - a) }'; }
 
 "$ferry" format --storage "$url" --s3-http "$root/vol" >/dev/null
+# No local copies: the file written here, and each whole read, would leave
+# one that the next mount reads instead of the store.
 mnt_ferry() { # cache-dir [-o options]
   local cache=$1
   shift
-  "$ferry" mount --staging-dir "$root/staging" --cache-dir "$cache" "$@" "$root/vol" "$mnt" \
-    >/dev/null
+  "$ferry" mount --staging-dir "$root/staging" --cache-dir "$cache" -o local_copies=0 "$@" \
+    "$root/vol" "$mnt" >/dev/null
 }
 mnt_ferry "$root/cache0"
 dd if=/dev/urandom of="$mnt/f" bs=1M count="$size_mib" conv=fsync status=none
