@@ -1,4 +1,5 @@
 #include "handover_blob.h"
+#include "local_copy_list.h"
 #include "errmsg.h"
 
 #include <errno.h>
@@ -137,10 +138,7 @@ static int check(const Ferry__Handover__Handover *ho, uint64_t *tmp, const char 
 
 bool handover_kept_name_valid(const char *name)
 {
-	size_t len = name ? strlen(name) : 0;
-
-	return len > 6 && len < HANDOVER_KEPT_NAME_MAX && strncmp(name, ".kept-", 6) == 0 &&
-	       strchr(name, '/') == NULL;
+	return name && local_copy_name_ok(name);
 }
 
 int handover_blob_decode(const uint8_t *buf, size_t len, Ferry__Handover__Handover **out,

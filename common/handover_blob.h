@@ -29,8 +29,8 @@
 #define HANDOVER_PRINT_BYTES 12u
 #define HANDOVER_PRINTS_MAX (1u << 24)
 
-/* A local copy's name (Kept.name): ".kept-" and at most this long, no
- * slash. */
+/* A local copy's name (Kept.name): local_copy_name_ok()'s, shorter than
+ * this. */
 #define HANDOVER_KEPT_NAME_MAX 64u
 /* At most this many local copies go over (the rest are removed): each
  * costs a metadata read on both sides while the mount is paused. */

@@ -46,11 +46,15 @@ static bool field_u64(const char **p, const char *end, uint64_t max, uint64_t *v
 /* One entry line, [p, end) without its newline. */
 static bool line_parse(const char *p, const char *end, struct local_copy_entry *e)
 {
-	uint64_t sec, nsec, built;
+	uint64_t sec, nsec, msec, mnsec, built;
 	size_t len;
 
+	memset(e, 0, sizeof(*e));
 	if (!field_u64(&p, end, UINT64_MAX, &e->ino) || !field_u64(&p, end, UINT64_MAX, &e->size) ||
 	    !field_u64(&p, end, INT64_MAX, &sec) || !field_u64(&p, end, 999999999, &nsec) ||
+	    !field_u64(&p, end, UINT64_MAX, &e->layout_print) ||
+	    !field_u64(&p, end, UINT64_MAX, &e->copy_ino) ||
+	    !field_u64(&p, end, INT64_MAX, &msec) || !field_u64(&p, end, 999999999, &mnsec) ||
 	    !field_u64(&p, end, 1, &built))
 		return false;
 	len = (size_t)(end - p);
@@ -60,6 +64,8 @@ static bool line_parse(const char *p, const char *end, struct local_copy_entry *
 	e->name[len] = '\0';
 	e->ctime_sec = (int64_t)sec;
 	e->ctime_nsec = (uint32_t)nsec;
+	e->copy_mtime_sec = (int64_t)msec;
+	e->copy_mtime_nsec = (uint32_t)mnsec;
 	e->built = built == 1;
 	return local_copy_name_ok(e->name);
 }
@@ -103,10 +109,14 @@ int local_copy_list_format(const char *uuid, const struct local_copy_entry *e, s
 	len = (size_t)put;
 	for (size_t k = 0; k < n; k++) {
 		if (!local_copy_name_ok(e[k].name) || e[k].ctime_sec < 0 ||
-		    e[k].ctime_nsec > 999999999)
+		    e[k].ctime_nsec > 999999999 || e[k].copy_mtime_sec < 0 ||
+		    e[k].copy_mtime_nsec > 999999999)
 			return -EINVAL;
-		put = snprintf(buf + len, cap - len, "%" PRIu64 " %" PRIu64 " %" PRId64 " %" PRIu32
-			       " %d %s\n", e[k].ino, e[k].size, e[k].ctime_sec, e[k].ctime_nsec,
+		put = snprintf(buf + len, cap - len,
+			       "%" PRIu64 " %" PRIu64 " %" PRId64 " %" PRIu32 " %" PRIu64 " %" PRIu64
+			       " %" PRId64 " %" PRIu32 " %d %s\n",
+			       e[k].ino, e[k].size, e[k].ctime_sec, e[k].ctime_nsec, e[k].layout_print,
+			       e[k].copy_ino, e[k].copy_mtime_sec, e[k].copy_mtime_nsec,
 			       e[k].built ? 1 : 0, e[k].name);
 		if (put < 0 || (size_t)put >= cap - len)
 			return -ENOSPC;

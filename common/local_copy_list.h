@@ -10,8 +10,10 @@
  * array.
  *
  *   ferry-local-copies 1 <uuid>
- *   <ino> <size> <ctime sec> <ctime nsec> <built 0|1> <name>
+ *   <ino> <size> <ctime sec> <ctime nsec> <layout print> <copy's st_ino>
+ *     <copy's mtime sec> <copy's mtime nsec> <built 0|1> <name>
  *   ...
+ * (one line each, fields separated by one space, all decimal).
  */
 #ifndef FERRY_LOCAL_COPY_LIST_H
 #define FERRY_LOCAL_COPY_LIST_H
@@ -21,15 +23,23 @@
 #include <stdint.h>
 
 #define LOCAL_COPY_LIST_MAX 1024u /* entries: as many as a hand-over takes */
-#define LOCAL_COPY_NAME_MAX 64    /* with its NUL */
+#define LOCAL_COPY_NAME_MAX 64    /* with its NUL (HANDOVER_KEPT_NAME_MAX) */
 /* Room for the longest list local_copy_list_format() writes. */
-#define LOCAL_COPY_LIST_TEXT_MAX (LOCAL_COPY_LIST_MAX * 160u + 128u)
+#define LOCAL_COPY_LIST_TEXT_MAX (LOCAL_COPY_LIST_MAX * 256u + 128u)
 
 struct local_copy_entry {
 	uint64_t ino;
 	uint64_t size;
 	int64_t ctime_sec;   /* the change time the file was committed with */
 	uint32_t ctime_nsec;
+	/* A fingerprint of the file's committed slices: every change of its
+	 * data commits slices of new ids (a writer can set mtime, and so the
+	 * committed ctime, to what it was). */
+	uint64_t layout_print;
+	/* The copy file itself, once flushed: changed since, it is not kept. */
+	uint64_t copy_ino;
+	int64_t copy_mtime_sec;
+	uint32_t copy_mtime_nsec;
 	bool built;          /* built from a read, not a writer's staging file */
 	char name[LOCAL_COPY_NAME_MAX];
 };

@@ -366,6 +366,8 @@ int handover_send(struct mountd *md)
 		kmsg[nsent].ctime_nsec = (uint32_t)kept[k].ctime.tv_nsec;
 		kmsg[nsent].has_built = true;
 		kmsg[nsent].built = kept[k].built;
+		kmsg[nsent].has_layout_print = true;
+		kmsg[nsent].layout_print = kept[k].layout_print;
 		kp[nsent] = &kmsg[nsent];
 		nsent++;
 	}
@@ -671,6 +673,7 @@ int handover_restore(struct mountd *md)
 		local_copy_adopt(md, c->ino, c->name, c->has_ctime_sec ? c->size : 0,
 				 (struct timespec){ .tv_sec = c->ctime_sec,
 						    .tv_nsec = c->ctime_nsec },
+				 c->has_layout_print ? &c->layout_print : NULL,
 				 c->has_built && c->built, false);
 	}
 	if (rc == 0)

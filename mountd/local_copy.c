@@ -621,12 +621,14 @@ size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, si
 		pthread_mutex_unlock(&md->kept_lock);
 		copy_unref_all(md, gone, ngone);
 	} while (ngone == EVICT_MAX && n < max);
-	/* The change time each was committed with, read once the locks are
-	 * let go: the new daemon keeps only a copy whose file still has it. */
+	/* The change time each was committed with and its slices' print, read
+	 * once the locks are let go: the new daemon keeps only a copy whose
+	 * file still has them. */
 	for (size_t k = 0; k < n; k++) {
 		struct meta_attr a;
 
-		if (meta_getattr(md->meta, out[k].ino, &a) == 0 && a.size == out[k].size)
+		if (meta_getattr(md->meta, out[k].ino, &a) == 0 && a.size == out[k].size &&
+		    local_copy_layout_print(md, out[k].ino, a.size, &out[k].layout_print) == 0)
 			out[k].ctime = a.ctime;
 		else
 			out[k].size = 0; /* not sent: removed by the new daemon's sweep */
@@ -645,11 +647,12 @@ static bool name_of_live_other(struct mountd *md, const char *name)
 }
 
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
-		      struct timespec ctime, bool built, bool saved)
+		      struct timespec ctime, const uint64_t *print, bool built, bool saved)
 {
 	struct inode *i;
 	struct meta_attr a;
 	struct stat st;
+	uint64_t now_print;
 	char mine[64];
 	bool room = false;
 
@@ -672,7 +675,9 @@ void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_
 	    md->follower || md->pt_mode == PT_OFF ||
 	    !atomic_load(&md->layout_ready) || meta_getattr(md->meta, ino, &a) < 0 ||
 	    a.nlink == 0 || a.size != size || !S_ISREG(a.mode) ||
-	    a.ctime.tv_sec != ctime.tv_sec || a.ctime.tv_nsec != ctime.tv_nsec)
+	    a.ctime.tv_sec != ctime.tv_sec || a.ctime.tv_nsec != ctime.tv_nsec ||
+	    (print && (local_copy_layout_print(md, ino, size, &now_print) < 0 ||
+		       now_print != *print)))
 		goto drop;
 	i = inode_ref(md, ino, 0, 1); /* the copy's, kept if it is */
 	if (!i)

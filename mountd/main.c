@@ -553,8 +553,7 @@ static int staging_open(struct mountd *md)
 	}
 	md->staging_dirfd = fd;
 	md->max_file_size = staging_max_file_size(fd);
-	if (!md->follower)
-		local_copy_saved_load(md);
+	local_copy_saved_load(md); /* a follower's sweep must leave them too */
 	if (md->local_copy_auto) {
 		/* A quarter of the filesystem, and no more than half of what
 		 * is free now: it may be the host's own (the default volume

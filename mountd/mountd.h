@@ -408,39 +408,49 @@ struct local_copy_handed {
 	char *name;
 	uint64_t size;          /* 0: not to be sent */
 	struct timespec ctime;  /* the file's, committed */
+	uint64_t layout_print;  /* local_copy_layout_print() of it */
 	bool built;             /* built from a read (kept_built) */
 };
 size_t local_copy_hand_over(struct mountd *md, struct local_copy_handed *out, size_t max);
 /* The new daemon's side: keeps the copy name (as sent, checked) of inode
- * ino if the file and the volume still agree on its size and change time,
- * this daemon would have made it, and there is room; otherwise (size 0:
- * not to be kept) removes it, unless another live daemon's name is given
- * and the name is not from this volume's saved list (saved). */
+ * ino if the file and the volume still agree on its size and change time
+ * and on the fingerprint of its committed slices (print; NULL: a sender
+ * that had none), this daemon would have made it, and there is room;
+ * otherwise (size 0: not to be kept) removes it, unless another live
+ * daemon's name is given and the name is not from this volume's saved
+ * list (saved). */
 void local_copy_adopt(struct mountd *md, uint64_t ino, const char *name, uint64_t size,
-		      struct timespec ctime, bool built, bool saved);
+		      struct timespec ctime, const uint64_t *print, bool built, bool saved);
 
 /* ---- local_copy_saved.c: local copies kept across a clean stop ---- */
 struct local_copy_saved_list;
-/* At a clean stop, instead of removing them: the current copies nobody
- * reads stay, listed (with what each was committed as) in the staging
- * directory's ".local-copies-<uuid>", written durably once they are
- * flushed; the rest are local_copy_drop_all()'s. */
+/* At a clean stop, instead of removing them: the current copies no open
+ * holds stay, listed (with what each was committed as, and the copy
+ * file's own inode and mtime) in the staging directory's
+ * ".local-copies-<uuid>", written durably once they are flushed; the rest
+ * are local_copy_drop_all()'s. */
 void local_copy_save(struct mountd *md);
 /* At start, once the staging directory is open (before the sweep): reads
  * that list into md->saved; a list that is not this volume's, or not
- * well formed, is removed (its copies go with the sweep). */
+ * well formed, is removed (its copies go with the sweep), except by a
+ * follower, which changes nothing of the writer's. */
 void local_copy_saved_load(struct mountd *md);
 /* Whether name is in the list (the sweep leaves it). */
 bool local_copy_saved_names(struct mountd *md, const char *name);
 /* The bytes the listed copies hold (free space for the default limit). */
 uint64_t local_copy_saved_bytes(struct mountd *md);
 /* Once every earlier job is committed (layout_ready) and before the
- * first request: takes up each listed copy local_copy_adopt() keeps,
- * removes the others and the list. */
+ * first request: takes up each listed copy that is the file the volume
+ * has (its committed slices' fingerprint too) and local_copy_adopt()
+ * keeps, removes the others and the list, durably. A follower leaves
+ * them all. */
 void local_copy_saved_adopt(struct mountd *md);
 /* At exit, if the start never got as far as adopting: forgets the list
  * (its copies and file stay for the next start). */
 void local_copy_saved_free(struct mountd *md);
+/* A fingerprint of ino's committed slices up to size (every change of the
+ * file's data commits slices of new ids), in *out; 0 or -errno. */
+int local_copy_layout_print(struct mountd *md, uint64_t ino, uint64_t size, uint64_t *out);
 /* When the staging filesystem runs low, removes the unread copies (not
  * self's, whose lock the caller may hold; NULL: none) and returns true.
  * Called at every hand-off and every gc round: passthrough writes fill

@@ -23,7 +23,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	for (int k = 0; k < n; k++)
 		if (!local_copy_name_ok(got[k].name) || got[k].ctime_nsec > 999999999 ||
-		    got[k].ctime_sec < 0 || strchr(got[k].name, '/'))
+		    got[k].ctime_sec < 0 || got[k].copy_mtime_nsec > 999999999 ||
+		    got[k].copy_mtime_sec < 0 || strchr(got[k].name, '/'))
 			abort();
 	len = local_copy_list_format(UUID, got, (size_t)n, text, sizeof(text));
 	if (len < 0)
@@ -33,6 +34,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	for (int k = 0; k < n; k++)
 		if (got[k].ino != again[k].ino || got[k].size != again[k].size ||
+		    got[k].layout_print != again[k].layout_print ||
+		    got[k].copy_ino != again[k].copy_ino ||
+		    got[k].copy_mtime_sec != again[k].copy_mtime_sec ||
+		    got[k].copy_mtime_nsec != again[k].copy_mtime_nsec ||
 		    got[k].ctime_sec != again[k].ctime_sec ||
 		    got[k].ctime_nsec != again[k].ctime_nsec || got[k].built != again[k].built ||
 		    strcmp(got[k].name, again[k].name) != 0)

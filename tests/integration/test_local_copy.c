@@ -237,13 +237,14 @@ Test(local_copy, copies_outlive_an_unmount)
 }
 
 /* Changed while this staging directory's mount was down (here by a mount
- * with another staging directory, to the same size): the copy is not the
- * file any more, and the next mount here must not serve it. */
+ * with another staging directory, to the same size and mtime): the copy is
+ * not the file any more, and the next mount here must not serve it. */
 Test(local_copy, a_file_changed_between_mounts_loses_its_copy)
 {
 	const size_t len = 2 * MiB;
 	unsigned char *old = pattern(len, 0x01d), *new = pattern(len, 0x2e3);
 	char here[PATH_MAX];
+	struct stat st, again;
 	int fd;
 
 	need_passthrough();
@@ -257,10 +258,18 @@ Test(local_copy, a_file_changed_between_mounts_loses_its_copy)
 	snprintf(fm.staging, sizeof(fm.staging), "%s", sp("other-staging"));
 	OK(mkdir(fm.staging, 0700));
 	fm_mount();
+	OK(stat(mp("f"), &st));
 	fd = OK(open(mp("f"), O_WRONLY));
 	fm_pwrite_all(fd, new, len, 0);
+	/* As `cp -p` does: the old mtime back, so the commit's ctime (the
+	 * job's mtime) is what the list has too; only the data differs. */
+	OK(futimens(fd, (struct timespec[2]){ st.st_atim, st.st_mtim }));
 	OK(close(fd));
 	drain(0);
+	OK(stat(mp("f"), &again));
+	cr_assert(again.st_ctim.tv_sec == st.st_ctim.tv_sec &&
+		  again.st_ctim.tv_nsec == st.st_ctim.tv_nsec && again.st_size == st.st_size,
+		  "the change moved the file's ctime or size: the test would not test the data");
 	fm_umount();
 	snprintf(fm.staging, sizeof(fm.staging), "%s", here);
 
@@ -273,34 +282,49 @@ Test(local_copy, a_file_changed_between_mounts_loses_its_copy)
 	free(new);
 }
 
-/* A list that is damaged, of another volume, or names something outside
- * the copies is ignored as a whole: its copies go, the files read right.
- * fmt is the list's text, where %s is the volume's uuid. */
-static void damaged_list(const char *fmt)
+/* The list the last unmount left, read whole into a NUL-terminated buffer
+ * (the caller's, at most cap bytes). */
+static void saved_list_read(char *buf, size_t cap)
+{
+	const char *list = saved_list();
+	FILE *f;
+	size_t n;
+
+	cr_assert(list, "no list of the copies in %s", staging_dir());
+	f = fopen(list, "r");
+	cr_assert(f, "%s: %s", list, strerror(errno));
+	n = fread(buf, 1, cap - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+}
+
+/* A list changed by edit (which rewrites text, the real list of one copy
+ * of f, in place) is ignored as a whole at the next mount: the copy it
+ * names goes, and the file reads right. The real list names the real copy,
+ * so a list that were not ignored would have it taken up. */
+static void changed_list(void (*edit)(char *text, size_t cap))
 {
 	const size_t len = 2 * MiB;
 	unsigned char *data = pattern(len, 0xbad);
-	char list[PATH_MAX], victim[PATH_MAX];
-	const char *uuid;
+	char text[4096], victim[PATH_MAX];
 	FILE *f;
 
 	need_passthrough();
 	write_new("f", data, len);
 	drain(0);
 	fm_umount();
-	cr_assert(saved_list());
-	snprintf(list, sizeof(list), "%s", saved_list());
-	uuid = strstr(list, "/.local-copies-") + 15;
+	saved_list_read(text, sizeof(text));
 	/* What a name that escaped the check would remove. */
 	snprintf(victim, sizeof(victim), "%s/victim", fm.dir);
 	fm_write_file(victim, (const unsigned char *)"v", 1);
-	f = fopen(list, "w");
+	edit(text, sizeof(text));
+	f = fopen(saved_list(), "w");
 	cr_assert(f);
-	cr_assert_gt(fprintf(f, fmt, uuid), 0);
+	cr_assert_eq(fputs(text, f) >= 0, true);
 	fclose(f);
 
 	fm_mount();
-	cr_assert_eq(fm_stat("local_copies_restored"), 0);
+	cr_assert_eq(fm_stat("local_copies_restored"), 0, "a changed list was taken up");
 	cr_assert_eq(kept_files(), 0, "the copies of an ignored list stayed");
 	cr_assert_null(saved_list(), "the ignored list stayed");
 	cr_assert_eq(access(victim, F_OK), 0, "a name in the list reached out of the staging "
@@ -309,24 +333,114 @@ static void damaged_list(const char *fmt)
 	free(data);
 }
 
+/* The list as written, unchanged: taken up (what the others differ from). */
+static void edit_nothing(char *text, size_t cap)
+{
+	(void)text;
+	(void)cap;
+}
+
+Test(local_copy, an_unchanged_list_is_taken_up, .description = "the baseline of the list tests")
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0xbad);
+	char text[4096];
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	fm_umount();
+	saved_list_read(text, sizeof(text));
+	edit_nothing(text, sizeof(text));
+	fm_mount();
+	cr_assert_eq(fm_stat("local_copies_restored"), 1);
+	fm_expect_content(mp("f"), data, len);
+	free(data);
+}
+
+static void edit_other_volume(char *text, size_t cap)
+{
+	char *uuid = strstr(text, "ferry-local-copies 1 ");
+
+	(void)cap;
+	cr_assert(uuid);
+	uuid += strlen("ferry-local-copies 1 ");
+	uuid[0] = uuid[0] == '0' ? '1' : '0';
+}
+
+static void edit_name_outside(char *text, size_t cap)
+{
+	char *name = strstr(text, ".kept-");
+
+	cr_assert(name);
+	snprintf(name, cap - (size_t)(name - text), "../../victim\n");
+}
+
+static void edit_a_field(char *text, size_t cap)
+{
+	char *line = strchr(text, '\n');
+
+	(void)cap;
+	cr_assert(line);
+	line[1] = 'x'; /* the inode number's first digit */
+}
+
+static void edit_cut_short(char *text, size_t cap)
+{
+	(void)cap;
+	text[strlen(text) - 4] = '\0'; /* mid-name, no newline */
+}
+
 Test(local_copy, a_list_of_another_volume_is_ignored)
 {
-	damaged_list("ferry-local-copies 1 00000000-0000-0000-0000-000000000000%.0s\n");
+	changed_list(edit_other_volume);
 }
 
 Test(local_copy, a_list_naming_a_path_outside_is_ignored)
 {
-	damaged_list("ferry-local-copies 1 %s\n2 1 1 1 0 ../../victim\n");
+	changed_list(edit_name_outside);
 }
 
 Test(local_copy, a_damaged_list_of_copies_is_ignored)
 {
-	damaged_list("ferry-local-copies 1 %s\n2 2097152 1 x 0 .kept-1-2-3\n");
+	changed_list(edit_a_field);
 }
 
 Test(local_copy, a_truncated_list_of_copies_is_ignored)
 {
-	damaged_list("ferry-local-copies 1 %.4s");
+	changed_list(edit_cut_short);
+}
+
+/* A copy changed behind the daemon's back while it was down (its file's
+ * inode or mtime moved): not taken up. */
+Test(local_copy, a_copy_changed_while_unmounted_is_not_taken_up)
+{
+	const size_t len = 2 * MiB;
+	unsigned char *data = pattern(len, 0xc0c0);
+	char text[4096], path[PATH_MAX], *name, *end;
+	int fd;
+
+	need_passthrough();
+	write_new("f", data, len);
+	drain(0);
+	fm_umount();
+	saved_list_read(text, sizeof(text));
+	name = strstr(text, ".kept-");
+	cr_assert(name);
+	end = strchr(name, '\n');
+	cr_assert(end);
+	*end = '\0';
+	cr_assert_lt((size_t)snprintf(path, sizeof(path), "%s/%s", staging_dir(), name),
+		     sizeof(path));
+	fd = OK(open(path, O_WRONLY));
+	fm_pwrite_all(fd, "tampered", 8, 0);
+	OK(close(fd));
+
+	fm_mount();
+	cr_assert_eq(fm_stat("local_copies_restored"), 0, "a copy changed meanwhile was taken up");
+	cr_assert_eq(kept_files(), 0);
+	fm_expect_content(mp("f"), data, len);
+	free(data);
 }
 
 Test(local_copy, local_copies_0_removes_the_copies_the_last_mount_left)

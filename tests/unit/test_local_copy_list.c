@@ -20,6 +20,20 @@ static int parse(const char *text, struct local_copy_entry *out, size_t max)
 	return local_copy_list_parse(UUID, text, strlen(text), out, max);
 }
 
+static void expect_same(const struct local_copy_entry *a, const struct local_copy_entry *b)
+{
+	cr_assert_eq(a->ino, b->ino);
+	cr_assert_eq(a->size, b->size);
+	cr_assert_eq(a->ctime_sec, b->ctime_sec);
+	cr_assert_eq(a->ctime_nsec, b->ctime_nsec);
+	cr_assert_eq(a->layout_print, b->layout_print);
+	cr_assert_eq(a->copy_ino, b->copy_ino);
+	cr_assert_eq(a->copy_mtime_sec, b->copy_mtime_sec);
+	cr_assert_eq(a->copy_mtime_nsec, b->copy_mtime_nsec);
+	cr_assert_eq(a->built, b->built);
+	cr_assert_str_eq(a->name, b->name);
+}
+
 static void refused(const char *text)
 {
 	struct local_copy_entry e[4];
@@ -31,9 +45,12 @@ Test(local_copy_list, written_and_read_back)
 {
 	struct local_copy_entry in[3] = {
 		{ .ino = 2, .size = 4194304, .ctime_sec = 1796556444, .ctime_nsec = 114027623,
-		  .name = ".kept-6309-2-0" },
+		  .layout_print = 0x9e3779b97f4a7c15u, .copy_ino = 1234, .copy_mtime_sec = 1796556445,
+		  .copy_mtime_nsec = 7, .name = ".kept-6309-2-0" },
 		{ .ino = UINT64_MAX, .size = UINT64_MAX, .ctime_sec = INT64_MAX,
-		  .ctime_nsec = 999999999, .built = true, .name = ".kept-1-18446744073709551615-b7" },
+		  .ctime_nsec = 999999999, .layout_print = UINT64_MAX, .copy_ino = UINT64_MAX,
+		  .copy_mtime_sec = INT64_MAX, .copy_mtime_nsec = 999999999, .built = true,
+		  .name = ".kept-1-18446744073709551615-b7" },
 		{ .ino = 77, .size = 1048576, .ctime_sec = 0, .ctime_nsec = 0,
 		  .name = ".kept-4194304-77-h12" },
 	}, out[3];
@@ -44,7 +61,8 @@ Test(local_copy_list, written_and_read_back)
 	cr_assert_eq(strlen(text), (size_t)len);
 	cr_assert(strncmp(text, HEAD, strlen(HEAD)) == 0, "%s", text);
 	cr_assert_eq(parse(text, out, 3), 3);
-	cr_assert_eq(memcmp(in, out, sizeof(in)), 0);
+	for (int k = 0; k < 3; k++)
+		expect_same(&in[k], &out[k]);
 	/* No room for one more: refused, not cut. */
 	cr_assert_eq(parse(text, out, 2), -EINVAL);
 	/* Another volume's. */
@@ -81,6 +99,11 @@ Test(local_copy_list, only_copies_names_are_written)
 	snprintf(e.name, sizeof(e.name), ".kept-1-2-3");
 	e.ctime_sec = -1;
 	cr_assert_eq(local_copy_list_format(UUID, &e, 1, text, sizeof(text)), -EINVAL);
+	e.ctime_sec = 1;
+	e.copy_mtime_nsec = 1000000000;
+	cr_assert_eq(local_copy_list_format(UUID, &e, 1, text, sizeof(text)), -EINVAL);
+	e.copy_mtime_nsec = 0;
+	cr_assert_gt(local_copy_list_format(UUID, &e, 1, text, sizeof(text)), 0);
 }
 
 Test(local_copy_list, names)
@@ -106,26 +129,31 @@ Test(local_copy_list, damaged_lists_are_refused_whole)
 	refused("ferry-local-copies 2 " UUID "\n");            /* a later version */
 	refused("ferry-local-copies 1 " UUID "x\n");           /* another uuid */
 	refused("ferry-local-copies 1  " UUID "\n");
-	refused(HEAD "2 4194304 1 2 0 .kept-1-2-3");           /* cut short */
-	refused(HEAD "2 4194304 1 2 0 .kept-1-2-3\n\n");       /* an empty line */
-	refused(HEAD "2 4194304 1 2 0 ../../victim\n");        /* out of the directory */
-	refused(HEAD "2 4194304 1 2 0 .kept-1-2-3/x\n");
-	refused(HEAD "2 4194304 1 2 0 .kept-1-2-3 x\n");       /* one field too many */
-	refused(HEAD "2 4194304 1 2 .kept-1-2-3\n");           /* one too few */
-	refused(HEAD "-2 4194304 1 2 0 .kept-1-2-3\n");        /* a sign */
-	refused(HEAD "+2 4194304 1 2 0 .kept-1-2-3\n");
-	refused(HEAD " 2 4194304 1 2 0 .kept-1-2-3\n");        /* a space too many */
-	refused(HEAD "2  4194304 1 2 0 .kept-1-2-3\n");
-	refused(HEAD "2 4194304 1 1000000000 0 .kept-1-2-3\n"); /* nsec out of range */
-	refused(HEAD "2 4194304 9223372036854775808 2 0 .kept-1-2-3\n");
-	refused(HEAD "18446744073709551616 4194304 1 2 0 .kept-1-2-3\n");
-	refused(HEAD "2 4194304 1 2 2 .kept-1-2-3\n");         /* built is 0 or 1 */
-	refused(HEAD "2 0x10 1 2 0 .kept-1-2-3\n");
-	refused(HEAD "2 4194304 1 2 0 .kept-1-2-3\r\n");
-	refused(HEAD "2 4194304 1 2 0 \n");
+	/* A good line is "2 4194304 1 2 3 4 5 6 0 .kept-1-2-3". */
+	refused(HEAD "2 4194304 1 2 3 4 5 6 0 .kept-1-2-3");           /* cut short */
+	refused(HEAD "2 4194304 1 2 3 4 5 6 0 .kept-1-2-3\n\n");       /* an empty line */
+	refused(HEAD "2 4194304 1 2 3 4 5 6 0 ../../victim\n");        /* out of the directory */
+	refused(HEAD "2 4194304 1 2 3 4 5 6 0 .kept-1-2-3/x\n");
+	refused(HEAD "2 4194304 1 2 3 4 5 6 0 .kept-1-2-3 x\n");       /* one field too many */
+	refused(HEAD "2 4194304 1 2 3 4 5 0 .kept-1-2-3\n");           /* one too few */
+	refused(HEAD "2 4194304 1 2 0 .kept-1-2-3\n");                 /* the older form */
+	refused(HEAD "-2 4194304 1 2 3 4 5 6 0 .kept-1-2-3\n");        /* a sign */
+	refused(HEAD "+2 4194304 1 2 3 4 5 6 0 .kept-1-2-3\n");
+	refused(HEAD " 2 4194304 1 2 3 4 5 6 0 .kept-1-2-3\n");        /* a space too many */
+	refused(HEAD "2  4194304 1 2 3 4 5 6 0 .kept-1-2-3\n");
+	refused(HEAD "2 4194304 1 1000000000 3 4 5 6 0 .kept-1-2-3\n"); /* nsec out of range */
+	refused(HEAD "2 4194304 1 2 3 4 5 1000000000 0 .kept-1-2-3\n");
+	refused(HEAD "2 4194304 9223372036854775808 2 3 4 5 6 0 .kept-1-2-3\n");
+	refused(HEAD "2 4194304 1 2 3 4 9223372036854775808 6 0 .kept-1-2-3\n");
+	refused(HEAD "18446744073709551616 4194304 1 2 3 4 5 6 0 .kept-1-2-3\n");
+	refused(HEAD "2 4194304 1 2 18446744073709551616 4 5 6 0 .kept-1-2-3\n");
+	refused(HEAD "2 4194304 1 2 3 4 5 6 2 .kept-1-2-3\n");         /* built is 0 or 1 */
+	refused(HEAD "2 0x10 1 2 3 4 5 6 0 .kept-1-2-3\n");
+	refused(HEAD "2 4194304 1 2 3 4 5 6 0 .kept-1-2-3\r\n");
+	refused(HEAD "2 4194304 1 2 3 4 5 6 0 \n");
 
 	/* A NUL anywhere. */
-	char text[] = HEAD "2 4194304 1 2 0 .kept-1-2-3\n";
+	char text[] = HEAD "2 4194304 1 2 3 4 5 6 0 .kept-1-2-3\n";
 	struct local_copy_entry e[2];
 
 	cr_assert_eq(local_copy_list_parse(UUID, text, sizeof(text) - 1, e, 2), 1);
@@ -142,7 +170,9 @@ Test(local_copy_list, at_most_the_limit)
 	for (size_t k = 0; k <= LOCAL_COPY_LIST_MAX; k++) {
 		in[k] = (struct local_copy_entry){ .ino = UINT64_MAX - k, .size = UINT64_MAX,
 						   .ctime_sec = INT64_MAX, .ctime_nsec = 999999999,
-						   .built = true };
+						   .layout_print = UINT64_MAX, .copy_ino = UINT64_MAX,
+						   .copy_mtime_sec = INT64_MAX,
+						   .copy_mtime_nsec = 999999999, .built = true };
 		/* The longest name there is. */
 		snprintf(in[k].name, sizeof(in[k].name), ".kept-%020zu-%036zu", k, k);
 	}
@@ -153,6 +183,6 @@ Test(local_copy_list, at_most_the_limit)
 	cr_assert_gt(len, 0, "the longest list does not fit LOCAL_COPY_LIST_TEXT_MAX");
 	cr_assert_eq(parse(text, out, LOCAL_COPY_LIST_MAX + 1), (int)LOCAL_COPY_LIST_MAX);
 	/* One line more than the limit: refused, whatever room the caller has. */
-	snprintf(text + len, sizeof(text) - (size_t)len, "1 1 1 1 0 .kept-1-1-1\n");
+	snprintf(text + len, sizeof(text) - (size_t)len, "1 1 1 1 1 1 1 1 0 .kept-1-1-1\n");
 	cr_assert_eq(parse(text, out, LOCAL_COPY_LIST_MAX + 1), -EINVAL);
 }
