@@ -46,6 +46,21 @@ static void saved_path(struct mountd *md, char *out, size_t len)
 	snprintf(out, len, SAVED_PREFIX "%s", md->vol.uuid);
 }
 
+/* Removes the list, if there is one; 0 or -errno (logged). */
+static int list_remove(struct mountd *md)
+{
+	char path[128];
+
+	saved_path(md, path, sizeof(path));
+	if (unlinkat(md->staging_dirfd, path, 0) < 0 && errno != ENOENT) {
+		int rc = -errno;
+
+		log_warn("cannot remove %s/%s", md->cfg.staging_dir, path);
+		return rc;
+	}
+	return 0;
+}
+
 int local_copy_layout_print(struct mountd *md, uint64_t ino, uint64_t size, uint64_t *out)
 {
 	uint64_t h[2] = { ino, 0 };
@@ -149,8 +164,8 @@ void local_copy_saved_load(struct mountd *md)
 	/* Its copies are swept as an earlier run's. */
 	log_warnx("%s/%s is not a list of local copies of this volume (%s): ignored",
 		  md->cfg.staging_dir, path, n == -ENOMEM ? "out of memory" : "unreadable or damaged");
-	if (!md->follower && unlinkat(md->staging_dirfd, path, 0) < 0 && errno != ENOENT)
-		log_warn("cannot remove %s/%s", md->cfg.staging_dir, path);
+	if (!md->follower)
+		(void)list_remove(md);
 }
 
 bool local_copy_saved_names(struct mountd *md, const char *name)
@@ -186,7 +201,6 @@ void local_copy_saved_adopt(struct mountd *md)
 {
 	struct local_copy_saved_list *l = md->saved;
 	uint64_t kept0 = atomic_load(&md->stats.local_copies_restored);
-	char path[128];
 
 	if (!l)
 		return;
@@ -209,11 +223,9 @@ void local_copy_saved_adopt(struct mountd *md)
 	 * list gone for good before the first request: a writer may change
 	 * a copy from then on, and no later start may take the list up
 	 * again (a crash from here leaves the copies to its sweep). */
-	saved_path(md, path, sizeof(path));
-	if ((unlinkat(md->staging_dirfd, path, 0) < 0 && errno != ENOENT) ||
-	    fsync(md->staging_dirfd) < 0) {
-		log_warn("cannot remove %s/%s for good: the local copies it listed are dropped",
-			 md->cfg.staging_dir, path);
+	if (list_remove(md) < 0 || fsync(md->staging_dirfd) < 0) {
+		log_warn("the list of the last run's local copies is not gone for good: the "
+			  "copies it listed are dropped");
 		local_copy_drop_all(md);
 	}
 	log_info("took up %llu of the %zu local copies the last run left",
@@ -268,10 +280,6 @@ static int list_write(struct mountd *md, struct local_copy_handed *c, size_t n, 
 		len = local_copy_list_format(md->vol.uuid, e, *nsaved, text, LOCAL_COPY_LIST_TEXT_MAX);
 		rc = len < 0 ? len : dirs_replace_file_at(md->staging_dirfd, path, text, (size_t)len);
 	}
-	/* Nothing listed, or a list not known to be durable: none at all (an
-	 * earlier run's would name copies that go now). */
-	if ((rc < 0 || *nsaved == 0) && unlinkat(md->staging_dirfd, path, 0) < 0 && errno != ENOENT)
-		log_warn("cannot remove %s/%s", md->cfg.staging_dir, path);
 out:
 	free(text);
 	free(e);
@@ -289,14 +297,10 @@ void local_copy_save(struct mountd *md)
 		n = local_copy_hand_over(md, c, LOCAL_COPY_LIST_MAX);
 		rc = n ? list_write(md, c, n, listed, &nsaved) : 0;
 	}
-	if (n == 0) {
-		char path[128];
-
-		/* None kept: no list (one a failed start left would name copies
-		 * that are gone). */
-		saved_path(md, path, sizeof(path));
-		(void)unlinkat(md->staging_dirfd, path, 0);
-	}
+	/* Nothing listed, or a list not known to be durable: none at all (one
+	 * a failed start left would name copies that go now). */
+	if (rc < 0 || nsaved == 0)
+		(void)list_remove(md);
 	if (rc < 0)
 		log_errno(rc, "cannot keep the local copies for the next mount (%s/%s%s): removed",
 			  md->cfg.staging_dir, SAVED_PREFIX, md->vol.uuid);
