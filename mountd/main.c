@@ -96,8 +96,11 @@ static void usage(FILE *f)
 		"ro (on a PostgreSQL volume: a read-only follower of the node that writes\n"
 		"it, which sees its commits within attr_timeout and takes no lease);\n"
 		"readahead=MIB (default 64: a sequential reader has the objects ahead of it\n"
-		"fetched into the read cache, 4 at a time, up to this many MiB queued or in\n"
-		"flight and a quarter of --cache-size ahead; 0: none);\n"
+		"fetched into the read cache, up to this many MiB queued or in flight and a\n"
+		"quarter of --cache-size ahead; 0: none);\n"
+		"readahead_streams=N (default 8, at most 64: read-ahead's GETs at once; one\n"
+		"S3 connection carries far less than a node's network, so a distant store\n"
+		"wants more, with readahead raised to N objects or more);\n"
 		"lease_ms=MS (default 15000: a PostgreSQL volume's writer's lease lasts this\n"
 		"long and is renewed every third of it; a mount cut off for longer can be\n"
 		"taken over, and is then fenced);\n"
@@ -398,6 +401,18 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 			md->readahead_budget = (uint64_t)v << 20;
 			continue;
 		}
+		if (strncmp(o, "readahead_streams=", 18) == 0) {
+			char *end;
+			long v = strtol(o + 18, &end, 10);
+
+			if (!o[18] || *end || v < 1 || v > (long)READAHEAD_STREAMS_MAX) {
+				snprintf(err, errlen, "-o %s: readahead_streams takes 1 to %u", o,
+					 READAHEAD_STREAMS_MAX);
+				return -EINVAL;
+			}
+			md->readahead_streams = (unsigned)v;
+			continue;
+		}
 		if (rc_opt_parse(md, o, err, errlen, &rc) != 0) {
 			if (rc < 0)
 				return rc;
@@ -696,6 +711,7 @@ int main(int argc, char **argv)
 	md->meta_batch_ms = -1; /* the engine's default, once the volume is known */
 	md->names_max = NAMES_MAX_DEFAULT;
 	md->readahead_budget = READAHEAD_DEFAULT_MIB << 20;
+	md->readahead_streams = READAHEAD_STREAMS_DEFAULT;
 	md->lease_ms = LEASE_MS_DEFAULT;
 	for (int k = 0; k < RC_NOPTS; k++)
 		md->rc_opt[k] = -1; /* the reconciler's own default */
@@ -925,7 +941,7 @@ int main(int argc, char **argv)
 				       md->readahead_budget :
 				       md->cfg.cache_bytes / 4;
 	if (md->readahead_window >= md->vol.block_size &&
-	    (rc = prefetch_start(md, md->readahead_budget, &md->prefetch)) < 0)
+	    (rc = prefetch_start(md, md->readahead_budget, md->readahead_streams, &md->prefetch)) < 0)
 		start_failed(md, "read-ahead threads: %s", strerror(-rc));
 	/* Before the staging directory's leftovers are looked at: which of
 	 * them were written under this boot (staging_kind()). */

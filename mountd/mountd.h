@@ -161,14 +161,15 @@ uint64_t read_cache_bytes(struct read_cache *c);
 
 /* ---- prefetch.c: read-ahead from the object store ---- */
 /* Threads that fetch objects ahead of sequential readers into the read
- * cache, PREFETCH_THREADS GETs at a time, at most budget bytes queued or
- * being fetched (more is dropped: the reader then fetches as it would
+ * cache, streams GETs at a time (-o readahead_streams), at most budget
+ * bytes queued or being fetched (more is dropped: the reader then fetches as it would
  * without); objects cached already have their files read ahead into the
  * page cache instead. Owned by struct mountd. */
-#define PREFETCH_THREADS 4
+#define READAHEAD_STREAMS_DEFAULT 8u
+#define READAHEAD_STREAMS_MAX 64u
 #define READAHEAD_DEFAULT_MIB 64ull
 struct prefetch;
-int prefetch_start(struct mountd *md, uint64_t budget, struct prefetch **out);
+int prefetch_start(struct mountd *md, uint64_t budget, unsigned streams, struct prefetch **out);
 /* Gives up fetches in flight, joins the threads, frees p (NULL: nothing). */
 void prefetch_stop(struct prefetch *p);
 /* Queues key (objsize bytes) unless it is cached, queued already, or over
@@ -176,6 +177,10 @@ void prefetch_stop(struct prefetch *p);
 void prefetch_object(struct prefetch *p, const char *key, uint32_t objsize);
 /* Bytes queued or being fetched now. */
 uint64_t prefetch_bytes(struct prefetch *p);
+/* The fetching threads (0 for NULL), and the most GETs they had in flight
+ * at once since the start. */
+unsigned prefetch_streams(struct prefetch *p);
+unsigned prefetch_fetching_max(struct prefetch *p);
 
 /* ---- write_back.c: staging files, dirty ranges, upload and commit ---- */
 struct range { uint64_t start, end; }; /* [start, end) */
@@ -1035,6 +1040,7 @@ struct mountd {
 	struct copy_build *copy_build; /* owned; NULL: not running */
 	uint64_t readahead_budget;   /* -o readahead: bytes queued or being fetched */
 	uint64_t readahead_window;   /* bytes ahead of a sequential reader */
+	unsigned readahead_streams;  /* -o readahead_streams: GETs at once */
 	struct inode_table *inodes;
 	struct handle_table *handles;
 	struct stats stats;

@@ -8,6 +8,10 @@
  * READ's splice at a time). Random readers queue nothing: they fetch only
  * what they read.
  *
+ * How many GETs run at once is -o readahead_streams: one S3 connection
+ * carries well under what a node's network does, so a store far away
+ * wants more streams than one on the same machine.
+ *
  * The queue and the fetches in flight together come to at most p->budget
  * bytes of objects not cached yet (each is streamed into its cache file,
  * so this bounds what read-ahead puts in flight, not memory); past it a
@@ -38,8 +42,9 @@ struct prefetch {
 	struct prefetch_item q[QUEUE_MAX]; /* a ring: q[head], then n-1 more */
 	unsigned head, n;
 	uint64_t budget, bytes;    /* bytes: queued plus being fetched */
+	unsigned fetching, fetching_max; /* GETs in flight now, and the most at once */
 	_Atomic bool stop;
-	pthread_t threads[PREFETCH_THREADS];
+	pthread_t *threads;        /* owned: one per stream */
 	unsigned nthreads;
 };
 
@@ -76,6 +81,10 @@ static void *prefetch_main(void *arg)
 			continue;
 		}
 		/* Evicted since it was queued: fetched like the others. */
+		pthread_mutex_lock(&p->lock);
+		if (++p->fetching > p->fetching_max)
+			p->fetching_max = p->fetching;
+		pthread_mutex_unlock(&p->lock);
 		rc = read_cache_prefetch(md->cache, md->store, &md->stats, it.key, it.size);
 		if (rc > 0) {
 			atomic_fetch_add(&md->stats.prefetch_fetched, 1);
@@ -86,13 +95,14 @@ static void *prefetch_main(void *arg)
 			log_errno(rc, "read-ahead of object %s", it.key);
 		}
 		pthread_mutex_lock(&p->lock);
+		p->fetching--;
 		p->bytes -= it.cached ? 0 : it.size;
 	}
 	pthread_mutex_unlock(&p->lock);
 	return NULL;
 }
 
-int prefetch_start(struct mountd *md, uint64_t budget, struct prefetch **out)
+int prefetch_start(struct mountd *md, uint64_t budget, unsigned streams, struct prefetch **out)
 {
 	struct prefetch *p = calloc(1, sizeof(*p));
 	int rc = 0;
@@ -103,7 +113,12 @@ int prefetch_start(struct mountd *md, uint64_t budget, struct prefetch **out)
 	p->budget = budget;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->work, NULL);
-	for (unsigned i = 0; i < PREFETCH_THREADS; i++) {
+	p->threads = calloc(streams ? streams : 1, sizeof(*p->threads));
+	if (!p->threads) {
+		prefetch_stop(p);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < streams; i++) {
 		rc = -pthread_create(&p->threads[i], NULL, prefetch_main, p);
 		if (rc)
 			break;
@@ -129,6 +144,7 @@ void prefetch_stop(struct prefetch *p)
 		pthread_join(p->threads[i], NULL);
 	pthread_cond_destroy(&p->work);
 	pthread_mutex_destroy(&p->lock);
+	free(p->threads);
 	free(p);
 }
 
@@ -175,6 +191,23 @@ uint64_t prefetch_bytes(struct prefetch *p)
 		return 0;
 	pthread_mutex_lock(&p->lock);
 	n = p->bytes;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+unsigned prefetch_streams(struct prefetch *p)
+{
+	return p ? p->nthreads : 0;
+}
+
+unsigned prefetch_fetching_max(struct prefetch *p)
+{
+	unsigned n;
+
+	if (!p)
+		return 0;
+	pthread_mutex_lock(&p->lock);
+	n = p->fetching_max;
 	pthread_mutex_unlock(&p->lock);
 	return n;
 }

@@ -210,6 +210,8 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	}
 	fprintf(f, "cache_bytes %llu\n", (unsigned long long)read_cache_bytes(md->cache));
 	fprintf(f, "prefetch_bytes %llu\n", (unsigned long long)prefetch_bytes(md->prefetch));
+	fprintf(f, "prefetch_streams %u\n", prefetch_streams(md->prefetch));
+	fprintf(f, "prefetch_streams_busy_max %u\n", prefetch_fetching_max(md->prefetch));
 	pthread_mutex_lock(&md->kept_lock);
 	uint64_t kept = md->kept_bytes;
 	pthread_mutex_unlock(&md->kept_lock);

@@ -99,6 +99,8 @@ ferry() {
   [[ $got == "$want" ]] || { echo "s3_read.sh: ferryfs read wrong bytes" >&2; exit 1; }
   mbs "$t0" "$t1"
   awk '$1 == "prefetch_fetched" { print $2 }' "$mnt/.stats" >> "$root/prefetched"
+  awk '$1 == "prefetch_streams_busy_max" { print $2 }' "$mnt/.stats" >> "$root/busy"
+  grep '^prefetch_streams ' "$mnt/.stats" > "$root/streams"
   "$ferry" umount "$mnt" >/dev/null
   rm -rf "$root/cache-$2"
 }
@@ -109,6 +111,7 @@ add() { R[$1]="${R[$1]:+${R[$1]} }$2"; }
 drop; R[cold.raw1]=$(raw 1)
 drop; R[cold.ferry0]=$(ferry 0 c0)
 : > "$root/prefetched"
+: > "$root/busy"
 for ((r = 1; r <= rounds; r++)); do
   # (assignments first: a failed read stops the script, set -e)
   drop; v=$(raw 4); add cold.raw4 "$v"
@@ -135,4 +138,5 @@ awk -v fc="${M[cold.ferry]}" -v rc="$(faster "${M[cold.raw4]}" "${M[cold.raw8]}"
   'BEGIN { printf "  ferryfs / the faster raw GET: %.2f server cold, %.2f server warm (target: at least 0.80)\n", fc / rc, fw / rw }'
 echo "  (rounds: raw4 ${R[cold.raw4]} / raw8 ${R[cold.raw8]} / ferryfs ${R[cold.ferry]} server cold,"
 echo "  raw4 ${R[warm.raw4]} / raw8 ${R[warm.raw8]} / ferryfs ${R[warm.ferry]} server warm;"
-echo "  objects read ahead per ferryfs read: $(tr '\n' ' ' < "$root/prefetched")of ${#keys[@]})"
+echo "  objects read ahead per ferryfs read: $(tr '\n' ' ' < "$root/prefetched")of ${#keys[@]};"
+echo "  most GETs of read-ahead at once: $(tr '\n' ' ' < "$root/busy")of $(awk '$1 == "prefetch_streams" { print $2 }' "$root/streams") streams)"

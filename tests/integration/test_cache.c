@@ -29,11 +29,14 @@ TestSuite(cache, .init = small_cache_setup, .fini = fm_teardown, .timeout = 120)
 /* The fixture's options, without local copies: a file written here would
  * be read through its copy (passthrough), never through the read cache
  * these tests are about. */
+static const char *cache_extra_options; /* more -o options, or NULL */
+
 static const char *cache_mount_options(void)
 {
 	static char opts[320];
 
-	snprintf(opts, sizeof(opts), "%s,local_copies=0", fm_mount_options());
+	snprintf(opts, sizeof(opts), "%s,local_copies=0%s%s", fm_mount_options(),
+		 cache_extra_options ? "," : "", cache_extra_options ? cache_extra_options : "");
 	return opts;
 }
 
@@ -399,7 +402,10 @@ Test(cache, sequential_readers_get_read_ahead_random_ones_do_not)
 	OK(close(fd));
 	fm_umount();
 
+	/* Two GETs at a time, never more. */
+	cache_extra_options = "readahead_streams=2";
 	mount_with_cache("64");
+	cache_extra_options = NULL;
 	fd = OK(open(mp("seq"), O_RDONLY));
 	for (size_t off = 0; off < len; off += MiB) {
 		cr_assert_eq(read(fd, got, MiB), MiB);
@@ -409,6 +415,11 @@ Test(cache, sequential_readers_get_read_ahead_random_ones_do_not)
 	OK(close(fd));
 	fm_stats_read(&s);
 	cr_assert_gt(fm_stats_need(&s, "prefetch_fetched"), 0, "nothing was read ahead");
+	cr_assert_eq(fm_stats_need(&s, "prefetch_streams"), 2);
+	cr_assert(fm_stats_need(&s, "prefetch_streams_busy_max") >= 1 &&
+		  fm_stats_need(&s, "prefetch_streams_busy_max") <= 2,
+		  "%llu GETs of read-ahead at once with readahead_streams=2",
+		  (unsigned long long)fm_stats_need(&s, "prefetch_streams_busy_max"));
 	cr_assert_eq(fm_stats_need(&s, "prefetch_failed"), 0);
 	cr_assert_eq(fm_stats_need(&s, "objects_get"), 24, "24 objects took %llu GETs",
 		     (unsigned long long)fm_stats_need(&s, "objects_get"));
@@ -423,6 +434,33 @@ Test(cache, sequential_readers_get_read_ahead_random_ones_do_not)
 		     (unsigned long long)fm_stats_need(&s, "prefetch_bytes"));
 	free(got);
 	free(want);
+}
+
+/* -o readahead_streams: 1 to 64, 8 when not given; anything else stops
+ * the mount with a message that says so. */
+Test(cache, readahead_streams_takes_1_to_64)
+{
+	static const char *const bad[] = { "readahead_streams=0", "readahead_streams=65",
+					   "readahead_streams=", "readahead_streams=4x" };
+	char err[PATH_MAX];
+	struct fm_stats s;
+
+	snprintf(err, sizeof(err), "%s/mount.err", fm.dir);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char opts[400];
+		const char *argv[] = { fm_bin("ferry"), "mount", "-o", opts, fm.vol, fm.mnt, NULL };
+
+		snprintf(opts, sizeof(opts), "%s,%s", cache_mount_options(), bad[i]);
+		cr_assert_neq(fm_run(argv, NULL, err, 60), 0, "-o %s mounted", bad[i]);
+		cr_assert(!fm_is_mounted(fm.mnt));
+		char *text = fm_slurp(err);
+		cr_assert(text && strstr(text, "readahead_streams takes 1 to 64"), "-o %s: %s", bad[i],
+			  text ? text : "(nothing)");
+		free(text);
+	}
+	mount_with_cache("64");
+	fm_stats_read(&s);
+	cr_assert_eq(fm_stats_need(&s, "prefetch_streams"), 8);
 }
 
 /* Eviction takes the least recently used object, not the oldest: one read
