@@ -4,7 +4,8 @@
 # same objects from the same local S3 server (scripts/s3-server), in one
 # run. Raw GETs are one curl process with --parallel-max 1, 4 and 8 (SigV4,
 # bodies to /dev/null: the most a client could take from this server; the
-# ratio is against the faster of 4 and 8 at a time);
+# ratio is against the faster of 4 and 8 at a time), and 8 at a time with
+# each body written to a file (what a client that keeps the bytes gets);
 # ferryfs reads with dd bs=1M to /dev/null from a fresh mount with an empty
 # read cache, with -o readahead=0 and with its default (the bytes are
 # checked after, untimed). Both with the server's files cold (dropped from
@@ -85,6 +86,19 @@ raw() {
   t1=$(now)
   mbs "$t0" "$t1"
 }
+# rawfiles P: the same, but each body to a file of its own beside the read
+# caches (not synced, as a cache file is not): what a client that keeps the
+# bytes, as ferryfs must, gets from the same server on the same cores.
+rawfiles() {
+  local args=() i t0 t1
+  mkdir "$root/rawfiles"
+  for i in "${!keys[@]}"; do args+=(-o "$root/rawfiles/$i" "$base/${keys[$i]}"); done
+  t0=$(now)
+  s3curl -Z --parallel-max "$1" "${args[@]}" 2>/dev/null
+  t1=$(now)
+  rm -rf "$root/rawfiles"
+  mbs "$t0" "$t1"
+}
 # ferry RA CACHE: a cold read through ferryfs (a fresh mount, an empty read
 # cache) to /dev/null, as the raw GETs; its bytes are checked afterwards,
 # untimed, from the page cache.
@@ -116,13 +130,15 @@ for ((r = 1; r <= rounds; r++)); do
   # (assignments first: a failed read stops the script, set -e)
   drop; v=$(raw 4); add cold.raw4 "$v"
   drop; v=$(raw 8); add cold.raw8 "$v"
+  drop; v=$(rawfiles 8); add cold.rawf8 "$v"
   drop; v=$(ferry default "c$r"); add cold.ferry "$v"
   v=$(raw 4); add warm.raw4 "$v"
   v=$(raw 8); add warm.raw8 "$v"
+  v=$(rawfiles 8); add warm.rawf8 "$v"
   v=$(ferry default "w$r"); add warm.ferry "$v"
 done
 declare -A M
-for k in cold.raw4 cold.raw8 cold.ferry warm.raw4 warm.raw8 warm.ferry; do
+for k in cold.raw4 cold.raw8 cold.rawf8 cold.ferry warm.raw4 warm.raw8 warm.rawf8 warm.ferry; do
   M[$k]=$(median "${R[$k]}")
 done
 faster() { if (( $1 > $2 )); then echo "$1"; else echo "$2"; fi; }
@@ -131,12 +147,15 @@ printf '  %-44s %8s %8s\n' "" cold warm
 printf '  %-44s %8s %8s\n' "raw GET, 1 at a time" "${R[cold.raw1]}" -
 printf '  %-44s %8s %8s\n' "raw GET, 4 at a time (median)" "${M[cold.raw4]}" "${M[warm.raw4]}"
 printf '  %-44s %8s %8s\n' "raw GET, 8 at a time (median)" "${M[cold.raw8]}" "${M[warm.raw8]}"
+printf '  %-44s %8s %8s\n' "raw GET, 8 at a time, to files (median)" "${M[cold.rawf8]}" "${M[warm.rawf8]}"
 printf '  %-44s %8s %8s\n' "ferryfs, empty read cache, readahead=0" "${R[cold.ferry0]}" -
 printf '  %-44s %8s %8s\n' "ferryfs, empty read cache (median)" "${M[cold.ferry]}" "${M[warm.ferry]}"
 awk -v fc="${M[cold.ferry]}" -v rc="$(faster "${M[cold.raw4]}" "${M[cold.raw8]}")" \
   -v fw="${M[warm.ferry]}" -v rw="$(faster "${M[warm.raw4]}" "${M[warm.raw8]}")" \
   'BEGIN { printf "  ferryfs / the faster raw GET: %.2f server cold, %.2f server warm (target: at least 0.80)\n", fc / rc, fw / rw }'
-echo "  (rounds: raw4 ${R[cold.raw4]} / raw8 ${R[cold.raw8]} / ferryfs ${R[cold.ferry]} server cold,"
-echo "  raw4 ${R[warm.raw4]} / raw8 ${R[warm.raw8]} / ferryfs ${R[warm.ferry]} server warm;"
+awk -v fc="${M[cold.ferry]}" -v rc="${M[cold.rawf8]}" -v fw="${M[warm.ferry]}" -v rw="${M[warm.rawf8]}" \
+  'BEGIN { printf "  ferryfs / raw GET to files: %.2f server cold, %.2f server warm\n", fc / rc, fw / rw }'
+echo "  (rounds: raw4 ${R[cold.raw4]} / raw8 ${R[cold.raw8]} / to files ${R[cold.rawf8]} / ferryfs ${R[cold.ferry]} server cold,"
+echo "  raw4 ${R[warm.raw4]} / raw8 ${R[warm.raw8]} / to files ${R[warm.rawf8]} / ferryfs ${R[warm.ferry]} server warm;"
 echo "  objects read ahead per ferryfs read: $(tr '\n' ' ' < "$root/prefetched")of ${#keys[@]};"
 echo "  most GETs of read-ahead at once: $(tr '\n' ' ' < "$root/busy")of $(awk '$1 == "prefetch_streams" { print $2 }' "$root/streams") streams)"
