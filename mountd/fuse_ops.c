@@ -2119,7 +2119,15 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	fuse_set_feature_flag(conn, FUSE_CAP_AUTO_INVAL_DATA);
 	fuse_set_feature_flag(conn, FUSE_CAP_ATOMIC_O_TRUNC);
 	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS);
-	fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS_AUTO);
+	/* The kernel's own guess (READDIRPLUS_AUTO) lists with attributes
+	 * only from offset 0, or once a lookup has followed a listing. rm -rf,
+	 * cp -r and du read a whole directory before they touch an entry, so
+	 * the guess came too late and each entry cost a LOOKUP after it
+	 * (100,000 files: rm -rf 8.2 s with it, 6.0 s without). */
+	if (md->readdirplus_auto)
+		fuse_set_feature_flag(conn, FUSE_CAP_READDIRPLUS_AUTO);
+	else
+		fuse_unset_feature_flag(conn, FUSE_CAP_READDIRPLUS_AUTO);
 	/* READ replies from read-cache files splice (file_read_reply); a
 	 * move lets the kernel take a page instead of copying it where it
 	 * can. */

@@ -98,6 +98,10 @@ static void usage(FILE *f)
 		"readahead=MIB (default 64: a sequential reader has the objects ahead of it\n"
 		"fetched into the read cache, up to this many MiB queued or in flight and a\n"
 		"quarter of --cache-size ahead; 0: none);\n"
+		"readdirplus=always|auto (default always: every directory listing carries\n"
+		"each entry's attributes, so a walker that then stats, opens or removes the\n"
+		"entries (rm -rf, cp -r, du, ls -l) asks nothing more; auto: the kernel's\n"
+		"guess, cheaper for listings of names alone, ls -f or find);\n"
 		"readahead_streams=N (default 8, at most 64: read-ahead's GETs at once; one\n"
 		"S3 connection carries far less than a node's network, so a distant store\n"
 		"wants more, with readahead raised to N objects or more);\n"
@@ -399,6 +403,17 @@ static int ferry_opts_take(struct mountd *md, char *opts, char *err, size_t errl
 				return -EINVAL;
 			}
 			md->readahead_budget = (uint64_t)v << 20;
+			continue;
+		}
+		if (strncmp(o, "readdirplus=", 12) == 0) {
+			if (!strcmp(o + 12, "always")) {
+				md->readdirplus_auto = false;
+			} else if (!strcmp(o + 12, "auto")) {
+				md->readdirplus_auto = true;
+			} else {
+				snprintf(err, errlen, "-o %s: readdirplus takes always or auto", o);
+				return -EINVAL;
+			}
 			continue;
 		}
 		if (strncmp(o, "readahead_streams=", 18) == 0) {

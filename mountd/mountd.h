@@ -1041,6 +1041,7 @@ struct mountd {
 	uint64_t readahead_budget;   /* -o readahead: bytes queued or being fetched */
 	uint64_t readahead_window;   /* bytes ahead of a sequential reader */
 	unsigned readahead_streams;  /* -o readahead_streams: GETs at once */
+	bool readdirplus_auto;       /* -o readdirplus=auto: the kernel decides */
 	struct inode_table *inodes;
 	struct handle_table *handles;
 	struct stats stats;

@@ -676,3 +676,80 @@ Test(stats, status_timeout_notices_a_daemon_that_does_not_answer)
 		usleep(100000);
 	cr_assert_eq(fm_run(argv, NULL, NULL, 30), 0);
 }
+
+/* Lists d whole, as rm -rf and du do, then stats every entry; returns the
+ * LOOKUP requests that cost. */
+static uint64_t lookups_of_a_walk(const char *d, int nfiles)
+{
+	struct fm_stats before, after;
+	struct dirent *de;
+	int seen = 0, dfd;
+	DIR *dir;
+
+	fm_stats_read(&before);
+	dir = opendir(d);
+	cr_assert_not_null(dir, "opendir %s: %s", d, strerror(errno));
+	char(*names)[NAME_MAX + 1] = calloc((size_t)nfiles, sizeof(*names));
+	cr_assert_not_null(names);
+	while ((de = readdir(dir)) != NULL) {
+		if (de->d_name[0] == '.')
+			continue;
+		cr_assert_lt(seen, nfiles);
+		snprintf(names[seen++], sizeof(names[0]), "%s", de->d_name);
+	}
+	cr_assert_eq(seen, nfiles);
+	dfd = dirfd(dir);
+	for (int i = 0; i < seen; i++) {
+		struct stat st;
+
+		cr_assert_eq(fstatat(dfd, names[i], &st, AT_SYMLINK_NOFOLLOW), 0, "stat %s: %s",
+			     names[i], strerror(errno));
+		cr_assert(S_ISREG(st.st_mode) && st.st_size == 1);
+	}
+	closedir(dir);
+	free(names);
+	fm_stats_read(&after);
+	return delta(&before, &after, "fuse_requests_lookup");
+}
+
+/* -o readdirplus: "always" (the default) lists each entry with its
+ * attributes, so a walk that reads a directory whole and then stats every
+ * entry asks no LOOKUP; "auto" leaves it to the kernel, which lists with
+ * attributes only at the start; anything else is refused. */
+Test(cli, a_listing_carries_the_attributes_a_walk_needs)
+{
+	const int n = 1000;
+	char o[64], d[PATH_MAX];
+	const char *argv[] = { fm_bin("ferry"), "mount", "--cache-dir", fm.cache, "-o", o,
+			       fm.vol, fm.mnt, NULL };
+	uint64_t always, guessed;
+
+	snprintf(o, sizeof(o), "readdirplus=sometimes");
+	expect_refusal(argv, o);
+	char *err = fm_slurp(sp("err"));
+	cr_assert(err && strstr(err, "readdirplus takes always or auto"), "%s", err ? err : "");
+	free(err);
+	cr_assert(!fm_is_mounted(fm.mnt));
+
+	fm_mount();
+	cr_assert_lt(snprintf(d, sizeof(d), "%s/walk", fm.mnt), (int)sizeof(d));
+	cr_assert_eq(mkdir(d, 0755), 0);
+	for (int i = 0; i < n; i++) {
+		char p[PATH_MAX];
+
+		cr_assert_lt(snprintf(p, sizeof(p), "%s/f%05d", d, i), (int)sizeof(p));
+		fm_write_file(p, "x", 1);
+	}
+	/* A new mount: the kernel knows no name under walk/. */
+	fm_remount();
+	always = lookups_of_a_walk(d, n);
+	fm_umount();
+	snprintf(o, sizeof(o), "readdirplus=auto");
+	expect_success(argv, o);
+	fm.mounted = true;
+	guessed = lookups_of_a_walk(d, n);
+	cr_assert_leq(always, 2, "readdirplus=always: %llu LOOKUPs for %d listed names",
+		      (unsigned long long)always, n);
+	cr_assert_geq(guessed, (uint64_t)n / 2, "readdirplus=auto: only %llu LOOKUPs for %d names",
+		      (unsigned long long)guessed, n);
+}
