@@ -1756,7 +1756,15 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		return;
 	}
 	fi->fh = fh;
-	fi->cache_readdir = 0;
+	/* The kernel keeps a listing in the directory's page cache and
+	 * answers the next ones from it, across opens: this daemon is the
+	 * volume's only writer, every change comes through the kernel, and
+	 * the kernel drops the listing on each (the directory's i_version).
+	 * A follower lists again: its directories change on another node
+	 * (the kernel would see that only by the mtime, once the attributes
+	 * expire). */
+	fi->cache_readdir = !md->follower;
+	fi->keep_cache = !md->follower;
 	if (fuse_reply_open(req, fi) != 0)
 		free(handle_remove(md->handles, fh, HANDLE_DIR));
 }

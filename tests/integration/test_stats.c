@@ -753,3 +753,136 @@ Test(cli, a_listing_carries_the_attributes_a_walk_needs)
 	cr_assert_geq(guessed, (uint64_t)n / 2, "readdirplus=auto: only %llu LOOKUPs for %d names",
 		      (unsigned long long)guessed, n);
 }
+
+/* The names in d, sorted into *out (malloc'ed, the caller's): how many. */
+static int names_of(const char *d, char (**out)[NAME_MAX + 1])
+{
+	char(*names)[NAME_MAX + 1] = NULL;
+	int n = 0, cap = 0;
+	struct dirent *de;
+	DIR *dir = opendir(d);
+
+	cr_assert_not_null(dir, "opendir %s: %s", d, strerror(errno));
+	while ((de = readdir(dir)) != NULL) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			names = realloc(names, (size_t)cap * sizeof(*names));
+			cr_assert_not_null(names);
+		}
+		snprintf(names[n++], sizeof(names[0]), "%s", de->d_name);
+	}
+	closedir(dir);
+	qsort(names, (size_t)n, sizeof(*names), (int (*)(const void *, const void *))strcmp);
+	*out = names;
+	return n;
+}
+
+static bool has_name(char (*names)[NAME_MAX + 1], int n, const char *name)
+{
+	return bsearch(name, names, (size_t)n, sizeof(*names),
+		       (int (*)(const void *, const void *))strcmp) != NULL;
+}
+
+/* LISTING requests (READDIR and READDIRPLUS) since before. */
+static uint64_t listings_since(const struct fm_stats *before)
+{
+	struct fm_stats now;
+
+	fm_stats_read(&now);
+	return delta(before, &now, "fuse_requests_readdir") +
+	       delta(before, &now, "fuse_requests_readdirplus");
+}
+
+/* dir/name into p (PATH_MAX bytes). */
+static void path_in(char *p, const char *dir, const char *name)
+{
+	cr_assert_lt(snprintf(p, PATH_MAX, "%s/%s", dir, name), PATH_MAX);
+}
+
+/* A directory listed once is listed again from the kernel's cache, with no
+ * request, and every change made to it shows in the next listing: a
+ * create, an unlink, a rename within it and into it from elsewhere, a
+ * hard link, a mkdir. */
+Test(stats, a_listing_is_kept_until_the_directory_changes)
+{
+	char d[PATH_MAX], other[PATH_MAX], p[PATH_MAX], q[PATH_MAX];
+	char(*names)[NAME_MAX + 1];
+	struct fm_stats before;
+	int n;
+
+	cr_assert_lt(snprintf(d, sizeof(d), "%s/listed", fm.mnt), (int)sizeof(d));
+	cr_assert_lt(snprintf(other, sizeof(other), "%s/other", fm.mnt), (int)sizeof(other));
+	cr_assert_eq(mkdir(d, 0755), 0);
+	cr_assert_eq(mkdir(other, 0755), 0);
+	for (int i = 0; i < 100; i++) {
+		cr_assert_lt(snprintf(p, sizeof(p), "%s/f%03d", d, i), (int)sizeof(p));
+		fm_write_file(p, "x", 1);
+	}
+	cr_assert_lt(snprintf(p, sizeof(p), "%s/moved", other), (int)sizeof(p));
+	fm_write_file(p, "y", 1);
+	n = names_of(d, &names);
+	cr_assert_eq(n, 100);
+	free(names);
+
+	fm_stats_read(&before);
+	n = names_of(d, &names);
+	cr_assert_eq(n, 100);
+	free(names);
+	cr_assert_eq(listings_since(&before), 0, "an unchanged directory was listed again");
+
+	/* Each change, then a listing that shows it. */
+	struct {
+		const char *what;
+		int n;
+		const char *present, *absent;
+	} step[] = {
+		{ "create", 101, "new", NULL },  { "unlink", 100, "new", "f000" },
+		{ "rename", 100, "g001", "f001" }, { "rename in", 101, "moved", NULL },
+		{ "link", 102, "hard", NULL },   { "mkdir", 103, "sub", NULL },
+	};
+	for (size_t k = 0; k < sizeof(step) / sizeof(step[0]); k++) {
+		switch (k) {
+		case 0:
+			path_in(p, d, "new");
+			fm_write_file(p, "z", 1);
+			break;
+		case 1:
+			path_in(p, d, "f000");
+			cr_assert_eq(unlink(p), 0);
+			break;
+		case 2:
+			path_in(p, d, "f001");
+			path_in(q, d, "g001");
+			cr_assert_eq(rename(p, q), 0);
+			break;
+		case 3:
+			path_in(p, other, "moved");
+			path_in(q, d, "moved");
+			cr_assert_eq(rename(p, q), 0);
+			break;
+		case 4:
+			path_in(p, d, "f002");
+			path_in(q, d, "hard");
+			cr_assert_eq(link(p, q), 0);
+			break;
+		case 5:
+			path_in(p, d, "sub");
+			cr_assert_eq(mkdir(p, 0755), 0);
+			break;
+		}
+		n = names_of(d, &names);
+		cr_assert_eq(n, step[k].n, "after the %s: %d names, expected %d", step[k].what, n,
+			     step[k].n);
+		cr_assert(has_name(names, n, step[k].present), "after the %s: no %s", step[k].what,
+			  step[k].present);
+		cr_assert(!step[k].absent || !has_name(names, n, step[k].absent),
+			  "after the %s: %s still listed", step[k].what, step[k].absent);
+		free(names);
+	}
+	/* The directory it moved out of, too. */
+	n = names_of(other, &names);
+	cr_assert_eq(n, 0, "%d names left in other/", n);
+	free(names);
+}
