@@ -774,15 +774,16 @@ static int names_of(const char *d, char (**out)[NAME_MAX + 1])
 		snprintf(names[n++], sizeof(names[0]), "%s", de->d_name);
 	}
 	closedir(dir);
-	qsort(names, (size_t)n, sizeof(*names), (int (*)(const void *, const void *))strcmp);
+	if (n > 0)
+		qsort(names, (size_t)n, sizeof(*names), (int (*)(const void *, const void *))strcmp);
 	*out = names;
 	return n;
 }
 
 static bool has_name(char (*names)[NAME_MAX + 1], int n, const char *name)
 {
-	return bsearch(name, names, (size_t)n, sizeof(*names),
-		       (int (*)(const void *, const void *))strcmp) != NULL;
+	return n > 0 && bsearch(name, names, (size_t)n, sizeof(*names),
+				(int (*)(const void *, const void *))strcmp) != NULL;
 }
 
 /* LISTING requests (READDIR and READDIRPLUS) since before. */
