@@ -162,9 +162,9 @@ uint64_t read_cache_bytes(struct read_cache *c);
 /* ---- prefetch.c: read-ahead from the object store ---- */
 /* Threads that fetch objects ahead of sequential readers into the read
  * cache, streams GETs at a time (-o readahead_streams), at most budget
- * bytes queued or being fetched (more is dropped: the reader then fetches as it would
- * without); objects cached already have their files read ahead into the
- * page cache instead. Owned by struct mountd. */
+ * bytes queued or being fetched (more is dropped: the reader then fetches
+ * as it would without); objects cached already have their files read
+ * ahead into the page cache instead. Owned by struct mountd. */
 #define READAHEAD_STREAMS_DEFAULT 8u
 #define READAHEAD_STREAMS_MAX 64u
 #define READAHEAD_DEFAULT_MIB 64ull
