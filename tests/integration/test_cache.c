@@ -26,11 +26,11 @@ static void small_cache_setup(void)
 TestSuite(cache, .init = small_cache_setup, .fini = fm_teardown, .timeout = 120);
 
 /* Mounts with a cache of cache_mib MiB in a new, empty cache directory. */
-/* The fixture's options, without local copies: a file written here would
- * be read through its copy (passthrough), never through the read cache
- * these tests are about. */
 static const char *cache_extra_options; /* more -o options, or NULL */
 
+/* The fixture's options, without local copies: a file written here would
+ * be read through its copy (passthrough), never through the read cache
+ * these tests are about; then cache_extra_options. */
 static const char *cache_mount_options(void)
 {
 	static char opts[320];
