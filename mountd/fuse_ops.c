@@ -152,6 +152,16 @@ static bool timespec_later(const struct timespec *a, const struct timespec *b)
 	return a->tv_sec > b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec > b->tv_nsec);
 }
 
+/* a is what the kernel is about to be given for i (job_committed() in
+ * reconcile_client.c). Caller holds i->lock. */
+static void told_record(struct inode *i, const struct meta_attr *a)
+{
+	i->told_valid = true;
+	i->told_size = a->size;
+	i->told_mtime = a->mtime;
+	i->told_ctime = a->ctime;
+}
+
 /* Applies pending writes (size, mtime) of a live staging file or of a job
  * in flight over a. Caller holds i->lock, and read a under it: a commit
  * (which ends both) takes that lock too, so a and the overlay agree. */
@@ -175,12 +185,7 @@ static void overlay_locked(struct inode *i, struct meta_attr *a)
 			}
 		}
 	}
-	if (i->inflight_seq || i->w) {
-		i->told_valid = true;
-		i->told_size = a->size;
-		i->told_mtime = a->mtime;
-		i->told_ctime = a->ctime;
-	}
+	told_record(i, a);
 }
 
 /* The attributes of ino as a reader sees them: committed metadata plus
@@ -221,13 +226,19 @@ static void fill_entry(struct mountd *md, const struct meta_attr *a, struct fuse
 	e->entry_timeout = md->cfg.entry_timeout;
 }
 
-/* Marks an inode this daemon just made as having no xattrs (struct inode). */
-static void xattr_none_set(struct mountd *md, uint64_t ino)
+/* Marks an inode this daemon just made as having no xattrs (struct inode);
+ * a, when given, is the regular file's attributes its reply carries. */
+static void made_inode_note(struct mountd *md, uint64_t ino, const struct meta_attr *a)
 {
 	struct inode *i = inode_ref_existing(md, ino);
 
 	if (i) {
 		atomic_store(&i->xattr_none, true);
+		if (a) {
+			pthread_mutex_lock(&i->lock);
+			told_record(i, a);
+			pthread_mutex_unlock(&i->lock);
+		}
 		inode_unref(md, i, 0, 1);
 	}
 }
@@ -1282,7 +1293,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	}
 	fill_entry(md, &a, &e);
 	inode_ref(md, a.ino, 1, 0);
-	xattr_none_set(md, a.ino);
+	made_inode_note(md, a.ino, &a);
 	if (fuse_reply_create(req, &e, fi) != 0) {
 		struct open_file *of = handle_remove(md->handles, fi->fh, HANDLE_FILE);
 		if (of)

@@ -892,9 +892,9 @@ struct inode {
 	 * committed file is that job's staging file byte for byte (a writer's
 	 * open copies it from there, open_file()). */
 	uint64_t committed_seq, committed_gen;
-	/* The size and times of the last attributes replied while the inode had
-	 * staged or in-flight data (overlay_locked): a commit that leaves the
-	 * metadata at exactly these need not drop the kernel's cache. */
+	/* The size and times of the last attributes replied for this regular
+	 * file (told_record() in fuse_ops.c): what a commit changes is checked
+	 * against them before it drops the kernel's cache (job_committed()). */
 	bool told_valid;
 	uint64_t told_size;
 	struct timespec told_mtime, told_ctime;

@@ -186,16 +186,26 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r, bo
 	if (i->inflight_seq == r->seq) {
 		struct meta_attr after;
 
-		/* The kernel's cache goes unless the last attributes it was
-		 * given (while the job was in flight) are what the commit made:
-		 * then it holds the committed file already, and the next stat
-		 * (git status after a checkout) needs no GETATTR. The bytes it
-		 * may have cached came from the staging file, the committed
-		 * content. A failed job changed nothing. */
+		/* The kernel's cache goes unless what it holds is the
+		 * committed file or it will ask anyway: a commit changes only
+		 * the size, times and blocks. Either the last attributes it was
+		 * given are what the commit made (git status after a
+		 * checkout), or the size differs from them: no reply said so,
+		 * so a write, a truncating open, fallocate or copy_file_range
+		 * made it, and each has the kernel drop its size, times and
+		 * blocks (fuse_write_update_attr()), which the next stat asks
+		 * for; its mode, owner and links, which a permission check
+		 * needs, stay good (the open after a checkout). A write
+		 * through a shared mapping changes no size and the kernel
+		 * drops nothing for it, so equal sizes want equal times. The
+		 * bytes it cached came through this daemon or the staging
+		 * file; a passthrough open dropped the rest. A failed job
+		 * changed nothing. */
 		keep = !r->error && i->told_valid && !i->w &&
 		       meta_getattr(md->meta, r->ino, &after) == 0 &&
-		       after.size == i->told_size && timespec_eq(&after.mtime, &i->told_mtime) &&
-		       timespec_eq(&after.ctime, &i->told_ctime);
+		       (after.size != i->told_size ||
+			(timespec_eq(&after.mtime, &i->told_mtime) &&
+			 timespec_eq(&after.ctime, &i->told_ctime)));
 		i->inflight_seq = 0;
 		if (!r->error && seen) {
 			i->committed_seq = r->seq;

@@ -435,6 +435,98 @@ Test(passthrough, a_commit_that_changes_nothing_cached_keeps_the_kernel_cache)
 	fm_expect_content(mp("k"), body, strlen(body));
 }
 
+static uint64_t commits_seen(void)
+{
+	return stat_of("commit_invalidations") + stat_of("commit_invalidations_skipped");
+}
+
+static void committed_since(uint64_t seen0)
+{
+	for (int i = 0; i < 60000 && commits_seen() <= seen0; i++)
+		usleep(1000);
+	cr_assert_gt(commits_seen(), seen0, "no commit came back");
+}
+
+/* GETATTR requests an open(O_RDONLY) and close of path cost (as
+ * getattrs_of_stat()). */
+static int64_t getattrs_of_open(const char *path)
+{
+	struct fm_stats s;
+	uint64_t g1, g2, g3;
+
+	fm_stats_read(&s);
+	g1 = fm_stats_need(&s, "fuse_requests_getattr");
+	OK(close(OK(open(path, O_RDONLY))));
+	fm_stats_read(&s);
+	g2 = fm_stats_need(&s, "fuse_requests_getattr");
+	fm_stats_read(&s);
+	g3 = fm_stats_need(&s, "fuse_requests_getattr");
+	return (int64_t)(g2 - g1) - (int64_t)(g3 - g2);
+}
+
+/*
+ * The commit of a file written and closed without a stat (a checkout)
+ * leaves the kernel the mode, owner and links it holds: the writes already
+ * made it drop the size and times, so the next open's permission check asks
+ * nothing and the next stat asks for the committed ones. A write through a
+ * shared mapping leaves the size alone and makes the kernel drop nothing:
+ * its commit must drop the cache, or stat shows the old mtime for a day.
+ */
+Test(passthrough, a_commit_keeps_what_the_kernel_did_not_drop_itself)
+{
+	static const char body[] = "written and closed, never stat'ed\n";
+	struct stat st, cold, before, after;
+	uint64_t seen0, inval0;
+	char *p;
+	int fd;
+
+	seen0 = commits_seen();
+	inval0 = stat_of("commit_invalidations");
+	fm_write_file(mp("w"), body, strlen(body));
+	committed_since(seen0);
+	cr_assert_eq(stat_of("commit_invalidations"), inval0,
+		     "the commit of a new file dropped the kernel's attributes");
+	cr_assert_eq(getattrs_of_open(mp("w")), 0,
+		     "an open after the commit asked for attributes the kernel had");
+	cr_assert_eq(getattrs_of_stat(mp("w"), &st), 1,
+		     "a stat after the writes did not ask for the committed size");
+	cr_assert_eq(st.st_size, (off_t)strlen(body));
+
+	fm_write_file(mp("m"), body, strlen(body));
+	uploaded_after(mp("m"));
+	OK(stat(mp("m"), &before));
+	cr_assert_eq(getattrs_of_stat(mp("m"), &before), 0);
+	usleep(20000); /* a later mtime, whatever the clock's grain */
+	seen0 = commits_seen();
+	inval0 = stat_of("commit_invalidations");
+	fd = OK(open(mp("m"), O_RDWR));
+	p = mmap(NULL, strlen(body), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	cr_assert(p != MAP_FAILED, "mmap: %s", strerror(errno));
+	p[0] = 'W';
+	OK(msync(p, strlen(body), MS_SYNC));
+	OK(munmap(p, strlen(body)));
+	OK(close(fd));
+	committed_since(seen0);
+	cr_assert_gt(stat_of("commit_invalidations"), inval0,
+		     "the commit of a mapped write kept the kernel's old times");
+	OK(stat(mp("m"), &after));
+	cr_assert(after.st_mtim.tv_sec > before.st_mtim.tv_sec ||
+		  (after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+		   after.st_mtim.tv_nsec > before.st_mtim.tv_nsec),
+		  "a write through a mapping left the mtime where it was");
+
+	fm_remount_cold();
+	OK(stat(mp("w"), &cold));
+	same_attrs(&st, &cold, "the written file after a remount");
+	OK(stat(mp("m"), &cold));
+	same_attrs(&after, &cold, "the mapped file after a remount");
+	fm_expect_content(mp("w"), body, strlen(body));
+	char want[sizeof(body)];
+	memcpy(want, body, sizeof(body));
+	want[0] = 'W';
+	fm_expect_content(mp("m"), want, strlen(body));
+}
+
 /* Uploads wait while files keep being closed (-o upload_quiet_ms); here
  * the wait outlasts the test, so only someone who needs the commit can end
  * it: an fsync, an open that must see the commit, an unmount. */
