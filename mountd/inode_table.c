@@ -59,6 +59,7 @@ static void inode_free(struct mountd *md, struct inode *i)
 	if (md)
 		local_copy_forget(md, i);
 	free(i->kept_name); /* at exit: a copy's name local_copy_exit() did not see */
+	free(i->inflight_name); /* at exit: a job still in flight */
 	if (!md && i->kept_fd >= 0)
 		close(i->kept_fd);
 	layout_free(md, i);

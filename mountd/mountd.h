@@ -885,8 +885,9 @@ struct inode {
 	 * it holds every byte of the file as that close left it, so readers
 	 * need not wait for the commit (inflight_file() in fuse_ops.c). */
 	int inflight_fd;
-	uint64_t inflight_fd_seq; /* the job inflight_fd belongs to */
 	bool inflight_whole;      /* its staging file holds every byte of the file */
+	bool told_valid;          /* told_* below hold a reply */
+	uint64_t inflight_fd_seq; /* the job inflight_fd belongs to */
 	/* The last job of this inode the reconciler committed, and layout_gen
 	 * right after that commit: while layout_gen is still that, the
 	 * committed file is that job's staging file byte for byte (a writer's
@@ -895,11 +896,14 @@ struct inode {
 	/* The size and times of the last attributes replied for this regular
 	 * file (told_record() in fuse_ops.c): what a commit changes is checked
 	 * against them before it drops the kernel's cache (job_committed()). */
-	bool told_valid;
 	uint64_t told_size;
 	struct timespec told_mtime, told_ctime;
 	/* Guarded by md->rc_lock: */
-	char inflight_name[RECONCILE_NAME_MAX + 1]; /* the job's staging file */
+	/* The staging file of the job in flight: malloc'ed at the hand-off
+	 * (rclient_handoff()), freed when the job ends; NULL while none is.
+	 * Not in the struct: most inodes never have a job, and a volume of a
+	 * million files keeps a million of these structs. */
+	char *inflight_name;
 	struct inode *inext;      /* md->inflight list */
 	struct inode **iprevp;    /* what points at this one in it (O(1) removal) */
 	uint64_t iseq, isize;     /* its job's seq and the file's size in it (drain.c) */
@@ -910,6 +914,7 @@ struct inode {
 	 * hole, and FLUSH reports it, until the last writer closes. */
 	int wb_error_unstaged;
 	uint32_t ncached;         /* open handles in the kernel's cached I/O mode */
+	bool pending;             /* on the write-back retry list (holds a reference) */
 	/* The committed layout last read from the database (layout_cache.c);
 	 * layout_gen grows at every change to the committed data. Lock order:
 	 * lock, then layout_lock. */
@@ -917,7 +922,6 @@ struct inode {
 	uint64_t layout_gen;
 	struct layout *layout;
 	struct wstate *w;         /* pending writes, or NULL */
-	bool pending;             /* on the write-back retry list (holds a reference) */
 	/* The local copy (local_copy.c): a hard link, named kept_name in the
 	 * staging directory (owned; NULL: none), to the staging file of job
 	 * kept_seq, kept_size bytes. kept_id: its backing id, registered while

@@ -59,14 +59,16 @@ static void inflight_unlink(struct inode *i)
 	}
 }
 
+/* The job of i in flight has ended. */
 static void inflight_remove(struct mountd *md, struct inode *i)
 {
 	pthread_mutex_lock(&md->rc_lock);
 	inflight_unlink(i);
+	free(i->inflight_name);
+	i->inflight_name = NULL;
 	pthread_mutex_unlock(&md->rc_lock);
 }
 
-/* Ends the reservation of ino for job seq. */
 static bool timespec_eq(const struct timespec *a, const struct timespec *b)
 {
 	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
@@ -965,6 +967,7 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	struct wstate *w = i->w;
 	struct reconcile_job job = { 0 };
 	const char *name = strrchr(w->path, '/') + 1;
+	char *iname; /* i->inflight_name once handed over */
 	bool attached = false;
 	uint64_t size;
 	int rc;
@@ -1044,7 +1047,15 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 	 * died with them only in its metadata journal: the reconciler's commit
 	 * waits for them (their batch is normally committed by then). */
 	job.meta_seq = meta_journal_last(md->meta);
+	/* Made before anything is handed over, which must then be on the
+	 * in-flight list to be sent again to a new reconciler. */
+	iname = malloc(RECONCILE_NAME_MAX + 1);
+	if (!iname) {
+		reconcile_job_clear(&job);
+		return -ENOMEM;
+	}
 	if (!rclient_lock_with_room(md, atomic_load(&md->rc_stalled) ? 0 : HANDOFF_ROOM_WAIT_MS)) {
+		free(iname);
 		reconcile_job_clear(&job);
 		return -EAGAIN;
 	}
@@ -1055,8 +1066,11 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		rc = reconcile_handoff(md->rc_sock, &job, w->fd);
 	if (rc == 0) {
 		/* For a resend, should the reconciler have to be restarted. */
-		snprintf(i->inflight_name, sizeof(i->inflight_name), "%s", job.name);
+		snprintf(iname, RECONCILE_NAME_MAX + 1, "%s", job.name);
 		inflight_unlink(i); /* never on it twice */
+		free(i->inflight_name);
+		i->inflight_name = iname;
+		iname = NULL;
 		i->inext = md->inflight;
 		if (i->inext)
 			i->inext->iprevp = &i->inext;
@@ -1066,6 +1080,7 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		i->isize = size;
 	}
 	pthread_mutex_unlock(&md->rc_lock);
+	free(iname); /* NULL unless the hand-off failed */
 	if (rc < 0) {
 		/* The caller commits the file itself now; a record left behind
 		 * could later replay these bytes over newer ones. */
@@ -1146,7 +1161,7 @@ int rclient_journal(struct mountd *md, struct inode *i, unsigned flags)
 void rclient_inflight_name(struct mountd *md, struct inode *i, char *buf, size_t cap)
 {
 	pthread_mutex_lock(&md->rc_lock);
-	snprintf(buf, cap, "%s", i->inflight_name);
+	snprintf(buf, cap, "%s", i->inflight_name ? i->inflight_name : "");
 	pthread_mutex_unlock(&md->rc_lock);
 }
 
