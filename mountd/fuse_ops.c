@@ -14,6 +14,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "inval.h"
 #include "log.h"
 #include "mountd.h"
 
@@ -153,13 +154,36 @@ static bool timespec_later(const struct timespec *a, const struct timespec *b)
 }
 
 /* a is what the kernel is about to be given for i (job_committed() in
- * reconcile_client.c). Caller holds i->lock. */
+ * reconcile_client.c). While a passthrough writer is open the kernel may
+ * apply it after a write it did not see (kernels before the passthrough
+ * write hook bumped attr_version): then it proves nothing about a size
+ * the commit changed. Caller holds i->lock. */
 static void told_record(struct inode *i, const struct meta_attr *a)
 {
 	i->told_valid = true;
+	i->told_racy = i->w && i->w->passthrough;
 	i->told_size = a->size;
 	i->told_mtime = a->mtime;
 	i->told_ctime = a->ctime;
+}
+
+/* The kernel holds attributes of i that no reply recorded (a change made
+ * without telling it): the next commit drops them. Caller holds i->lock. */
+static void told_forget(struct inode *i)
+{
+	i->told_valid = false;
+}
+
+static void told_forget_ino(struct mountd *md, uint64_t ino)
+{
+	struct inode *i = inode_ref_existing(md, ino);
+
+	if (i) {
+		pthread_mutex_lock(&i->lock);
+		told_forget(i);
+		pthread_mutex_unlock(&i->lock);
+		inode_unref(md, i, 0, 1);
+	}
 }
 
 /* Applies pending writes (size, mtime) of a live staging file or of a job
@@ -237,6 +261,7 @@ static void made_inode_note(struct mountd *md, uint64_t ino, const struct meta_a
 		if (a) {
 			pthread_mutex_lock(&i->lock);
 			told_record(i, a);
+			i->told_racy = false; /* nothing has the file to write yet */
 			pthread_mutex_unlock(&i->lock);
 		}
 		inode_unref(md, i, 0, 1);
@@ -638,6 +663,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	}
 	if (rc == 0 && i && S_ISREG(out.mode))
 		overlay_locked(i, &out);
+	else if (rc < 0 && i)
+		told_forget(i); /* a truncate may have been done, its reply not */
 	if (i && (valid & META_SET_SIZE))
 		layout_forget(md, i);
 	if (took_copy && i->w && i->w->npt == 0 && i->nwriters == 0 && !i->pending)
@@ -1129,8 +1156,12 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 			if (ftruncate(i->w->fd, 0) < 0)
 				rc = -errno;
 			i->w->size_changed = true;
-			if (rc == 0 && (kill = trunc_kill_suid(md, ino, caller, &in)) != 0)
+			if (rc == 0 && (kill = trunc_kill_suid(md, ino, caller, &in)) != 0) {
 				rc = meta_setattr(md->meta, ino, kill, &in, NULL);
+				inval_attr(md, ino); /* the set-id bits it holds */
+			}
+			if (rc < 0)
+				told_forget(i); /* truncated, and the open fails */
 		} else {
 			struct meta_attr after;
 
@@ -1139,9 +1170,13 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 				valid |= trunc_kill_suid(md, ino, caller, &in);
 				rc = meta_setattr(md->meta, ino, valid, &in, &after);
 				layout_forget(md, i);
+				if (valid & META_SET_MODE)
+					inval_attr(md, ino); /* the set-id bits it holds */
 			}
 			if (rc == 0 && i->w)
 				rc = staged_truncate(i, 0, &after);
+			if (rc < 0)
+				told_forget(i);
 		}
 	} else if (writer && !created && !i->w) {
 		rc = meta_getattr(md->meta, ino, &a);
@@ -1178,8 +1213,10 @@ static int open_file(struct mountd *md, uint64_t ino, uid_t caller,
 	    caller != 0) {
 		struct meta_attr in = { 0 };
 		unsigned kill = trunc_kill_suid(md, ino, caller, &in);
-		if (kill)
+		if (kill) {
 			rc = meta_setattr(md->meta, ino, kill, &in, NULL);
+			inval_attr(md, ino); /* the set-id bits the kernel holds */
+		}
 	}
 	if (rc == 0)
 		rc = open_mode_locked(md, i, of, writer && empty, copy, src, created, fi);
@@ -1441,6 +1478,8 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 			fuse_reply_err(req, -rc);
 			return;
 		}
+		if (kill)
+			inval_attr(md, ino); /* the set-id bits the kernel holds */
 		of->setid_clear = true;
 	}
 	pthread_mutex_lock(&of->ino->lock);
@@ -1633,6 +1672,8 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 			rc = -errno;
 		else
 			i->w->size_changed = true;
+		if (rc < 0)
+			told_forget(i); /* a failed one may have grown it */
 		pthread_mutex_unlock(&i->lock);
 		fuse_reply_err(req, -rc);
 		return;
@@ -1662,6 +1703,8 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 			rc = -EOPNOTSUPP;
 		}
 	}
+	if (rc < 0)
+		told_forget(i);
 	layout_forget(md, i);
 	pthread_mutex_unlock(&i->lock);
 	fuse_reply_err(req, -rc);
@@ -1803,6 +1846,9 @@ static int dir_fill_one(void *arg, const char *name, const struct meta_attr *a, 
 		n = fuse_add_direntry_plus(f->req, f->buf + f->used, f->size - f->used, name, &e,
 					   (off_t)(cookie + 2));
 		if (n > f->size - f->used) {
+			/* overlay_wstate() recorded what the kernel never got */
+			if (S_ISREG(aa.mode))
+				told_forget_ino(f->md, a->ino);
 			f->full = true;
 			return 1;
 		}

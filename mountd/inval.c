@@ -24,6 +24,14 @@ static void send_one(struct mountd *md, uint64_t ino)
 		fuse_lowlevel_notify_inval_inode(md->se, ino, 0, 0);
 }
 
+void inval_attr(struct mountd *md, uint64_t ino)
+{
+	/* A negative offset: the attributes only, so the kernel waits for
+	 * no page (a handler's own request may hold some locked). */
+	if (!atomic_load(&md->fuse_done))
+		fuse_lowlevel_notify_inval_inode(md->se, ino, -1, 0);
+}
+
 static void *inval_main(void *arg)
 {
 	struct mountd *md = arg;

@@ -36,6 +36,10 @@ void inval_inode(struct mountd *md, uint64_t ino);
  * through /dev/fuse); without the thread, sends nothing: a later open
  * drops the pages anyway. */
 void inval_inode_later(struct mountd *md, uint64_t ino);
+/* Has the kernel drop inode ino's cached attributes now, from any thread
+ * (a request's handler too): a change it was not told of (set-id bits
+ * cleared by a write) must not wait for a commit. */
+void inval_attr(struct mountd *md, uint64_t ino);
 /* Sends nothing more and ends the thread (what is queued is dropped: the
  * mount is gone by then). */
 void inval_stop(struct mountd *md);

@@ -887,6 +887,7 @@ struct inode {
 	int inflight_fd;
 	bool inflight_whole;      /* its staging file holds every byte of the file */
 	bool told_valid;          /* told_* below hold a reply */
+	bool told_racy;           /* ... made while a passthrough writer was open */
 	uint64_t inflight_fd_seq; /* the job inflight_fd belongs to */
 	/* The last job of this inode the reconciler committed, and layout_gen
 	 * right after that commit: while layout_gen is still that, the
@@ -898,7 +899,8 @@ struct inode {
 	 * against them before it drops the kernel's cache (job_committed()). */
 	uint64_t told_size;
 	struct timespec told_mtime, told_ctime;
-	/* Guarded by md->rc_lock: */
+	/* Guarded by md->rc_lock, and set and freed under lock too (so a
+	 * holder of lock may read it while inflight_seq is set): */
 	/* The staging file of the job in flight: malloc'ed at the hand-off
 	 * (rclient_handoff()), freed when the job ends; NULL while none is.
 	 * Not in the struct: most inodes never have a job, and a volume of a

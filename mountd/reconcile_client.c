@@ -197,15 +197,19 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r, bo
 		 * made it, and each has the kernel drop its size, times and
 		 * blocks (fuse_write_update_attr()), which the next stat asks
 		 * for; its mode, owner and links, which a permission check
-		 * needs, stay good (the open after a checkout). A write
+		 * needs, stay good (the open after a checkout; set-id bits a
+		 * write cleared are not: told_forget()). A write
 		 * through a shared mapping changes no size and the kernel
-		 * drops nothing for it, so equal sizes want equal times. The
+		 * drops nothing for it, so equal sizes want equal times. Not
+		 * when the last reply may have reached the kernel after a
+		 * write (told_record()), nor for a job that was lost rather
+		 * than committed (!seen: the metadata kept the old size). The
 		 * bytes it cached came through this daemon or the staging
 		 * file; a passthrough open dropped the rest. A failed job
 		 * changed nothing. */
 		keep = !r->error && i->told_valid && !i->w &&
 		       meta_getattr(md->meta, r->ino, &after) == 0 &&
-		       (after.size != i->told_size ||
+		       ((after.size != i->told_size && seen && !i->told_racy) ||
 			(timespec_eq(&after.mtime, &i->told_mtime) &&
 			 timespec_eq(&after.ctime, &i->told_ctime)));
 		i->inflight_seq = 0;

@@ -1937,6 +1937,63 @@ Test(posix, perm_suid_sgid_cleared)
 		     lst(mp("r")).st_mode & 07777);
 }
 
+/* The mode the kernel holds for path, asked for alone: statx() with only
+ * STATX_MODE asks the daemon only if the kernel dropped the mode (a write
+ * drops the size and times, not the mode). */
+static unsigned cached_mode(const char *path)
+{
+	struct statx sx;
+
+	OK(statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_MODE, &sx));
+	return sx.stx_mode & 07777;
+}
+
+/*
+ * The kernel is told at once when a write clears set-id bits: the daemon
+ * clears them (HANDLE_KILLPRIV_V2), and a kernel still holding them would
+ * let the new content run set-id (exec checks the mode it holds) until
+ * something refreshed it: the commit, or with a commit that keeps the
+ * kernel's attributes, the attribute timeout.
+ */
+Test(posix, cleared_set_id_bits_reach_the_kernel_at_once)
+{
+	static const struct {
+		const char *name;
+		int kind, flags;
+		bool daemon_path;
+	} ways[] = {
+		/* a passthrough write: the kernel clears them itself (SETATTR) */
+		{ "append", OP_APPEND, 0, false },
+		{ "trunc", OP_OPEN, O_WRONLY | O_TRUNC, false },
+		/* the daemon's WRITE: the kernel leaves it to the daemon */
+		{ "append-daemon", OP_APPEND, 0, true },
+	};
+
+	for (size_t k = 0; k < sizeof(ways) / sizeof(ways[0]); k++) {
+		char p[PATH_MAX];
+
+		snprintf(p, sizeof(p), "%s", mp("%s", ways[k].name));
+		if (ways[k].daemon_path) {
+			/* files with content are written through the daemon */
+			fm_umount();
+			fm_mount_with("passthrough_copy_max=0");
+		}
+
+		put(p, "content");
+		OK(chmod(p, 04777));
+		cr_assert_eq(cached_mode(p), 04777);
+		OK(NOBODY(.kind = ways[k].kind, .path = p, .flags = ways[k].flags));
+		cr_assert_eq(cached_mode(p), 0777, "%s by uid 65534: the kernel holds mode %o",
+			     ways[k].name, cached_mode(p));
+		/* and after the upload's commit too */
+		int fd = OK(open(p, O_RDONLY));
+		OK(fsync(fd));
+		OK(close(fd));
+		cr_assert_eq(cached_mode(p), 0777, "%s, committed: mode %o", ways[k].name,
+			     cached_mode(p));
+	}
+}
+
 /* ---- names and descriptors ----------------------------------------------- */
 
 Test(posix, name_too_long)
