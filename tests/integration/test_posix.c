@@ -1950,10 +1950,10 @@ static unsigned cached_mode(const char *path)
 
 /*
  * The kernel is told at once when a write clears set-id bits: the daemon
- * clears them (HANDLE_KILLPRIV_V2), and a kernel still holding them would
- * let the new content run set-id (exec checks the mode it holds) until
- * something refreshed it: the commit, or with a commit that keeps the
- * kernel's attributes, the attribute timeout.
+ * clears them (HANDLE_KILLPRIV_V2), and a kernel still holding them shows
+ * them to stat and to whatever copies modes (the mount is nosuid, so exec
+ * gains nothing) until something refreshes it: the commit, or with a
+ * commit that keeps the kernel's attributes, the attribute timeout.
  */
 Test(posix, cleared_set_id_bits_reach_the_kernel_at_once)
 {
