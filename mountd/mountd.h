@@ -899,8 +899,8 @@ struct inode {
 	 * against them before it drops the kernel's cache (job_committed()). */
 	uint64_t told_size;
 	struct timespec told_mtime, told_ctime;
-	/* Guarded by md->rc_lock, and set and freed under lock too (so a
-	 * holder of lock may read it while inflight_seq is set): */
+	/* Guarded by md->rc_lock (inflight_name is set and freed under lock
+	 * too, so a holder of lock may read it while inflight_seq is set): */
 	/* The staging file of the job in flight: malloc'ed at the hand-off
 	 * (rclient_handoff()), freed when the job ends; NULL while none is.
 	 * Not in the struct: most inodes never have a job, and a volume of a

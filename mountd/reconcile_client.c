@@ -198,7 +198,7 @@ static void job_committed(struct mountd *md, const struct reconcile_reply *r, bo
 		 * blocks (fuse_write_update_attr()), which the next stat asks
 		 * for; its mode, owner and links, which a permission check
 		 * needs, stay good (the open after a checkout; set-id bits a
-		 * write cleared are not: told_forget()). A write
+		 * write clears are dropped at once, inval_attr()). A write
 		 * through a shared mapping changes no size and the kernel
 		 * drops nothing for it, so equal sizes want equal times. Not
 		 * when the last reply may have reached the kernel after a
