@@ -85,6 +85,15 @@ static void crash(bool both)
 			kill(rec[i], SIGKILL);
 	}
 	fm_crash();
+	if (both) {
+		/* Between the two kills ferry-mountd may have seen its
+		 * reconciler go and started another: both daemons die here. */
+		pid_t rec[8];
+		int n = fm_daemon_pids("ferry-reconciler", rec, 8);
+
+		for (int i = 0; i < n; i++)
+			kill(rec[i], SIGKILL);
+	}
 	note_reconcilers("after the kill");
 }
 
