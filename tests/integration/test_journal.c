@@ -72,28 +72,31 @@ static void note_reconcilers(const char *when)
 		cr_log_info("%s: %d ferry-reconciler(s) of the killed mount still running", when, n);
 }
 
+static void kill_reconcilers(void)
+{
+	pid_t rec[8];
+	int n = fm_daemon_pids("ferry-reconciler", rec, 8);
+
+	for (int i = 0; i < n; i++)
+		kill(rec[i], SIGKILL);
+}
+
 /* SIGKILL ferry-mountd (and, with both, ferry-reconciler in the same
  * breath), then lazily unmount the dead mount (fm_crash). */
 static void crash(bool both)
 {
 	if (both) {
 		pid_t rec[8];
-		int n = fm_daemon_pids("ferry-reconciler", rec, 8);
 
-		cr_assert_geq(n, 1, "no ferry-reconciler found for %s", fm.dir);
-		for (int i = 0; i < n; i++)
-			kill(rec[i], SIGKILL);
+		cr_assert_geq(fm_daemon_pids("ferry-reconciler", rec, 8), 1,
+			      "no ferry-reconciler found for %s", fm.dir);
+		kill_reconcilers();
 	}
 	fm_crash();
-	if (both) {
-		/* Between the two kills ferry-mountd may have seen its
-		 * reconciler go and started another: both daemons die here. */
-		pid_t rec[8];
-		int n = fm_daemon_pids("ferry-reconciler", rec, 8);
-
-		for (int i = 0; i < n; i++)
-			kill(rec[i], SIGKILL);
-	}
+	/* Between the two kills ferry-mountd may have seen its reconciler go
+	 * and started another: both daemons die here. */
+	if (both)
+		kill_reconcilers();
 	note_reconcilers("after the kill");
 }
 
