@@ -178,6 +178,8 @@ struct meta_journal_stats {
 	 * change's write, answered late, failed) */
 	uint64_t changes_retried;
 	uint64_t pending;         /* records journaled and not yet committed */
+	uint64_t released;        /* inodes freed by batches (meta_inode_release_later) */
+	uint64_t release_failures; /* of those, left as orphans by a failure */
 };
 void meta_journal_stats_get(struct meta *m, struct meta_journal_stats *out);
 
@@ -358,6 +360,14 @@ uint64_t meta_thread_statements(void);
  * its slices and xattrs; the slices' objects are recorded for gc. A linked
  * inode is left alone (returns 0). */
 int meta_inode_release(struct meta *m, uint64_t ino);
+/* The same, for a daemon whose changes go in batches (meta_journal_open):
+ * the inode is freed in the next batch, before it commits (meta_flush and
+ * meta_close commit it too). Nobody waits for it: a freeing that fails is
+ * logged, and the inode stays an orphan until a later start frees it.
+ * Without a journal it is meta_inode_release(). */
+int meta_inode_release_later(struct meta *m, uint64_t ino);
+/* Inodes queued by meta_inode_release_later() and not yet taken by a batch. */
+uint64_t meta_releases_pending(struct meta *m);
 /* At mount: frees every orphan left by a crash (nothing can hold them open). */
 int meta_orphans_purge(struct meta *m, uint64_t *count);
 

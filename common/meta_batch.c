@@ -9,6 +9,7 @@
  * Ownership: see meta_engine.h. The journal buffer of a replay is its own.
  */
 #include "clock.h"
+#include "log.h"
 #include "meta_engine.h"
 #include "meta_names.h"
 
@@ -451,18 +452,59 @@ static void batch_lost(struct meta *m)
 	batch_restore(m);
 }
 
-/* Commits the open batch (write_lock held). On failure the batch is made
- * again from the journal and stays open: the flusher tries again. */
+static bool releases_pending(struct meta *m)
+{
+	bool any;
+
+	pthread_mutex_lock(&m->rel_lock);
+	any = m->nrel > 0;
+	pthread_mutex_unlock(&m->rel_lock);
+	return any;
+}
+
+/* The inodes meta_inode_release_later() queued, taken out of the queue:
+ * the caller owns *v (free it). */
+static size_t releases_take(struct meta *m, uint64_t **v)
+{
+	size_t n;
+
+	pthread_mutex_lock(&m->rel_lock);
+	*v = m->rel;
+	n = m->nrel;
+	m->rel = NULL;
+	m->nrel = m->relcap = 0;
+	pthread_mutex_unlock(&m->rel_lock);
+	return n;
+}
+
+static int releases_run(struct meta *m, const uint64_t *v, size_t n)
+{
+	int rc = 0;
+
+	for (size_t i = 0; i < n && rc == 0; i++)
+		rc = meta_release_in_batch(m, v[i]);
+	return rc;
+}
+
+/* Commits the open batch (write_lock held), with the inodes queued for
+ * freeing, which open one if none is. On failure the batch is made again
+ * from the journal and stays open: the flusher tries again. */
 static int batch_commit(struct meta *m)
 {
 	bool retried = false;
+	uint64_t *rel = NULL; /* owned here: freed inodes, once committed */
+	size_t nrel = releases_take(m, &rel);
 	int rc = 0;
 
 again:
 	batch_check(m);
+	if (!m->batch_open && nrel > 0 && (rc = batch_begin(m)) != 0)
+		goto releases_lost;
 	if (!m->batch_open)
 		return 0;
-	rc = meta_hot_flush(m);
+	rc = releases_run(m, rel, nrel);
+	if (rc == 0)
+		rc = meta_hot_flush(m);
 	if (rc == 0 && m->jseq > m->applied)
 		rc = run_ints(m->bc, ST_JOURNAL_PUT, 1, (const int64_t[]){ (int64_t)m->jseq });
 	if (rc == 0)
@@ -476,6 +518,8 @@ again:
 			retried = true;
 			goto again;
 		}
+		if (nrel > 0)
+			goto releases_lost;
 		/* A rule's errno (a doomed write's EEXIST) is not the caller's. */
 		return rc == -EAGAIN || rc == -EEXIST ? -EIO : rc;
 	}
@@ -483,6 +527,8 @@ again:
 	atomic_fetch_add(&m->commits_made, 1);
 	m->applied = m->jseq;
 	m->js.batches++;
+	m->js.released += nrel;
+	free(rel);
 	/* Everything in it is in the database now: the next record goes at
 	 * the start again, over the old ones. No truncate (on ext4 it can wait
 	 * for the file system's journal, which other processes' syncs keep
@@ -493,6 +539,16 @@ again:
 		return 0; /* keeps appending: replay skips what is committed */
 	m->jsize = 0;
 	return 0;
+
+releases_lost:
+	/* Nobody was told these are freed, and each has its orphan row:
+	 * a later start frees them. The batch's own changes are still
+	 * journaled, and the flusher tries them again. */
+	log_errno(rc, "cannot free %zu unlinked inodes now (left as orphans until the next start)",
+		  nrel);
+	m->js.release_failures += nrel;
+	free(rel);
+	return rc == -EAGAIN || rc == -EEXIST ? -EIO : rc;
 }
 
 /*
@@ -796,8 +852,13 @@ static void *flush_main(void *arg)
 		struct timespec now, wake;
 		int64_t due, tick;
 
-		if (!m->batch_open) {
+		if (!m->batch_open && !releases_pending(m)) {
 			pthread_cond_wait(&m->flush_cond, &m->write_lock);
+			continue;
+		}
+		/* Inodes to free and no batch: one opens for them. */
+		if (!m->batch_open && batch_begin(m) != 0) {
+			(void)batch_commit(m); /* cannot open one either: they are given up */
 			continue;
 		}
 		due = ts_ns(&m->batch_since) + (int64_t)m->flush_ms * 1000000LL;
@@ -916,6 +977,51 @@ static int flush(struct meta *m, bool restore)
 	return rc;
 }
 
+int meta_inode_release_later(struct meta *m, uint64_t ino)
+{
+	bool first;
+
+	if (m == NULL)
+		return -EINVAL;
+	if (m->jfd < 0)
+		return meta_inode_release(m, ino);
+	pthread_mutex_lock(&m->rel_lock);
+	if (m->nrel == m->relcap) {
+		size_t cap = m->relcap ? m->relcap * 2 : 256;
+		uint64_t *v = realloc(m->rel, cap * sizeof(*v));
+
+		if (v == NULL) {
+			pthread_mutex_unlock(&m->rel_lock);
+			return meta_inode_release(m, ino);
+		}
+		m->rel = v;
+		m->relcap = cap;
+	}
+	m->rel[m->nrel++] = ino;
+	first = m->nrel == 1;
+	pthread_mutex_unlock(&m->rel_lock);
+	/* A flusher with no batch open sleeps until one opens: wake it
+	 * (under write_lock, so it cannot be between its look and its wait). */
+	if (first && !atomic_load(&m->batch_dirty)) {
+		pthread_mutex_lock(&m->write_lock);
+		pthread_cond_signal(&m->flush_cond);
+		pthread_mutex_unlock(&m->write_lock);
+	}
+	return 0;
+}
+
+uint64_t meta_releases_pending(struct meta *m)
+{
+	uint64_t n;
+
+	if (m == NULL)
+		return 0;
+	pthread_mutex_lock(&m->rel_lock);
+	n = m->nrel;
+	pthread_mutex_unlock(&m->rel_lock);
+	return n;
+}
+
 int meta_flush(struct meta *m)
 {
 	return flush(m, false);
@@ -977,6 +1083,7 @@ int meta_alloc(const char *loc, struct meta **out)
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_mutex_init(&m->ids_lock, NULL);
 	pthread_mutex_init(&m->write_lock, NULL);
+	pthread_mutex_init(&m->rel_lock, NULL);
 	mono_cond_init(&m->flush_cond);
 	m->jfd = -1;
 	m->intent_fd = -1;
@@ -1062,6 +1169,8 @@ void meta_close(struct meta *m)
 	pthread_mutex_destroy(&m->lock);
 	pthread_mutex_destroy(&m->ids_lock);
 	pthread_mutex_destroy(&m->write_lock);
+	pthread_mutex_destroy(&m->rel_lock);
+	free(m->rel); /* queued with no journal left to free them in: orphans */
 	pthread_cond_destroy(&m->flush_cond);
 	free(m->path);
 	free(m);

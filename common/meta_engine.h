@@ -130,6 +130,15 @@ struct meta {
 	/* Names of directories made here, for lookups of absent names
 	 * (meta_names_keep); NULL unless this handle is the only writer. */
 	struct meta_names *names;
+	/* Unlinked inodes nothing holds any more, freed in the batch right
+	 * before it commits (meta_inode_release_later) rather than one
+	 * journaled change each on the thread of the kernel's FORGET, which
+	 * an rm -rf's next request waited behind. The array is owned here;
+	 * under rel_lock, taken after write_lock, never before it. Losing
+	 * them loses nothing: their orphan rows are freed at a later start. */
+	pthread_mutex_t rel_lock;
+	uint64_t *rel;
+	size_t nrel, relcap;
 };
 
 extern const struct db_driver meta_sqlite_driver;
@@ -189,6 +198,9 @@ int meta_hot_flush(struct meta *m);
 /* Makes journal record r's change again in the batch (write_lock held,
  * meta_tl_replaying set). */
 int meta_replay_one(struct meta *m, const struct mj_rec *r);
+/* Frees unlinked inode ino in the open batch (write_lock held): as
+ * meta_inode_release(), journaling nothing. */
+int meta_release_in_batch(struct meta *m, uint64_t ino);
 
 /* ---- statements over the driver ---- */
 

@@ -2857,6 +2857,13 @@ static int do_release(struct conn *c, void *p)
 	return rc > 0 ? 0 : rc;
 }
 
+int meta_release_in_batch(struct meta *m, uint64_t ino)
+{
+	int rc = inode_free(m->bc, ino);
+
+	return rc > 0 ? 0 : rc == -ENOENT ? 0 : rc;
+}
+
 int meta_inode_release(struct meta *m, uint64_t ino)
 {
 	if (m == NULL)

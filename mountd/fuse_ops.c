@@ -304,7 +304,7 @@ static void last_link_gone(struct mountd *md, uint64_t ino)
 	struct inode *i;
 
 	if (!inode_mark_unlinked(md, ino)) {
-		int rc = meta_inode_release(md->meta, ino);
+		int rc = meta_inode_release_later(md->meta, ino);
 		if (rc < 0)
 			log_errno(rc, "inode %llu: cannot free unlinked inode (left as orphan)",
 				  (unsigned long long)ino);

@@ -184,7 +184,7 @@ void inode_unref(struct mountd *md, struct inode *i, uint64_t nlookup, uint32_t 
 	if (i->w)
 		wstate_drop(md, i);
 	if (i->unlinked) {
-		int rc = meta_inode_release(md->meta, i->ino);
+		int rc = meta_inode_release_later(md->meta, i->ino);
 		if (rc < 0)
 			log_errno(rc, "inode %llu: cannot free unlinked inode (left as orphan)",
 				  (unsigned long long)i->ino);

@@ -62,14 +62,20 @@ static uint64_t stat_of(const char *name)
 	return fm_stats_need(&s, name);
 }
 
-/* Until nothing is staged and no garbage waits (bounded). The gauge says
- * nothing of a close whose RELEASE ferry-mountd has not seen yet (the
- * kernel sends it after close() returned): those first. */
+/* Until nothing is staged, no unlinked inode waits for the batch that
+ * frees it (and so queues its slices), and no garbage waits (bounded).
+ * The gauge says nothing of a close whose RELEASE ferry-mountd has not
+ * seen yet (the kernel sends it after close() returned): those first. */
 static void settle(void)
 {
 	fm_wait_released(0);
 	for (int i = 0; i < 300; i++) {
-		if (stat_of("passthrough_staging_blocks") == 0 && stat_of("gc_pending_slices") == 0)
+		struct fm_stats s;
+
+		fm_stats_read(&s);
+		if (fm_stats_need(&s, "passthrough_staging_blocks") == 0 &&
+		    fm_stats_need(&s, "meta_inodes_release_pending") == 0 &&
+		    fm_stats_need(&s, "gc_pending_slices") == 0)
 			return;
 		usleep(100 * 1000);
 	}

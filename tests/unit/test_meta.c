@@ -2453,6 +2453,83 @@ Test(meta_journal, directory_rows_held_by_the_batch_are_the_ones_committed,
 	free(other);
 }
 
+/* An unlinked inode handed to meta_inode_release_later() is freed by the
+ * next commit, with nothing journaled for it; a linked one is left alone;
+ * one queued in a process that dies before that commit stays an orphan
+ * that the purge at the next start frees. */
+Test(meta_journal, a_release_later_frees_in_the_next_commit, .init = setup_nodefer,
+     .fini = teardown)
+{
+	struct meta_attr a, b, g, v;
+	struct meta_journal_stats js0, js;
+	uint64_t purged = 0;
+	char jp[160];
+	int status;
+	pid_t pid;
+
+	journal_path(jp, sizeof(jp));
+	cr_assert_eq(meta_journal_open(m, jp, 60000, NULL), 0); /* commits only when asked */
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "a", S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "b", S_IFREG | 0644, 1, 2, 0, NULL, &b), 0);
+	cr_assert_eq(meta_flush(m), 0);
+	meta_journal_stats_get(m, &js0);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "a", &v), 0);
+	cr_assert_eq(v.nlink, 0u);
+	cr_assert_eq(meta_inode_release_later(m, a.ino), 0);
+	cr_assert_eq(meta_inode_release_later(m, b.ino), 0); /* still linked */
+	cr_assert_eq(meta_releases_pending(m), 2);
+	meta_journal_stats_get(m, &js);
+	cr_assert_eq(js.records, js0.records + 1, "only the unlink is journaled");
+	/* Until the commit the inode lives on, as an orphan. */
+	cr_assert_eq(meta_getattr(m, a.ino, &g), 0);
+	cr_assert_eq(g.nlink, 0u);
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(meta_releases_pending(m), 0);
+	cr_assert_eq(meta_getattr(m, a.ino, &g), -ENOENT);
+	cr_assert_eq(meta_getattr(m, b.ino, &g), 0, "a linked inode is not freed");
+	cr_assert_eq(g.nlink, 1u);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM orphan"), 0);
+	meta_journal_stats_get(m, &js);
+	cr_assert_eq(js.released, js0.released + 2);
+	cr_assert_eq(js.release_failures, 0);
+
+	/* The flusher frees queued inodes on its own when no batch is open. */
+	meta_close(m);
+	m = NULL;
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_journal_open(m, jp, 5, NULL), 0);
+	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "b", NULL), 0);
+	cr_assert_eq(meta_flush(m), 0);
+	cr_assert_eq(meta_inode_release_later(m, b.ino), 0);
+	for (int i = 0; i < 400 && meta_getattr(m, b.ino, &g) == 0; i++)
+		usleep(5000);
+	cr_assert_eq(meta_getattr(m, b.ino, &g), -ENOENT, "no batch freed the queued inode");
+
+	/* Queued by a process killed before its batch committed. */
+	cr_assert_eq(meta_create(m, META_ROOT_INO, "c", S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
+	meta_close(m);
+	m = NULL;
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct meta *c = child_journal_open(jp);
+
+		if (meta_unlink(c, META_ROOT_INO, "c", NULL) || meta_inode_release_later(c, a.ino))
+			_exit(3);
+		kill(getpid(), SIGKILL);
+		_exit(4);
+	}
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %d", status);
+	cr_assert_eq(meta_open(db, &m), 0);
+	cr_assert_eq(meta_journal_open(m, jp, 5, NULL), 0); /* replays the unlink */
+	cr_assert_eq(meta_lookup(m, META_ROOT_INO, "c", &g), -ENOENT);
+	cr_assert_eq(raw_int("SELECT COUNT(*) FROM orphan"), 1);
+	cr_assert_eq(meta_orphans_purge(m, &purged), 0);
+	cr_assert_eq(purged, 1);
+	cr_assert_eq(meta_getattr(m, a.ino, &g), -ENOENT);
+}
+
 /* A torn or damaged tail (a power loss mid-append) ends the journal: the
  * records before it replay, and later records go after them. */
 Test(meta_journal, damaged_tail_ends_the_journal, .init = setup_nodefer, .fini = teardown)
