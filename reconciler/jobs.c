@@ -613,6 +613,22 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 		TAILQ_REMOVE(&r->feed, j, feed_link);
 		j->feeding = false;
 	}
+	if (behind && r->stopping && rec_mount_gone(r)) {
+		/* That next start waits for this reconciler to exit: the job
+		 * stays journaled for the reconciler it starts. */
+		log_debug("job %s (inode %" PRIu64 ", seq %" PRIu64 "): waits for metadata changes "
+			  "of a ferry-mountd that is gone; left for the next start", j->file,
+			  j->rj.ino, j->rj.seq);
+		j->parked = true;
+		j->state = JOB_BACKOFF;
+		if (j->started) { /* its slot goes to a job that can still move */
+			j->started = false;
+			r->nactive--;
+		}
+		jobs_start_ready(r);
+		rec_check_done(r);
+		return;
+	}
 	if (behind) {
 		/* Not the job's fault either: the changes it depends on are in
 		 * ferry-mountd's metadata journal, which its next start replays.
@@ -662,6 +678,20 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 	j->timer_lost = evtimer_add(j->timer, &tv) < 0;
 	if (j->timer_lost)
 		r->timers_lost++;
+}
+
+size_t jobs_stuck_behind_parked(struct rec *r)
+{
+	size_t n = 0;
+	struct job *j;
+
+	TAILQ_FOREACH(j, &r->all, all_link) {
+		struct job *first = TAILQ_FIRST(&j->iq->jobs);
+
+		if (j->parked || (j->state == JOB_READY && first != j && first->parked))
+			n++;
+	}
+	return n;
 }
 
 void jobs_retry_lost_timers(struct rec *r)

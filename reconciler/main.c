@@ -205,10 +205,32 @@ void rec_progress(struct rec *r)
 	clock_gettime(CLOCK_MONOTONIC, &r->last_progress);
 }
 
+bool rec_mount_gone(struct rec *r)
+{
+	/* Reparented: every thread of the process that started us ended (a
+	 * SIGHUP alone says only that one did, the one that forked us). */
+	if (!r->mount_gone && r->parent_pid > 1 && getppid() != r->parent_pid)
+		r->mount_gone = true;
+	return r->mount_gone;
+}
+
 void rec_check_done(struct rec *r)
 {
-	if (r->stopping && r->njobs == 0 && r->tasks_out == 0 && r->uploads_in_flight == 0)
+	size_t stuck;
+
+	if (!r->stopping || r->tasks_out != 0 || r->uploads_in_flight != 0)
+		return;
+	if (r->njobs == 0) {
 		event_base_loopexit(r->base, NULL);
+		return;
+	}
+	if (r->leaving || !rec_mount_gone(r) || (stuck = jobs_stuck_behind_parked(r)) < r->njobs)
+		return;
+	r->leaving = true;
+	log_info("the %zu jobs left wait for the metadata journal of a ferry-mountd that is gone: "
+		 "they stay journaled for the next start", stuck);
+	r->exit_code = 1;
+	event_base_loopexit(r->base, NULL);
 }
 
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
@@ -234,8 +256,11 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 	struct timeval sec = { 1, 0 };
 
 	if (r->stopping) {
-		if (sig == SIGHUP)
-			return; /* the mount went (again): stopping already */
+		if (sig == SIGHUP) {
+			/* Another thread of the mount's ended, maybe its last. */
+			rec_check_done(r);
+			return; /* stopping already */
+		}
 		log_warnx("error: signal %d again: stopping now with %zu jobs unfinished", (int)sig,
 			  r->njobs);
 		jobs_log_left(r);
@@ -363,6 +388,8 @@ int main(int argc, char **argv)
 	if (!cfg->foreground)
 		detach();
 	signal(SIGPIPE, SIG_IGN);
+	/* A detached one's parent exits at once: it has no mount to lose. */
+	r->parent_pid = cfg->foreground ? getppid() : 0;
 	fd_limit_raise();
 	heap_trim_threshold_raise();
 

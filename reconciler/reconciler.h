@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/queue.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include <curl/curl.h>
@@ -103,6 +104,7 @@ struct job {
 	struct event *timer;           /* backoff */
 	uint64_t blocks, bytes;        /* what it adds to the staging gauges */
 	bool feeding;                  /* on r->feed */
+	bool parked;                   /* behind a dead mount's journal: left for the next run */
 	/* Objects (by plan index, all below RECONCILE_SEEDS_MAX) whose seed
 	 * file is in the cache directory and still ours: the Committed reply
 	 * hands them to ferry-mountd, job_free removes the rest. */
@@ -310,6 +312,13 @@ struct rec {
 
 	/* shutdown */
 	bool stopping;
+	/* The ferry-mountd that started us is dead (rec_mount_gone): a
+	 * commit that waits for its metadata journal can only go through
+	 * after its next start replays that journal, and that start waits
+	 * for us to exit. Such jobs are parked (left journaled) at once. */
+	bool mount_gone;
+	pid_t parent_pid;            /* getppid() at start */
+	bool leaving;                /* rec_check_done() ended the loop for parked jobs */
 	struct timespec last_progress;
 	struct event *rescan_ev;
 	int exit_code;
@@ -317,7 +326,12 @@ struct rec {
 
 /* Something moved forward (the shutdown deadline restarts from now). */
 void rec_progress(struct rec *r);
+/* The process that started us is gone (sticky). */
+bool rec_mount_gone(struct rec *r);
 /* Checks whether a stopping daemon is done (then leaves the loop). */
 void rec_check_done(struct rec *r);
+/* Jobs that cannot move until the next ferry-mountd starts: parked, or
+ * waiting for their turn behind a parked one (jobs.c). */
+size_t jobs_stuck_behind_parked(struct rec *r);
 
 #endif

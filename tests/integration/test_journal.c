@@ -60,9 +60,10 @@ static uint64_t stat_of(const char *name)
 }
 
 /* Logs the ferry-reconcilers of this fixture still running: after a kill of
- * ferry-mountd alone its reconciler is told to stop, and may linger while
- * jobs wait for metadata only the next mount's journal replay commits. The
- * tests mount again right away, as a restarted pod would. */
+ * ferry-mountd alone its reconciler is told to stop, and finishes what
+ * does not wait for metadata only the next mount's journal replay commits
+ * (a_reconciler_whose_mount_died_...). The tests mount again right away,
+ * as a restarted pod would. */
 static void note_reconcilers(const char *when)
 {
 	pid_t pids[8];
@@ -516,6 +517,52 @@ Test(journal, kill_inside_a_batch_loses_nothing)
 Test(journal, kill_of_mountd_and_reconciler_inside_a_batch_loses_nothing)
 {
 	kill_inside_batch(true);
+}
+
+/* ferry-mountd killed with its batch open while its reconciler holds jobs
+ * for files that batch made: each commit waits for journal records only
+ * the next ferry-mountd's start replays, and that start waits for the old
+ * reconciler to exit. It exits at once, leaving the jobs journaled, and
+ * the next mount finishes them. */
+Test(journal, a_reconciler_whose_mount_died_leaves_what_waits_for_its_journal)
+{
+	unsigned char want[8][4096];
+	uint64_t seed = 5, pending = 0;
+	pid_t rec[8];
+	int n = 0, tries;
+
+	fm_umount();
+	fm_mount_with("meta_batch_ms=1000,upload_quiet_ms=600000,upload_delay_max_ms=600000");
+	cr_assert_eq(fm_daemon_pids("ferry-reconciler", rec, 8), 1);
+	/* The files' creates must still be in the open batch at the kill. */
+	for (tries = 0; tries < 20; tries++) {
+		for (int i = 0; i < 8; i++) {
+			fm_fill_random(&seed, want[i], sizeof(want[i]));
+			fm_write_file(mp("t%d-f%d", tries, i), want[i], sizeof(want[i]));
+		}
+		fm_wait_released(0);
+		pending = stat_of("meta_journal_pending");
+		if (pending >= 8)
+			break;
+	}
+	cr_assert_geq(pending, 8, "the batch committed before every try's kill");
+	crash(false);
+	double t0 = now_s();
+	while (kill(rec[0], 0) == 0 && now_s() - t0 < 30)
+		usleep(20 * 1000);
+	cr_assert_neq(kill(rec[0], 0), 0,
+		      "ferry-reconciler %d still runs %.0f s after its ferry-mountd was killed",
+		      (int)rec[0], now_s() - t0);
+	cr_log_info("the reconciler exited %.2f s after the kill", now_s() - t0);
+	t0 = now_s();
+	fm_mount();
+	cr_log_info("mounted again in %.2f s", now_s() - t0);
+	n = fm_daemon_pids("ferry-reconciler", rec, 8);
+	cr_assert_eq(n, 1, "%d reconcilers after the mount", n);
+	fm_wait_committed("the left jobs", 60);
+	fm_remount_cold();
+	for (int i = 0; i < 8; i++)
+		fm_expect_content(mp("t%d-f%d", tries, i), want[i], sizeof(want[i]));
 }
 
 /* ---- fsync / fsyncdir commit the batch ------------------------------------ */
