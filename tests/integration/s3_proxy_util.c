@@ -56,6 +56,12 @@ struct s3_proxy {
 	char fault_path[64];
 	int conns[CONNS_MAX];         /* live client sockets, -1: free slot */
 	unsigned nworkers;
+	/* The worker thread each slot last had (the acceptor's alone): joined
+	 * before the slot's next one starts, and all at the stop, so no
+	 * thread is still exiting when the test process exits (LeakSanitizer
+	 * stops every thread at exit and reports one it cannot). */
+	pthread_t threads[CONNS_MAX];
+	bool joinable[CONNS_MAX];
 	unsigned stalled;
 	bool release;                 /* stalled connections may go */
 	bool stop;
@@ -491,6 +497,11 @@ static void *acceptor(void *arg)
 			p->nworkers++;
 		}
 		pthread_mutex_unlock(&p->lock);
+		if (slot >= 0 && p->joinable[slot]) {
+			/* It gave the slot up: it is ending, if not gone. */
+			pthread_join(p->threads[slot], NULL);
+			p->joinable[slot] = false;
+		}
 		w = slot >= 0 ? malloc(sizeof(*w)) : NULL;
 		if (!w) {
 			if (slot >= 0) {
@@ -512,7 +523,8 @@ static void *acceptor(void *arg)
 			close(fd);
 			continue;
 		}
-		pthread_detach(t);
+		p->threads[slot] = t;
+		p->joinable[slot] = true;
 	}
 }
 
@@ -605,6 +617,9 @@ void s3_proxy_stop(struct s3_proxy *p)
 	while (p->nworkers)
 		pthread_cond_wait(&p->changed, &p->lock);
 	pthread_mutex_unlock(&p->lock);
+	for (int i = 0; i < CONNS_MAX; i++)
+		if (p->joinable[i])
+			pthread_join(p->threads[i], NULL);
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->changed);
 	for (size_t i = 0; i < p->ntokens; i++)
