@@ -2213,6 +2213,22 @@ static struct meta *child_journal_open(const char *jp)
 	return c;
 }
 
+/* Closes the test's volume and forks a process that is to die with its
+ * batch open: in it (0 returned) *child is the volume opened as
+ * child_journal_open() does; the parent gets its pid. */
+static pid_t journal_child_fork(const char *jp, struct meta **child)
+{
+	pid_t pid;
+
+	meta_close(m);
+	m = NULL;
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		*child = child_journal_open(jp);
+	return pid;
+}
+
 /* The changes the journal tests make, on mm (returns how many it made). */
 static int journal_changes(struct meta *mm)
 {
@@ -2321,12 +2337,9 @@ Test(meta_journal, replay_after_kill_makes_the_same_tree, .init = setup_nodefer,
 	pid_t pid;
 
 	journal_path(jp, sizeof(jp));
-	meta_close(m);
-	m = NULL;
-	pid = fork();
-	cr_assert_geq(pid, 0);
+	struct meta *c = NULL;
+	pid = journal_child_fork(jp, &c);
 	if (pid == 0) {
-		struct meta *c = child_journal_open(jp);
 		n = journal_changes(c);
 		/* The tree as the dying process saw it, times included. */
 		char *seen = dump_tree(c, 1);
@@ -2501,19 +2514,16 @@ Test(meta_journal, a_release_later_frees_in_the_next_commit, .init = setup_nodef
 	cr_assert_eq(meta_unlink(m, META_ROOT_INO, "b", NULL), 0);
 	cr_assert_eq(meta_flush(m), 0);
 	cr_assert_eq(meta_inode_release_later(m, b.ino), 0);
-	for (int i = 0; i < 400 && meta_getattr(m, b.ino, &g) == 0; i++)
+	/* Bounded, not timed: a loaded machine may take its time. */
+	for (int i = 0; i < 2000 && meta_getattr(m, b.ino, &g) == 0; i++)
 		usleep(5000);
 	cr_assert_eq(meta_getattr(m, b.ino, &g), -ENOENT, "no batch freed the queued inode");
 
 	/* Queued by a process killed before its batch committed. */
 	cr_assert_eq(meta_create(m, META_ROOT_INO, "c", S_IFREG | 0644, 1, 2, 0, NULL, &a), 0);
-	meta_close(m);
-	m = NULL;
-	pid = fork();
-	cr_assert_geq(pid, 0);
+	struct meta *c = NULL;
+	pid = journal_child_fork(jp, &c);
 	if (pid == 0) {
-		struct meta *c = child_journal_open(jp);
-
 		if (meta_unlink(c, META_ROOT_INO, "c", NULL) || meta_inode_release_later(c, a.ino))
 			_exit(3);
 		kill(getpid(), SIGKILL);
