@@ -334,3 +334,18 @@ int rcu_nfds(const struct rcu *r)
 	closedir(d);
 	return n;
 }
+
+int rcu_nfds_settled(const struct rcu *r)
+{
+	int n = rcu_nfds(r), same = 0;
+
+	for (int i = 0; i < 200 && same < 3; i++) {
+		int m;
+
+		usleep(50000);
+		m = rcu_nfds(r);
+		same = m == n ? same + 1 : 0;
+		n = m;
+	}
+	return n;
+}

@@ -62,6 +62,9 @@ int rcu_count(const struct rcu *r, const char *suffix);
 int rcu_count_attached(const struct rcu *r);
 /* Open fds of the daemon, but for its database connections. */
 int rcu_nfds(const struct rcu *r);
+/* rcu_nfds() once it has not changed for 150 ms (at most 10 s): a
+ * connection just closed may still be open at the daemon's end. */
+int rcu_nfds_settled(const struct rcu *r);
 /* What the last rcu_nfds() counted, one target a line. */
 extern char rcu_fd_list[8192];
 
