@@ -8,7 +8,8 @@
  *    ferry-mountd and ferry-reconciler) loses nothing that returned: the
  *    tree after the next mount equals the same steps run on a plain
  *    directory on the local disk, and the mount's own view before the kill;
- *  - fsync and fsyncdir commit the batch (read straight from meta.db), and
+ *  - fsync and fsyncdir commit the batch (read straight from the database:
+ *    meta.db, or the volume's PostgreSQL schema), and
  *    without them the commit is deferred;
  *  - a SIGKILL at random points of a create/rename/unlink storm loses no
  *    operation whose call returned.
@@ -19,6 +20,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <libpq-fe.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -567,6 +569,55 @@ Test(journal, a_reconciler_whose_mount_died_leaves_what_waits_for_its_journal)
 
 /* ---- fsync / fsyncdir commit the batch ------------------------------------ */
 
+/* The next component of *p, into comp (NUL-terminated); its length. */
+static size_t path_next(const char **p, char *comp)
+{
+	size_t l = strcspn(*p, "/");
+
+	memcpy(comp, *p, l);
+	comp[l] = '\0';
+	*p += l;
+	if (**p == '/')
+		(*p)++;
+	return l;
+}
+
+/* db_lookup() on a PostgreSQL volume: its schema, read over a connection of
+ * our own in one read-only transaction. */
+static uint64_t pg_lookup(const char *rel)
+{
+	const char *url = getenv("FERRY_TEST_PG_URL");
+	char comp[PATH_MAX], sql[160], inos[24];
+	uint64_t ino = 1; /* META_ROOT_INO */
+	const char *p = rel;
+	PGresult *res;
+	PGconn *h;
+
+	cr_assert(url && *url, "FERRY_TEST_PG_URL is not set");
+	h = PQconnectdb(url);
+	cr_assert_eq(PQstatus(h), CONNECTION_OK, "connect: %s", PQerrorMessage(h));
+	snprintf(sql, sizeof(sql), "BEGIN READ ONLY; SET LOCAL search_path = %s", fm.pg_schema);
+	res = PQexec(h, sql);
+	cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s: %s", sql, PQerrorMessage(h));
+	PQclear(res);
+	while (*p && ino) {
+		size_t l = path_next(&p, comp);
+		const char *vals[2] = { inos, comp };
+		int lens[2] = { 0, (int)l }, fmts[2] = { 0, 1 };
+
+		snprintf(inos, sizeof(inos), "%llu", (unsigned long long)ino);
+		res = PQexecParams(h, "SELECT ino FROM dentry WHERE parent = $1 AND name = $2", 2,
+				   NULL, vals, lens, fmts, 0);
+		cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "query %s: %s", rel,
+			     PQerrorMessage(h));
+		ino = PQntuples(res) ? strtoull(PQgetvalue(res, 0, 0), NULL, 10) : 0;
+		PQclear(res);
+	}
+	PQclear(PQexec(h, "COMMIT"));
+	PQfinish(h);
+	return ino;
+}
+
 /* The inode a path names in the committed database (read-only connection
  * of our own), or 0 if it is not there. */
 static uint64_t db_lookup(const char *rel)
@@ -578,6 +629,8 @@ static uint64_t db_lookup(const char *rel)
 	const char *p = rel;
 	int rc;
 
+	if (fm.pg_schema[0])
+		return pg_lookup(rel);
 	FMT(path, "%s/meta.db", fm.vol);
 	rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL);
 	cr_assert_eq(rc, SQLITE_OK, "open %s: %s", path, db ? sqlite3_errmsg(db) : "?");
@@ -588,13 +641,8 @@ static uint64_t db_lookup(const char *rel)
 	/* One read transaction for the whole walk. */
 	cr_assert_eq(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
 	while (*p && ino) {
-		size_t l = strcspn(p, "/");
+		size_t l = path_next(&p, comp);
 
-		memcpy(comp, p, l);
-		comp[l] = '\0';
-		p += l;
-		if (*p == '/')
-			p++;
 		sqlite3_reset(st);
 		sqlite3_bind_int64(st, 1, (sqlite3_int64)ino);
 		sqlite3_bind_blob(st, 2, comp, (int)l, SQLITE_TRANSIENT);
