@@ -605,6 +605,9 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 	uint64_t delay = r->cfg.retry_delay_ms;
 	bool nomem = j->err == -ENOMEM;
 	bool behind = j->err == -EINPROGRESS;
+	/* The volume's lease went to a newer mount (meta_lease_fence): no
+	 * commit of this process can ever land again. */
+	bool fenced = j->err == -EROFS;
 	bool full = j->err == -ENOSPC || j->err == -EDQUOT;
 	struct timeval tv;
 
@@ -613,12 +616,13 @@ static void job_attempt_failed(struct rec *r, struct job *j)
 		TAILQ_REMOVE(&r->feed, j, feed_link);
 		j->feeding = false;
 	}
-	if (behind && r->stopping && rec_mount_gone(r)) {
+	if ((behind || fenced) && r->stopping && rec_mount_gone(r)) {
 		/* That next start waits for this reconciler to exit: the job
 		 * stays journaled for the reconciler it starts. */
-		log_debug("job %s (inode %" PRIu64 ", seq %" PRIu64 "): waits for metadata changes "
-			  "of a ferry-mountd that is gone; left for the next start", j->file,
-			  j->rj.ino, j->rj.seq);
+		log_debug("job %s (inode %" PRIu64 ", seq %" PRIu64 "): %s; left for the next start",
+			  j->file, j->rj.ino, j->rj.seq,
+			  behind ? "waits for metadata changes of a ferry-mountd that is gone" :
+				   "the volume's lease went to a newer mount");
 		j->parked = true;
 		j->state = JOB_BACKOFF;
 		if (j->started) { /* its slot goes to a job that can still move */

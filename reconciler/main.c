@@ -227,8 +227,9 @@ void rec_check_done(struct rec *r)
 	if (r->leaving || !rec_mount_gone(r) || (stuck = jobs_stuck_behind_parked(r)) < r->njobs)
 		return;
 	r->leaving = true;
-	log_info("the %zu jobs left wait for the metadata journal of a ferry-mountd that is gone: "
-		 "they stay journaled for the next start", stuck);
+	log_info("the %zu jobs left cannot commit here (they wait for the metadata journal of a "
+		 "ferry-mountd that is gone, or its lease went to a newer mount): they stay "
+		 "journaled for the next start", stuck);
 	r->exit_code = 1;
 	event_base_loopexit(r->base, NULL);
 }
