@@ -169,8 +169,7 @@ static const char *log_tail(void)
 	char a[4096], b[3072], path[PATH_MAX];
 
 	file_tail(fm.log, a, sizeof(a));
-	(void)!snprintf(path, sizeof(path), "%.4000s/ferry-mountd.log",
-			fm.voldir[0] ? fm.voldir : fm.vol);
+	(void)!snprintf(path, sizeof(path), "%.4000s", fm_mountd_log_path());
 	if (access(path, R_OK) == 0) {
 		file_tail(path, b, sizeof(b));
 		snprintf(buf, sizeof(buf), "%.4095s\n--- %.900s (end) ---\n%.3071s", a, path, b);
@@ -779,9 +778,31 @@ void fm_remount(void)
 	fm_mount();
 }
 
+const char *fm_mountd_log_path(void)
+{
+	static char path[PATH_MAX];
+
+	(void)!snprintf(path, sizeof(path), "%.4000s/ferry-mountd.log",
+			fm.voldir[0] ? fm.voldir : fm.vol);
+	return path;
+}
+
+const char *fm_staging_dir(void)
+{
+	static char dir[PATH_MAX];
+
+	if (fm.staging[0])
+		snprintf(dir, sizeof(dir), "%s", fm.staging);
+	else if (fm.voldir[0]) /* a PostgreSQL volume's node directory */
+		snprintf(dir, sizeof(dir), "%.4000s/staging", fm.voldir);
+	else
+		snprintf(dir, sizeof(dir), "%.4000s/vol/staging", fm.dir);
+	return dir;
+}
+
 int fm_forget_saved_copies(void)
 {
-	const char *dir = fm.staging[0] ? fm.staging : sp("vol/staging");
+	const char *dir = fm_staging_dir();
 	DIR *d = opendir(dir);
 	struct dirent *e;
 	int n = 0;
@@ -1469,7 +1490,7 @@ int fm_staging_each(uint64_t ino, void (*fn)(const char *path, void *arg), void 
 	int n = 0;
 	DIR *d;
 
-	snprintf(dir, sizeof(dir), "%s", fm.staging[0] ? fm.staging : sp("vol/staging"));
+	snprintf(dir, sizeof(dir), "%s", fm_staging_dir());
 	snprintf(prefix, sizeof(prefix), "%llu-", (unsigned long long)ino);
 	d = opendir(dir);
 	cr_assert(d, "%s: %s", dir, strerror(errno));

@@ -86,6 +86,13 @@ void fm_setup_opts(const struct fm_opts *o);
  * test s3rver, $FERRY_TEST_S3_*) the server's directory of the volume's
  * prefix, whose objects are files named KEY._S3rver_object. Static. */
 const char *fm_store_dir(void);
+/* The staging directory the mount uses: --staging-dir, else the volume's
+ * default (VOLUME/staging; a PostgreSQL volume's node directory/staging).
+ * A static buffer, overwritten by the next call. */
+const char *fm_staging_dir(void);
+/* ferry-mountd's log: VOLUME/ferry-mountd.log, or a PostgreSQL volume's
+ * node directory's. A static buffer, overwritten by the next call. */
+const char *fm_mountd_log_path(void);
 /* Whether a file under fm_store_dir() is an object (not s3rver's own). */
 bool fm_store_is_object(const char *path);
 /* Puts an object straight into the store's directory, as the store would

@@ -183,7 +183,7 @@ Test(clock, commits_go_on_across_jumps_and_nothing_is_lost)
 	fm_remount_cold();
 	wl_check(w);
 	wl_free(w);
-	log = fm_slurp(sp("vol/ferry-mountd.log"));
+	log = fm_slurp(fm_mountd_log_path());
 	cr_assert(log);
 	cr_assert(!strstr(log, "started a new ferry-reconciler"),
 		  "the reconciler had to be restarted");
@@ -218,7 +218,7 @@ static void objects(struct obj_list *l)
 {
 	l->n = 0;
 	collect = l;
-	cr_assert_eq(nftw(sp("vol/objects"), add_obj, 16, FTW_PHYS), 0);
+	cr_assert_eq(nftw(fm_store_dir(), add_obj, 16, FTW_PHYS), 0);
 }
 
 static int missing(const struct obj_list *l)

@@ -479,7 +479,7 @@ Test(crash, a_copy_whose_flush_failed_stays_unflushed)
 	fm_daemon_preload("fault_fsync");
 	fm_daemon_env("FERRY_FAULT_FSYNC_PROG", "ferry-mountd");
 	fm_daemon_env("FERRY_FAULT_FSYNC_CTL", sp("fsync-ctl"));
-	fm_daemon_env("FERRY_FAULT_FSYNC_UNDER", fm.staging[0] ? fm.staging : sp("vol/staging"));
+	fm_daemon_env("FERRY_FAULT_FSYNC_UNDER", fm_staging_dir());
 	fm_mount();
 	committed_file("f", 'A');
 	fm_wait_committed("the file's first upload", 60);
@@ -511,7 +511,7 @@ Test(crash, a_copy_whose_flush_failed_stays_unflushed)
 Test(crash, another_volume_refuses_a_staging_directory_and_leaves_its_uploads)
 {
 	/* Own copies: sp()'s results are reused after 16 calls. */
-	char *staging = strdup(fm.staging[0] ? fm.staging : sp("vol/staging"));
+	char *staging = strdup(fm_staging_dir());
 	char *objs = strdup(sp("objs-b")), *vol = strdup(sp("vol-b")), *mnt = strdup(sp("mnt-b"));
 	char *cache = strdup(sp("cache-b")), *url = NULL, *opts = NULL;
 	const char *given = getenv("FERRY_IT_MOUNT_OPTIONS");

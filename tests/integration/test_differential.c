@@ -262,7 +262,7 @@ static void daemon_log_tail(void)
 	char *text;
 	size_t len;
 
-	snprintf(path, sizeof(path), "%.4000s/ferry-mountd.log", fm.vol);
+	snprintf(path, sizeof(path), "%.4000s", fm_mountd_log_path());
 	text = fm_slurp(path);
 	if (!text)
 		return;

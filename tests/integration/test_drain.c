@@ -90,13 +90,13 @@ static void lose_the_node(void)
 	for (int t = 0; t < 500 && fm_daemon_pids("ferry-reconciler", pids, 8) > 0; t++)
 		usleep(10000);
 	cr_assert_eq(fm_daemon_pids("ferry-reconciler", pids, 8), 0, "ferry-reconciler survived");
-	DIR *dir = opendir(sp("vol/staging"));
-	cr_assert(dir, "no staging directory at %s", sp("vol/staging"));
+	DIR *dir = opendir(fm_staging_dir());
+	cr_assert(dir, "no staging directory at %s", fm_staging_dir());
 	int removed = 0;
 	for (struct dirent *e; (e = readdir(dir));) {
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
-		snprintf(path, sizeof(path), "%s/%s", sp("vol/staging"), e->d_name);
+		snprintf(path, sizeof(path), "%s/%s", fm_staging_dir(), e->d_name);
 		cr_assert(unlink(path) == 0, "unlink %s: %s", path, strerror(errno));
 		removed++;
 	}
@@ -388,7 +388,7 @@ Test(drain_s3, sigterm_stops_after_stop_timeout_without_progress)
 		    "(stop_timeout=2)", (long long)took);
 	cr_assert(took >= 1800, "gave up after %lld ms, before stop_timeout", (long long)took);
 	cr_assert(took < 10000, "took %lld ms to stop with stop_timeout=2", (long long)took);
-	snprintf(path, sizeof(path), "%s/ferry-mountd.log", fm.vol);
+	snprintf(path, sizeof(path), "%s", fm_mountd_log_path());
 	log = fm_slurp(path);
 	cr_assert(log && strstr(log, "did not finish every job (none finished for 2 s)"),
 		  "ferry-mountd did not say what is left:\n%s", log ? log : "(no log)");
@@ -467,10 +467,12 @@ Test(drain_s3, a_copy_left_at_an_orderly_stop_survives_a_clean_reboot)
 	char text[4096];
 	cr_assert(boot_tag(tag));
 	boot_run(run, tag, (long)mpid[0]);
-	runs = fm_slurp(sp("vol/staging/%s", BOOT_FLUSHED_NAME));
+	char flushed[PATH_MAX];
+	snprintf(flushed, sizeof(flushed), "%s/%s", fm_staging_dir(), BOOT_FLUSHED_NAME);
+	runs = fm_slurp(flushed);
 	snprintf(text, sizeof(text), "\n%s", runs ? runs : "");
 	snprintf(line, sizeof(line), "\n%s\n", run);
-	cr_assert(strstr(text, line), "%s does not list %s: %s", BOOT_FLUSHED_NAME, run, text);
+	cr_assert(strstr(text, line), "%s does not list %s: %s", flushed, run, text);
 	free(runs);
 
 	s3_proxy_fault(proxy, S3F_NONE, 0, NULL, NULL);

@@ -107,7 +107,7 @@ static void crash(bool both)
 static const char *mountd_log_tail(void)
 {
 	static char buf[6000];
-	char *all = fm_slurp(sp("vol/ferry-mountd.log"));
+	char *all = fm_slurp(fm_mountd_log_path());
 	size_t len;
 
 	if (!all)

@@ -52,7 +52,7 @@ static void copies_go_over(void (*restart)(void), const char *taken_up);
 
 static const char *staging_dir(void)
 {
-	return fm.staging[0] ? fm.staging : sp("vol/staging");
+	return fm_staging_dir();
 }
 
 /* How many local copies (".kept-*") the staging directory holds. */

@@ -41,7 +41,9 @@ static void sync_init(void)
 	close(fd);
 	fm_daemon_preload("fault_fsync");
 	fm_daemon_env("FERRY_FAULT_FSYNC_CTL", sp("fsync-ctl"));
-	fm_daemon_env("FERRY_FAULT_FSYNC_UNDER", sp("vol/objects/"));
+	char under[PATH_MAX];
+	snprintf(under, sizeof(under), "%s/", fm_store_dir());
+	fm_daemon_env("FERRY_FAULT_FSYNC_UNDER", under);
 	fm_daemon_env("FERRY_FAULT_FSYNC_COUNT", sp("fsync-counts"));
 	fm_mount();
 }

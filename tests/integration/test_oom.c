@@ -171,7 +171,7 @@ Test(oom, failing_allocations_in_the_reconciler_lose_nothing)
 	fm_remount_cold();
 	wl_check(w);
 	wl_free(w);
-	log = fm_slurp(sp("vol/ferry-mountd.log"));
+	log = fm_slurp(fm_mountd_log_path());
 	cr_assert(log);
 	cr_assert(!strstr(log, "started a new ferry-reconciler"), "the reconciler was restarted");
 	cr_assert(!strstr(log, "ended with status"), "the reconciler did not exit cleanly");

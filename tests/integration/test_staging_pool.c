@@ -22,7 +22,7 @@ TestSuite(staging_pool, .init = fm_setup, .fini = fm_teardown, .timeout = 300);
 
 static const char *staging_dir(void)
 {
-	return fm.staging[0] ? fm.staging : sp("vol/staging");
+	return fm_staging_dir();
 }
 
 /* How many pool files (".pool-*") the staging directory holds. */
