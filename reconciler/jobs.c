@@ -368,6 +368,19 @@ int jobs_add(struct rec *r, struct reconcile_job *rj, int fd, const char *file, 
 	snprintf(j->jobfile, sizeof(j->jobfile), "%s%s", file, RECONCILE_JOB_SUFFIX);
 	j->rj = *rj;
 	memset(rj, 0, sizeof(*rj));
+	/* A waiting job keeps the fd its handoff brought only while the fd
+	 * limit leaves room for what uploads open: past that, its start
+	 * opens the staging file by name, as for a job found in the journal
+	 * (the name is the job's for as long as the job lives). At a limit
+	 * of 512, keeping every one ran the reconciler out of fds in the
+	 * middle of a commit batch; it exited, and each successor again. */
+	if (fd >= 0 && r->waiting_fds >= r->waiting_fds_max) {
+		close(fd);
+		fd = -1;
+	} else if (fd >= 0) {
+		j->fd_waiting = true;
+		r->waiting_fds++;
+	}
 	j->fd = fd;
 	j->added_ns = mono_now_ns();
 	if (conn)
@@ -465,6 +478,8 @@ static void job_finish(struct rec *r, struct job *j, int err, const char *msg, e
 		ready_remove(r, j);
 	if (j->started)
 		r->nactive--;
+	if (j->fd_waiting)
+		r->waiting_fds--;
 	if (j->feeding)
 		TAILQ_REMOVE(&r->feed, j, feed_link);
 	recent_add(r, j, err);
@@ -847,6 +862,10 @@ static void job_start(struct rec *r, struct job *j)
 	if (!j->started) {
 		j->started = true;
 		r->nactive++;
+	}
+	if (j->fd_waiting) {
+		j->fd_waiting = false;
+		r->waiting_fds--;
 	}
 	if (j->fd < 0) {
 		j->fd = openat(r->staging_fd, j->file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

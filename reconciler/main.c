@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -168,6 +169,27 @@ static char *abs_path(const char *p)
 {
 	char *r = realpath(p, NULL);
 	return r ? r : strdup(p);
+}
+
+/*
+ * How many waiting jobs may keep their staging file's fd (see jobs_add):
+ * the fd limit less what the jobs started at once may open (their staging
+ * file, an object being written, the directory a batch syncs) and room for
+ * the rest (the database, connections, the log, the cache).
+ */
+static void waiting_fds_fit(struct rec *r)
+{
+	rlim_t reserve = (rlim_t)r->cfg.max_active * 3 + 256;
+	struct rlimit rl;
+
+	r->waiting_fds_max = SIZE_MAX;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		return;
+	r->waiting_fds_max = rl.rlim_cur > reserve ? (size_t)(rl.rlim_cur - reserve) : 0;
+	if (r->waiting_fds_max < r->cfg.max_jobs)
+		log_info("RLIMIT_NOFILE is %llu: at most %zu waiting jobs keep their staging "
+			 "file open, the others open it by name when they start",
+			 (unsigned long long)rl.rlim_cur, r->waiting_fds_max);
 }
 
 /* Forks; the parent returns the child's start-up verdict as its exit. */
@@ -392,6 +414,7 @@ int main(int argc, char **argv)
 	/* A detached one's parent exits at once: it has no mount to lose. */
 	r->parent_pid = cfg->foreground ? getppid() : 0;
 	fd_limit_raise();
+	waiting_fds_fit(r);
 	heap_trim_threshold_raise();
 
 	/* The volume. */

@@ -88,6 +88,7 @@ struct job {
 	struct conn *conn;             /* gets the Committed reply; NULL: from the journal */
 	enum job_state state;
 	bool started;                  /* counted in r->nactive */
+	bool fd_waiting;               /* counted in r->waiting_fds */
 	bool on_ready;                 /* on r->ready */
 	int64_t added_ns;              /* CLOCK_MONOTONIC when it was added */
 	struct reconcile_plan plan;
@@ -275,6 +276,9 @@ struct rec {
 	struct inode_q **by_ino;     /* hash: ino -> queue */
 	size_t nbuckets;
 	size_t njobs, nactive;
+	/* Jobs not started yet that keep the fd their handoff brought, and
+	 * the most that may (from RLIMIT_NOFILE, at start; see jobs_add). */
+	size_t waiting_fds, waiting_fds_max;
 	struct recent recent[REC_RECENT];
 	size_t nrecent;
 	uint64_t *orphan_seqs;       /* seqs of jobs given up this run */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -80,6 +81,12 @@ void rcu_start(struct rcu *r)
 		dup2(fd, 1);
 		dup2(fd, 2);
 		close_range(3, ~0U, 0); /* the test runner's own fds */
+		if (r->nofile) {
+			struct rlimit l = { r->nofile, r->nofile };
+
+			if (setrlimit(RLIMIT_NOFILE, &l) < 0)
+				_exit(126);
+		}
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}

@@ -22,6 +22,7 @@ struct rcu {
 	char log[4096];
 	int staging_fd;
 	const char *extra[16];  /* more arguments, NULL-terminated */
+	unsigned nofile;        /* not 0: the daemon's RLIMIT_NOFILE, soft and hard */
 };
 
 /* Sets the paths (staging dir is created) without starting anything. */

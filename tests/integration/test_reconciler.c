@@ -632,6 +632,49 @@ Test(reconciler, the_wait_has_a_limit, .timeout = 120)
 	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
 }
 
+/* Each job handed over brings its staging file's fd. Under a low
+ * RLIMIT_NOFILE the waiting jobs keep only as many as leave room for what
+ * the uploads open; the others open their file by name when they start.
+ * Keeping them all, the reconciler ran out of fds and dropped the
+ * connection (the kernel cut the fds a handoff brought) or exited in the
+ * middle of a commit batch. */
+Test(reconciler, a_low_fd_limit_is_not_outrun, .timeout = 120)
+{
+	enum { N = 300, LIMIT = 256 };
+	uint64_t inos[N], st = 41;
+	unsigned char buf[512];
+	pid_t pid;
+	int sock;
+
+	make_files(N, "fd-%d", inos);
+	rc.nofile = LIMIT;
+	start_deferring("1000", "600000", NULL);
+	pid = rc.pid;
+	sock = connect_accepted();
+	for (int i = 0; i < N; i++) {
+		fm_fill_random(&st, buf, sizeof(buf));
+		hand_over(sock, "fd", i, inos[i], buf, sizeof(buf));
+	}
+	rcu_wait_range(sock, 1, N, NULL);
+	cr_assert_eq(rc.pid, pid);
+	cr_assert_eq(kill(pid, 0), 0, "the reconciler is gone");
+	char *log = log_text();
+	cr_assert(strstr(log, "RLIMIT_NOFILE is 256"), "no word of the limit in:\n%s", log);
+	cr_assert(!strstr(log, "Too many open files"), "the reconciler ran out of fds:\n%s", log);
+	free(log);
+	close(sock);
+	cr_assert_eq(rcu_stop(&rc, SIGTERM), 0);
+	mount_cold();
+	st = 41;
+	for (int i = 0; i < N; i++) {
+		char name[32];
+		fm_fill_random(&st, buf, sizeof(buf));
+		snprintf(name, sizeof(name), "fd-%d", i);
+		check_file(name, buf, sizeof(buf));
+	}
+	fm_umount();
+}
+
 /* The waiting backlog is bounded: jobs whose bytes reach the upload buffer
  * (--buffer-mib) start without the pause. */
 Test(reconciler, a_backlog_past_the_buffer_starts_at_once, .timeout = 120)
