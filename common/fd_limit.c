@@ -1,5 +1,7 @@
 #include "fd_limit.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <sys/resource.h>
 
 void fd_limit_raise(void)
@@ -10,4 +12,23 @@ void fd_limit_raise(void)
 		rl.rlim_cur = rl.rlim_max;
 		(void)setrlimit(RLIMIT_NOFILE, &rl);
 	}
+}
+
+long fd_limit_headroom(void)
+{
+	struct rlimit rl;
+	struct dirent *de;
+	long open_n = -1; /* the listing's own fd is not the caller's */
+	DIR *d;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		return -1;
+	d = opendir("/proc/self/fd");
+	if (!d)
+		return errno == EMFILE || errno == ENFILE ? 0 : -1;
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.')
+			open_n++;
+	closedir(d);
+	return (long)rl.rlim_cur > open_n ? (long)rl.rlim_cur - open_n : 0;
 }

@@ -9,5 +9,10 @@
 
 /* Raises the soft RLIMIT_NOFILE to the hard one. Best effort. */
 void fd_limit_raise(void);
+/* How many more fds this process may open now: its soft RLIMIT_NOFILE
+ * less the fds open (a listing of /proc/self/fd, which costs a directory
+ * read: for slow paths only). 0 when not even that listing could be
+ * opened; -1 when it cannot be told (no /proc). */
+long fd_limit_headroom(void);
 
 #endif

@@ -154,7 +154,10 @@ static bool target_step(struct drain *d, struct target *t)
 	pthread_mutex_lock(&i->lock);
 	if (t->kind == T_OPEN && !i->w) {
 		/* Closed since the mark: its data went out in a job (or was
-		 * committed at close); a job after the mark holds it. */
+		 * committed at close, or from the retry list); a job after the
+		 * mark holds it. What a try of it met before is over (a
+		 * failed commit leaves the staging file, i->w). */
+		t->error = 0;
 		if (i->inflight_seq > d->p.mark) {
 			t->kind = T_JOB;
 			t->seq = i->inflight_seq;

@@ -1063,6 +1063,11 @@ static void file_release(struct mountd *md, struct open_file *of, uint64_t nlook
 		} else if (rclient_up(md) && (rc = rclient_handoff(md, i)) == 0) {
 			/* the reconciler has it; the inode waits for its commit */
 			local_copy_keep(md, i);
+		} else if (rc == -EMFILE) {
+			/* No room for the hand-off and short of fds: committing
+			 * here would need more of them, and waiting keeps this
+			 * one while the writer opens more (rclient_handoff). */
+			write_back_defer_closed(md, i);
 		} else if (rc == -ENODATA) {
 			if (wstate_recycle(md, i, close_id))
 				close_id = 0; /* the pool's, with the file */

@@ -93,6 +93,9 @@ struct stats {
 	_Atomic uint64_t local_copy_builds_given_up; /* changed meanwhile, no room, an error */
 	_Atomic uint64_t writeback_bypassed; /* writers given direct I/O: staging space low */
 	_Atomic uint64_t handoffs, handoff_failures, handoff_stalls, reopen_waits;
+	/* Closes that found no room for their hand-off while this daemon was
+	 * short of fds: their files went to the retry list, fd closed. */
+	_Atomic uint64_t handoff_fd_scarce;
 	_Atomic uint64_t reconciler_restarts;
 	/* Reconciler commits that dropped the kernel's cache of the inode, and
 	 * those that did not need to (it already held what the commit made). */
@@ -325,6 +328,10 @@ bool wstate_writeback_refused(const struct wstate *w, uint64_t off, size_t len);
 /* Puts an inode whose commit failed at close on the retry list (holds a
  * reference). Caller holds ino->lock and checked !ino->pending. */
 void write_back_defer(struct mountd *md, struct inode *ino);
+/* write_back_defer() of a file whose last close could not hand it over
+ * while this daemon is short of fds: its fd is closed until the retry
+ * (which opens it again by name). Caller holds ino->lock. */
+void write_back_defer_closed(struct mountd *md, struct inode *ino);
 /* Whether something besides w->fd holds the staging file open: a shared
  * mapping that outlived its passthrough open, or (for a moment after a
  * close) the kernel's own reference it has not dropped yet. */
@@ -1192,6 +1199,9 @@ struct mountd {
 	struct inode *inflight;       /* inodes with a job in flight (each holds a reference) */
 	_Atomic bool rc_restarting;   /* the reader is starting a new reconciler */
 	_Atomic bool rc_stalled;      /* a hand-off found no room (logged once per stall) */
+	/* fds_scarce() in reconcile_client.c: its last answer, and when. */
+	_Atomic bool fd_scarce;
+	_Atomic int64_t fd_checked_ns;
 	_Atomic bool rc_committed;    /* a job committed since the last reconciler start */
 	unsigned rc_restart_pause_ms; /* reader thread: the pause before the next restart */
 	/* The last jobs the reconciler gave up on (kept as .orphan), for

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -75,7 +76,7 @@ struct read_cache {
 	struct fetch *fetching;
 	pthread_cond_t fetched;
 	struct cache_entry *fhead, *ftail; /* entries keeping an fd; nfds of them */
-	size_t nfds;
+	size_t nfds, kept_max;
 	_Atomic uint64_t tmp_seq;
 	bool opened;            /* read_cache_open succeeded: close records state */
 };
@@ -164,8 +165,21 @@ static void lru_push(struct read_cache *c, struct cache_entry *e)
 	c->tail = e;
 }
 
-/* At most this many cache files are kept open (the hot ones). */
+/* At most this many cache files are kept open (the hot ones), and no more
+ * than an eighth of RLIMIT_NOFILE: under a limit of 256, 256 kept fds
+ * left READs none to open an object with (EIO). */
 #define KEPT_FDS_MAX 256
+#define KEPT_FDS_MIN 8
+
+static size_t kept_fds_max(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+	    rl.rlim_cur / 8 >= KEPT_FDS_MAX)
+		return KEPT_FDS_MAX;
+	return rl.rlim_cur / 8 > KEPT_FDS_MIN ? (size_t)(rl.rlim_cur / 8) : KEPT_FDS_MIN;
+}
 
 /* Takes e off the list of kept fds; its fd is the caller's to close or
  * keep again. */
@@ -192,10 +206,10 @@ static void fd_forget(struct read_cache *c, struct cache_entry *e)
 	e->fd = -1;
 }
 
-/* e keeps fd (ours now), the coldest kept fd going past KEPT_FDS_MAX. */
+/* e keeps fd (ours now), the coldest kept fd going past kept_max. */
 static void fd_keep(struct read_cache *c, struct cache_entry *e, int fd)
 {
-	if (c->nfds >= KEPT_FDS_MAX && c->fhead)
+	if (c->nfds >= c->kept_max && c->fhead)
 		fd_forget(c, c->fhead);
 	e->fd = fd;
 	e->fprev = c->ftail;
@@ -323,6 +337,7 @@ int read_cache_open(const char *dir, uint64_t limit_bytes, struct read_cache **o
 	pthread_mutex_init(&c->lock, NULL);
 	mono_cond_init(&c->fetched);
 	c->limit = limit_bytes;
+	c->kept_max = kept_fds_max();
 	c->nbuckets = 1024;
 	if (!(c->buckets = calloc(c->nbuckets, sizeof(*c->buckets))) || !(c->dir = strdup(dir))) {
 		rc = -ENOMEM;
@@ -545,6 +560,14 @@ static int cache_open(struct read_cache *c, struct stats *st, const char *key, u
 	if (!ok)
 		return -ENOENT;
 	fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+		/* The fds kept for speed are the first to give back. */
+		pthread_mutex_lock(&c->lock);
+		for (size_t n = c->nfds / 2 + 1; n > 0 && c->fhead; n--)
+			fd_forget(c, c->fhead);
+		pthread_mutex_unlock(&c->lock);
+		fd = openat(c->dirfd, key, O_RDONLY | O_CLOEXEC);
+	}
 	if (fd < 0)
 		return -ENOENT;
 	if (fstat(fd, &sb) < 0) {

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -35,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fd_limit.h"
 #include "log.h"
 #include "inval.h"
 #include "mountd.h"
@@ -46,6 +48,12 @@
  * it commits its file itself; once one has given up, the next ones do not
  * wait until the reconciler reads again. */
 #define HANDOFF_ROOM_WAIT_MS 10000
+/* A close waiting for room looks again at least this often, and at how
+ * many fds are left (fds_scarce). */
+#define HANDOFF_ROOM_SLICE_MS 10
+/* Fewer free fds than this (or a quarter of RLIMIT_NOFILE) is scarce. */
+#define FD_RESERVE_MIN 64
+#define FD_CHECK_MS 5
 
 /* Caller holds md->rc_lock. */
 static void inflight_unlink(struct inode *i)
@@ -97,13 +105,39 @@ static bool rclient_room_fd(int sock, int timeout_ms)
 }
 
 /*
+ * Whether ferry-mountd is short of fds. A close that waits for room keeps
+ * its staging file open, and while the reconciler takes nothing each new
+ * file holds one more: creates would fail with EMFILE although the writer
+ * holds no file open. Looked up at most every FD_CHECK_MS (a listing of
+ * /proc/self/fd), by closes that wait only.
+ */
+static bool fds_scarce(struct mountd *md)
+{
+	int64_t now = mono_now_ns();
+	struct rlimit rl;
+	long room, reserve;
+
+	if (now - atomic_load(&md->fd_checked_ns) < (int64_t)FD_CHECK_MS * 1000000)
+		return atomic_load(&md->fd_scarce);
+	atomic_store(&md->fd_checked_ns, now);
+	room = fd_limit_headroom();
+	reserve = FD_RESERVE_MIN;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    (long)(rl.rlim_cur / 4) > reserve)
+		reserve = (long)(rl.rlim_cur / 4);
+	atomic_store(&md->fd_scarce, room >= 0 && room < reserve);
+	return room >= 0 && room < reserve;
+}
+
+/*
  * Takes rc_lock once the connection has room for a frame, waiting up to
  * timeout_ms without the lock. Room is checked again under the lock, which
  * every sender holds for a whole frame: other closes that saw room at the
  * same moment, or a reconciler restart that changed the socket, cannot
- * make the send block. false (lock not held) if there was none in time.
+ * make the send block. 0 with the lock held; -EAGAIN if there was no room
+ * in time; -EMFILE, at once, if there is none and fds are scarce.
  */
-static bool rclient_lock_with_room(struct mountd *md, int timeout_ms)
+static int rclient_lock_with_room(struct mountd *md, int timeout_ms)
 {
 	struct timespec until;
 	int64_t left_ns;
@@ -114,20 +148,30 @@ static bool rclient_lock_with_room(struct mountd *md, int timeout_ms)
 		pthread_mutex_lock(&md->rc_lock);
 		if (rclient_room_fd(md->rc_sock, 0)) {
 			atomic_store(&md->rc_stalled, false);
-			return true;
+			return 0;
 		}
 		sock = md->rc_sock;
 		pthread_mutex_unlock(&md->rc_lock);
+		if (fds_scarce(md)) {
+			if (atomic_fetch_add(&md->stats.handoff_fd_scarce, 1) == 0)
+				log_warnx("ferry-reconciler takes no hand-off and this daemon is short "
+					  "of fds: closes leave their files for the retry list, fd "
+					  "closed, instead of waiting (.stats handoff_fd_scarce)");
+			return -EMFILE;
+		}
 		left_ns = ((int64_t)until.tv_sec * 1000000000 + until.tv_nsec) - mono_now_ns();
-		if (left_ns <= 0 || !rclient_room_fd(sock, (int)((left_ns + 999999) / 1000000)))
+		if (left_ns <= 0)
 			break;
+		if (left_ns > (int64_t)HANDOFF_ROOM_SLICE_MS * 1000000)
+			left_ns = (int64_t)HANDOFF_ROOM_SLICE_MS * 1000000;
+		(void)rclient_room_fd(sock, (int)((left_ns + 999999) / 1000000));
 	}
 	if (!atomic_exchange(&md->rc_stalled, true))
 		log_warnx("ferry-reconciler has taken no hand-off for %d s (stopped, stuck, or "
 			  "holding its most jobs); closes commit their files here until it does",
 			  HANDOFF_ROOM_WAIT_MS / 1000);
 	atomic_fetch_add(&md->stats.handoff_stalls, 1);
-	return false;
+	return -EAGAIN;
 }
 
 /* The objects of a committed job the reconciler also wrote into the read
@@ -978,6 +1022,10 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 
 	if (!rclient_up(md))
 		return -ENOTCONN;
+	/* (Closed while it waited on the retry list.) */
+	rc = wstate_reopen(w);
+	if (rc < 0)
+		return rc;
 	rc = wstate_stat(w, &size, &job.mtime);
 	if (rc < 0)
 		return rc;
@@ -1058,10 +1106,11 @@ int rclient_handoff(struct mountd *md, struct inode *i)
 		reconcile_job_clear(&job);
 		return -ENOMEM;
 	}
-	if (!rclient_lock_with_room(md, atomic_load(&md->rc_stalled) ? 0 : HANDOFF_ROOM_WAIT_MS)) {
+	rc = rclient_lock_with_room(md, atomic_load(&md->rc_stalled) ? 0 : HANDOFF_ROOM_WAIT_MS);
+	if (rc < 0) {
 		free(iname);
 		reconcile_job_clear(&job);
-		return -EAGAIN;
+		return rc;
 	}
 	job.seq = ++md->rc_next_seq;
 	/* Journal first: from here on a SIGKILL of either side loses nothing. */

@@ -139,6 +139,7 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 	FIG(handoffs);
 	FIG(handoff_failures);
 	FIG(handoff_stalls);
+	FIG(handoff_fd_scarce);
 	FIG(reconciler_restarts);
 	FIG(mapped_after_close);
 	FIG(release_probes_deferred);

@@ -1385,6 +1385,20 @@ void write_back_defer(struct mountd *md, struct inode *ino)
 	pthread_mutex_unlock(&md->pending_lock);
 }
 
+void write_back_defer_closed(struct mountd *md, struct inode *ino)
+{
+	struct wstate *w = ino->w;
+
+	/* The writer's next creates need the fd more than this file needs
+	 * to be handed over now: nothing writes it (its last close). */
+	if (w && !w->mapped && w->fd >= 0) {
+		close(w->fd);
+		w->fd = -1;
+	}
+	/* (No wake-up: the retry thread comes round on its own.) */
+	write_back_defer(md, ino);
+}
+
 void write_back_probe_later(struct mountd *md, struct inode *ino)
 {
 	struct wstate *w = ino->w;
