@@ -230,6 +230,9 @@ struct wstate {
 	 * because the kernel had not let go of the file yet; the retry list
 	 * asks again (write_back_probe_later). */
 	bool probing;
+	/* Put on the retry list by a close short of fds (write_back_defer_closed):
+	 * its handoff from there is the expected way, not worth a log line. */
+	bool fd_deferred;
 	struct timespec probe_since;   /* CLOCK_MONOTONIC of the first refusal */
 	struct block_print *prints; /* per PT_UNIT: what the last commit stored; owned */
 	size_t nprints;

@@ -51,7 +51,7 @@
 /* A close waiting for room looks again at least this often, and at how
  * many fds are left (fds_scarce). */
 #define HANDOFF_ROOM_SLICE_MS 10
-/* Fewer free fds than this (or a quarter of RLIMIT_NOFILE) is scarce. */
+/* Fewer free fds than this (or half of RLIMIT_NOFILE) is scarce. */
 #define FD_RESERVE_MIN 64
 #define FD_CHECK_MS 5
 
@@ -123,8 +123,8 @@ static bool fds_scarce(struct mountd *md)
 	room = fd_limit_headroom();
 	reserve = FD_RESERVE_MIN;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-	    (long)(rl.rlim_cur / 4) > reserve)
-		reserve = (long)(rl.rlim_cur / 4);
+	    (long)(rl.rlim_cur / 2) > reserve)
+		reserve = (long)(rl.rlim_cur / 2);
 	atomic_store(&md->fd_scarce, room >= 0 && room < reserve);
 	return room >= 0 && room < reserve;
 }

@@ -1265,6 +1265,7 @@ static bool write_back_retry(struct mountd *md, struct inode *i)
 	struct wstate *w = i->w;
 	bool busy = i->nwriters > 0 || (w && w->npt > 0);
 	bool probed = w && w->probing;
+	bool fd_deferred = w && w->fd_deferred;
 
 	if (probed) {
 		w->probing = false;
@@ -1304,7 +1305,7 @@ static bool write_back_retry(struct mountd *md, struct inode *i)
 			else if (rc == 0)
 				local_copy_keep(md, i);
 			i->pending = false;
-			if (!probed)
+			if (!probed && !fd_deferred)
 				log_info("inode %llu: staged writes handed to ferry-reconciler on "
 					 "retry", (unsigned long long)i->ino);
 			return true;
@@ -1395,6 +1396,8 @@ void write_back_defer_closed(struct mountd *md, struct inode *ino)
 		close(w->fd);
 		w->fd = -1;
 	}
+	if (w)
+		w->fd_deferred = true;
 	/* (No wake-up: the retry thread comes round on its own.) */
 	write_back_defer(md, ino);
 }
