@@ -31,10 +31,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fd_limit.h"
 #include "objstore.h"
 #include "objstore_internal.h"
 
@@ -286,12 +286,11 @@ static void
 file_defer(struct objstore *s)
 {
 	struct file_store *fs = fs_of(s);
-	struct rlimit rl;
+	long limit = fd_limit_soft();
 
 	fs->pending_cap = PENDING_MAX;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-	    rl.rlim_cur / 8 < PENDING_MAX)
-		fs->pending_cap = (size_t)(rl.rlim_cur / 8);
+	if (limit >= 0 && (size_t)limit / 8 < PENDING_MAX)
+		fs->pending_cap = (size_t)limit / 8;
 	fs->defer = true;
 }
 

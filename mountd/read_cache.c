@@ -25,13 +25,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "block.h"
 #include "boot.h"
 #include "dirs.h"
+#include "fd_limit.h"
 #include "mountd.h"
 
 struct cache_entry {
@@ -173,12 +173,11 @@ static void lru_push(struct read_cache *c, struct cache_entry *e)
 
 static size_t kept_fds_max(void)
 {
-	struct rlimit rl;
+	long limit = fd_limit_soft();
 
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
-	    rl.rlim_cur / 8 >= KEPT_FDS_MAX)
+	if (limit < 0 || limit / 8 >= KEPT_FDS_MAX)
 		return KEPT_FDS_MAX;
-	return rl.rlim_cur / 8 > KEPT_FDS_MIN ? (size_t)(rl.rlim_cur / 8) : KEPT_FDS_MIN;
+	return limit / 8 > KEPT_FDS_MIN ? (size_t)(limit / 8) : KEPT_FDS_MIN;
 }
 
 /* Takes e off the list of kept fds; its fd is the caller's to close or

@@ -28,7 +28,6 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -114,17 +113,14 @@ static bool rclient_room_fd(int sock, int timeout_ms)
 static bool fds_scarce(struct mountd *md)
 {
 	int64_t now = mono_now_ns();
-	struct rlimit rl;
-	long room, reserve;
+	long room, reserve, limit;
 
 	if (now - atomic_load(&md->fd_checked_ns) < (int64_t)FD_CHECK_MS * 1000000)
 		return atomic_load(&md->fd_scarce);
 	atomic_store(&md->fd_checked_ns, now);
 	room = fd_limit_headroom();
-	reserve = FD_RESERVE_MIN;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-	    (long)(rl.rlim_cur / 2) > reserve)
-		reserve = (long)(rl.rlim_cur / 2);
+	limit = fd_limit_soft();
+	reserve = limit / 2 > FD_RESERVE_MIN ? limit / 2 : FD_RESERVE_MIN;
 	atomic_store(&md->fd_scarce, room >= 0 && room < reserve);
 	return room >= 0 && room < reserve;
 }

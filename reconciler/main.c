@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -179,17 +178,17 @@ static char *abs_path(const char *p)
  */
 static void waiting_fds_fit(struct rec *r)
 {
-	rlim_t reserve = (rlim_t)r->cfg.max_active * 3 + 256;
-	struct rlimit rl;
+	size_t reserve = (size_t)r->cfg.max_active * 3 + 256;
+	long limit = fd_limit_soft();
 
 	r->waiting_fds_max = SIZE_MAX;
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+	if (limit < 0)
 		return;
-	r->waiting_fds_max = rl.rlim_cur > reserve ? (size_t)(rl.rlim_cur - reserve) : 0;
+	r->waiting_fds_max = (size_t)limit > reserve ? (size_t)limit - reserve : 0;
 	if (r->waiting_fds_max < r->cfg.max_jobs)
 		log_info("RLIMIT_NOFILE is %llu: at most %zu waiting jobs keep their staging "
 			 "file open, the others open it by name when they start",
-			 (unsigned long long)rl.rlim_cur, r->waiting_fds_max);
+			 (unsigned long long)limit, r->waiting_fds_max);
 }
 
 /* Forks; the parent returns the child's start-up verdict as its exit. */
