@@ -62,6 +62,9 @@ struct aws_creds_info;
 /* Where an s3:// store's credentials come from, and how their refreshes go
  * (aws_creds.h). 0, or -EOPNOTSUPP for a store that has none (file://). */
 int objstore_creds_info(struct objstore *s, struct aws_creds_info *i);
+/* An s3:// store's blocking requests since it opened, and the connections
+ * they had to open (the rest reused one). 0, or -EOPNOTSUPP (file://). */
+int objstore_conn_info(struct objstore *s, uint64_t *requests, uint64_t *connects);
 void objstore_close(struct objstore *s); /* accepts NULL */
 
 /* Stores len bytes under key, atomically: a reader sees all or nothing.

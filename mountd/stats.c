@@ -75,6 +75,13 @@ int stats_render(struct mountd *md, char **out, size_t *len)
 		fprintf(f, "s3_credentials_refresh_failures %llu\n",
 			(unsigned long long)ci.refresh_failures);
 	}
+	{
+		uint64_t rq, cn;
+
+		if (objstore_conn_info(md->store, &rq, &cn) == 0)
+			fprintf(f, "s3_requests %llu\ns3_connections_opened %llu\n",
+				(unsigned long long)rq, (unsigned long long)cn);
+	}
 	fprintf(f, "follower %d\n", md->follower ? 1 : 0);
 	fprintf(f, "lease_epoch %llu\n",
 		md->follower ? 0ull : (unsigned long long)meta_lease_fenced_to(md->meta));

@@ -170,6 +170,40 @@ Test(s3, fsync_and_stats)
 	free(data);
 }
 
+/* A sequential read from a cold cache runs 8 read-ahead GETs at once
+ * (readahead_streams' default). Each one's end used to close the oldest idle
+ * connection (libcurl keeps 5 by default), so 56 of 64 GETs of a 256 MiB read
+ * opened a connection of their own: against S3 each is a TLS handshake and
+ * a TCP slow start again. Now they go back to the pool and are reused. */
+Test(s3, a_sequential_read_reuses_its_connections)
+{
+	const size_t size = 96 * MiB; /* 24 objects of 4 MiB */
+	char *data = malloc(size);
+	uint64_t rs = 0x55, req0, con0, req, con;
+
+	cr_assert_not_null(data);
+	s3_setup();
+	fm_fill_random(&rs, data, size);
+	fm_write_file(mp("f"), data, size);
+	fm_write_file(sp("model"), data, size);
+	fm_remount_cold();
+	req0 = fm_stat("s3_requests");
+	con0 = fm_stat("s3_connections_opened");
+	fm_assert_same_content(mp("f"), sp("model"));
+	req = fm_stat("s3_requests") - req0;
+	con = fm_stat("s3_connections_opened") - con0;
+	cr_log_info("cold read of 96 MiB: %llu requests, %llu connections opened, "
+		    "%llu objects read ahead", (unsigned long long)req, (unsigned long long)con,
+		    (unsigned long long)fm_stat("prefetch_fetched"));
+	cr_assert_geq(req, 24, "%llu requests for 24 objects", (unsigned long long)req);
+	cr_assert_gt(fm_stat("prefetch_fetched"), 8, "the read was not read ahead");
+	/* At most one per GET at once (8 streams, the reader's own) and a
+	 * spare: a connection is opened again only if the server closed it. */
+	cr_assert_leq(con, 10, "%llu connections opened for %llu requests",
+		      (unsigned long long)con, (unsigned long long)req);
+	free(data);
+}
+
 Test(s3, unreachable_endpoint_fails_cleanly, .timeout = 180)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET };
