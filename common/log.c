@@ -1,6 +1,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,13 @@
 
 static const char *log_ident = "ferry";
 static enum log_level log_level = LOG_LVL_INFO;
+
+/* log_hold_begin(): this thread's warnings past the first few are counted. */
+static _Thread_local struct {
+	bool on;
+	unsigned shown; /* still to be written as usual */
+	unsigned held;
+} hold;
 
 void log_init(const char *ident, enum log_level level)
 {
@@ -28,6 +36,13 @@ static void log_emit(enum log_level lvl, int err, const char *fmt, va_list ap)
 
 	if (lvl > log_level)
 		return;
+	if (hold.on && lvl == LOG_LVL_WARN) {
+		if (hold.shown == 0) {
+			hold.held++;
+			return;
+		}
+		hold.shown--;
+	}
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
@@ -69,6 +84,23 @@ void fatalx(const char *fmt, ...)
 {
 	LOG_BODY(LOG_LVL_ERROR, 0);
 	exit(1);
+}
+
+void log_hold_begin(unsigned shown)
+{
+	hold.on = true;
+	hold.shown = shown;
+	hold.held = 0;
+}
+
+void log_hold_end(const char *why)
+{
+	unsigned held = hold.held;
+
+	hold.on = false;
+	hold.held = 0;
+	if (held)
+		log_warnx("%u more warning%s like those held back %s", held, held == 1 ? "" : "s", why);
 }
 
 void log_warnx_report(void *arg, const char *msg)

@@ -22,6 +22,13 @@ void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* log_errno: like log_warn but with an explicit (positive or negative) errno. */
 void log_errno(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Until log_hold_end(), the calling thread's warnings past the first
+ * `shown` are counted instead of written: a loop that retries many things
+ * for one cause (a daemon out of fds) says so a few times, not once per
+ * thing. log_hold_end() writes how many were held and why (a phrase,
+ * "while ..."). */
+void log_hold_begin(unsigned shown);
+void log_hold_end(const char *why);
 /* log_warnx("%s", msg) for a library that reports through a callback
  * (aws_creds_opts.report); arg is unused. */
 void log_warnx_report(void *arg, const char *msg);

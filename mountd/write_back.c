@@ -1348,6 +1348,13 @@ static void *write_back_main(void *arg)
 		struct inode *list = md->pending, *next, *keep = NULL;
 		md->pending = NULL;
 		pthread_mutex_unlock(&md->pending_lock);
+		/* Short of fds, every commit tried here may fail alike (EMFILE
+		 * for its object), and a round of them said so once each: 189
+		 * lines for 2,000 files closed behind a stopped ferry-reconciler
+		 * (limits/a_stopped_reconciler_under_a_low_fd_limit). */
+		bool fds_short = atomic_load(&md->fd_scarce);
+		if (fds_short)
+			log_hold_begin(3);
 		for (struct inode *i = list; i; i = next) {
 			bool done;
 			next = i->pnext;
@@ -1362,6 +1369,8 @@ static void *write_back_main(void *arg)
 				keep = i;
 			}
 		}
+		if (fds_short)
+			log_hold_end("while ferry-mountd was short of fds (they are retried)");
 		pthread_mutex_lock(&md->pending_lock);
 		md->pending_probes |= probes;
 		while (keep) {
